@@ -1,0 +1,48 @@
+"""agentgym: environments, LLM policies and turn-level RL trainers for multi-turn LLM agents.
+
+Importing this package registers every environment id with Gymnasium (``gym.make("agentgym/Calculator-v0")``)
+and stays light: no torch, vllm, playwright, docker or ray is imported here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentgym.catalogue import env_ids, register_all
+from agentgym.env import AgentEnv
+from agentgym.errors import (
+    AgentGymError,
+    ConfigError,
+    DependencyNotInstalled,
+    EnvCrashed,
+    RegistrationError,
+    TaskError,
+    ToolError,
+)
+from agentgym.parsers import CodeBlockParser, CompositeParser, FunctionCallParser, HermesParser, TagParser
+from agentgym.spaces import UnicodeText
+from agentgym.tasks import Task, TaskSuite, list_suites, load_suite
+from agentgym.tools import Tool, ToolCall, ToolResult, ToolSet, tool
+from agentgym.trajectory import Trajectory, Turn
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AgentEnv", "AgentGymError", "CodeBlockParser", "CompositeParser", "ConfigError", "DependencyNotInstalled",
+    "EnvCrashed", "FunctionCallParser", "HermesParser", "RegistrationError", "TagParser", "Task", "TaskError",
+    "TaskSuite", "Tool", "ToolCall", "ToolError", "ToolResult", "ToolSet", "Trajectory", "Turn", "UnicodeText",
+    "env_ids", "list_suites", "load_suite", "make", "tool", "__version__",
+]
+
+register_all()
+
+
+def make(env_id: str, **kwargs: Any) -> Any:
+    """``gym.make`` with a 'did you mean' error for unknown agentgym ids."""
+    import gymnasium as gym
+
+    from agentgym.catalogue import get_entry
+
+    if env_id.startswith("agentgym"):
+        get_entry(env_id)
+    return gym.make(env_id, **kwargs)

@@ -1,0 +1,75 @@
+"""The one catalogue of environment ids.
+
+Every id is registered here with a string entry point, so importing :mod:`agentgym` registers the whole
+catalogue without importing any env module (or its heavy dependencies). Bump the version suffix when an
+env's rewards, tools or termination change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+
+from agentgym.errors import RegistrationError, did_you_mean
+
+__all__ = ["CATALOGUE", "CatalogueEntry", "register_all", "get_entry", "env_ids"]
+
+NAMESPACE = "agentgym"
+
+
+@dataclass(frozen=True)
+class CatalogueEntry:
+    """One registered env: id, entry point, a one-line description and default kwargs."""
+
+    id: str
+    entry_point: str
+    description: str
+    family: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+CATALOGUE: tuple[CatalogueEntry, ...] = (
+    CatalogueEntry(
+        "agentgym/Calculator-v0",
+        "agentgym.envs.games.calculator:CalculatorEnv",
+        "Arithmetic question: call calc(expression), read the result, then answer(value).",
+        "games",
+    ),
+    CatalogueEntry(
+        "agentgym/GuessNumber-v0",
+        "agentgym.envs.games.guess_number:GuessNumberEnv",
+        "Find a secret integer by guessing; each guess is answered 'higher', 'lower' or 'correct'.",
+        "games",
+    ),
+    CatalogueEntry(
+        "agentgym/Maze-v0",
+        "agentgym.envs.games.maze:MazeEnv",
+        "Walk a grid maze to the exit with move(direction); the agent sees its surroundings as text.",
+        "games",
+    ),
+)
+
+
+def env_ids() -> list[str]:
+    return [e.id for e in CATALOGUE]
+
+
+def get_entry(env_id: str) -> CatalogueEntry:
+    """Look up an id (with or without the ``agentgym:`` module prefix); unknown ids get 'did you mean'."""
+    bare = env_id.split(":", 1)[1] if env_id.startswith("agentgym:") else env_id
+    for entry in CATALOGUE:
+        if entry.id == bare:
+            return entry
+    raise RegistrationError(
+        f"Unknown environment id {env_id!r}.{did_you_mean(bare, env_ids())} Run 'agentgym list' to see all ids."
+    )
+
+
+def register_all() -> None:
+    """Register every catalogue entry with Gymnasium (idempotent)."""
+    for entry in CATALOGUE:
+        if entry.id in gym.registry:
+            continue
+        gym.register(id=entry.id, entry_point=entry.entry_point, kwargs=dict(entry.kwargs), disable_env_checker=False)

@@ -1,0 +1,284 @@
+"""The environment base class every agentgym env derives from.
+
+:class:`AgentEnv` implements the turn loop once, so that every family behaves the same way:
+the raw model text is parsed into tool calls, the calls run through the env's :class:`ToolSet`, and the
+turn is classified (``tool_call | answer | void | invalid``). Model mistakes never raise: they become an
+error observation that says the fix. Infrastructure failures (:class:`EnvCrashed`) end the episode with
+``end_reason="error"``.
+
+A family implements a handful of hooks: ``_build_tools``, ``_sample_task``, ``_begin_episode``,
+``_task_instructions`` and (optionally) ``_build_parser`` and ``reference_solver``. Tools end the episode by
+calling :meth:`AgentEnv.finish` and may add named reward components with :meth:`AgentEnv.add_reward`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+
+from agentgym.errors import AgentGymError, EnvCrashed, TaskError
+from agentgym.parsers import CompositeParser, HermesParser, ParsedAction, ToolCallParser
+from agentgym.spaces import UnicodeText
+from agentgym.tasks import Task
+from agentgym.tools import ToolCall, ToolResult, ToolSet
+
+__all__ = ["AgentEnv", "ReferenceSolver"]
+
+ReferenceSolver = Callable[[str], str]
+"""Given the latest observation, return the next action text (stateful, one per episode)."""
+
+
+class AgentEnv(gym.Env[str, str]):
+    """Gymnasium env whose actions are raw model text and whose observations are text.
+
+    Args:
+        max_turns: Turns before the episode is truncated (``end_reason="max_turns"``).
+        tasks: Tasks to draw from on ``reset``; without it the env generates a task from the seed.
+        max_action_chars: Longer actions are rejected as ``invalid`` (protects parsers and tools).
+        max_calls_per_turn: Extra calls in one action are ignored and reported.
+        render_mode: ``"ansi"`` renders the transcript as text.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
+    #: One-line description for ``agentgym list``.
+    description: ClassVar[str] = ""
+    #: Extra text for the instructions describing the family-native action formats.
+    native_format_hint: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        *,
+        max_turns: int = 10,
+        tasks: Sequence[Task] | None = None,
+        max_action_chars: int = 20_000,
+        max_calls_per_turn: int = 4,
+        render_mode: str | None = None,
+    ) -> None:
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}.")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}.")
+        self.max_turns = int(max_turns)
+        self.max_action_chars = int(max_action_chars)
+        self.max_calls_per_turn = int(max_calls_per_turn)
+        self.render_mode = render_mode
+        self._tasks: dict[str, Task] = {t.id: t for t in tasks} if tasks else {}
+        self._task_order: list[str] = list(self._tasks)
+        self.observation_space = UnicodeText()
+        self.action_space = UnicodeText()
+        self.toolset: ToolSet = self._build_tools()
+        self.parser: ToolCallParser = self._build_parser()
+        self.task: Task | None = None
+        self._turn = 0
+        self._started = False
+        self._closed = False
+        self._transcript: list[tuple[str, str]] = []
+        self._reset_episode_state()
+
+    # ---- hooks for families --------------------------------------------------------------------
+    def _build_tools(self) -> ToolSet:
+        raise NotImplementedError
+
+    def _build_parser(self) -> ToolCallParser:
+        """Hermes ``<tool_call>`` for every tool; families add their native formats."""
+        return CompositeParser([HermesParser()])
+
+    def _sample_task(self, rng: np.random.Generator) -> Task:
+        """Generate a task from the env's own RNG (used when no task is given and no task list is set)."""
+        raise NotImplementedError
+
+    def _begin_episode(self, task: Task) -> str:
+        """Set up episode state for ``task`` and return the first observation."""
+        raise NotImplementedError
+
+    def _task_instructions(self) -> str:
+        """What the agent must do in this family (the tool list and formats are appended)."""
+        raise NotImplementedError
+
+    def reference_solver(self) -> ReferenceSolver:
+        """A solver for the current episode: observation -> next action. Proves suites solvable."""
+        raise NotImplementedError(f"{type(self).__name__} has no reference solver.")
+
+    # ---- helpers for tools ---------------------------------------------------------------------
+    def finish(self, *, success: bool, score: float | None = None, reason: str = "answered") -> None:
+        """End the episode after this turn (``terminated=True``)."""
+        self._finished = True
+        self._success = bool(success)
+        self._score = float(success) if score is None else float(score)
+        self._end_reason = reason
+
+    def add_reward(self, name: str, value: float) -> None:
+        """Add a named reward component to the current step."""
+        self._step_rewards[name] = self._step_rewards.get(name, 0.0) + float(value)
+
+    def mark_answer(self) -> None:
+        """Classify the current turn as an ``answer`` turn."""
+        self._answered_this_turn = True
+
+    # ---- gymnasium API -------------------------------------------------------------------------
+    def _reset_episode_state(self) -> None:
+        self._finished = False
+        self._success = False
+        self._score = 0.0
+        self._end_reason = ""
+        self._step_rewards: dict[str, float] = {}
+        self._answered_this_turn = False
+
+    def _resolve_task(self, options: Mapping[str, Any] | None) -> Task:
+        options = dict(options or {})
+        unknown = set(options) - {"task", "task_id"}
+        if unknown:
+            raise AgentGymError(f"Unknown reset option(s) {sorted(unknown)}; use {{'task': Task}} or {{'task_id': str}}.")
+        if "task" in options:
+            task = options["task"]
+            if isinstance(task, Mapping):
+                task = Task.from_dict(task)
+            if not isinstance(task, Task):
+                raise TaskError(f"options['task'] must be a Task or a task dict, got {type(task).__name__}.")
+            return task
+        if "task_id" in options:
+            task_id = options["task_id"]
+            if task_id not in self._tasks:
+                from agentgym.errors import did_you_mean
+
+                raise TaskError(
+                    f"Unknown task_id {task_id!r}.{did_you_mean(str(task_id), self._tasks)} "
+                    "Pass tasks=... when making the env, or pass options={'task': Task(...)}."
+                )
+            return self._tasks[task_id]
+        if self._tasks:
+            return self._tasks[self._task_order[int(self.np_random.integers(len(self._task_order)))]]
+        return self._sample_task(self.np_random)
+
+    def instructions(self) -> str:
+        """The system prompt: the task family's rules, the tools, and the exact action format."""
+        tool_lines = "\n".join(json.dumps(s["function"], ensure_ascii=False) for s in self.toolset.schemas())
+        example = self.toolset.names[0]
+        parts = [
+            self._task_instructions().strip(),
+            "Tools:\n" + tool_lines,
+            "Call a tool by writing <tool_call>{\"name\": \"TOOL\", \"arguments\": {...}}</tool_call> "
+            f"(for example <tool_call>{{\"name\": \"{example}\", \"arguments\": {{...}}}}</tool_call>).",
+        ]
+        if self.native_format_hint:
+            parts.append(self.native_format_hint.strip())
+        return "\n\n".join(parts)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        if self._closed:
+            raise AgentGymError(f"{type(self).__name__} is closed; make a new env with gym.make(...).")
+        self._reset_episode_state()
+        self.task = self._resolve_task(options)
+        observation = self._begin_episode(self.task)
+        self._turn = 0
+        self._started = True
+        self._transcript = [("observation", observation)]
+        info = {
+            "task_id": self.task.id,
+            "instructions": self.instructions(),
+            "tools": self.toolset.schemas(),
+            "max_turns": self.max_turns,
+        }
+        return observation, info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if not self._started:
+            raise AgentGymError("Call reset() before step(): the episode has not started.")
+        if self._finished or self._turn >= self.max_turns:
+            raise AgentGymError("The episode is over (terminated or truncated); call reset() to start a new one.")
+        self._step_rewards = {}
+        self._answered_this_turn = False
+        self._turn += 1
+        turn_info: dict[str, Any] = {"index": self._turn - 1, "calls": [], "errors": [], "tool_errors": []}
+        try:
+            observation, kind = self._run_action(action, turn_info)
+        except EnvCrashed as exc:
+            observation, kind = f"Error: the environment crashed ({exc}); the episode ends.", "invalid"
+            self.finish(success=False, score=0.0, reason="error")
+            turn_info["errors"].append(str(exc))
+        turn_info["kind"] = kind
+        terminated = self._finished
+        truncated = not terminated and self._turn >= self.max_turns
+        if truncated:
+            self._end_reason = "max_turns"
+        turn_info["rewards"] = dict(self._step_rewards)
+        reward = float(sum(self._step_rewards.values()))
+        info: dict[str, Any] = {"turn": turn_info}
+        if terminated or truncated:
+            info["outcome"] = {"success": self._success, "score": self._score, "end_reason": self._end_reason}
+        self._transcript.append(("action", action if isinstance(action, str) else repr(action)))
+        self._transcript.append(("observation", observation))
+        return observation, reward, terminated, truncated, info
+
+    def _run_action(self, action: Any, turn_info: dict[str, Any]) -> tuple[str, str]:
+        """Parse and execute one action; return (observation, turn kind)."""
+        if not isinstance(action, str):
+            turn_info["errors"].append("action is not a string")
+            return f"Error: the action must be text (a str), got {type(action).__name__}.", "invalid"
+        if len(action) > self.max_action_chars:
+            turn_info["errors"].append("action too long")
+            return (
+                f"Error: your reply has {len(action)} characters; the limit is {self.max_action_chars}. "
+                "Reply with a short tool call.",
+                "invalid",
+            )
+        parsed: ParsedAction = self.parser.parse(action)
+        turn_info["errors"].extend(parsed.errors)
+        if not parsed.calls:
+            if parsed.errors:
+                return "Error: " + " ".join(parsed.errors) + " " + self._format_reminder(), "invalid"
+            return "No tool call found in your reply. " + self._format_reminder(), "void"
+        calls = list(parsed.calls)
+        notes: list[str] = []
+        if len(calls) > self.max_calls_per_turn:
+            notes.append(f"Only the first {self.max_calls_per_turn} tool calls of a turn run; {len(calls) - self.max_calls_per_turn} ignored.")
+            calls = calls[: self.max_calls_per_turn]
+        results: list[tuple[ToolCall, ToolResult]] = []
+        for call in calls:
+            if self._finished:
+                notes.append(f"The episode ended before {call.name} ran; it was ignored.")
+                break
+            result = self.toolset.call(call)
+            results.append((call, result))
+            turn_info["calls"].append(call.to_dict())
+            if result.is_error:
+                turn_info["tool_errors"].append(result.content)
+        observation = self._format_results(results, notes)
+        if results and all(r.is_error for _, r in results):
+            kind = "invalid"
+        elif self._answered_this_turn:
+            kind = "answer"
+        else:
+            kind = "tool_call"
+        return observation, kind
+
+    def _format_results(self, results: Sequence[tuple[ToolCall, ToolResult]], notes: Sequence[str]) -> str:
+        if len(results) == 1 and not notes:
+            return results[0][1].content
+        lines = [f"[{call.name}] {result.content}" for call, result in results]
+        return "\n".join(lines + list(notes))
+
+    def _format_reminder(self) -> str:
+        names = ", ".join(self.toolset.names)
+        return (
+            f'Call one of the tools ({names}) as <tool_call>{{"name": "TOOL", "arguments": {{...}}}}</tool_call>.'
+        )
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi":
+            return None
+        return "\n".join(f"{'>>' if who == 'action' else '<<'} {text}" for who, text in self._transcript)
+
+    def close(self) -> None:
+        self._closed = True
+        super().close()
+
+    @property
+    def turn(self) -> int:
+        """Turns taken in the current episode."""
+        return self._turn

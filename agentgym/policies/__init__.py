@@ -1,0 +1,56 @@
+"""Policies: wrappers that turn a model (or a script) into an agent.
+
+Heavy backends are imported lazily: ``from agentgym.policies import HFPolicy`` imports torch only then.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams
+from agentgym.policies.scripted import ReferencePolicy, ScriptedPolicy
+
+__all__ = [
+    "Generation", "GenerationRequest", "HFPolicy", "OpenAIPolicy", "Policy", "ReferencePolicy",
+    "SamplingParams", "ScriptedPolicy", "make_policy",
+]
+
+_LAZY = {"HFPolicy": "agentgym.policies.hf", "OpenAIPolicy": "agentgym.policies.openai"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'agentgym.policies' has no attribute {name!r}")
+
+
+def make_policy(spec: str, **kwargs: Any) -> Policy:
+    """Build a policy from a CLI spec string.
+
+    Specs: ``reference`` (each env's solver), ``hf:MODEL_DIR``, ``openai:BASE_URL[#MODEL]``
+    (e.g. ``openai:http://127.0.0.1:8000/v1#tiny``).
+    """
+    from agentgym.errors import ConfigError, did_you_mean
+
+    kind, _, rest = spec.partition(":")
+    if kind == "reference":
+        return ReferencePolicy(**kwargs)
+    if kind == "hf":
+        if not rest:
+            raise ConfigError("Policy spec 'hf:' needs a model directory, e.g. hf:runs/tiny/model.")
+        from agentgym.policies.hf import HFPolicy
+
+        return HFPolicy.from_pretrained(rest, **kwargs)
+    if kind == "openai":
+        if not rest:
+            raise ConfigError("Policy spec 'openai:' needs a base URL, e.g. openai:http://127.0.0.1:8000/v1#model.")
+        from agentgym.policies.openai import OpenAIPolicy
+
+        base_url, _, model = rest.partition("#")
+        return OpenAIPolicy(base_url=base_url, model=model or None, **kwargs)
+    raise ConfigError(
+        f"Unknown policy spec {spec!r}.{did_you_mean(kind, ['reference', 'hf', 'openai'])} "
+        "Use reference, hf:MODEL_DIR or openai:BASE_URL[#MODEL]."
+    )

@@ -1,0 +1,113 @@
+"""The policy contract: batched, async text generation with optional token-level records.
+
+A policy receives a batch of :class:`GenerationRequest` (chat messages, and the exact prompt token ids
+when the :class:`~agentgym.agent.ChatAgent` tokenises) and returns one :class:`Generation` each. Token-level
+policies (HF, vLLM, OpenAI completions) return the sampled ids with their log-probs, which is what
+trainers need; text-only policies (OpenAI chat, scripted) return text.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentgym.errors import ConfigError
+
+__all__ = ["Generation", "GenerationRequest", "Policy", "SamplingParams"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one turn.
+
+    Attributes:
+        max_tokens: Most tokens generated for the turn.
+        temperature: 0 means greedy.
+        top_p: Nucleus sampling mass (1.0 disables it).
+        stop: Extra stop strings; the generation ends after the first one (it is kept in the text).
+        seed: Seed for reproducible sampling where the backend supports it.
+    """
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}.")
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}.")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}.")
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One conversation to continue.
+
+    Attributes:
+        messages: OpenAI-style chat messages so far (system, user, assistant, ...).
+        prompt_token_ids: The exact prompt tokens, when the agent tokenised it (token-level policies use
+            these and never re-tokenise the messages).
+        sampling: Sampling parameters.
+        episode_id: Which episode asks (lets stateful policies such as the reference solver keep state).
+    """
+
+    messages: tuple[Mapping[str, Any], ...]
+    prompt_token_ids: tuple[int, ...] | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    episode_id: str = ""
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One generated turn.
+
+    Attributes:
+        text: The action text (special tokens removed).
+        token_ids: Sampled ids, including the token that ended the turn (EOS / end-of-turn).
+        logprobs: Log-probs of the sampled ids under the sampling distribution.
+        entropies: Entropy of the sampling distribution at each step.
+        finish_reason: ``stop`` or ``length``.
+    """
+
+    text: str
+    token_ids: tuple[int, ...] | None = None
+    logprobs: tuple[float, ...] | None = None
+    entropies: tuple[float, ...] | None = None
+    finish_reason: str = "stop"
+
+
+class Policy(abc.ABC):
+    """Base class of all policies.
+
+    Attributes:
+        name: Shown in eval tables and stored in trajectories.
+        tokenizer: A Hugging Face tokenizer when the policy works at token level, else ``None``; the
+            ChatAgent uses it to build exact prompt ids.
+        max_batch_size: Most requests the engine puts in one ``act`` call.
+        max_concurrency: Most ``act`` calls the engine keeps in flight at once (1 for an in-process model
+            that uses all cores; more for a server that batches on its own).
+    """
+
+    name: str = "policy"
+    tokenizer: Any = None
+    max_batch_size: int = 64
+    max_concurrency: int = 1
+
+    @abc.abstractmethod
+    async def act(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        """Generate one turn for each request, in order."""
+
+    def begin_episode(self, episode_id: str, env: Any) -> None:
+        """Called by the rollout engine when an episode starts (default: nothing)."""
+
+    def end_episode(self, episode_id: str) -> None:
+        """Called by the rollout engine when an episode ends (default: nothing)."""
+
+    def close(self) -> None:
+        """Release resources (threads, HTTP clients, models)."""

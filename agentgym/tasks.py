@@ -1,0 +1,251 @@
+"""Tasks and task suites.
+
+A :class:`Task` owns a prompt, a reference answer and metadata. A :class:`TaskSuite` is a named,
+versioned, seeded set of tasks with train/test splits. Suites are declared in YAML
+(``tasks/suites/NAME.yaml``) either by a generator function (deterministic given the seed) or by a JSONL
+file, and every suite can prove it is solvable with :meth:`TaskSuite.validate`, which runs each env's
+reference solver through the real env.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import random
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agentgym.errors import TaskError, did_you_mean
+
+__all__ = ["Task", "TaskSuite", "ValidationReport", "list_suites", "load_suite", "SPLITS"]
+
+SPLITS = ("train", "test")
+
+
+@dataclass(frozen=True)
+class Task:
+    """One problem instance.
+
+    Attributes:
+        id: Unique within its suite; stable across versions that keep the task.
+        prompt: What the agent is asked (the env may render it into its first observation).
+        answer: The reference answer (or ``None`` when success is judged by state, e.g. a maze).
+        metadata: Env-specific parameters needed to rebuild the episode (JSON-serialisable).
+    """
+
+    id: str
+    prompt: str
+    answer: Any = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id:
+            raise TaskError(f"Task.id must be a non-empty string, got {self.id!r}.")
+        if not isinstance(self.prompt, str):
+            raise TaskError(f"Task {self.id!r}: prompt must be a string, got {type(self.prompt).__name__}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "prompt": self.prompt, "answer": self.answer, "metadata": dict(self.metadata)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Task:
+        missing = {"id", "prompt"} - set(data)
+        if missing:
+            raise TaskError(f"A task record lacks {sorted(missing)}; each needs at least 'id' and 'prompt'.")
+        return cls(id=str(data["id"]), prompt=data["prompt"], answer=data.get("answer"), metadata=data.get("metadata") or {})
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    """Result of :meth:`TaskSuite.validate`: which tasks the reference solver could not solve and why."""
+
+    suite: str
+    checked: int
+    failures: tuple[tuple[str, str], ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def __str__(self) -> str:
+        if self.ok:
+            return f"suite {self.suite}: all {self.checked} tasks solved by the reference solver"
+        lines = [f"suite {self.suite}: {len(self.failures)} of {self.checked} tasks NOT solved:"]
+        lines += [f"  {tid}: {why}" for tid, why in self.failures[:20]]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class TaskSuite:
+    """A named, versioned, seeded set of tasks with train/test splits, bound to one env id."""
+
+    name: str
+    version: int
+    env_id: str
+    splits: Mapping[str, tuple[Task, ...]]
+    seed: int = 0
+    description: str = ""
+    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for split, tasks in self.splits.items():
+            ids = [t.id for t in tasks]
+            if len(set(ids)) != len(ids):
+                dup = next(i for i in ids if ids.count(i) > 1)
+                raise TaskError(f"Suite {self.name!r} split {split!r} has duplicate task id {dup!r}.")
+
+    @property
+    def train(self) -> tuple[Task, ...]:
+        return tuple(self.splits.get("train", ()))
+
+    @property
+    def test(self) -> tuple[Task, ...]:
+        return tuple(self.splits.get("test", ()))
+
+    def split(self, name: str) -> tuple[Task, ...]:
+        if name not in self.splits:
+            raise TaskError(f"Suite {self.name!r} has no split {name!r}; it has {sorted(self.splits)}.")
+        return tuple(self.splits[name])
+
+    def __iter__(self) -> Iterator[Task]:
+        for tasks in self.splits.values():
+            yield from tasks
+
+    def make_env(self, **overrides: Any) -> Any:
+        """Create this suite's env with the suite's env kwargs (``gym.make`` + the catalogue)."""
+        import gymnasium as gym
+
+        import agentgym  # noqa: F401 - registers ids
+
+        return gym.make(self.env_id, **{**dict(self.env_kwargs), **overrides})
+
+    def validate(self, split: str | None = None, limit: int | None = None) -> ValidationReport:
+        """Run the env's reference solver on every task and report each one it cannot solve."""
+        from agentgym.rollout import run_reference_episode
+
+        tasks: list[Task] = list(self.split(split)) if split else list(self)
+        if limit is not None:
+            tasks = tasks[:limit]
+        failures: list[tuple[str, str]] = []
+        env = self.make_env()
+        try:
+            for i, task in enumerate(tasks):
+                traj = run_reference_episode(env, task, seed=self.seed + i)
+                if not traj.outcome.get("success"):
+                    failures.append((task.id, f"end_reason={traj.end_reason}, score={traj.outcome.get('score')}"))
+        finally:
+            env.close()
+        return ValidationReport(self.name, len(tasks), tuple(failures))
+
+    # ---- loading -----------------------------------------------------------------------------
+    @classmethod
+    def from_jsonl(cls, path: str | Path, *, name: str | None = None, env_id: str, version: int = 1,
+                   seed: int = 0, env_kwargs: Mapping[str, Any] | None = None) -> TaskSuite:
+        """Load tasks from a JSONL file; each line is a task dict with an optional ``split`` field."""
+        path = Path(path)
+        if not path.is_file():
+            raise TaskError(f"Task file {path} does not exist.")
+        splits: dict[str, list[Task]] = {}
+        with path.open(encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise TaskError(f"{path}:{lineno}: not valid JSON ({exc.msg}).") from exc
+                splits.setdefault(record.pop("split", "train"), []).append(Task.from_dict(record))
+        return cls(name=name or path.stem, version=version, env_id=env_id, seed=seed,
+                   splits={k: tuple(v) for k, v in splits.items()}, env_kwargs=dict(env_kwargs or {}))
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> TaskSuite:
+        """Build a suite from its YAML declaration (generator- or file-based)."""
+        path = Path(path)
+        try:
+            spec = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise TaskError(f"Cannot read suite file {path}: {exc}") from exc
+        if not isinstance(spec, dict):
+            raise TaskError(f"Suite file {path} must hold a mapping with name, version, env and splits.")
+        missing = {"name", "version", "env"} - set(spec)
+        if missing:
+            raise TaskError(f"Suite file {path} lacks {sorted(missing)}.")
+        seed = int(spec.get("seed", 0))
+        env_kwargs = spec.get("env_kwargs") or {}
+        if "data" in spec:
+            data_path = (path.parent / spec["data"]).resolve()
+            return cls.from_jsonl(data_path, name=spec["name"], env_id=spec["env"], version=int(spec["version"]),
+                                  seed=seed, env_kwargs=env_kwargs)
+        if "generator" not in spec or "splits" not in spec:
+            raise TaskError(f"Suite file {path} needs either 'data: FILE.jsonl' or 'generator' + 'splits'.")
+        generator = _import_callable(spec["generator"], where=str(path))
+        splits: dict[str, tuple[Task, ...]] = {}
+        for offset, (split, split_spec) in enumerate(sorted(spec["splits"].items())):
+            split_spec = dict(split_spec or {})
+            count = int(split_spec.pop("count", 0))
+            if count <= 0:
+                raise TaskError(f"Suite {spec['name']!r} split {split!r} needs count > 0.")
+            rng = random.Random(f"{spec['name']}/{spec['version']}/{seed}/{split}")
+            tasks = tuple(generator(rng, count, **split_spec))
+            splits[split] = tuple(
+                Task(id=f"{split}-{i:05d}", prompt=t.prompt, answer=t.answer, metadata=t.metadata)
+                for i, t in enumerate(tasks)
+            )
+        return cls(name=spec["name"], version=int(spec["version"]), env_id=spec["env"], seed=seed,
+                   description=spec.get("description", ""), splits=splits, env_kwargs=env_kwargs)
+
+
+def _import_callable(dotted: str, where: str) -> Callable[..., Sequence[Task]]:
+    module_name, _, attr = dotted.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise TaskError(f"{where}: cannot import generator {dotted!r} ({exc}). Use 'package.module:function'.") from exc
+
+
+SUITES_DIR = Path(__file__).resolve().parent.parent / "tasks" / "suites"
+
+
+def _suite_dirs() -> list[Path]:
+    dirs = []
+    try:
+        import agentgym.tasks as tasks_pkg
+
+        dirs.append(Path(tasks_pkg.__file__).resolve().parent / "suites")
+    except ImportError:
+        pass
+    if SUITES_DIR not in dirs:
+        dirs.append(SUITES_DIR)
+    return [d for d in dirs if d.is_dir()]
+
+
+def list_suites() -> list[str]:
+    """Names of the suites shipped in ``tasks/suites``."""
+    return sorted({p.stem for d in _suite_dirs() for p in d.glob("*.yaml")})
+
+
+_CACHE: dict[str, TaskSuite] = {}
+
+
+def load_suite(name_or_path: str) -> TaskSuite:
+    """Load a suite by name (``games-calc``) or by path to a YAML/JSONL file."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return TaskSuite.from_yaml(path)
+    if name_or_path in _CACHE:
+        return _CACHE[name_or_path]
+    for d in _suite_dirs():
+        candidate = d / f"{name_or_path}.yaml"
+        if candidate.is_file():
+            suite = TaskSuite.from_yaml(candidate)
+            _CACHE[name_or_path] = suite
+            return suite
+    raise TaskError(
+        f"Unknown task suite {name_or_path!r}.{did_you_mean(name_or_path, list_suites())} "
+        f"Available suites: {', '.join(list_suites()) or 'none'}. Or pass a path to a suite .yaml file."
+    )

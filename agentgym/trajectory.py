@@ -1,0 +1,223 @@
+"""Trajectory records and their token view.
+
+A :class:`Turn` keeps the observation the agent saw, the action text, and the *exact* token ids the
+policy sampled with their log-probs and entropies. The tokens between two actions (observation text plus
+chat-template glue) are stored separately as ``prompt_token_ids``, encoded on their own by the
+:class:`~agentgym.agent.ChatAgent`. The training sequence is therefore the concatenation of stored ids,
+never a decode/re-encode of the conversation, and its loss mask is 1 exactly on sampled tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["END_REASONS", "TURN_KINDS", "SCHEMA_VERSION", "TokenView", "Trajectory", "Turn", "jsonable"]
+
+SCHEMA_VERSION = 1
+TURN_KINDS = ("tool_call", "answer", "void", "invalid")
+END_REASONS = ("answered", "solved", "failed", "max_turns", "context_limit", "error")
+
+
+def jsonable(value: Any) -> Any:
+    """Convert a value to plain JSON types (numpy scalars/arrays, tuples, dataclasses with to_dict)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, np.generic):
+        return jsonable(value.item())
+    if isinstance(value, np.ndarray):
+        return {"__ndarray__": True, "shape": list(value.shape), "dtype": str(value.dtype)}
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "to_dict"):
+        return jsonable(value.to_dict())
+    return repr(value)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One agent turn: what it saw, what it did, and what the env answered.
+
+    Attributes:
+        observation: The text shown before the action (turn 0: the task's first observation).
+        action: The model's raw text for this turn.
+        reward: The env's reward for this step.
+        info: The env's ``info["turn"]`` (kind, calls, errors, reward components), JSON-safe.
+        prompt_token_ids: Tokens placed before this action and not sampled (turn 0: the whole prompt;
+            later turns: the template glue and observation since the previous action).
+        action_token_ids: The ids the policy sampled, including the token that ended the turn.
+        action_logprobs: Sampling log-probs, aligned with ``action_token_ids``.
+        action_entropies: Per-token entropies of the sampling distribution, where the policy gives them.
+        finish_reason: ``stop`` (end token or stop string) or ``length`` (hit max tokens).
+    """
+
+    observation: str
+    action: str
+    reward: float = 0.0
+    info: Mapping[str, Any] = field(default_factory=dict)
+    prompt_token_ids: tuple[int, ...] | None = None
+    action_token_ids: tuple[int, ...] | None = None
+    action_logprobs: tuple[float, ...] | None = None
+    action_entropies: tuple[float, ...] | None = None
+    finish_reason: str | None = None
+
+    @property
+    def kind(self) -> str:
+        return str(self.info.get("kind", ""))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "observation": self.observation,
+            "action": self.action,
+            "reward": self.reward,
+            "info": jsonable(self.info),
+            "prompt_token_ids": None if self.prompt_token_ids is None else list(self.prompt_token_ids),
+            "action_token_ids": None if self.action_token_ids is None else list(self.action_token_ids),
+            "action_logprobs": None if self.action_logprobs is None else list(self.action_logprobs),
+            "action_entropies": None if self.action_entropies is None else list(self.action_entropies),
+            "finish_reason": self.finish_reason,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Turn:
+        def tup(key: str) -> tuple[Any, ...] | None:
+            return None if d.get(key) is None else tuple(d[key])
+
+        return cls(
+            observation=d["observation"], action=d["action"], reward=float(d.get("reward", 0.0)),
+            info=d.get("info") or {}, prompt_token_ids=tup("prompt_token_ids"),
+            action_token_ids=tup("action_token_ids"), action_logprobs=tup("action_logprobs"),
+            action_entropies=tup("action_entropies"), finish_reason=d.get("finish_reason"),
+        )
+
+
+@dataclass(frozen=True)
+class TokenView:
+    """One training sequence for a trajectory (layout A of the spec).
+
+    Attributes:
+        input_ids: ``[L]`` prompt, action and observation tokens in order.
+        loss_mask: ``[L]`` 1 exactly on sampled action tokens.
+        logprobs: ``[L]`` sampling log-probs on action tokens, 0.0 elsewhere.
+        turn_index: ``[L]`` index of the turn a token belongs to (the prompt before turn t belongs to t).
+    """
+
+    input_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    turn_index: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """A whole episode: identity, turns, outcome and timing; serialises to one JSON line."""
+
+    env_id: str
+    task_id: str
+    seed: int | None
+    turns: tuple[Turn, ...]
+    outcome: Mapping[str, Any]
+    end_reason: str
+    policy: str = ""
+    timing: Mapping[str, float] = field(default_factory=dict)
+    traj_id: str = ""
+    group_id: str = ""
+    error: str | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def success(self) -> bool:
+        return bool(self.outcome.get("success", False))
+
+    @property
+    def score(self) -> float:
+        return float(self.outcome.get("score", 0.0))
+
+    @property
+    def total_reward(self) -> float:
+        return float(sum(t.reward for t in self.turns))
+
+    @property
+    def num_tool_calls(self) -> int:
+        return sum(len(t.info.get("calls", ())) for t in self.turns)
+
+    @property
+    def num_action_tokens(self) -> int:
+        return sum(len(t.action_token_ids or ()) for t in self.turns)
+
+    @property
+    def has_tokens(self) -> bool:
+        return bool(self.turns) and all(
+            t.action_token_ids is not None and t.prompt_token_ids is not None for t in self.turns
+        )
+
+    def token_view(self) -> TokenView:
+        """Concatenate stored ids into one sequence with a loss mask (no re-tokenisation).
+
+        Raises:
+            ValueError: when the trajectory was produced by a policy that did not record token ids.
+        """
+        if not self.has_tokens:
+            raise ValueError(
+                f"Trajectory {self.traj_id or self.task_id} has no token ids; record it with a token-level "
+                "policy (HFPolicy, VLLMPolicy, or OpenAIPolicy in completions mode) to train on it."
+            )
+        ids: list[int] = []
+        mask: list[int] = []
+        logps: list[float] = []
+        turn_idx: list[int] = []
+        for i, turn in enumerate(self.turns):
+            prompt = turn.prompt_token_ids or ()
+            action = turn.action_token_ids or ()
+            lp: Sequence[float] = turn.action_logprobs or (0.0,) * len(action)
+            ids += prompt
+            mask += [0] * len(prompt)
+            logps += [0.0] * len(prompt)
+            ids += action
+            mask += [1] * len(action)
+            logps += list(lp)
+            turn_idx += [i] * (len(prompt) + len(action))
+        return TokenView(tuple(ids), tuple(mask), tuple(logps), tuple(turn_idx))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "env_id": self.env_id,
+            "task_id": self.task_id,
+            "seed": self.seed,
+            "traj_id": self.traj_id,
+            "group_id": self.group_id,
+            "policy": self.policy,
+            "end_reason": self.end_reason,
+            "outcome": jsonable(self.outcome),
+            "error": self.error,
+            "timing": jsonable(self.timing),
+            "metadata": jsonable(self.metadata),
+            "turns": [t.to_dict() for t in self.turns],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Trajectory:
+        version = d.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(
+                f"Trajectory record has schema_version={version!r}; this agentgym reads version {SCHEMA_VERSION}."
+            )
+        return cls(
+            env_id=d["env_id"], task_id=d["task_id"], seed=d.get("seed"),
+            turns=tuple(Turn.from_dict(t) for t in d["turns"]), outcome=d.get("outcome") or {},
+            end_reason=d["end_reason"], policy=d.get("policy", ""), timing=d.get("timing") or {},
+            traj_id=d.get("traj_id", ""), group_id=d.get("group_id", ""), error=d.get("error"),
+            metadata=d.get("metadata") or {},
+        )

@@ -1,0 +1,1 @@
+"""Task suites (YAML) and generated task data."""

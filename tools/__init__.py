@@ -1,0 +1,1 @@
+"""Tools shared by environments (sandbox, shell, retrievers, browser)."""

@@ -1,0 +1,1 @@
+"""Turn-level RL trainers and their pure algorithm functions."""
