@@ -21,7 +21,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import jsonschema
 
-from agentgym.errors import ToolError, did_you_mean
+from agentgym.errors import EnvCrashed, ToolError, did_you_mean
 
 __all__ = ["Tool", "ToolCall", "ToolResult", "ToolSet", "tool"]
 
@@ -287,7 +287,10 @@ class ToolSet:
         return bound
 
     def call(self, call: ToolCall) -> ToolResult:
-        """Validate and run one call; every failure becomes an error result that tells the model the fix."""
+        """Validate and run one call; every failure becomes an error result that tells the model the fix.
+
+        Only :class:`EnvCrashed` propagates: a dead sandbox or browser is not the model's mistake.
+        """
         if call.name not in self._tools:
             return ToolResult.error(
                 f"Error: unknown tool {call.name!r}.{did_you_mean(call.name, self._tools)} "
@@ -309,6 +312,8 @@ class ToolSet:
             )
         try:
             out = self._tools[call.name].fn(**arguments)
+        except EnvCrashed:
+            raise  # infrastructure failure: the env ends the episode with end_reason="error"
         except Exception as exc:  # noqa: BLE001 - a tool failure is an observation for the model
             logger.debug("tool %s raised", call.name, exc_info=True)
             return ToolResult.error(f"Error: {call.name} failed: {type(exc).__name__}: {exc}", kind="tool_exception")

@@ -1,0 +1,217 @@
+"""The ``agentgym`` command line: list, play, eval, serve, view.
+
+Every argument is validated before work starts, and a bad one exits with status 2 and a message that
+says how to fix it (never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agentgym.errors import AgentGymError, ConfigError
+
+__all__ = ["main"]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return value
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from agentgym.catalogue import CATALOGUE
+    from agentgym.tasks import list_suites
+
+    table = Table(title="agentgym environments")
+    table.add_column("id")
+    table.add_column("family")
+    table.add_column("description")
+    for entry in CATALOGUE:
+        table.add_row(entry.id, entry.family, entry.description)
+    console = Console(width=max(100, Console().width))
+    console.print(table)
+    console.print("suites: " + ", ".join(list_suites()))
+    return 0
+
+
+def _cmd_play(args: argparse.Namespace) -> int:
+    import agentgym
+
+    env = agentgym.make(args.env_id)
+    try:
+        observation, info = env.reset(seed=args.seed)
+        out = sys.stdout
+        out.write(f"== {args.env_id} (task {info['task_id']}) ==\n{info['instructions']}\n\n")
+        out.write("Type an action and press Enter. ':q' quits, ':tools' lists tools.\n\n")
+        while True:
+            out.write(f"{_obs_text(observation)}\n> ")
+            out.flush()
+            line = sys.stdin.readline()
+            if not line or line.strip() == ":q":
+                out.write("\nbye\n")
+                return 0
+            if line.strip() == ":tools":
+                out.write(json.dumps(info["tools"], indent=1) + "\n")
+                continue
+            observation, reward, terminated, truncated, step_info = env.step(line.rstrip("\n"))
+            out.write(f"[{step_info['turn']['kind']}] reward={reward:g}\n")
+            if terminated or truncated:
+                out.write(f"{_obs_text(observation)}\nepisode over: {json.dumps(step_info['outcome'])}\n")
+                return 0
+    finally:
+        env.close()
+
+
+def _obs_text(observation: Any) -> str:
+    return str(observation.get("text", "")) if isinstance(observation, dict) else str(observation)
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from agentgym.policies import SamplingParams, make_policy
+    from agentgym.report import render_summary_table, write_html_report
+    from agentgym.rollout import RolloutConfig, RolloutEngine, episodes_for_suite, summarize
+    from agentgym.storage import TrajectoryWriter
+    from agentgym.tasks import load_suite
+
+    suite = load_suite(args.suite)
+    if args.split not in suite.splits:
+        raise ConfigError(f"Suite {suite.name!r} has no split {args.split!r}; choose one of {sorted(suite.splits)}.")
+    sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    config = RolloutConfig(max_in_flight=args.max_in_flight, sampling=sampling, progress=not args.no_progress)
+    policy = make_policy(args.policy)
+    out_dir = Path(args.out or f"runs/eval-{suite.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    specs = episodes_for_suite(suite, args.split, group_size=args.group_size, seed=args.seed, limit=args.limit)
+    started = time.perf_counter()
+    try:
+        with TrajectoryWriter(out_dir / "trajectories.jsonl") as writer:
+            trajectories = RolloutEngine(policy, config).run(specs, writer=writer)
+    finally:
+        policy.close()
+    summary = summarize(trajectories)
+    summary["wall_s"] = time.perf_counter() - started
+    summary.update({"suite": suite.name, "split": args.split, "policy": args.policy})
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    title = f"{suite.name} [{args.split}] with {args.policy}"
+    write_html_report(out_dir / "report.html", summary, trajectories, title)
+    console = Console()
+    console.print(render_summary_table(summary, title=title))
+    console.print(f"trajectories: {out_dir / 'trajectories.jsonl'}\nsummary: {out_dir / 'summary.json'}\n"
+                  f"report: {out_dir / 'report.html'}")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from agentgym.serve import run_server
+
+    run_server(args.model_dir, host=args.host, port=args.port, model_name=args.model_name,
+               max_batch_size=args.max_batch_size)
+    return 0
+
+
+def _cmd_view(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from agentgym.storage import read_trajectories
+
+    path = Path(args.path)
+    if not path.is_file():
+        raise ConfigError(f"No trajectory file at {path}; pass the trajectories.jsonl written by 'agentgym eval'.")
+    console = Console()
+    for i, traj in enumerate(read_trajectories(path)):
+        if args.limit is not None and i >= args.limit:
+            break
+        console.rule(f"{traj.env_id} {traj.task_id} seed={traj.seed} success={traj.success} ({traj.end_reason})")
+        for turn in traj.turns:
+            console.print(f"[cyan]observation[/cyan] {turn.observation}", markup=True, highlight=False)
+            console.print(f"[yellow]action[/yellow] ({turn.kind}) {turn.action}", markup=True, highlight=False)
+        if traj.error:
+            console.print(f"[red]error[/red] {traj.error}", markup=True)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agentgym", description="Environments, policies and trainers for LLM agents.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("list", help="list registered environments and task suites")
+    p.set_defaults(func=_cmd_list)
+
+    p = sub.add_parser("play", help="act in an environment yourself, from the terminal")
+    p.add_argument("env_id", help="an id from 'agentgym list', e.g. agentgym/GuessNumber-v0")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_cmd_play)
+
+    p = sub.add_parser("eval", help="run a policy on a task suite and report success, turns, tokens and time")
+    p.add_argument("--suite", required=True, help="suite name (see 'agentgym list') or path to a suite .yaml")
+    p.add_argument("--policy", required=True, help="reference | hf:MODEL_DIR | openai:BASE_URL[#MODEL]")
+    p.add_argument("--split", default="test")
+    p.add_argument("--limit", type=_positive_int, default=None, help="evaluate only the first N tasks")
+    p.add_argument("--group-size", type=_positive_int, default=1, help="rollouts per task")
+    p.add_argument("--max-in-flight", type=_positive_int, default=64)
+    p.add_argument("--max-tokens", type=_positive_int, default=256)
+    p.add_argument("--temperature", type=_non_negative_float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="output directory (default runs/eval-SUITE-TIME)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("serve", help="serve a local HF model directory as an OpenAI-compatible API")
+    p.add_argument("model_dir")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=_positive_int, default=8000)
+    p.add_argument("--model-name", default=None, help="name clients use (default: the directory name)")
+    p.add_argument("--max-batch-size", type=_positive_int, default=32)
+    p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("view", help="print saved trajectories")
+    p.add_argument("path", help="a trajectories.jsonl file")
+    p.add_argument("--limit", type=_positive_int, default=None)
+    p.set_defaults(func=_cmd_view)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except AgentGymError as exc:
+        sys.stderr.write(f"agentgym {args.command}: error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

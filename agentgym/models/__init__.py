@@ -1,0 +1,23 @@
+"""Built-in models that run offline on a CPU.
+
+The tiny model (:mod:`agentgym.models.tiny`) is a small Llama/Qwen2-architecture network built from a
+config, with a byte-level, digit-level BPE tokenizer trained locally and a ChatML chat template. It lets
+every test, quickstart and learning experiment run without downloading anything from a model hub.
+torch and transformers are imported only when a function here is called, so ``import agentgym.models``
+stays light.
+"""
+
+from __future__ import annotations
+
+from agentgym.models.tiny import (
+    TinyModelConfig,
+    build_tiny_model,
+    create_model,
+    default_corpus,
+    load_tiny_model,
+    train_tokenizer,
+)
+
+__all__ = [
+    "TinyModelConfig", "build_tiny_model", "create_model", "default_corpus", "load_tiny_model", "train_tokenizer",
+]

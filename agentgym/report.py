@@ -1,0 +1,64 @@
+"""Eval outputs: a rich table for the terminal and a self-contained HTML report."""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from agentgym.trajectory import Trajectory
+
+__all__ = ["render_summary_table", "write_html_report"]
+
+_ROWS = (
+    ("episodes", "episodes", "{:d}"),
+    ("success_rate", "success rate", "{:.3f}"),
+    ("mean_turns", "mean turns", "{:.2f}"),
+    ("mean_tool_calls", "mean tool calls", "{:.2f}"),
+    ("mean_action_tokens", "mean action tokens", "{:.1f}"),
+    ("errors", "errored episodes", "{:d}"),
+    ("wall_s", "wall time (s)", "{:.2f}"),
+)
+
+
+def render_summary_table(summary: Mapping[str, Any], title: str = "eval") -> Any:
+    """A rich Table of the summary metrics."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, label, fmt in _ROWS:
+        if key in summary:
+            table.add_row(label, fmt.format(summary[key]))
+    if summary.get("end_reasons"):
+        table.add_row("end reasons", ", ".join(f"{k}={v}" for k, v in sorted(summary["end_reasons"].items())))
+    return table
+
+
+def write_html_report(path: str | Path, summary: Mapping[str, Any], trajectories: Sequence[Trajectory], title: str) -> Path:
+    """Write one HTML file with the summary and every transcript (escaped; no external assets)."""
+    path = Path(path)
+    rows = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(json.dumps(v))}</td></tr>" for k, v in summary.items())
+    episodes = []
+    for t in trajectories:
+        status = "ok" if t.success else "fail"
+        turns = "".join(
+            f"<div class='obs'><b>observation</b><pre>{html.escape(turn.observation)}</pre></div>"
+            f"<div class='act'><b>action ({html.escape(turn.kind)}, reward {turn.reward:g})</b>"
+            f"<pre>{html.escape(turn.action)}</pre></div>"
+            for turn in t.turns
+        )
+        err = f"<p class='err'>{html.escape(t.error)}</p>" if t.error else ""
+        episodes.append(
+            f"<details class='{status}'><summary>{html.escape(t.task_id)} seed={t.seed} - {status} "
+            f"({html.escape(t.end_reason)}, {len(t.turns)} turns)</summary>{err}{turns}</details>"
+        )
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:sans-serif;max-width:1000px;margin:auto}} pre{{white-space:pre-wrap;background:#f6f6f6;padding:6px}}
+.ok summary{{color:#176f2c}} .fail summary{{color:#a31515}} .err{{color:#a31515}} table td{{padding:2px 10px}}</style>
+</head><body><h1>{html.escape(title)}</h1><table>{rows}</table><h2>Episodes</h2>{''.join(episodes)}</body></html>"""
+    path.write_text(page, encoding="utf-8")
+    return path

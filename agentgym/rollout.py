@@ -1,0 +1,464 @@
+"""The rollout engine: many episodes at once, policy calls batched across episodes, env steps concurrent.
+
+One engine serves evaluation and training. Each episode is a coroutine: reset the env (in a worker
+thread), ask the policy for an action, step the env (in a worker thread, under a timeout), repeat. Policy
+requests from all episodes meet in a :class:`_PolicyBatcher`, which sends whatever is queued as one batch
+as soon as the policy has a free slot. Episodes therefore pipeline: while some wait on slow tools,
+others generate, and no turn waits for the slowest episode of a synchronous batch.
+
+An env that raises or hangs ends only its own episode (``end_reason="error"``); finished trajectories
+are streamed to JSONL as they complete, so a crash of the whole process loses no finished episode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+import traceback
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentgym.agent import ChatAgent
+from agentgym.errors import ConfigError
+from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams
+from agentgym.storage import TrajectoryWriter
+from agentgym.tasks import Task, TaskSuite
+from agentgym.trajectory import Trajectory, Turn, jsonable
+
+__all__ = [
+    "EpisodeSpec",
+    "RolloutConfig",
+    "RolloutEngine",
+    "episodes_for_suite",
+    "run_reference_episode",
+    "summarize",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """How the engine runs episodes.
+
+    Attributes:
+        max_in_flight: Episodes running at once.
+        sampling: Sampling parameters for every turn.
+        step_timeout_s: An env ``reset``/``step`` taking longer ends its episode with ``error``.
+        env_workers: Threads that run env ``reset``/``step`` calls.
+        max_context_tokens: When the prompt plus ``sampling.max_tokens`` would exceed this, the episode ends
+            with ``context_limit`` (token-level policies only).
+        system_prompt: Replaces the env's instructions as the system prompt (``None`` keeps them).
+        observation_role: Chat role of observations after the first (``user`` or ``tool``).
+        batch_window_s: How long the batcher waits for more requests before sending a batch.
+        progress: Show a progress bar.
+    """
+
+    max_in_flight: int = 64
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    step_timeout_s: float = 60.0
+    env_workers: int = 32
+    max_context_tokens: int | None = None
+    system_prompt: str | None = None
+    observation_role: str = "user"
+    batch_window_s: float = 0.002
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_in_flight < 1:
+            raise ConfigError(f"max_in_flight must be >= 1, got {self.max_in_flight}.")
+        if self.step_timeout_s <= 0:
+            raise ConfigError(f"step_timeout_s must be > 0 seconds, got {self.step_timeout_s}.")
+        if self.env_workers < 1:
+            raise ConfigError(f"env_workers must be >= 1, got {self.env_workers}.")
+        if self.max_context_tokens is not None and self.max_context_tokens <= self.sampling.max_tokens:
+            raise ConfigError(
+                f"max_context_tokens ({self.max_context_tokens}) must exceed sampling.max_tokens "
+                f"({self.sampling.max_tokens}), or no turn fits."
+            )
+        if self.observation_role not in ("user", "tool"):
+            raise ConfigError(f"observation_role must be 'user' or 'tool', got {self.observation_role!r}.")
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """One episode to run: which env, which task (or none: the env samples one from the seed), which seed."""
+
+    env_id: str
+    task: Task | None = None
+    seed: int | None = None
+    group_id: str = ""
+    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+def episodes_for_suite(
+    suite: TaskSuite, split: str = "test", *, group_size: int = 1, seed: int = 0, limit: int | None = None
+) -> list[EpisodeSpec]:
+    """Episode specs for a suite split: ``group_size`` rollouts per task, seeds derived from ``seed``."""
+    if group_size < 1:
+        raise ConfigError(f"group_size must be >= 1, got {group_size}.")
+    tasks = suite.split(split)
+    if limit is not None:
+        tasks = tasks[:limit]
+    specs = []
+    for i, task in enumerate(tasks):
+        for g in range(group_size):
+            specs.append(
+                EpisodeSpec(env_id=suite.env_id, task=task, seed=seed + i * group_size + g,
+                            group_id=f"{suite.name}/{task.id}", env_kwargs=dict(suite.env_kwargs))
+            )
+    return specs
+
+
+class _PolicyBatcher:
+    """Collects generation requests from episodes and sends them to the policy in batches."""
+
+    def __init__(self, policy: Policy, window_s: float) -> None:
+        self.policy = policy
+        self.window_s = window_s
+        self.queue: list[tuple[GenerationRequest, asyncio.Future[Generation]]] = []
+        self.wakeup = asyncio.Event()
+        self.slots = asyncio.Semaphore(max(1, policy.max_concurrency))
+        self.calls = 0
+        self._task: asyncio.Task[None] | None = None
+        self._inflight: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        for t in list(self._inflight):
+            t.cancel()
+
+    async def submit(self, request: GenerationRequest) -> Generation:
+        future: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
+        self.queue.append((request, future))
+        self.wakeup.set()
+        return await future
+
+    async def _loop(self) -> None:
+        while True:
+            await self.wakeup.wait()
+            self.wakeup.clear()
+            await self.slots.acquire()
+            if self.window_s:
+                await asyncio.sleep(self.window_s)
+            if not self.queue:
+                self.slots.release()
+                continue
+            batch = self.queue[: self.policy.max_batch_size]
+            del self.queue[: len(batch)]
+            if self.queue:
+                self.wakeup.set()
+            task = asyncio.get_running_loop().create_task(self._run(batch))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+
+    async def _run(self, batch: list[tuple[GenerationRequest, asyncio.Future[Generation]]]) -> None:
+        try:
+            self.calls += 1
+            generations = await self.policy.act([r for r, _ in batch])
+            if len(generations) != len(batch):
+                raise RuntimeError(f"policy returned {len(generations)} generations for {len(batch)} requests")
+            for (_, fut), gen in zip(batch, generations):
+                if not fut.done():
+                    fut.set_result(gen)
+        except BaseException as exc:  # noqa: BLE001 - forwarded to every waiting episode
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self.slots.release()
+
+
+class _EnvPool:
+    """Reuses idle envs per (env_id, kwargs) so browsers and sandboxes are not rebuilt every episode."""
+
+    def __init__(self) -> None:
+        self._idle: dict[str, list[Any]] = defaultdict(list)
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(spec: EpisodeSpec) -> str:
+        return spec.env_id + repr(sorted(spec.env_kwargs.items()))
+
+    def acquire(self, spec: EpisodeSpec) -> Any:
+        with self._lock:
+            idle = self._idle[self._key(spec)]
+            if idle:
+                return idle.pop()
+        import gymnasium as gym
+
+        import agentgym  # noqa: F401 - registers ids
+
+        return gym.make(spec.env_id, **dict(spec.env_kwargs))
+
+    def release(self, spec: EpisodeSpec, env: Any) -> None:
+        with self._lock:
+            self._idle[self._key(spec)].append(env)
+
+    def close(self) -> None:
+        with self._lock:
+            envs = [e for idle in self._idle.values() for e in idle]
+            self._idle.clear()
+        for env in envs:
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                logger.warning("closing an env failed", exc_info=True)
+
+
+def _close_quietly(env: Any) -> None:
+    try:
+        env.close()
+    except Exception:  # noqa: BLE001
+        logger.debug("close of a failed env raised", exc_info=True)
+
+
+class RolloutEngine:
+    """Run episodes with a policy; see the module docstring for how work overlaps.
+
+    Args:
+        policy: Any :class:`Policy`. When it has a tokenizer, trajectories carry exact token ids.
+        config: Engine settings.
+    """
+
+    def __init__(self, policy: Policy, config: RolloutConfig | None = None) -> None:
+        self.policy = policy
+        self.config = config or RolloutConfig()
+        self.stats: dict[str, Any] = {}
+
+    def run(
+        self,
+        episodes: Sequence[EpisodeSpec],
+        *,
+        writer: TrajectoryWriter | None = None,
+        on_trajectory: Callable[[Trajectory], None] | None = None,
+    ) -> list[Trajectory]:
+        """Run all episodes and return their trajectories in the order of ``episodes``."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.arun(episodes, writer=writer, on_trajectory=on_trajectory))
+        raise RuntimeError("RolloutEngine.run() was called inside a running event loop; use 'await engine.arun(...)'.")
+
+    async def arun(
+        self,
+        episodes: Sequence[EpisodeSpec],
+        *,
+        writer: TrajectoryWriter | None = None,
+        on_trajectory: Callable[[Trajectory], None] | None = None,
+    ) -> list[Trajectory]:
+        """Async version of :meth:`run`."""
+        episodes = list(episodes)
+        results: list[Trajectory | None] = [None] * len(episodes)
+        batcher = _PolicyBatcher(self.policy, self.config.batch_window_s)
+        batcher.start()
+        pool = _EnvPool()
+        executor = concurrent.futures.ThreadPoolExecutor(self.config.env_workers, thread_name_prefix="agentgym-env")
+        limiter = asyncio.Semaphore(self.config.max_in_flight)
+        progress = _Progress(len(episodes), enabled=self.config.progress)
+        started = time.perf_counter()
+
+        async def run_one(index: int, spec: EpisodeSpec) -> None:
+            async with limiter:
+                traj = await self._episode(spec, index, batcher, pool, executor)
+            results[index] = traj
+            if writer is not None:
+                await asyncio.get_running_loop().run_in_executor(executor, writer.write, traj)
+            if on_trajectory is not None:
+                on_trajectory(traj)
+            progress.advance(traj)
+
+        try:
+            with progress:
+                await asyncio.gather(*(run_one(i, s) for i, s in enumerate(episodes)))
+        finally:
+            await batcher.stop()
+            pool.close()
+            executor.shutdown(wait=False, cancel_futures=True)
+        self.stats = {"policy_calls": batcher.calls, "episodes": len(episodes), "wall_s": time.perf_counter() - started}
+        return [r for r in results if r is not None]
+
+    async def _call_env(self, executor: concurrent.futures.Executor, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await asyncio.wait_for(
+            loop.run_in_executor(executor, lambda: fn(*args, **kwargs)), timeout=self.config.step_timeout_s
+        )
+
+    async def _episode(
+        self, spec: EpisodeSpec, index: int, batcher: _PolicyBatcher, pool: _EnvPool,
+        executor: concurrent.futures.Executor,
+    ) -> Trajectory:
+        cfg = self.config
+        episode_id = f"ep-{index}-{uuid.uuid4().hex[:8]}"
+        t0 = time.perf_counter()
+        timing = {"policy_s": 0.0, "env_s": 0.0}
+        turns: list[Turn] = []
+        outcome: dict[str, Any] = {}
+        error: str | None = None
+        env: Any = None
+        healthy = False
+        task_id = spec.task.id if spec.task is not None else ""
+        try:
+            env = await self._call_env(executor, pool.acquire, spec)
+            options = {"task": spec.task} if spec.task is not None else None
+            te = time.perf_counter()
+            observation, info = await self._call_env(executor, env.reset, seed=spec.seed, options=options)
+            timing["env_s"] += time.perf_counter() - te
+            task_id = info.get("task_id", task_id)
+            self.policy.begin_episode(episode_id, env)
+            agent = ChatAgent(self.policy.tokenizer, system_prompt=cfg.system_prompt, observation_role=cfg.observation_role)
+            agent.start(str(info.get("instructions", "")), _text_of(observation))
+            while True:
+                if (
+                    cfg.max_context_tokens is not None and self.policy.tokenizer is not None
+                    and agent.num_tokens + cfg.sampling.max_tokens > cfg.max_context_tokens
+                ):
+                    outcome = {"success": False, "score": 0.0, "end_reason": "context_limit"}
+                    healthy = True
+                    break
+                prompt_ids = tuple(agent.pending_prompt_ids) if self.policy.tokenizer is not None else None
+                tp = time.perf_counter()
+                generation = await batcher.submit(agent.request(cfg.sampling, episode_id))
+                timing["policy_s"] += time.perf_counter() - tp
+                action_ids = agent.record_action(generation)
+                te = time.perf_counter()
+                next_obs, reward, terminated, truncated, step_info = await self._call_env(executor, env.step, generation.text)
+                timing["env_s"] += time.perf_counter() - te
+                turns.append(
+                    Turn(
+                        observation=_text_of(observation), action=generation.text, reward=float(reward),
+                        info=jsonable(step_info.get("turn", {})), prompt_token_ids=prompt_ids,
+                        action_token_ids=action_ids,
+                        action_logprobs=generation.logprobs if action_ids is not None else None,
+                        action_entropies=generation.entropies if action_ids is not None else None,
+                        finish_reason=generation.finish_reason,
+                    )
+                )
+                observation = next_obs
+                if terminated or truncated:
+                    outcome = dict(step_info.get("outcome") or {})
+                    healthy = outcome.get("end_reason") != "error"
+                    break
+                agent.add_observation(_text_of(next_obs))
+        except asyncio.TimeoutError:
+            error = f"env call exceeded step_timeout_s={cfg.step_timeout_s}"
+        except Exception as exc:  # noqa: BLE001 - an episode's failure must not end the others
+            error = f"{type(exc).__name__}: {exc}"
+            logger.debug("episode %s failed:\n%s", episode_id, traceback.format_exc())
+        finally:
+            self.policy.end_episode(episode_id)
+            if env is not None:
+                if healthy:
+                    pool.release(spec, env)
+                else:
+                    threading.Thread(target=_close_quietly, args=(env,), daemon=True).start()
+        if error is not None:
+            outcome = {"success": False, "score": 0.0, "end_reason": "error"}
+        timing["wall_s"] = time.perf_counter() - t0
+        return Trajectory(
+            env_id=spec.env_id, task_id=task_id, seed=spec.seed, turns=tuple(turns), outcome=outcome,
+            end_reason=str(outcome.get("end_reason", "error")), policy=self.policy.name, timing=timing,
+            traj_id=episode_id, group_id=spec.group_id, error=error,
+        )
+
+
+def _text_of(observation: Any) -> str:
+    """The text part of an observation (GUI envs return ``{"text", "image"}``)."""
+    if isinstance(observation, Mapping):
+        return str(observation.get("text", ""))
+    return str(observation)
+
+
+class _Progress:
+    """A rich progress bar showing finished episodes and the running success rate."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total = total
+        self.enabled = enabled
+        self.done = 0
+        self.successes = 0
+        self._progress: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> _Progress:
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(
+                TextColumn("episodes"), BarColumn(), MofNCompleteColumn(), TextColumn("success {task.fields[rate]}"),
+                TimeElapsedColumn(), transient=False,
+            )
+            self._progress.__enter__()
+            self._task = self._progress.add_task("rollout", total=self.total, rate="-")
+        return self
+
+    def advance(self, traj: Trajectory) -> None:
+        self.done += 1
+        self.successes += int(traj.success)
+        if self._progress is not None:
+            self._progress.update(self._task, advance=1, rate=f"{self.successes / self.done:.2f}")
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+
+
+def summarize(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
+    """Aggregate eval metrics: success rate, mean turns, tool calls, tokens, errors, time."""
+    n = len(trajectories)
+    if n == 0:
+        return {"episodes": 0}
+    ends: dict[str, int] = defaultdict(int)
+    for t in trajectories:
+        ends[t.end_reason] += 1
+    return {
+        "episodes": n,
+        "success_rate": sum(t.success for t in trajectories) / n,
+        "mean_score": sum(t.score for t in trajectories) / n,
+        "mean_turns": sum(len(t.turns) for t in trajectories) / n,
+        "mean_tool_calls": sum(t.num_tool_calls for t in trajectories) / n,
+        "mean_action_tokens": sum(t.num_action_tokens for t in trajectories) / n,
+        "errors": ends.get("error", 0),
+        "end_reasons": dict(ends),
+        "mean_episode_s": sum(float(t.timing.get("wall_s", 0.0)) for t in trajectories) / n,
+    }
+
+
+def run_reference_episode(env: Any, task: Task, seed: int | None = None) -> Trajectory:
+    """Play one episode with the env's reference solver, synchronously; returns its trajectory."""
+    start = time.perf_counter()
+    observation, info = env.reset(seed=seed, options={"task": task})
+    solver = env.unwrapped.reference_solver()
+    turns: list[Turn] = []
+    outcome: dict[str, Any] = {}
+    while True:
+        action = solver(_text_of(observation))
+        next_obs, reward, terminated, truncated, step_info = env.step(action)
+        turns.append(Turn(observation=_text_of(observation), action=action, reward=float(reward),
+                          info=jsonable(step_info["turn"])))
+        observation = next_obs
+        if terminated or truncated:
+            outcome = dict(step_info.get("outcome", {}))
+            break
+    env_id = env.spec.id if getattr(env, "spec", None) is not None else type(env.unwrapped).__name__
+    return Trajectory(
+        env_id=env_id, task_id=task.id, seed=seed, turns=tuple(turns), outcome=outcome,
+        end_reason=str(outcome.get("end_reason", "")), policy="reference",
+        timing={"wall_s": time.perf_counter() - start},
+    )

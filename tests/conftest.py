@@ -1,0 +1,38 @@
+"""Shared test setup: everything offline, deterministic hashing, test-only envs registered."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import gymnasium as gym  # noqa: E402
+import pytest  # noqa: E402
+
+import agentgym  # noqa: E402,F401
+
+
+def _register_test_envs() -> None:
+    for name in ("Flaky-v0", "Echo-v0"):
+        env_id = f"agentgym-test/{name}"
+        if env_id not in gym.registry:
+            gym.register(id=env_id, entry_point=f"tests.envs_for_tests:{name.split('-')[0]}Env")
+
+
+_register_test_envs()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if not has_cuda:
+        skip = pytest.mark.skip(reason="needs a CUDA GPU")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)

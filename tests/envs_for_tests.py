@@ -1,0 +1,67 @@
+"""Small envs used only by tests of the engine: one that crashes or hangs on command, one that echoes."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from agentgym.env import AgentEnv, ReferenceSolver
+from agentgym.errors import EnvCrashed
+from agentgym.tasks import Task
+from agentgym.tools import ToolSet, tool
+
+
+class EchoEnv(AgentEnv):
+    """Echo tool: returns its text; ``stop`` ends the episode successfully."""
+
+    description = "test env: echo"
+
+    def __init__(self, **kwargs):  # type: ignore[no-untyped-def]
+        kwargs.setdefault("max_turns", 3)
+        super().__init__(**kwargs)
+
+    @tool
+    def echo(self, text: str) -> str:
+        """Echo the text back.
+
+        Args:
+            text: Anything.
+        """
+        return f"echo: {text}"
+
+    @tool
+    def stop(self) -> str:
+        """End the episode."""
+        self.mark_answer()
+        self.finish(success=True)
+        return "stopped"
+
+    def _build_tools(self) -> ToolSet:
+        return ToolSet([self.echo, self.stop])
+
+    def _sample_task(self, rng: np.random.Generator) -> Task:
+        n = int(rng.integers(1000))
+        return Task(id=f"echo-{n}", prompt=f"Say {n}.")
+
+    def _begin_episode(self, task: Task) -> str:
+        return task.prompt
+
+    def _task_instructions(self) -> str:
+        return "Echo things, then stop."
+
+    def reference_solver(self) -> ReferenceSolver:
+        return lambda obs: '<tool_call>{"name": "stop", "arguments": {}}</tool_call>'
+
+
+class FlakyEnv(EchoEnv):
+    """Like EchoEnv, but the action 'crash' raises in step, 'hang' sleeps for a long time, 'die' is EnvCrashed."""
+
+    def step(self, action):  # type: ignore[no-untyped-def]
+        if action == "crash":
+            raise RuntimeError("simulated env bug")
+        if action == "hang":
+            time.sleep(5)
+        if action == "die":
+            raise EnvCrashed("simulated sandbox death")
+        return super().step(action)
