@@ -19,19 +19,49 @@ from agentgym.errors import (
     TaskError,
     ToolError,
 )
-from agentgym.parsers import CodeBlockParser, CompositeParser, FunctionCallParser, HermesParser, TagParser
+from agentgym.parsers import (
+    CodeBlockParser,
+    CompositeParser,
+    FunctionCallParser,
+    HermesParser,
+    TagParser,
+)
 from agentgym.spaces import UnicodeText
-from agentgym.tasks import Task, TaskSuite, list_suites, load_suite
+from agentgym.suite import Task, TaskSuite, list_suites, load_suite
 from agentgym.tools import Tool, ToolCall, ToolResult, ToolSet, tool
 from agentgym.trajectory import Trajectory, Turn
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AgentEnv", "AgentGymError", "CodeBlockParser", "CompositeParser", "ConfigError", "DependencyNotInstalled",
-    "EnvCrashed", "FunctionCallParser", "HermesParser", "RegistrationError", "TagParser", "Task", "TaskError",
-    "TaskSuite", "Tool", "ToolCall", "ToolError", "ToolResult", "ToolSet", "Trajectory", "Turn", "UnicodeText",
-    "env_ids", "list_suites", "load_suite", "make", "tool", "__version__",
+    "AgentEnv",
+    "AgentGymError",
+    "CodeBlockParser",
+    "CompositeParser",
+    "ConfigError",
+    "DependencyNotInstalled",
+    "EnvCrashed",
+    "FunctionCallParser",
+    "HermesParser",
+    "RegistrationError",
+    "TagParser",
+    "Task",
+    "TaskError",
+    "TaskSuite",
+    "Tool",
+    "ToolCall",
+    "ToolError",
+    "ToolResult",
+    "ToolSet",
+    "Trajectory",
+    "Turn",
+    "UnicodeText",
+    "__version__",
+    "env_ids",
+    "list_suites",
+    "load_suite",
+    "make",
+    "tool",
 ]
 
 register_all()

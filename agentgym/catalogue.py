@@ -14,7 +14,7 @@ import gymnasium as gym
 
 from agentgym.errors import RegistrationError, did_you_mean
 
-__all__ = ["CATALOGUE", "CatalogueEntry", "register_all", "get_entry", "env_ids"]
+__all__ = ["CATALOGUE", "CatalogueEntry", "env_ids", "get_entry", "register_all"]
 
 NAMESPACE = "agentgym"
 

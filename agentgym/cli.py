@@ -45,7 +45,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from agentgym.catalogue import CATALOGUE
-    from agentgym.tasks import list_suites
+    from agentgym.suite import list_suites
 
     table = Table(title="agentgym environments")
     table.add_column("id")
@@ -96,9 +96,14 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     from agentgym.policies import SamplingParams, make_policy
     from agentgym.report import render_summary_table, write_html_report
-    from agentgym.rollout import RolloutConfig, RolloutEngine, episodes_for_suite, summarize
+    from agentgym.rollout import (
+        RolloutConfig,
+        RolloutEngine,
+        episodes_for_suite,
+        summarize,
+    )
     from agentgym.storage import TrajectoryWriter
-    from agentgym.tasks import load_suite
+    from agentgym.suite import load_suite
 
     suite = load_suite(args.suite)
     if args.split not in suite.splits:

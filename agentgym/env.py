@@ -23,7 +23,7 @@ import numpy as np
 from agentgym.errors import AgentGymError, EnvCrashed, TaskError
 from agentgym.parsers import CompositeParser, HermesParser, ParsedAction, ToolCallParser
 from agentgym.spaces import UnicodeText
-from agentgym.tasks import Task
+from agentgym.suite import Task
 from agentgym.tools import ToolCall, ToolResult, ToolSet
 
 __all__ = ["AgentEnv", "ReferenceSolver"]
@@ -227,7 +227,12 @@ class AgentEnv(gym.Env[str, str]):
                 "Reply with a short tool call.",
                 "invalid",
             )
-        parsed: ParsedAction = self.parser.parse(action)
+        try:
+            parsed: ParsedAction = self.parser.parse(action)
+        except Exception as exc:  # noqa: BLE001 - a parser bug must not crash on model text
+            turn_info["errors"].append(f"parser failed: {type(exc).__name__}")
+            return f"Error: your reply could not be read ({type(exc).__name__}). " + self._format_reminder(), "invalid"
+
         turn_info["errors"].extend(parsed.errors)
         if not parsed.calls:
             if parsed.errors:

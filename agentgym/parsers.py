@@ -19,7 +19,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from agentgym.tools import ToolCall
 
@@ -29,8 +29,8 @@ __all__ = [
     "FunctionCallParser",
     "HermesParser",
     "ParsedAction",
-    "ToolCallParser",
     "TagParser",
+    "ToolCallParser",
 ]
 
 
@@ -66,6 +66,10 @@ class HermesParser:
             except json.JSONDecodeError as exc:
                 errors.append(f"<tool_call> content is not valid JSON ({exc.msg} at char {exc.pos}).")
                 continue
+            except (ValueError, RecursionError):
+                # json raises these for >4300-digit integers and for very deep nesting.
+                errors.append("<tool_call> JSON is nested too deeply or holds a number that is too long.")
+                continue
             if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
                 errors.append('<tool_call> JSON must be an object like {"name": "tool", "arguments": {...}}.')
                 continue
@@ -73,7 +77,7 @@ class HermesParser:
             if isinstance(arguments, str):
                 try:
                     arguments = json.loads(arguments) if arguments.strip() else {}
-                except json.JSONDecodeError:
+                except (ValueError, RecursionError):
                     errors.append(f"The arguments of tool {payload['name']!r} must be a JSON object.")
                     continue
             if not isinstance(arguments, dict):
@@ -135,9 +139,10 @@ class TagParser:
 class FunctionCallParser:
     """Parse function-call strings such as ``click("e12")`` or ``answer(1134)`` for known tool names.
 
-    Arguments must be Python literals. For a tool listed in ``raw_argument_tools`` (one string
-    parameter), a non-literal argument is passed through as raw text, so ``calc(27*42)`` means
-    ``calc(expression="27*42")``.
+    Arguments must be Python literals. A tool listed in ``raw_argument_tools`` (one string parameter)
+    takes the text between the parentheses as that parameter: ``calc(27*42)`` and ``calc(7)`` mean
+    ``calc(expression="27*42")`` and ``calc(expression="7")``; a single quoted string is unquoted, so
+    ``move("north")`` and ``move(north)`` are the same call.
     """
 
     def __init__(self, tool_names: Iterable[str], raw_argument_tools: Mapping[str, str] | None = None) -> None:
@@ -169,6 +174,18 @@ class FunctionCallParser:
             i += 1
         return -1
 
+    @staticmethod
+    def _raw_argument(inner: str) -> str:
+        stripped = inner.strip()
+        if len(stripped) >= 2 and stripped[0] == stripped[-1] and stripped[0] in "\"'":
+            try:
+                value = ast.literal_eval(stripped)
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                return stripped
+            if isinstance(value, str):
+                return value
+        return stripped
+
     def parse(self, text: str) -> ParsedAction:
         if self._start is None:
             return ParsedAction()
@@ -186,22 +203,24 @@ class FunctionCallParser:
             inner = text[match.end() : close]
             raw = text[match.start() : close + 1]
             pos = close + 1
+            if name in self.raw_argument_tools:
+                calls.append(ToolCall(name, {self.raw_argument_tools[name]: self._raw_argument(inner)}, raw=raw,
+                                      format="function"))
+                positions.append(match.start())
+                continue
             try:
                 node = ast.parse(f"_f({inner})", mode="eval").body
-                assert isinstance(node, ast.Call)
+                if not isinstance(node, ast.Call):
+                    raise ValueError("not a call")
                 args = tuple(ast.literal_eval(a) for a in node.args)
                 kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg is not None}
                 if any(k.arg is None for k in node.keywords):
                     raise ValueError("**kwargs are not allowed")
-            except (SyntaxError, ValueError, TypeError, AssertionError, RecursionError, MemoryError):
-                if name in self.raw_argument_tools:
-                    calls.append(ToolCall(name, {self.raw_argument_tools[name]: inner.strip()}, raw=raw, format="function"))
-                    positions.append(match.start())
-                else:
-                    errors.append(
+            except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
+                errors.append(
                         f"Could not read the arguments of {raw[:200]!r}: arguments must be literals such as "
-                        '"text", 42 or [1, 2].'
-                    )
+                    '"text", 42 or [1, 2].'
+                )
                 continue
             calls.append(ToolCall(name, kwargs, args=args, raw=raw, format="function"))
             positions.append(match.start())

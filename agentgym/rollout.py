@@ -28,7 +28,7 @@ from agentgym.agent import ChatAgent
 from agentgym.errors import ConfigError
 from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams
 from agentgym.storage import TrajectoryWriter
-from agentgym.tasks import Task, TaskSuite
+from agentgym.suite import Task, TaskSuite
 from agentgym.trajectory import Trajectory, Turn, jsonable
 
 __all__ = [
@@ -175,7 +175,7 @@ class _PolicyBatcher:
             for (_, fut), gen in zip(batch, generations):
                 if not fut.done():
                     fut.set_result(gen)
-        except BaseException as exc:  # noqa: BLE001 - forwarded to every waiting episode
+        except BaseException as exc:
             for _, fut in batch:
                 if not fut.done():
                     fut.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
@@ -218,14 +218,14 @@ class _EnvPool:
         for env in envs:
             try:
                 env.close()
-            except Exception:  # noqa: BLE001 - closing is best effort
+            except Exception:
                 logger.warning("closing an env failed", exc_info=True)
 
 
 def _close_quietly(env: Any) -> None:
     try:
         env.close()
-    except Exception:  # noqa: BLE001
+    except Exception:
         logger.debug("close of a failed env raised", exc_info=True)
 
 
@@ -356,7 +356,7 @@ class RolloutEngine:
                     healthy = outcome.get("end_reason") != "error"
                     break
                 agent.add_observation(_text_of(next_obs))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             error = f"env call exceeded step_timeout_s={cfg.step_timeout_s}"
         except Exception as exc:  # noqa: BLE001 - an episode's failure must not end the others
             error = f"{type(exc).__name__}: {exc}"
@@ -398,7 +398,13 @@ class _Progress:
 
     def __enter__(self) -> _Progress:
         if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
 
             self._progress = Progress(
                 TextColumn("episodes"), BarColumn(), MofNCompleteColumn(), TextColumn("success {task.fields[rate]}"),
@@ -414,7 +420,7 @@ class _Progress:
         if self._progress is not None:
             self._progress.update(self._task, advance=1, rate=f"{self.successes / self.done:.2f}")
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._progress is not None:
             self._progress.__exit__(*exc)
 

@@ -314,7 +314,7 @@ class ToolSet:
             out = self._tools[call.name].fn(**arguments)
         except EnvCrashed:
             raise  # infrastructure failure: the env ends the episode with end_reason="error"
-        except Exception as exc:  # noqa: BLE001 - a tool failure is an observation for the model
+        except Exception as exc:
             logger.debug("tool %s raised", call.name, exc_info=True)
             return ToolResult.error(f"Error: {call.name} failed: {type(exc).__name__}: {exc}", kind="tool_exception")
         if isinstance(out, ToolResult):

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["END_REASONS", "TURN_KINDS", "SCHEMA_VERSION", "TokenView", "Trajectory", "Turn", "jsonable"]
+__all__ = ["END_REASONS", "SCHEMA_VERSION", "TURN_KINDS", "TokenView", "Trajectory", "Turn", "jsonable"]
 
 SCHEMA_VERSION = 1
 TURN_KINDS = ("tool_call", "answer", "void", "invalid")

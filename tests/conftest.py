@@ -8,10 +8,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import gymnasium as gym  # noqa: E402
-import pytest  # noqa: E402
+import gymnasium as gym
+import pytest
 
-import agentgym  # noqa: E402,F401
+import agentgym  # noqa: F401
 
 
 def _register_test_envs() -> None:

@@ -8,7 +8,7 @@ import numpy as np
 
 from agentgym.env import AgentEnv, ReferenceSolver
 from agentgym.errors import EnvCrashed
-from agentgym.tasks import Task
+from agentgym.suite import Task
 from agentgym.tools import ToolSet, tool
 
 

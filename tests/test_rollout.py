@@ -78,7 +78,7 @@ def test_policy_failure_ends_episodes_with_error() -> None:
 
 def test_groups_and_reference_policy_on_task_specs() -> None:
     from agentgym.policies import ReferencePolicy
-    from agentgym.tasks import Task
+    from agentgym.suite import Task
 
     task = Task(id="t0", prompt="Say 1.")
     specs = [EpisodeSpec("agentgym-test/Echo-v0", task=task, seed=s, group_id="g0") for s in range(4)]

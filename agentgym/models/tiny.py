@@ -17,9 +17,10 @@ The model directory written by :func:`build_tiny_model` is an ordinary Hugging F
 
 from __future__ import annotations
 
+import contextlib
 import random
 import string
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -181,6 +182,8 @@ def default_corpus() -> list[str]:
     rng = random.Random(0)
     lines: list[str] = [string.printable, string.ascii_letters, string.digits, string.punctuation]
     lines.extend(_INSTRUCTIONS)
+    # Chat template headers (without the special tokens, which never take part in merges).
+    lines.extend(f"{role}\n" for role in _ROLES for _ in range(20))
     directions = ("north", "south", "east", "west")
     for _ in range(300):
         a, b = rng.randint(1, 99), rng.randint(1, 99)
@@ -283,6 +286,24 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
 # ---- model ---------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _quiet_progress_bars() -> Iterator[None]:
+    """Hide transformers' per-file progress bars while saving/loading a tiny model.
+
+    A tiny model loads in milliseconds; the bars would only clutter the quickstart's and the CLI's
+    output. The previous setting is restored afterwards.
+    """
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def create_model(tokenizer: Any, config: TinyModelConfig = TinyModelConfig()) -> PreTrainedModel:
     """Build a freshly initialised model for ``tokenizer`` (in memory, nothing saved).
 
@@ -361,8 +382,9 @@ def build_tiny_model(
     tokenizer.model_max_length = config.max_position_embeddings
     model = create_model(tokenizer, config)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    with _quiet_progress_bars():
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
     return out
 
 
@@ -387,6 +409,7 @@ def load_tiny_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokeni
         )
     _require("torch")
     transformers = _require("transformers")
-    model = transformers.AutoModelForCausalLM.from_pretrained(directory)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    with _quiet_progress_bars():
+        model = transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
     return model.eval(), tokenizer

@@ -1,8 +1,4 @@
-"""Helpers shared by the text games: a crash-proof parser wrapper and RNG plumbing.
-
-Kept private to the games package: the real fixes belong in :mod:`agentgym.parsers`, and once they land
-the guard below becomes a no-op that only costs one ``try``.
-"""
+"""Helpers shared by the text games: their parser and RNG plumbing."""
 
 from __future__ import annotations
 
@@ -12,45 +8,15 @@ from typing import Any
 
 import numpy as np
 
-from agentgym.parsers import CompositeParser, FunctionCallParser, HermesParser, ParsedAction, ToolCallParser
-from agentgym.tasks import Task
+from agentgym.parsers import CompositeParser, FunctionCallParser, HermesParser
+from agentgym.suite import Task
 
-__all__ = ["GuardedParser", "games_parser", "python_rng", "sample_one"]
-
-
-class GuardedParser:
-    """Wrap a parser so that model text can never raise out of ``parse``.
-
-    ``HermesParser`` lets ``json.loads`` errors other than ``JSONDecodeError`` escape: a deeply nested
-    ``<tool_call>[[[[...`` raises ``RecursionError`` and an integer literal with more than 4300 digits
-    raises ``ValueError``. An action is model output, so either would crash ``env.step``; the guard turns
-    them into a parse error (an ``invalid`` turn) instead.
-    """
-
-    def __init__(self, inner: ToolCallParser, label: str) -> None:
-        self.inner = inner
-        self.label = label
-
-    def parse(self, text: str) -> ParsedAction:
-        try:
-            return self.inner.parse(text)
-        except (RecursionError, ValueError, MemoryError, OverflowError) as exc:
-            return ParsedAction(
-                errors=(
-                    f"Could not read the {self.label} in your reply ({type(exc).__name__}: it is nested too deeply "
-                    "or holds a number that is too long). Write one short, flat tool call.",
-                )
-            )
+__all__ = ["games_parser", "python_rng", "sample_one"]
 
 
 def games_parser(tool_names: Sequence[str], raw_argument_tools: dict[str, str] | None = None) -> CompositeParser:
-    """Hermes ``<tool_call>`` plus function-call strings (``move("north")``), both crash-proof."""
-    return CompositeParser(
-        [
-            GuardedParser(HermesParser(), "<tool_call> JSON"),
-            GuardedParser(FunctionCallParser(tool_names, raw_argument_tools), "function call"),
-        ]
-    )
+    """Hermes ``<tool_call>`` plus function-call strings (``move("north")``)."""
+    return CompositeParser([HermesParser(), FunctionCallParser(tool_names, raw_argument_tools)])
 
 
 def python_rng(np_rng: np.random.Generator) -> random.Random:

@@ -2,7 +2,7 @@
 
 A :class:`Task` owns a prompt, a reference answer and metadata. A :class:`TaskSuite` is a named,
 versioned, seeded set of tasks with train/test splits. Suites are declared in YAML
-(``tasks/suites/NAME.yaml``) either by a generator function (deterministic given the seed) or by a JSONL
+(``tasks/suites/NAME.yaml``, installed as data of the ``agentgym.tasks`` package) either by a generator function (deterministic given the seed) or by a JSONL
 file, and every suite can prove it is solvable with :meth:`TaskSuite.validate`, which runs each env's
 reference solver through the real env.
 """
@@ -21,7 +21,7 @@ import yaml
 
 from agentgym.errors import TaskError, did_you_mean
 
-__all__ = ["Task", "TaskSuite", "ValidationReport", "list_suites", "load_suite", "SPLITS"]
+__all__ = ["SPLITS", "Task", "TaskSuite", "ValidationReport", "list_suites", "load_suite"]
 
 SPLITS = ("train", "test")
 
@@ -208,20 +208,15 @@ def _import_callable(dotted: str, where: str) -> Callable[..., Sequence[Task]]:
         raise TaskError(f"{where}: cannot import generator {dotted!r} ({exc}). Use 'package.module:function'.") from exc
 
 
-SUITES_DIR = Path(__file__).resolve().parent.parent / "tasks" / "suites"
-
-
 def _suite_dirs() -> list[Path]:
-    dirs = []
-    try:
-        import agentgym.tasks as tasks_pkg
+    """Where shipped suites live: ``tasks/suites`` (installed as package data of ``agentgym.tasks``)."""
+    from importlib import resources
 
-        dirs.append(Path(tasks_pkg.__file__).resolve().parent / "suites")
-    except ImportError:
-        pass
-    if SUITES_DIR not in dirs:
-        dirs.append(SUITES_DIR)
-    return [d for d in dirs if d.is_dir()]
+    try:
+        root = Path(str(resources.files("agentgym.tasks"))) / "suites"
+    except (ModuleNotFoundError, TypeError):
+        root = Path(__file__).resolve().parent.parent / "tasks" / "suites"
+    return [root] if root.is_dir() else []
 
 
 def list_suites() -> list[str]:

@@ -1,0 +1,428 @@
+"""HFPolicy: a local Hugging Face causal LM as a token-level policy (CPU or GPU).
+
+Why a sampling loop of our own instead of ``model.generate``: trainers need, for every sampled token, its
+log-prob and the entropy of the distribution it was drawn from, computed exactly as the sampler saw them
+(temperature applied), with per-request temperature, top-p, length and stop strings inside one batch.
+``generate`` offers neither per-row sampling parameters nor entropies, and re-scoring afterwards would
+cost a second forward pass. The loop here is plain batched decoding with a KV cache: prompts are left
+padded (attention mask plus explicit position ids, so padding changes nothing), rows that finish are
+dropped from the batch and its cache, and all per-token work is done with tensor ops over the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agentgym.errors import AgentGymError, ConfigError, DependencyNotInstalled
+from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams
+
+__all__ = ["HFPolicy"]
+
+_IM_END = "<|im_end|>"
+
+
+def _import_torch() -> Any:
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise DependencyNotInstalled("torch", "train", "HFPolicy") from exc
+    return torch
+
+
+def _import_transformers() -> Any:
+    try:
+        import transformers
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise DependencyNotInstalled("transformers", "train", "HFPolicy") from exc
+    return transformers
+
+
+def _batch_seed(seeds: Sequence[int | None]) -> int | None:
+    """One generator seed for a batch, derived from all of its requests' seeds (``None`` if none has one).
+
+    Rows of a batch share one generator and draw different random numbers, so identical requests with
+    the same seed (a GRPO group) still give independent samples, while the same batch with the same
+    seeds samples the same tokens again.
+    """
+    if all(s is None for s in seeds):
+        return None
+    digest = hashlib.sha256(repr(tuple(seeds)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+class HFPolicy(Policy):
+    """A transformers causal LM sampled in-process, returning token ids, log-probs and entropies.
+
+    Args:
+        model: A causal LM (``AutoModelForCausalLM``-style: called with ``input_ids``, ``attention_mask``,
+            ``position_ids``, ``past_key_values``, ``use_cache`` and returning ``logits`` and
+            ``past_key_values``).
+        tokenizer: Its tokenizer, with a chat template (the :class:`~agentgym.agent.ChatAgent` reads it
+            from ``policy.tokenizer`` to build exact prompt ids).
+        device: Where the model runs (``"cpu"``, ``"cuda"``, ``"cuda:1"``); the model is moved there.
+        max_batch_size: Most sequences decoded together; larger calls are split into batches of prompts
+            of similar length.
+        dtype: Optional torch dtype (or its name, e.g. ``"bfloat16"``) to cast the model to.
+        name: Shown in eval tables and stored in trajectories (default: the model's path or class).
+
+    Raises:
+        ConfigError: If ``max_batch_size`` or ``dtype`` is invalid.
+    """
+
+    max_concurrency: int = 1
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        device: str = "cpu",
+        max_batch_size: int = 64,
+        dtype: Any = None,
+        name: str | None = None,
+    ) -> None:
+        torch = _import_torch()
+        if not isinstance(max_batch_size, int) or max_batch_size < 1:
+            raise ConfigError(f"max_batch_size must be a positive integer, got {max_batch_size!r}.")
+        if isinstance(dtype, str):
+            resolved = getattr(torch, dtype, None)
+            if not isinstance(resolved, torch.dtype):
+                raise ConfigError(
+                    f"Unknown dtype {dtype!r}; use a torch dtype name such as 'float32', 'bfloat16' or 'float16'."
+                )
+            dtype = resolved
+        elif dtype is not None and not isinstance(dtype, torch.dtype):
+            raise ConfigError(f"dtype must be a torch.dtype, its name, or None; got {dtype!r}.")
+        self._torch = torch
+        self.device = torch.device(device)
+        model = model.to(self.device)
+        if dtype is not None:
+            model = model.to(dtype)
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.max_concurrency = 1
+        config = getattr(model, "config", None)
+        self.name = name or getattr(config, "name_or_path", "") or type(model).__name__
+        self._stop_ids = self._find_stop_ids(tokenizer, model)
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self._pad_id = int(pad if pad is not None else (self._stop_ids[0] if self._stop_ids else 0))
+        try:
+            params = inspect.signature(model.forward).parameters
+        except (TypeError, ValueError):  # pragma: no cover - exotic callables
+            params = {}
+        self._keep_last_logits = "logits_to_keep" in params
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _find_stop_ids(tokenizer: Any, model: Any) -> list[int]:
+        """Token ids that end a turn: the tokenizer's EOS, ``<|im_end|>`` and the generation config's EOS."""
+        ids: set[int] = set()
+        eos = getattr(tokenizer, "eos_token_id", None)
+        if eos is not None:
+            ids.add(int(eos))
+        vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+        if _IM_END in vocab:
+            ids.add(int(vocab[_IM_END]))
+        gen_config = getattr(model, "generation_config", None)
+        gen_eos = getattr(gen_config, "eos_token_id", None)
+        if isinstance(gen_eos, int):
+            ids.add(gen_eos)
+        elif isinstance(gen_eos, (list, tuple)):
+            ids.update(int(i) for i in gen_eos)
+        return sorted(ids)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, **kwargs: Any) -> HFPolicy:
+        """Load a model directory (e.g. one written by :func:`agentgym.models.build_tiny_model`).
+
+        Args:
+            path: A local Hugging Face model directory (with ``config.json`` and tokenizer files).
+                Nothing is downloaded: hub ids are refused.
+            **kwargs: Passed to :class:`HFPolicy` (``device``, ``max_batch_size``, ``dtype``, ``name``).
+
+        Raises:
+            ConfigError: If ``path`` is not a local model directory.
+        """
+        directory = Path(path)
+        if not directory.is_dir():
+            raise ConfigError(
+                f"Model directory {str(path)!r} does not exist. Pass a local directory saved with save_pretrained "
+                "(build one with agentgym.models.build_tiny_model(path))."
+            )
+        if not (directory / "config.json").is_file():
+            raise ConfigError(
+                f"{str(path)!r} has no config.json, so it is not a Hugging Face model directory. Point at the "
+                "directory that save_pretrained wrote (it holds config.json, the weights and the tokenizer)."
+            )
+        transformers = _import_transformers()
+        _import_torch()
+        from agentgym.models.tiny import _quiet_progress_bars
+
+        with _quiet_progress_bars():
+            model = transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        kwargs.setdefault("name", directory.name)
+        return cls(model, tokenizer, **kwargs)
+
+    # ---- Policy API ------------------------------------------------------------------------------
+    async def act(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        """Generate one turn per request in a worker thread, so the event loop keeps serving envs."""
+        if not requests:
+            return []
+        prompts = [self._prompt_ids(r) for r in requests]
+        return await asyncio.to_thread(self.generate, prompts, [r.sampling for r in requests])
+
+    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
+        if request.prompt_token_ids is not None:
+            return list(request.prompt_token_ids)
+        text = self.tokenizer.apply_chat_template(
+            [dict(m) for m in request.messages], tokenize=False, add_generation_prompt=True
+        )
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: Sequence[SamplingParams] | SamplingParams,
+    ) -> list[Generation]:
+        """Continue each prompt; the synchronous core of :meth:`act`, also used directly by trainers.
+
+        Sampling is per row: temperature (0 = greedy), top-p, ``max_tokens`` and stop strings. A row ends
+        when it samples an end-of-turn token (kept as the last of its ``token_ids``), when a stop string
+        appears in its decoded text (the text is cut right after the stop string; ``token_ids`` keep the
+        whole last token), or after ``max_tokens``.
+
+        ``logprobs`` and ``entropies`` are those of the temperature-scaled distribution (temperature 1
+        for greedy rows), before top-p truncation, which is the distribution trainers recompute.
+        Sampling is reproducible when a request carries a seed: one generator per batch is seeded from
+        the batch's seeds, so the same batch gives the same tokens.
+
+        Args:
+            prompts: Prompt token ids, one sequence per row (each non-empty).
+            sampling: One :class:`SamplingParams` for all rows or one per row.
+
+        Returns:
+            One :class:`Generation` per prompt, in order.
+
+        Raises:
+            ConfigError: If a prompt is empty or the number of sampling params does not match.
+            AgentGymError: If the policy was closed.
+        """
+        if self.model is None:
+            raise AgentGymError("This HFPolicy was closed; create a new one (HFPolicy.from_pretrained(path)).")
+        rows = [list(p) for p in prompts]
+        if isinstance(sampling, SamplingParams):
+            params = [sampling] * len(rows)
+        else:
+            params = list(sampling)
+            if len(params) != len(rows):
+                raise ConfigError(
+                    f"Got {len(rows)} prompts but {len(params)} SamplingParams; pass one per prompt or a single one."
+                )
+        for i, row in enumerate(rows):
+            if not row:
+                raise ConfigError(f"Prompt {i} is empty; a prompt needs at least one token (e.g. the chat template).")
+        results: list[Generation | None] = [None] * len(rows)
+        # Batches of similar length waste less compute on padding.
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+        with self._lock:
+            for start in range(0, len(order), self.max_batch_size):
+                chunk = order[start:start + self.max_batch_size]
+                outputs = self._generate_batch([rows[i] for i in chunk], [params[i] for i in chunk])
+                for i, out in zip(chunk, outputs):
+                    results[i] = out
+        return [r for r in results if r is not None]
+
+    # ---- the decoding loop -----------------------------------------------------------------------
+    def _generate_batch(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
+        torch = self._torch
+        device = self.device
+        batch = len(prompts)
+        lengths = [len(p) for p in prompts]
+        width = max(lengths)
+        max_new = max(p.max_tokens for p in params)
+        pad = self._pad_id
+
+        input_ids = torch.tensor([[pad] * (width - n) + p for p, n in zip(prompts, lengths)], device=device)
+        # One mask for the whole run: prompt part left padded, generated part all ones.
+        full_mask = torch.ones((batch, width + max_new), dtype=torch.long, device=device)
+        for i, n in enumerate(lengths):
+            if n < width:
+                full_mask[i, : width - n] = 0
+        position_ids = (full_mask[:, :width].cumsum(-1) - 1).clamp_(min=0)
+        next_pos = torch.tensor(lengths, dtype=torch.long, device=device)
+
+        temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
+        greedy = temperature == 0
+        scale = torch.where(greedy, torch.ones_like(temperature), temperature)
+        top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
+        use_top_p = (top_p < 1) & ~greedy
+        max_tokens = torch.tensor([p.max_tokens for p in params], dtype=torch.long, device=device)
+        stop_ids = torch.tensor(self._stop_ids, dtype=torch.long, device=device)
+        seed = _batch_seed([p.seed for p in params])
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(device=device)
+            generator.manual_seed(seed)
+        all_greedy = bool(greedy.all())
+        any_top_p = bool(use_top_p.any())
+
+        # Outputs, indexed by original row.
+        out_tokens = torch.full((batch, max_new), pad, dtype=torch.long, device=device)
+        out_logprobs = torch.zeros((batch, max_new), dtype=torch.float32, device=device)
+        out_entropy = torch.zeros((batch, max_new), dtype=torch.float32, device=device)
+        num_generated = torch.zeros(batch, dtype=torch.long, device=device)
+        stopped = torch.zeros(batch, dtype=torch.bool, device=device)  # finish_reason "stop"
+
+        # Stop strings are checked on decoded text, only for rows that have them.
+        stop_strings = {i: p.stop for i, p in enumerate(params) if p.stop}
+        stop_ids_so_far: dict[int, list[int]] = {i: [] for i in stop_strings}
+
+        # State of the rows still in the batch (compacted as rows finish).
+        rows = torch.arange(batch, device=device)
+        done = torch.zeros(batch, dtype=torch.bool, device=device)
+        mask = full_mask
+        past = None
+        step_input = input_ids
+        step_pos = position_ids
+        total = width
+
+        with torch.inference_mode():
+            for t in range(max_new):
+                kwargs: dict[str, Any] = {}
+                if self._keep_last_logits:
+                    kwargs["logits_to_keep"] = 1
+                out = self.model(
+                    input_ids=step_input,
+                    attention_mask=mask[:, :total],
+                    position_ids=step_pos,
+                    past_key_values=past,
+                    use_cache=True,
+                    **kwargs,
+                )
+                past = out.past_key_values
+                logits = out.logits[:, -1, :].float()
+
+                logp = torch.log_softmax(logits / scale[:, None], dim=-1)
+                probs = logp.exp()
+                entropy = -torch.where(probs > 0, probs * logp, torch.zeros_like(probs)).sum(-1)
+                if all_greedy:
+                    token = logits.argmax(-1)
+                else:
+                    sample_probs = probs
+                    if any_top_p:
+                        sorted_p, sorted_idx = probs.sort(-1, descending=True)
+                        cut = ((sorted_p.cumsum(-1) - sorted_p) > top_p[:, None]) & use_top_p[:, None]
+                        sample_probs = torch.zeros_like(probs).scatter_(-1, sorted_idx, sorted_p.masked_fill(cut, 0.0))
+                    sampled = torch.multinomial(sample_probs, 1, generator=generator).squeeze(-1)
+                    token = torch.where(greedy, logits.argmax(-1), sampled)
+                token = token.masked_fill(done, pad)
+                token_logp = logp.gather(-1, token[:, None]).squeeze(-1)
+
+                alive = ~done
+                out_tokens[rows, t] = token
+                out_logprobs[rows, t] = token_logp
+                out_entropy[rows, t] = entropy
+                num_generated[rows] += alive.long()
+                hit_stop = torch.isin(token, stop_ids) & alive
+                hit_len = (t + 1 >= max_tokens) & alive
+                if stop_strings:
+                    hit_stop |= self._hit_stop_strings(token, rows, alive & ~hit_stop, stop_strings, stop_ids_so_far)
+                stopped[rows[hit_stop]] = True
+                done = done | hit_stop | hit_len
+                num_done = int(done.sum())  # the one host sync per step
+                if num_done == done.numel():
+                    break
+
+                step_input = token[:, None]
+                step_pos = next_pos[:, None]
+                next_pos = next_pos + 1
+                total = width + t + 1
+                # Drop finished rows from the batch and its cache once they are an eighth of it: fewer rows
+                # make every later step cheaper, and batching the removals bounds the copying.
+                if num_done and num_done * 8 >= done.numel() and hasattr(past, "batch_select_indices"):
+                    keep = (~done).nonzero().squeeze(-1)
+                    past.batch_select_indices(keep)
+                    rows, done = rows[keep], done[keep]
+                    step_input, step_pos, next_pos = step_input[keep], step_pos[keep], next_pos[keep]
+                    mask, scale, greedy, top_p, use_top_p, max_tokens = (
+                        mask[keep], scale[keep], greedy[keep], top_p[keep], use_top_p[keep], max_tokens[keep]
+                    )
+
+        return self._collect(out_tokens, out_logprobs, out_entropy, num_generated, stopped, stop_strings)
+
+    def _hit_stop_strings(
+        self,
+        token: Any,
+        rows: Any,
+        candidates: Any,
+        stop_strings: dict[int, tuple[str, ...]],
+        ids_so_far: dict[int, list[int]],
+    ) -> Any:
+        """Which rows now contain a stop string in their decoded text (a bool tensor over the batch).
+
+        A new match must end in the newest token (an older one would have stopped the row already), so
+        only a tail of tokens long enough to hold the longest stop string is decoded: 4 bytes per
+        character at most, one byte per token at least, plus slack for a character cut at the window's
+        start and for skipped special tokens. This keeps the check O(1) per token instead of O(length).
+        """
+        torch = self._torch
+        hit = torch.zeros_like(candidates)
+        row_list = rows.tolist()
+        token_list = token.tolist()
+        cand_list = candidates.tolist()
+        for pos, row in enumerate(row_list):
+            if not cand_list[pos] or row not in stop_strings:
+                continue
+            ids = ids_so_far[row]
+            ids.append(token_list[pos])
+            strings = stop_strings[row]
+            window = 4 * max(len(s) for s in strings) + 8
+            text = self.tokenizer.decode(ids[-window:], skip_special_tokens=True)
+            if any(s in text for s in strings):
+                hit[pos] = True
+        return hit
+
+    def _collect(
+        self,
+        out_tokens: Any,
+        out_logprobs: Any,
+        out_entropy: Any,
+        num_generated: Any,
+        stopped: Any,
+        stop_strings: dict[int, tuple[str, ...]],
+    ) -> list[Generation]:
+        tokens = out_tokens.tolist()
+        logprobs = out_logprobs.tolist()
+        entropies = out_entropy.tolist()
+        counts = num_generated.tolist()
+        stops = stopped.tolist()
+        results: list[Generation] = []
+        for i, n in enumerate(counts):
+            ids = tokens[i][:n]
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            if stops[i] and i in stop_strings:
+                ends = [text.find(s) + len(s) for s in stop_strings[i] if s in text]
+                if ends:
+                    text = text[: min(ends)]
+            results.append(
+                Generation(
+                    text=text,
+                    token_ids=tuple(ids),
+                    logprobs=tuple(logprobs[i][:n]),
+                    entropies=tuple(entropies[i][:n]),
+                    finish_reason="stop" if stops[i] else "length",
+                )
+            )
+        return results
+
+    def close(self) -> None:
+        """Drop the model reference so its memory can be freed."""
+        self.model = None

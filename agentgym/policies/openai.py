@@ -1,0 +1,461 @@
+"""A policy backed by any OpenAI-compatible server (``vllm serve``, ``agentgym serve``, hosted APIs).
+
+Two modes, because training and evaluation need different things:
+
+* ``completions``: the agent's exact prompt token ids go to ``/v1/completions`` and the sampled token ids
+  and log-probs come back (vLLM's ``return_token_ids`` / ``return_tokens_as_token_ids`` extensions), so
+  nothing is re-tokenised and trajectories are fit for training. Needs a tokenizer and a server that
+  accepts token-id prompts (vLLM, ``agentgym serve``).
+* ``chat``: messages go to ``/v1/chat/completions`` and text comes back; works with any server, including
+  hosted APIs, and is what evaluation of closed models uses. Given a tokenizer, the policy also asks
+  for token ids and log-probs (vLLM and ``agentgym serve`` return them) so the agent can keep a token view.
+
+Requests of one :meth:`OpenAIPolicy.act` call are sent concurrently (the server batches them), bounded by
+``max_concurrency``; transient failures (connection errors, timeouts, 429, 5xx) are retried with
+exponential backoff and jitter, while other 4xx errors fail at once with the server's message, because
+retrying a bad request cannot help.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import re
+import weakref
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from agentgym.errors import AgentGymError, ConfigError, DependencyNotInstalled
+from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams
+
+__all__ = ["OpenAIPolicy", "OpenAIServerError"]
+
+logger = logging.getLogger(__name__)
+
+_TOKEN_ID_RE = re.compile(r"^token_id:(-?\d+)$")
+_RETRY_AFTER_CAP_S = 60.0
+_BACKGROUND: set[asyncio.Future[Any]] = set()  # keeps fire-and-forget closes alive until they finish
+
+
+class OpenAIServerError(AgentGymError):
+    """The server refused a request, or could not be reached after every retry.
+
+    Attributes:
+        status_code: The HTTP status of the last answer, or ``None`` when no answer came (connection error).
+    """
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+async def _close_when_loop_shuts_down(client: httpx.AsyncClient) -> AsyncIterator[None]:
+    """An async generator whose ``finally`` closes ``client``.
+
+    Once started, the running loop tracks it, and ``asyncio.run`` finalises every live async generator
+    (``loop.shutdown_asyncgens``) before it closes the loop. That is the last moment the client's
+    connections can be closed on the loop that opened them, so a client never outlives its loop with
+    sockets open, even when the caller never calls :meth:`OpenAIPolicy.aclose`.
+    """
+    try:
+        yield
+    finally:
+        await client.aclose()
+
+
+@dataclass
+class _LoopState:
+    """What must belong to one event loop: the HTTP client, the concurrency bound, the discovery lock."""
+
+    client: httpx.AsyncClient
+    semaphore: asyncio.Semaphore
+    model_lock: asyncio.Lock
+    closer: Any  # the started _close_when_loop_shuts_down generator
+
+
+def _normalise_base_url(base_url: str) -> str:
+    if not isinstance(base_url, str) or not base_url.strip():
+        raise ConfigError("OpenAIPolicy needs base_url, e.g. 'http://127.0.0.1:8000/v1'.")
+    parts = urlsplit(base_url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(
+            f"base_url {base_url!r} is not an http(s) URL; expected e.g. 'http://127.0.0.1:8000/v1'."
+        )
+    path = parts.path.rstrip("/")
+    if not path:
+        # OpenAI clients expect the /v1 prefix in base_url; a bare host almost always means ".../v1".
+        logger.info("base_url %r has no path; using %r/v1 as OpenAI-compatible servers do.", base_url, base_url)
+        path = "/v1"
+    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+def _load_tokenizer(tokenizer: Any) -> Any:
+    if not isinstance(tokenizer, (str, Path)):
+        return tokenizer
+    path = Path(tokenizer).expanduser()
+    if not path.exists():
+        raise ConfigError(
+            f"tokenizer path {str(path)!r} does not exist. Pass a local model/tokenizer directory or a tokenizer "
+            "object (nothing is downloaded from a hub)."
+        )
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as exc:
+        raise DependencyNotInstalled("transformers", "train", "loading a tokenizer for OpenAIPolicy") from exc
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def _server_message(response: httpx.Response) -> str:
+    """The error message an OpenAI-style server put in its body, or the raw body."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text.strip()[:500] or response.reason_phrase
+    if isinstance(body, Mapping):
+        err = body.get("error")
+        if isinstance(err, Mapping) and err.get("message"):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        if body.get("detail"):  # FastAPI default error shape
+            return str(body["detail"])
+        if body.get("message"):
+            return str(body["message"])
+    return str(body)[:500]
+
+
+def _retry_after_s(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return min(max(float(value), 0.0), _RETRY_AFTER_CAP_S)
+    except ValueError:
+        return None
+
+
+def _finish_reason(value: Any) -> str:
+    return "length" if value == "length" else "stop"
+
+
+class OpenAIPolicy(Policy):
+    """Act through an OpenAI-compatible HTTP server.
+
+    Args:
+        base_url: The API root including ``/v1`` (``http://127.0.0.1:8000/v1``); a bare host gets ``/v1``.
+        model: Model id to request; ``None`` asks ``GET /models`` on first use and takes the first one (a
+            single-model server such as ``vllm serve`` or ``agentgym serve``).
+        mode: ``completions`` (exact token ids in and out; for training) or ``chat`` (messages in, text out;
+            works with any server).
+        api_key: Bearer token; defaults to ``$OPENAI_API_KEY``, else ``"EMPTY"`` (what local servers accept).
+        tokenizer: A tokenizer object or a local directory to load one from. Required in ``completions`` mode,
+            where the agent tokenises the conversation. Setting it makes the policy token-level: the agent
+            then expects token ids back (in chat mode only servers with ``return_token_ids`` give them).
+        timeout_s: Per-request timeout; generation of long turns on a busy server can take a while.
+        max_retries: Retries after the first attempt for connection errors, timeouts, 429 and 5xx.
+        backoff_s: First retry delay; doubles each retry, with jitter so clients do not retry in lockstep.
+        max_concurrency: Most HTTP requests in flight at once (the server batches them).
+        extra_body: Extra JSON fields merged into every request body (e.g. vLLM's ``top_k``).
+        name: Shown in eval tables; defaults to ``openai:MODEL``.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        *,
+        mode: Literal["completions", "chat"] = "chat",
+        api_key: str | None = None,
+        tokenizer: Any = None,
+        timeout_s: float = 120.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        max_concurrency: int = 64,
+        extra_body: Mapping[str, Any] | None = None,
+        name: str | None = None,
+    ) -> None:
+        if mode not in ("completions", "chat"):
+            raise ConfigError(f"OpenAIPolicy mode must be 'completions' or 'chat', got {mode!r}.")
+        if model is not None and (not isinstance(model, str) or not model):
+            raise ConfigError(f"OpenAIPolicy model must be a non-empty string or None (discover it), got {model!r}.")
+        if mode == "completions" and tokenizer is None:
+            raise ConfigError(
+                "OpenAIPolicy(mode='completions') needs tokenizer=... (the model's tokenizer object or local "
+                "directory): the agent sends exact prompt token ids. Pass tokenizer, or use mode='chat'."
+            )
+        if not timeout_s > 0:
+            raise ConfigError(f"OpenAIPolicy timeout_s must be > 0, got {timeout_s}.")
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise ConfigError(f"OpenAIPolicy max_retries must be an integer >= 0, got {max_retries!r}.")
+        if backoff_s < 0:
+            raise ConfigError(f"OpenAIPolicy backoff_s must be >= 0, got {backoff_s}.")
+        if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
+            raise ConfigError(f"OpenAIPolicy max_concurrency must be an integer >= 1, got {max_concurrency!r}.")
+        if extra_body is not None and not isinstance(extra_body, Mapping):
+            raise ConfigError(f"OpenAIPolicy extra_body must be a dict of JSON fields, got {type(extra_body).__name__}.")
+        self.base_url = _normalise_base_url(base_url)
+        self.model = model
+        self.mode = mode
+        self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY") or "EMPTY"
+        self.tokenizer = _load_tokenizer(tokenizer)
+        self.timeout_s = float(timeout_s)
+        self.max_retries = max_retries
+        self.backoff_s = float(backoff_s)
+        self.extra_body = dict(extra_body or {})
+        self._name = name
+        # The server batches on its own, so the rollout engine may keep many act() calls in flight; the
+        # per-loop semaphore is what actually bounds the HTTP requests.
+        self.max_concurrency = max_concurrency
+        self.max_batch_size = max_concurrency
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        """``openai:MODEL`` unless given; follows the model found by discovery."""
+        return self._name or f"openai:{self.model or self.base_url}"
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._name = value
+
+    # ---- per-loop client -----------------------------------------------------------------------
+    async def _state(self) -> _LoopState:
+        """The client of the running loop, created on first use.
+
+        An ``httpx.AsyncClient`` is bound to the loop that opened its connections, and every ``asyncio.run``
+        makes a new loop, so one client per loop (forgotten with the loop) instead of one per policy.
+        """
+        loop = asyncio.get_running_loop()
+        state = self._loops.get(loop)
+        if state is None:
+            # A state refers to its loop (semaphore, lock), so dead loops are not collected on their own.
+            for dead in [lp for lp in self._loops if lp.is_closed()]:
+                del self._loops[dead]
+            client = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.timeout_s),
+                headers={"Authorization": f"Bearer {self.api_key}"},
+                limits=httpx.Limits(max_connections=self.max_concurrency,
+                                    max_keepalive_connections=self.max_concurrency),
+            )
+            closer = _close_when_loop_shuts_down(client)
+            await closer.__anext__()
+            state = _LoopState(client, asyncio.Semaphore(self.max_concurrency), asyncio.Lock(), closer)
+            self._loops[loop] = state
+        return state
+
+    async def aclose(self) -> None:
+        """Close the HTTP client of the running loop (and forget clients of other loops)."""
+        loop = asyncio.get_running_loop()
+        state = self._loops.pop(loop, None)
+        if state is not None:
+            await state.closer.aclose()
+        self.close()
+
+    def close(self) -> None:
+        """Close every HTTP client this policy opened, on whichever loop it belongs to."""
+        try:
+            current: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        states = list(self._loops.items())
+        self._loops.clear()
+        for loop, state in states:
+            if loop.is_closed():
+                continue  # its async generators, and so the client, were finalised when it shut down
+            if loop is current:
+                task = loop.create_task(state.closer.aclose())
+                _BACKGROUND.add(task)
+                task.add_done_callback(_BACKGROUND.discard)
+            elif loop.is_running():
+                asyncio.run_coroutine_threadsafe(state.closer.aclose(), loop)
+            else:
+                loop.run_until_complete(state.closer.aclose())
+
+    # ---- HTTP ----------------------------------------------------------------------------------
+    async def _request(self, state: _LoopState, method: str, path: str, payload: Mapping[str, Any] | None = None) -> Any:
+        """Send one request with retries; return the decoded JSON body."""
+        url = self.base_url + path
+        attempts = self.max_retries + 1
+        last_error = ""
+        last_status: int | None = None
+        for attempt in range(attempts):
+            retry_after: float | None = None
+            try:
+                async with state.semaphore:
+                    response = await state.client.request(method, url, json=payload)
+            except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+                last_error = f"{type(exc).__name__}: {exc or 'no detail'}"
+                last_status = None
+            else:
+                if response.status_code < 400:
+                    try:
+                        return response.json()
+                    except ValueError as exc:
+                        raise OpenAIServerError(
+                            f"{method} {url} answered HTTP {response.status_code} with a body that is not JSON: "
+                            f"{response.text[:200]!r}. Is base_url an OpenAI-compatible API root (ending in /v1)?",
+                            response.status_code,
+                        ) from exc
+                message = _server_message(response)
+                last_status = response.status_code
+                if response.status_code != 429 and response.status_code < 500:
+                    hint = ""
+                    if response.status_code == 404 and "model" not in message.lower():
+                        hint = " Check that base_url ends with /v1 and the server implements this endpoint."
+                    raise OpenAIServerError(
+                        f"{method} {url} was rejected with HTTP {response.status_code}: {message}{hint}",
+                        response.status_code,
+                    )
+                last_error = f"HTTP {response.status_code}: {message}"
+                retry_after = _retry_after_s(response)
+            if attempt + 1 >= attempts:
+                break
+            delay = self.backoff_s * (2**attempt) * random.uniform(0.5, 1.5)
+            if retry_after is not None:
+                delay = max(delay, retry_after)
+            logger.warning("%s %s failed (%s); retry %d/%d in %.2f s", method, url, last_error, attempt + 1,
+                           self.max_retries, delay)
+            await asyncio.sleep(delay)
+        raise OpenAIServerError(
+            f"{method} {url} failed after {attempts} attempt(s); last error: {last_error}. Check that the server is "
+            f"running and reachable at {self.base_url}, or raise max_retries/timeout_s.",
+            last_status,
+        )
+
+    async def _model_name(self, state: _LoopState) -> str:
+        if self.model is not None:
+            return self.model
+        async with state.model_lock:
+            if self.model is None:
+                body = await self._request(state, "GET", "/models")
+                data = body.get("data") if isinstance(body, Mapping) else None
+                if not data or not isinstance(data[0], Mapping) or not data[0].get("id"):
+                    raise OpenAIServerError(
+                        f"GET {self.base_url}/models listed no model ({str(body)[:200]}); pass model=... explicitly."
+                    )
+                self.model = str(data[0]["id"])
+                if len(data) > 1:
+                    logger.info("Server lists %d models; using the first, %r.", len(data), self.model)
+            return self.model
+
+    # ---- payloads ------------------------------------------------------------------------------
+    def _sampling_fields(self, sampling: SamplingParams) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "max_tokens": sampling.max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
+        }
+        if sampling.stop:
+            fields["stop"] = list(sampling.stop)
+        if sampling.seed is not None:
+            fields["seed"] = sampling.seed
+        return fields
+
+    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
+        if request.prompt_token_ids is not None:
+            return [int(t) for t in request.prompt_token_ids]
+        # An agent without a tokenizer sent only messages: render them exactly as ChatAgent would.
+        text = self.tokenizer.apply_chat_template(
+            [dict(m) for m in request.messages], tokenize=False, add_generation_prompt=True
+        )
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    async def _complete(self, state: _LoopState, model: str, request: GenerationRequest) -> Generation:
+        payload: dict[str, Any] = {
+            "model": model, "prompt": self._prompt_ids(request), **self._sampling_fields(request.sampling),
+            "logprobs": 1, "return_token_ids": True, "return_tokens_as_token_ids": True,
+        }
+        if request.sampling.stop:
+            payload["include_stop_str_in_output"] = True  # the Policy contract keeps the stop string
+        payload.update(self.extra_body)
+        body = await self._request(state, "POST", "/completions", payload)
+        choice = self._first_choice(body, "/completions")
+        text = choice.get("text") or ""
+        logprobs = choice.get("logprobs") if isinstance(choice.get("logprobs"), Mapping) else {}
+        ids = choice.get("token_ids")
+        if ids is None and logprobs.get("tokens"):
+            ids = self._ids_from_tokens(logprobs["tokens"])
+        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+            raise OpenAIServerError(
+                f"{self.base_url}/completions returned no completion token ids. mode='completions' needs a server "
+                "that supports vLLM's return_token_ids or return_tokens_as_token_ids (vLLM >= 0.10.2, "
+                "agentgym serve); use mode='chat' for other servers."
+            )
+        lps = self._logprobs(logprobs.get("token_logprobs"), len(ids))
+        return Generation(text=text, token_ids=tuple(ids), logprobs=lps,
+                          finish_reason=_finish_reason(choice.get("finish_reason")))
+
+    async def _chat(self, state: _LoopState, model: str, request: GenerationRequest) -> Generation:
+        payload: dict[str, Any] = {
+            "model": model, "messages": [dict(m) for m in request.messages], **self._sampling_fields(request.sampling),
+        }
+        if self.tokenizer is not None:
+            payload["logprobs"] = True
+            payload["return_token_ids"] = True
+        payload.update(self.extra_body)
+        body = await self._request(state, "POST", "/chat/completions", payload)
+        choice = self._first_choice(body, "/chat/completions")
+        message = choice.get("message") if isinstance(choice.get("message"), Mapping) else {}
+        text = message.get("content") or ""
+        stop_reason = choice.get("stop_reason")
+        if isinstance(stop_reason, str) and stop_reason in request.sampling.stop and not text.endswith(stop_reason):
+            # OpenAI drops the matched stop string; the Policy contract keeps it (vLLM says which one matched).
+            text += stop_reason
+        ids = choice.get("token_ids")
+        token_ids: tuple[int, ...] | None = None
+        lps: tuple[float, ...] | None = None
+        if self.tokenizer is not None and isinstance(ids, list) and all(isinstance(t, int) for t in ids):
+            token_ids = tuple(ids)
+            content = (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), Mapping) else None
+            if isinstance(content, list):
+                lps = self._logprobs([c.get("logprob") if isinstance(c, Mapping) else None for c in content], len(ids))
+        elif self.tokenizer is not None:
+            logger.warning("%s/chat/completions returned no token ids although a tokenizer is set; the agent needs "
+                           "them (use mode='completions' or a server with return_token_ids).", self.base_url)
+        return Generation(text=text, token_ids=token_ids, logprobs=lps,
+                          finish_reason=_finish_reason(choice.get("finish_reason")))
+
+    def _first_choice(self, body: Any, path: str) -> Mapping[str, Any]:
+        choices = body.get("choices") if isinstance(body, Mapping) else None
+        if not choices or not isinstance(choices[0], Mapping):
+            raise OpenAIServerError(f"{self.base_url}{path} answered without choices: {str(body)[:300]}")
+        return choices[0]
+
+    @staticmethod
+    def _ids_from_tokens(tokens: Sequence[Any]) -> list[int] | None:
+        """Token ids from ``return_tokens_as_token_ids`` log-prob tokens (``"token_id:123"``)."""
+        ids = []
+        for token in tokens:
+            match = _TOKEN_ID_RE.match(token) if isinstance(token, str) else None
+            if match is None:
+                return None
+            ids.append(int(match.group(1)))
+        return ids
+
+    @staticmethod
+    def _logprobs(values: Any, n: int) -> tuple[float, ...] | None:
+        if not isinstance(values, list) or len(values) != n or any(not isinstance(v, (int, float)) for v in values):
+            return None
+        return tuple(float(v) for v in values)
+
+    # ---- Policy --------------------------------------------------------------------------------
+    async def act(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        """Send every request concurrently; the first failure cancels the rest and is raised."""
+        if not requests:
+            return []
+        state = await self._state()
+        model = await self._model_name(state)
+        one = self._complete if self.mode == "completions" else self._chat
+        tasks = [asyncio.ensure_future(one(state, model, r)) for r in requests]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise

@@ -1,0 +1,371 @@
+"""Conformance checks every registered environment must pass.
+
+:func:`check_agent_env` bundles the three checks the design requires of every env id: Gymnasium's own
+``check_env`` (unmodified), determinism under replay (the rollout engine branches by replaying actions,
+so a non-deterministic env silently corrupts ARPO/GRPO groups), and a Hypothesis fuzz of garbage actions
+(model mistakes must be data, never crashes). Env authors call it from one test per id.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agentgym.errors import AgentGymError, DependencyNotInstalled
+from agentgym.trajectory import END_REASONS, TURN_KINDS, jsonable
+
+__all__ = ["EnvCheckError", "check_agent_env", "garbage_actions"]
+
+_HUGE_ACTION = "A" * 200_000
+
+#: Fixed adversarial actions: each one has broken a parser or a tool somewhere before.
+_MALFORMED: tuple[str, ...] = (
+    "",
+    " ",
+    "\x00",
+    "\x00" * 64,
+    "<tool_call>",
+    "<tool_call>{",
+    "</tool_call>",
+    "<tool_call></tool_call>",
+    "<tool_call>[]</tool_call>",
+    "<tool_call>null</tool_call>",
+    '<tool_call>{"name": 5}</tool_call>',
+    '<tool_call>{"name": null, "arguments": {}}</tool_call>',
+    '<tool_call>{"name": "no_such_tool", "arguments": {}}</tool_call>',
+    '<tool_call>{"name": "x", "arguments": "not json"}</tool_call>',
+    '<tool_call>{"name": "x", "arguments": [1, 2]}</tool_call>',
+    "<tool_call><tool_call>{}</tool_call></tool_call>",
+    "<tool_call>" + "[" * 5000 + "</tool_call>",
+    '<tool_call>{"name": "x", "arguments": {"a": ' + "9" * 5000 + "}}</tool_call>",
+    "```python\nprint(1)\n```",
+    "```python\nwhile True: pass",
+    "<answer></answer>",
+    "<answer>" * 50,
+    "x(" * 2000,
+    ")" * 2000,
+    "\ud7ff\ue000\U0010ffff",
+    "\u202e\u200b\ufeff",
+)
+
+
+def garbage_actions(tool_names: Sequence[str] = ()) -> list[str]:
+    """Fixed malformed actions, plus tool-specific ones for ``tool_names`` (wrong, missing, extra args)."""
+    actions = list(_MALFORMED)
+    for name in tool_names:
+        actions += [
+            f"{name}(",
+            f"{name}()",
+            f"{name}(((((((",
+            f"{name}(" + "(" * 300 + ")" * 300 + ")",
+            f"{name}(**{{}})",
+            f"{name}(1, 2, 3, 4)",
+            f"{name}(" + "9" * 5000 + ")",
+            f'{name}("' + "\\" * 99 + '")',
+            f"{name}(lambda: 0)",
+            f"{name}([[[[[[[[[[]]]]]]]]]])",
+            f'<tool_call>{{"name": "{name}"}}</tool_call>',
+            f'<tool_call>{{"name": "{name}", "arguments": {{}}}}</tool_call>',
+            f'<tool_call>{{"name": "{name}", "arguments": {{"__no_such_arg__": 1}}}}</tool_call>',
+            f'<tool_call>{{"name": "{name}", "arguments": null}}</tool_call>',
+            f'<tool_call>{{"name": "{name}", "arguments": {{"x": {{"y": [null, true, 1e308, -0.0]}}}}}}</tool_call>',
+            f'<tool_call>{{"name": "{name.upper()}", "arguments": {{}}}}</tool_call>',
+            f'<tool_call>{{"name": "{name}x", "arguments": {{}}}}</tool_call>',
+            f'<tool_call>{{"name": "{name}", "arguments": {{}}}}</tool_call>' * 20,
+        ]
+    return actions
+
+
+class EnvCheckError(AgentGymError, AssertionError):
+    """An environment broke the agentgym env contract; the message says which step and which action."""
+
+
+def _fail(env_id: str, what: str, action: Any = None) -> EnvCheckError:
+    where = "" if action is None else f" (action {_short(action)})"
+    return EnvCheckError(f"{env_id}: {what}{where}.")
+
+
+def _short(action: Any, limit: int = 160) -> str:
+    text = repr(action)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars in repr)"
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(jsonable(value), sort_keys=True, ensure_ascii=True, default=repr)
+
+
+def _make(env_id: str, env_kwargs: Mapping[str, Any]) -> Any:
+    import gymnasium as gym
+
+    import agentgym  # noqa: F401 - registers the catalogue
+
+    return gym.make(env_id, **dict(env_kwargs))
+
+
+# ---- (a) gymnasium's checker ------------------------------------------------------------------
+def _run_gymnasium_checker(env_id: str, env_kwargs: Mapping[str, Any]) -> None:
+    from gymnasium.utils.env_checker import check_env
+
+    env = _make(env_id, env_kwargs)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            check_env(env.unwrapped)
+    except Exception as exc:
+        raise _fail(env_id, f"gymnasium check_env failed: {type(exc).__name__}: {exc}") from exc
+    finally:
+        env.close()
+    for warning in caught:
+        # Gymnasium's warnings are advice, not failures; re-emit them so the caller still sees them.
+        warnings.warn(f"{env_id}: gymnasium check_env: {warning.message}", UserWarning, stacklevel=3)
+
+
+# ---- shared per-step contract ------------------------------------------------------------------
+def _check_step(env_id: str, env: Any, action: Any, result: Any) -> tuple[bool, bool]:
+    if not (isinstance(result, tuple) and len(result) == 5):
+        raise _fail(env_id, f"step() must return a 5-tuple, got {type(result).__name__}", action)
+    obs, reward, terminated, truncated, info = result
+    if not env.observation_space.contains(obs):
+        raise _fail(env_id, f"observation {_short(obs)} is not in {env.observation_space}", action)
+    if not isinstance(reward, (float, int)) or isinstance(reward, bool) or not math.isfinite(reward):
+        raise _fail(env_id, f"reward must be a finite float, got {reward!r}", action)
+    if type(terminated) is not bool or type(truncated) is not bool:
+        raise _fail(env_id, f"terminated/truncated must be bool, got {terminated!r}/{truncated!r}", action)
+    if not isinstance(info, dict) or not isinstance(info.get("turn"), dict):
+        raise _fail(env_id, "info['turn'] must be a dict describing the turn", action)
+    kind = info["turn"].get("kind")
+    if kind not in TURN_KINDS:
+        raise _fail(env_id, f"info['turn']['kind'] must be one of {TURN_KINDS}, got {kind!r}", action)
+    if terminated or truncated:
+        outcome = info.get("outcome")
+        if not isinstance(outcome, dict) or not {"success", "score", "end_reason"} <= set(outcome):
+            raise _fail(env_id, "an ended episode needs info['outcome'] with success, score, end_reason; "
+                        f"got {outcome!r}", action)
+        if type(outcome["success"]) is not bool:
+            raise _fail(env_id, f"outcome['success'] must be bool, got {outcome['success']!r}", action)
+        score = outcome["score"]
+        if not isinstance(score, (int, float)) or isinstance(score, bool) or not math.isfinite(score):
+            raise _fail(env_id, f"outcome['score'] must be a finite number, got {score!r}", action)
+        if outcome["end_reason"] not in END_REASONS:
+            raise _fail(env_id, f"outcome['end_reason'] must be one of {END_REASONS}, got {outcome['end_reason']!r}",
+                        action)
+    return terminated, truncated
+
+
+def _safe_step(env_id: str, env: Any, action: Any) -> tuple[Any, ...]:
+    try:
+        result = env.step(action)
+    except Exception as exc:
+        raise _fail(env_id, f"step() raised {type(exc).__name__}: {exc}; model mistakes must become "
+                    "error observations", action) from exc
+    _check_step(env_id, env, action, result)
+    return result
+
+
+# ---- (b) determinism -----------------------------------------------------------------------------
+def _play_reference(env_id: str, env: Any, seed: int, garbage: Sequence[str], max_steps: int = 500) -> list[str]:
+    """Episode 1: garbage, then the reference solver; episode 2 (unseeded reset): garbage only."""
+    actions: list[str] = []
+    obs, _ = env.reset(seed=seed)
+    try:
+        solver = env.unwrapped.reference_solver()
+    except NotImplementedError:
+        solver = None
+    done = False
+    for action in garbage[:1]:
+        actions.append(action)
+        obs, _, term, trunc, _ = _safe_step(env_id, env, action)
+        done = term or trunc
+    while solver is not None and not done and len(actions) < max_steps:
+        action = solver(obs)
+        actions.append(action)
+        obs, _, term, trunc, _ = _safe_step(env_id, env, action)
+        done = term or trunc
+    return actions
+
+
+def _transcript(env_id: str, env: Any, seed: int, episodes: Sequence[Sequence[Any]]) -> list[str]:
+    lines: list[str] = []
+    for index, actions in enumerate(episodes):
+        obs, info = env.reset(seed=seed if index == 0 else None)
+        lines.append(_dump({"reset": index, "obs": obs, "info": info}))
+        for action in actions:
+            result = _safe_step(env_id, env, action)
+            lines.append(_dump({"action": action, "result": list(result)}))
+            if result[2] or result[3]:
+                break
+    return lines
+
+
+def _check_determinism(env_id: str, env_kwargs: Mapping[str, Any], seed: int) -> None:
+    env_a, env_b = _make(env_id, env_kwargs), _make(env_id, env_kwargs)
+    try:
+        tools = list(getattr(env_a.unwrapped, "toolset", None) or [])
+        garbage = garbage_actions([t.name for t in tools])
+        solved = _play_reference(env_id, env_a, seed, garbage)
+        episodes = [solved, garbage[5:5 + 40]]
+        first = _transcript(env_id, env_a, seed, episodes)
+        second = _transcript(env_id, env_b, seed, episodes)
+    finally:
+        env_a.close()
+        env_b.close()
+    for index, (line_a, line_b) in enumerate(zip(first, second, strict=False)):
+        if line_a != line_b:
+            raise _fail(env_id, "two envs with the same seed and actions diverged (the env must draw randomness "
+                        f"only from self.np_random) at transcript line {index}:\n  A: {line_a[:400]}\n  "
+                        f"B: {line_b[:400]}")
+    if len(first) != len(second):
+        raise _fail(env_id, f"replay lengths differ: {len(first)} vs {len(second)} lines")
+
+
+# ---- (c) fuzz --------------------------------------------------------------------------------------
+def _json_values() -> Any:
+    from hypothesis import strategies as st
+
+    scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20)
+    return st.recursive(
+        scalars,
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+        max_leaves=8,
+    )
+
+
+def _argument_strategy(schema: Mapping[str, Any]) -> Any:
+    """Plausible values for one parameter (so some fuzzed episodes reach real tool code and end)."""
+    from hypothesis import strategies as st
+
+    if "enum" in schema:
+        return st.sampled_from(list(schema["enum"]))
+    kind = schema.get("type")
+    if kind == "integer":
+        return st.integers(min_value=-10**6, max_value=10**6) | st.integers()
+    if kind == "number":
+        return st.floats(allow_nan=False, allow_infinity=False)
+    if kind == "string":
+        return st.text(max_size=40) | st.from_regex(r"[0-9+\-*/() ]{1,20}", fullmatch=True)
+    if kind == "boolean":
+        return st.booleans()
+    return _json_values()
+
+
+def _action_strategy(tools: Sequence[Any]) -> Any:
+    from hypothesis import strategies as st
+
+    names = [t.name for t in tools]
+    name_choice = st.sampled_from(names + ["nope", "", "answer ", "\x00"]) if names else st.text(max_size=10)
+
+    def hermes_from(payload: Any) -> str:
+        return "<tool_call>" + json.dumps(payload, ensure_ascii=False) + "</tool_call>"
+
+    @st.composite
+    def good_call(draw: Any) -> str:
+        if not tools:
+            return draw(st.text())
+        t = draw(st.sampled_from(list(tools)))
+        props = dict(t.parameters.get("properties", {}))
+        args = {k: draw(_argument_strategy(v)) for k, v in props.items()}
+        if draw(st.booleans()):
+            return hermes_from({"name": t.name, "arguments": args})
+        return f"{t.name}({', '.join(repr(v) for v in args.values())})"
+
+    random_call = st.builds(
+        lambda name, args, wrap: hermes_from({"name": name, "arguments": args}) if wrap else f"{name}({args!r})",
+        name_choice,
+        st.dictionaries(st.text(max_size=12), _json_values(), max_size=4) | _json_values(),
+        st.booleans(),
+    )
+    nested = st.builds(lambda a, b: f"<tool_call>{a}<tool_call>{b}</tool_call></tool_call>", st.text(max_size=30),
+                       st.text(max_size=30))
+    binary = st.binary(max_size=300).map(lambda b: b.decode("latin-1"))
+    non_str = st.sampled_from([None, 123, b"bytes", 1.5, ["list"], {"name": "x"}])
+    return st.one_of(
+        st.sampled_from(garbage_actions(names)),
+        st.just(_HUGE_ACTION),
+        st.text(),
+        binary,
+        binary.map(lambda s: s.replace("a", "\x00")),
+        random_call,
+        nested,
+        good_call(),
+        st.builds(lambda pre, call, post: pre + call + post, st.text(max_size=20), good_call(), st.text(max_size=20)),
+        non_str,
+    )
+
+
+def _run_fuzz(env_id: str, env_kwargs: Mapping[str, Any], seed: int, examples: int) -> None:
+    try:
+        from hypothesis import HealthCheck, given, settings
+        from hypothesis import seed as hypothesis_seed
+        from hypothesis import strategies as st
+    except ImportError as exc:  # pragma: no cover - depends on the installed extras
+        raise DependencyNotInstalled("hypothesis", "test", "check_agent_env's fuzz test") from exc
+
+    env = _make(env_id, env_kwargs)
+    tools = list(getattr(env.unwrapped, "toolset", None) or [])
+
+    @hypothesis_seed(seed)
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=False,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                     HealthCheck.filter_too_much, HealthCheck.large_base_example])
+    @given(actions=st.lists(_action_strategy(tools), min_size=1, max_size=12),
+           reset_seed=st.integers(min_value=0, max_value=2**32 - 1))
+    def fuzz(actions: list[Any], reset_seed: int) -> None:
+        obs, info = env.reset(seed=reset_seed)
+        if not env.observation_space.contains(obs):
+            raise _fail(env_id, f"reset observation {_short(obs)} is not in {env.observation_space}")
+        for action in actions:
+            _, _, terminated, truncated, _ = _safe_step(env_id, env, action)
+            if terminated or truncated:
+                env.reset()
+
+    try:
+        fuzz()
+    finally:
+        env.close()
+
+
+def _check_close(env_id: str, env_kwargs: Mapping[str, Any]) -> None:
+    env = _make(env_id, env_kwargs)
+    env.reset(seed=0)
+    try:
+        env.close()
+        env.close()
+        env.unwrapped.close()
+    except Exception as exc:
+        raise _fail(env_id, f"close() must be idempotent; a repeated call raised {type(exc).__name__}: {exc}") from exc
+
+
+def check_agent_env(
+    env_id: str,
+    *,
+    seed: int = 0,
+    fuzz_examples: int = 50,
+    env_kwargs: dict[str, Any] | None = None,
+) -> None:
+    """Check that a registered env honours the agentgym env contract; raise on the first violation.
+
+    Runs, in order: Gymnasium's ``check_env`` on the unwrapped env (its warnings are re-emitted as
+    ``UserWarning``), a determinism replay (two fresh envs, same seed, the reference solver's actions
+    plus garbage, identical JSON transcripts), a Hypothesis fuzz of garbage action sequences (every step
+    returns a valid observation, a finite reward, bool flags, a known turn kind, and an outcome once the
+    episode ends), and a double ``close()``.
+
+    Args:
+        env_id: A registered id such as ``"agentgym/Calculator-v0"``.
+        seed: Seed for the env resets and for Hypothesis, so a failure reproduces.
+        fuzz_examples: Hypothesis examples (each up to 12 actions); lower it for slow envs.
+        env_kwargs: Extra keyword arguments for ``gym.make``.
+
+    Raises:
+        EnvCheckError: The contract is broken; the message names the check, the step and the action.
+            It is both an :class:`~agentgym.errors.AgentGymError` and an ``AssertionError``.
+    """
+    kwargs = dict(env_kwargs or {})
+    _run_gymnasium_checker(env_id, kwargs)
+    _check_determinism(env_id, kwargs, seed)
+    if fuzz_examples > 0:
+        _run_fuzz(env_id, kwargs, seed, fuzz_examples)
+    _check_close(env_id, kwargs)

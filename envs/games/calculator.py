@@ -1,0 +1,286 @@
+"""Calculator: the quickstart env, small enough for a tiny model to learn on a CPU.
+
+The agent gets an arithmetic question ("What is 27*42?"), may compute with ``calc(expression)`` and must
+submit the exact integer with ``answer(value)``. The interesting decision is local (call the tool, copy
+its result, stop), which is exactly what RL on a tiny warm-started model can fix in minutes.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import random
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+from agentgym.envs.games._common import games_parser, sample_one
+
+from agentgym.env import AgentEnv, ReferenceSolver
+from agentgym.errors import TaskError
+from agentgym.parsers import ToolCallParser
+from agentgym.suite import Task
+from agentgym.tools import ToolResult, ToolSet, tool
+
+__all__ = ["CalcError", "CalculatorEnv", "evaluate", "generate_tasks"]
+
+OPERATORS: dict[str, Callable[[int, int], int]] = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+    "//": operator.floordiv,
+}
+MAX_EXPRESSION_CHARS = 200
+MAX_LITERAL_DIGITS = 30
+MAX_RESULT_DIGITS = 60
+
+_HOW = "use integers, + - * // and parentheses, e.g. calc((27+3)*42)"
+
+
+class CalcError(ValueError):
+    """An expression ``calc`` refuses; the message is shown to the model, so it says the fix."""
+
+
+def _check_size(value: int) -> int:
+    if abs(value) >= 10**MAX_RESULT_DIGITS:
+        raise CalcError(f"the result has more than {MAX_RESULT_DIGITS} digits; use smaller numbers.")
+    return value
+
+
+def _eval_node(node: ast.AST) -> int:
+    if isinstance(node, ast.Constant):
+        value = node.value
+        if type(value) is int:
+            if len(str(abs(value))) > MAX_LITERAL_DIGITS:
+                raise CalcError(f"numbers may have at most {MAX_LITERAL_DIGITS} digits.")
+            return value
+        if isinstance(value, float):
+            raise CalcError(f"only whole numbers are supported, got {value!r}; {_HOW}.")
+        raise CalcError(f"{value!r} is not a number; {_HOW}.")
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        operand = _eval_node(node.operand)
+        return -operand if isinstance(node.op, ast.USub) else operand
+    if isinstance(node, ast.BinOp):
+        if isinstance(node.op, ast.Div):
+            raise CalcError("'/' is not supported: use // for integer (floor) division.")
+        if isinstance(node.op, ast.Pow):
+            raise CalcError("exponents (**) are not supported: write the multiplication out, e.g. 3*3*3.")
+        symbol = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//"}.get(type(node.op))
+        if symbol is None:
+            raise CalcError(f"operator {type(node.op).__name__} is not supported; {_HOW}.")
+        left, right = _eval_node(node.left), _eval_node(node.right)
+        if symbol == "//" and right == 0:
+            raise CalcError("division by zero.")
+        return _check_size(OPERATORS[symbol](left, right))
+    if isinstance(node, ast.Name):
+        raise CalcError(f"unknown name {node.id!r}: calc only takes numbers; {_HOW}.")
+    raise CalcError(f"{type(node).__name__} is not supported; {_HOW}.")
+
+
+def evaluate(expression: str) -> int:
+    """Evaluate integer arithmetic safely (an AST walk; nothing is ever ``eval``-ed).
+
+    Args:
+        expression: Integers, ``+ - * //``, unary minus and parentheses. A trailing ``=`` is ignored.
+
+    Returns:
+        The exact integer value.
+
+    Raises:
+        CalcError: Anything else (names, calls, floats, ``/``, ``**``, division by zero, too long or too
+            large input), with a message that tells the model how to write the expression instead.
+    """
+    text = expression.strip()
+    if text.endswith("="):
+        text = text[:-1].rstrip()
+    if not text:
+        raise CalcError(f"the expression is empty; {_HOW}.")
+    if len(text) > MAX_EXPRESSION_CHARS:
+        raise CalcError(f"the expression has {len(text)} characters; the limit is {MAX_EXPRESSION_CHARS}.")
+    try:
+        tree = ast.parse(text, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        raise CalcError(f"cannot read {text!r}; {_HOW}.") from None
+    return _eval_node(tree.body)
+
+
+# ---- tasks ---------------------------------------------------------------------------------------
+def generate_tasks(
+    rng: random.Random,
+    count: int,
+    *,
+    min_operand: int = 2,
+    max_operand: int = 99,
+    min_second: int | None = None,
+    max_second: int | None = None,
+    ops: Sequence[str] = ("*",),
+) -> list[Task]:
+    """Draw ``count`` distinct questions ``a OP b`` (no repeats, so a split never double-counts one).
+
+    Args:
+        rng: The only source of randomness (the suite seeds it per split).
+        count: How many tasks; must not exceed the number of distinct questions.
+        min_operand: Smallest first operand (>= 0).
+        max_operand: Largest first operand.
+        min_second: Smallest second operand (defaults to ``min_operand``); lets a split be e.g.
+            2-digit x 1-digit.
+        max_second: Largest second operand (defaults to ``max_operand``).
+        ops: Operators to draw from, a subset of ``+ - * //``.
+    """
+    lo_b = min_operand if min_second is None else min_second
+    hi_b = max_operand if max_second is None else max_second
+    ops = tuple(ops)
+    if not ops or any(op not in OPERATORS for op in ops):
+        raise TaskError(f"ops must be a non-empty subset of {list(OPERATORS)}, got {list(ops)}.")
+    if not (0 <= min_operand <= max_operand and 0 <= lo_b <= hi_b):
+        raise TaskError(
+            "Operand ranges must satisfy 0 <= min <= max; got "
+            f"first [{min_operand}, {max_operand}], second [{lo_b}, {hi_b}]."
+        )
+    if "//" in ops and lo_b < 1:
+        raise TaskError("With '//' in ops the second operand must be >= 1 (set min_second: 1).")
+    n_a, n_b = max_operand - min_operand + 1, hi_b - lo_b + 1
+    space = n_a * n_b * len(ops)
+    if count > space:
+        raise TaskError(f"Asked for {count} distinct tasks but these ranges and ops give only {space}; widen them.")
+    tasks = []
+    for index in rng.sample(range(space), count):
+        op_index, rest = divmod(index, n_a * n_b)
+        a_index, b_index = divmod(rest, n_b)
+        a, b, op = min_operand + a_index, lo_b + b_index, ops[op_index]
+        tasks.append(
+            Task(id=f"{a}{op}{b}", prompt=f"What is {a}{op}{b}?", answer=OPERATORS[op](a, b),
+                 metadata={"a": a, "b": b, "op": op})
+        )
+    return tasks
+
+
+_QUESTION = re.compile(r"What is (.+?)\?\s*$", re.DOTALL)
+
+
+def _expression_of(task: Task) -> str:
+    meta = task.metadata
+    if {"a", "b", "op"} <= set(meta):
+        return f"{meta['a']}{meta['op']}{meta['b']}"
+    match = _QUESTION.search(task.prompt)
+    if match is None:
+        raise TaskError(
+            f"Calculator task {task.id!r} has neither metadata a/b/op nor a prompt 'What is EXPR?'; add one."
+        )
+    return match.group(1).strip()
+
+
+class CalculatorEnv(AgentEnv):
+    """Answer an arithmetic question exactly, with a calculator tool.
+
+    Args:
+        max_turns: Turns before truncation; 4 leaves room for one mistake around calc + answer.
+        tasks: Tasks to draw from; without them a question is generated from the reset seed with the
+            operand settings below.
+        min_operand: Smallest operand of generated questions.
+        max_operand: Largest operand of generated questions.
+        ops: Operators of generated questions.
+        max_action_chars: See :class:`~agentgym.env.AgentEnv`.
+        max_calls_per_turn: See :class:`~agentgym.env.AgentEnv`.
+        render_mode: ``"ansi"`` or ``None``.
+    """
+
+    description: ClassVar[str] = "Arithmetic question: compute with calc(expression), then answer(value) exactly."
+    native_format_hint: ClassVar[str] = (
+        "You may also write a call as a plain function call: calc(27*42) computes, answer(1134) submits."
+    )
+
+    def __init__(
+        self,
+        *,
+        max_turns: int = 4,
+        tasks: Sequence[Task] | None = None,
+        min_operand: int = 2,
+        max_operand: int = 99,
+        ops: Sequence[str] = ("*",),
+        max_action_chars: int = 20_000,
+        max_calls_per_turn: int = 4,
+        render_mode: str | None = None,
+    ) -> None:
+        self._task_params: dict[str, Any] = {"min_operand": min_operand, "max_operand": max_operand, "ops": tuple(ops)}
+        generate_tasks(random.Random(0), 1, **self._task_params)  # fail fast on bad settings
+        self._expected = 0
+        self._question = ""
+        super().__init__(max_turns=max_turns, tasks=tasks, max_action_chars=max_action_chars,
+                         max_calls_per_turn=max_calls_per_turn, render_mode=render_mode)
+
+    # ---- tools ---------------------------------------------------------------------------------
+    @tool
+    def calc(self, expression: str) -> str | ToolResult:
+        """Evaluate integer arithmetic and return its exact value.
+
+        Args:
+            expression: Integers with + - * // and parentheses, e.g. "27*42".
+        """
+        try:
+            value = evaluate(expression)
+        except CalcError as exc:
+            return ToolResult.error(f"Error: {exc}")
+        shown = " ".join(expression.split()).rstrip("=").strip()
+        return f"{shown} = {value}"
+
+    @tool
+    def answer(self, value: int) -> str:
+        """Submit your final answer; this ends the episode.
+
+        Args:
+            value: The exact integer answer.
+        """
+        self.mark_answer()
+        correct = value == self._expected
+        self.add_reward("success", 1.0 if correct else 0.0)
+        self.finish(success=correct, reason="answered")
+        if correct:
+            return f"Correct! {self._question} = {self._expected}."
+        return f"Wrong. {self._question} = {self._expected}."
+
+    # ---- hooks ---------------------------------------------------------------------------------
+    def _build_tools(self) -> ToolSet:
+        return ToolSet([self.calc, self.answer])
+
+    def _build_parser(self) -> ToolCallParser:
+        return games_parser(["calc", "answer"], {"calc": "expression"})
+
+    def _sample_task(self, rng: np.random.Generator) -> Task:
+        return sample_one(generate_tasks, rng, self._task_params)
+
+    def _begin_episode(self, task: Task) -> str:
+        self._question = _expression_of(task)
+        if task.answer is not None:
+            try:
+                self._expected = int(task.answer)
+            except (TypeError, ValueError):
+                raise TaskError(f"Calculator task {task.id!r}: answer {task.answer!r} is not an integer.") from None
+        else:
+            try:
+                self._expected = evaluate(self._question)
+            except CalcError as exc:
+                raise TaskError(f"Calculator task {task.id!r} has no answer and {exc}") from None
+        return task.prompt
+
+    def _task_instructions(self) -> str:
+        return (
+            "Answer the arithmetic question with its exact integer value. Compute it with the calc tool, then "
+            f"submit it with the answer tool; answering ends the episode. You have {self.max_turns} turns."
+        )
+
+    def reference_solver(self) -> ReferenceSolver:
+        """``calc(EXPR)``, then ``answer(N)`` with N read from the calc observation."""
+        expression = _expression_of(self.task) if self.task is not None else ""
+        sent_calc = False
+
+        def solve(observation: str) -> str:
+            nonlocal sent_calc
+            if not sent_calc:
+                sent_calc = True
+                return f"calc({expression})"
+            match = re.search(r"=\s*(-?\d+)\s*$", observation)
+            return f"answer({match.group(1) if match else 0})"
+
+        return solve

@@ -1,0 +1,139 @@
+"""Every registered id passes check_agent_env, and ids resolve through gym.make in every supported way."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import agentgym
+from agentgym.env import AgentEnv
+from agentgym.errors import RegistrationError
+from agentgym.parsers import CompositeParser, FunctionCallParser, ToolCallParser
+from agentgym.suite import Task
+from agentgym.testing import EnvCheckError, check_agent_env
+from agentgym.tools import ToolSet, tool
+
+
+@pytest.mark.parametrize("env_id", agentgym.env_ids())
+def test_check_agent_env(env_id: str) -> None:
+    check_agent_env(env_id, seed=0, fuzz_examples=50)
+
+
+@pytest.mark.parametrize("env_id", agentgym.env_ids())
+def test_gym_make_after_import(env_id: str) -> None:
+    env = gym.make(env_id)
+    try:
+        obs, info = env.reset(seed=0)
+        assert isinstance(obs, str) and info["tools"] and info["instructions"]
+        assert env.spec is not None and env.spec.id == env_id
+    finally:
+        env.close()
+
+
+def test_gym_make_with_module_prefix_in_fresh_interpreter() -> None:
+    """Gymnasium 1.x imports ``agentgym`` itself for ``agentgym:`` ids; no prior import is needed."""
+    code = (
+        "import sys, json, gymnasium as gym\n"
+        "assert 'agentgym' not in sys.modules\n"
+        f"ids = {json.dumps(agentgym.env_ids())}\n"
+        "out = {}\n"
+        "for env_id in ids:\n"
+        "    env = gym.make('agentgym:' + env_id)\n"
+        "    obs, info = env.reset(seed=0)\n"
+        "    out[env_id] = [type(env.unwrapped).__name__, isinstance(obs, str)]\n"
+        "    env.close()\n"
+        "print(json.dumps(out))\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(result) == set(agentgym.env_ids())
+    assert all(is_str for _, is_str in result.values())
+
+
+def test_unknown_id_suggests_the_right_one() -> None:
+    with pytest.raises(RegistrationError, match="Did you mean 'agentgym/Calculator-v0'"):
+        agentgym.make("agentgym/Calculater-v0")
+
+
+# ---- the checker itself catches broken envs ---------------------------------------------------------
+class _TinyEnv(AgentEnv):
+    """A one-tool env used to prove that check_agent_env fails loudly on broken behaviour."""
+
+    description: ClassVar[str] = "test env"
+
+    @tool
+    def ping(self, n: int) -> str:
+        """Reply.
+
+        Args:
+            n: Any integer.
+        """
+        return f"pong {n}"
+
+    def _build_tools(self) -> ToolSet:
+        return ToolSet([self.ping])
+
+    def _build_parser(self) -> ToolCallParser:
+        return CompositeParser([FunctionCallParser(["ping"])])
+
+    def _sample_task(self, rng: np.random.Generator) -> Task:
+        return Task("t", "ping me")
+
+    def _begin_episode(self, task: Task) -> str:
+        return task.prompt
+
+    def _task_instructions(self) -> str:
+        return "Call ping."
+
+    def reference_solver(self) -> Any:
+        return lambda observation: "ping(1)"
+
+
+class _NondeterministicEnv(_TinyEnv):
+    counter = 0
+
+    @tool
+    def ping(self, n: int) -> str:
+        """Reply with a value that leaks state between env instances.
+
+        Args:
+            n: Any integer.
+        """
+        type(self).counter += 1
+        return f"pong {type(self).counter}"
+
+
+class _CrashingEnv(_TinyEnv):
+    def step(self, action: Any) -> Any:
+        if isinstance(action, str) and "\x00" in action:  # only garbage reaches this; check_env's samples do not
+            raise RuntimeError("parser bug")
+        return super().step(action)
+
+
+@pytest.fixture()
+def broken_ids() -> Any:
+    ids = {"agentgym-test/Nondet-v0": _NondeterministicEnv, "agentgym-test/Crash-v0": _CrashingEnv}
+    for env_id, cls in ids.items():
+        gym.register(id=env_id, entry_point=cls)
+    yield ids
+    for env_id in ids:
+        gym.registry.pop(env_id, None)
+
+
+def test_checker_reports_nondeterminism(broken_ids: Any) -> None:
+    with pytest.raises(EnvCheckError, match="diverged"):
+        check_agent_env("agentgym-test/Nondet-v0", fuzz_examples=0)
+
+
+def test_checker_reports_crash_on_garbage(broken_ids: Any) -> None:
+    with pytest.raises(AssertionError, match="step\\(\\) raised RuntimeError: parser bug"):
+        check_agent_env("agentgym-test/Crash-v0", fuzz_examples=20)
