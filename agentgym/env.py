@@ -48,6 +48,10 @@ class AgentEnv(gym.Env[str, str]):
     description: ClassVar[str] = ""
     #: Extra text for the instructions describing the family-native action formats.
     native_format_hint: ClassVar[str] = ""
+    #: True when reset/step are pure in-process computation taking microseconds (no I/O, no subprocess,
+    #: no sleeping). The rollout engine then calls them inline on its event loop instead of paying a
+    #: worker-thread round trip per step; anything that can block must leave this False.
+    cheap_steps: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -6,20 +6,21 @@ Reply lengths vary per request (drawn from a hash of the conversation, so runs a
 reproduces the variance of real generation without a GPU.
 """
 
-from __future__ import annotations
-
+import argparse
 import asyncio
 import hashlib
-import threading
+import socket
+import subprocess
+import sys
 import time
 from typing import Any
+
+from fastapi import FastAPI, Request
 
 TOOL_CALL = '<tool_call>{"name": "work", "arguments": {"n": 1}}</tool_call>'
 
 
-def build_app(*, capacity: int, per_token_s: float, min_tokens: int, max_tokens: int) -> Any:
-    from fastapi import FastAPI, Request
-
+def build_app(*, capacity: int, per_token_s: float, min_tokens: int, max_tokens: int) -> FastAPI:
     app = FastAPI()
     slots: dict[str, asyncio.Semaphore] = {}
     app.state.requests = 0
@@ -48,26 +49,57 @@ def build_app(*, capacity: int, per_token_s: float, min_tokens: int, max_tokens:
     return app
 
 
-class BackgroundServer:
-    """Run a FastAPI app with uvicorn in a daemon thread on a free loopback port."""
+class ServerProcess:
+    """Run the token-time server in its own process, as a real inference server would be.
 
-    def __init__(self, app: Any) -> None:
-        import uvicorn
+    Running it in the benchmark's process would make the server and the client share one GIL on two
+    cores, which measures Python contention instead of the rollout loops.
+    """
 
-        self.config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
-        self.server = uvicorn.Server(self.config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+    def __init__(self, *, capacity: int, per_token_s: float, min_tokens: int, max_tokens: int) -> None:
+        self.args = [f"--capacity={capacity}", f"--per-token-s={per_token_s}", f"--min-tokens={min_tokens}",
+                     f"--max-tokens={max_tokens}"]
+        self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> str:
-        self.thread.start()
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.proc = subprocess.Popen([sys.executable, __file__, f"--port={port}", *self.args])
         deadline = time.time() + 30
-        while not self.server.started:
-            if time.time() > deadline:
-                raise RuntimeError("benchmark server did not start within 30 s")
-            time.sleep(0.02)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{port}/v1"
+        while time.time() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    return f"http://127.0.0.1:{port}/v1"
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError("token-time server exited during start-up") from None
+                time.sleep(0.05)
+        raise RuntimeError("token-time server did not start within 30 s")
 
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+    def __exit__(self, *exc: Any) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def _main() -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description="token-time OpenAI-compatible server (benchmarks only)")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--capacity", type=int, default=64)
+    parser.add_argument("--per-token-s", type=float, default=0.002)
+    parser.add_argument("--min-tokens", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=384)
+    args = parser.parse_args()
+    app = build_app(capacity=args.capacity, per_token_s=args.per_token_s, min_tokens=args.min_tokens,
+                    max_tokens=args.max_tokens)
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    _main()

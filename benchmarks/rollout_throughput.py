@@ -106,19 +106,26 @@ def _register_latency_env(median_s: float, sigma: float) -> None:
                      kwargs={"turns": 3, "median_s": median_s, "sigma": sigma})
 
 
-async def synchronous_batch_loop(policy: Any, n: int, sampling: SamplingParams) -> tuple[float, int]:
-    """The baseline: all episodes generate, then all step, turn by turn (lock-step batches)."""
-    loop = asyncio.get_running_loop()
-    pool = concurrent.futures.ThreadPoolExecutor(max(8, n))
-    envs = [gym.make(LATENCY_ID) for _ in range(n)]
+async def synchronous_batch_loop(policy: Any, n: int, in_flight: int, sampling: SamplingParams) -> tuple[float, int]:
+    """The baseline: waves of ``in_flight`` episodes; in a wave all generate, then all step, turn by turn."""
     start = time.perf_counter()
-    resets = await asyncio.gather(*(loop.run_in_executor(pool, lambda e=e, s=s: e.reset(seed=s)) for s, e in enumerate(envs)))
+    successes = 0
+    for first in range(0, n, in_flight):
+        successes += await _one_wave(policy, range(first, min(n, first + in_flight)), sampling)
+    return time.perf_counter() - start, successes
+
+
+async def _one_wave(policy: Any, seeds: range, sampling: SamplingParams) -> int:
+    loop = asyncio.get_running_loop()
+    pool = concurrent.futures.ThreadPoolExecutor(max(8, len(seeds)))
+    envs = [gym.make(LATENCY_ID) for _ in seeds]
+    resets = await asyncio.gather(*(loop.run_in_executor(pool, lambda e=e, s=s: e.reset(seed=s)) for s, e in zip(seeds, envs)))
     agents = []
     for obs, info in resets:
         agent = ChatAgent()
         agent.start(info["instructions"], obs)
         agents.append(agent)
-    active = list(range(n))
+    active = list(range(len(seeds)))
     successes = 0
     while active:
         generations = await policy.act([agents[i].request(sampling) for i in active])
@@ -135,28 +142,26 @@ async def synchronous_batch_loop(policy: Any, n: int, sampling: SamplingParams) 
                 agents[i].add_observation(obs)
                 still.append(i)
         active = still
-    wall = time.perf_counter() - start
     pool.shutdown()
     for env in envs:
         env.close()
-    return wall, successes
+    return successes
 
 
-def part2(n: int, capacity: int, per_token_s: float, median_s: float, sigma: float) -> dict[str, Any]:
-    from _token_time_server import BackgroundServer, build_app
+def part2(n: int, in_flight: int, capacity: int, per_token_s: float, median_s: float, sigma: float) -> dict[str, Any]:
+    from _token_time_server import ServerProcess
 
     from agentgym.policies.openai import OpenAIPolicy
 
     _register_latency_env(median_s, sigma)
-    app = build_app(capacity=capacity, per_token_s=per_token_s, min_tokens=16, max_tokens=384)
     sampling = SamplingParams(max_tokens=512, temperature=1.0)
-    with BackgroundServer(app) as base_url:
-        policy = OpenAIPolicy(base_url=base_url, model="token-time", mode="chat", max_concurrency=n)
-        sync_wall, sync_ok = asyncio.run(synchronous_batch_loop(policy, n, sampling))
+    with ServerProcess(capacity=capacity, per_token_s=per_token_s, min_tokens=16, max_tokens=384) as base_url:
+        policy = OpenAIPolicy(base_url=base_url, model="token-time", mode="chat", max_concurrency=in_flight)
+        sync_wall, sync_ok = asyncio.run(synchronous_batch_loop(policy, n, in_flight, sampling))
         policy.close()
-        policy = OpenAIPolicy(base_url=base_url, model="token-time", mode="chat", max_concurrency=n)
-        engine = RolloutEngine(policy, RolloutConfig(max_in_flight=n, sampling=sampling, env_workers=max(8, n),
-                                                     batch_window_s=0.0))
+        policy = OpenAIPolicy(base_url=base_url, model="token-time", mode="chat", max_concurrency=in_flight)
+        engine = RolloutEngine(policy, RolloutConfig(max_in_flight=in_flight, sampling=sampling,
+                                                     env_workers=max(8, in_flight), batch_window_s=0.0))
         start = time.perf_counter()
         trajectories = engine.run([EpisodeSpec(LATENCY_ID, seed=s) for s in range(n)])
         eng_wall = time.perf_counter() - start
@@ -164,7 +169,7 @@ def part2(n: int, capacity: int, per_token_s: float, median_s: float, sigma: flo
     eng_ok = sum(t.success for t in trajectories)
     assert sync_ok == eng_ok == n, (sync_ok, eng_ok)
     return {
-        "episodes": n, "server capacity": capacity, "ms/token": per_token_s * 1000,
+        "episodes": n, "in flight": in_flight, "server capacity": capacity, "ms/token": per_token_s * 1000,
         "tool latency": f"lognormal(median {median_s}s, sigma {sigma})",
         "sync batch loop s": sync_wall, "engine s": eng_wall,
         "sync episodes/s": n / sync_wall, "engine episodes/s": n / eng_wall, "ratio": sync_wall / eng_wall,
@@ -179,12 +184,17 @@ def main() -> None:
     print(f"Part 1: {n1} GuessNumber episodes, ScriptedPolicy (binary search)")
     for row in part1(n1):
         print("  " + " | ".join(f"{k}: {v:.1f}" if isinstance(v, float) else f"{k}: {v}" for k, v in row.items()))
-    n2 = 32 if args.quick else 128
-    print(f"\nPart 2: {n2} three-turn episodes, lognormal tool latency, token-time server on 127.0.0.1")
-    row = part2(n2, capacity=16, per_token_s=0.002, median_s=0.2, sigma=1.0)
-    print("  " + " | ".join(f"{k}: {v:.2f}" if isinstance(v, float) else f"{k}: {v}" for k, v in row.items()))
-    verdict = "meets" if row["ratio"] >= 2.0 else "MISSES"
-    print(f"  engine vs synchronous batch loop: {row['ratio']:.2f}x ({verdict} the 2x target)")
+    scale = 4 if args.quick else 1
+    print("\nPart 2: three-turn episodes, lognormal tool latency, token-time server (own process) on 127.0.0.1")
+    # Row 1: one wave, every episode in flight, so each lock-step turn waits for its slowest tool call and
+    # the engine can never beat the slowest episode's own chain. Row 2: a training-sized batch with a
+    # bounded number in flight, where the engine keeps the server busy while tools run.
+    for n, in_flight in ((128 // scale, 128 // scale), (512 // scale, 128 // scale)):
+        row = part2(n, in_flight, capacity=64 // scale, per_token_s=0.002, median_s=0.2, sigma=1.0)
+        print("  " + " | ".join(f"{k}: {v:.2f}" if isinstance(v, float) else f"{k}: {v}" for k, v in row.items()))
+        verdict = "meets" if row["ratio"] >= 2.0 else "MISSES"
+        print(f"  {n} episodes, {in_flight} in flight: engine vs synchronous batch loop {row['ratio']:.2f}x "
+              f"({verdict} the 2x target)")
 
 
 if __name__ == "__main__":

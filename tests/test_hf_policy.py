@@ -26,8 +26,8 @@ CONFIG = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads
                          max_position_embeddings=512, vocab_size=400, tie_word_embeddings=False)
 PROMPTS = [
     "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n",
-    "<|im_start|>system\nUse the calculator.<|im_end|>\n<|im_start|>user\nWhat is 27*42?<|im_end|>\n"
-    "<|im_start|>assistant\n",
+    ("<|im_start|>system\nUse the calculator.<|im_end|>\n<|im_start|>user\nWhat is 27*42?<|im_end|>\n"
+     "<|im_start|>assistant\n"),
     "x",
     "guess(50)",
 ]
@@ -36,7 +36,7 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     path = build_tiny_model(tmp_path_factory.mktemp("hf") / "tiny", config=CONFIG)
-    model, tokenizer = load_tiny_model(path)
+    model, _ = load_tiny_model(path)
     # A freshly initialised model is close to uniform and mostly copies its input; larger random weights
     # make its outputs depend on the whole context, so the cache/padding comparisons below mean something.
     gen = torch.Generator().manual_seed(0)

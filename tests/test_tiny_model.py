@@ -119,6 +119,11 @@ def test_special_tokens(tokenizer):
     assert len(tokenizer) <= 512
 
 
+def test_special_tokens_in_training_texts_get_no_merges():
+    tok = train_tokenizer(["<|im_start|>user\nhi<|im_end|>\n"] * 200, 300)
+    assert not [t for t in tok.get_vocab() if ("<|" in t or "|>" in t) and t not in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")]
+
+
 def test_train_tokenizer_rejects_tiny_vocab():
     with pytest.raises(ConfigError, match="vocab_size"):
         train_tokenizer(["abc"], 100)

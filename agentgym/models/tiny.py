@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import re
 import string
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -227,6 +228,21 @@ def _require(package: str) -> Any:
         raise DependencyNotInstalled(package, "train", "the built-in tiny model") from exc
 
 
+_SPECIAL_SPLIT = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS))
+
+
+def _without_special_tokens(texts: Iterable[str]) -> Iterator[str]:
+    """The pieces of each text between special tokens.
+
+    BPE training does not treat special tokens as atoms, so chat-rendered training texts would otherwise
+    spend vocabulary on merges such as ``<|`` and ``im`` that encoding never uses.
+    """
+    for text in texts:
+        for piece in _SPECIAL_SPLIT.split(text):
+            if piece:
+                yield piece
+
+
 def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
     """Train a byte-level, digit-level BPE tokenizer with a ChatML chat template.
 
@@ -269,17 +285,19 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator((t for t in texts if t), trainer=trainer)
+    tok.train_from_iterator(_without_special_tokens(texts), trainer=trainer)
+    # transformers 5 renamed the list of unnamed special tokens.
+    extra_key = "additional_special_tokens" if transformers.__version__.split(".")[0] == "4" else "extra_special_tokens"
     return transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=IM_END,
         pad_token=END_OF_TEXT,
         bos_token=None,
         unk_token=None,
-        extra_special_tokens=[IM_START],
         chat_template=CHAT_TEMPLATE,
         clean_up_tokenization_spaces=False,
         padding_side="left",
+        **{extra_key: [IM_START]},
     )
 
 
@@ -322,19 +340,19 @@ def create_model(tokenizer: Any, config: TinyModelConfig = TinyModelConfig()) ->
     transformers = _require("transformers")
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)
     eot_id = tokenizer.convert_tokens_to_ids(END_OF_TEXT)
-    common: dict[str, Any] = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=config.hidden_size,
-        num_hidden_layers=config.num_layers,
-        num_attention_heads=config.num_heads,
-        num_key_value_heads=config.num_kv_heads,
-        intermediate_size=config.intermediate_size,
-        max_position_embeddings=config.max_position_embeddings,
-        tie_word_embeddings=config.tie_word_embeddings,
-        bos_token_id=eot_id,
-        eos_token_id=eos_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    common: dict[str, Any] = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": config.hidden_size,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "num_key_value_heads": config.num_kv_heads,
+        "intermediate_size": config.intermediate_size,
+        "max_position_embeddings": config.max_position_embeddings,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "bos_token_id": eot_id,
+        "eos_token_id": eos_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
     if config.architecture == "llama":
         model_config = transformers.LlamaConfig(**common)
         model_cls = transformers.LlamaForCausalLM
