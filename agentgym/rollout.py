@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import threading
 import time
@@ -57,6 +58,10 @@ class RolloutConfig:
         system_prompt: Replaces the env's instructions as the system prompt (``None`` keeps them).
         observation_role: Chat role of observations after the first (``user`` or ``tool``).
         batch_window_s: How long the batcher waits for more requests before sending a batch.
+        deterministic: Send a policy batch only when every running episode waits for the policy, in
+            episode order, and give each request its own seed derived from ``sampling.seed``, the episode
+            and the turn. Runs are then reproducible (training and exact resume rely on it), at the cost
+            of the overlap between env steps and generation.
         progress: Show a progress bar.
     """
 
@@ -68,6 +73,7 @@ class RolloutConfig:
     system_prompt: str | None = None
     observation_role: str = "user"
     batch_window_s: float = 0.002
+    deterministic: bool = False
     progress: bool = False
 
     def __post_init__(self) -> None:
@@ -119,10 +125,12 @@ def episodes_for_suite(
 class _PolicyBatcher:
     """Collects generation requests from episodes and sends them to the policy in batches."""
 
-    def __init__(self, policy: Policy, window_s: float) -> None:
+    def __init__(self, policy: Policy, window_s: float, deterministic: bool = False) -> None:
         self.policy = policy
         self.window_s = window_s
-        self.queue: list[tuple[GenerationRequest, asyncio.Future[Generation]]] = []
+        self.deterministic = deterministic
+        self.running = 0  # episodes started and not finished (deterministic mode waits for all of them)
+        self.queue: list[tuple[int, GenerationRequest, asyncio.Future[Generation]]] = []
         self.wakeup = asyncio.Event()
         self.slots = asyncio.Semaphore(max(1, policy.max_concurrency))
         self.calls = 0
@@ -142,22 +150,41 @@ class _PolicyBatcher:
         for t in list(self._inflight):
             t.cancel()
 
-    async def submit(self, request: GenerationRequest) -> Generation:
+    async def submit(self, request: GenerationRequest, order: int = 0) -> Generation:
         future: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
-        self.queue.append((request, future))
+        self.queue.append((order, request, future))
         self.wakeup.set()
         return await future
+
+    def episode_started(self) -> None:
+        self.running += 1
+
+    def episode_finished(self) -> None:
+        self.running -= 1
+        self.wakeup.set()
+
+    def _ready(self) -> bool:
+        if not self.queue:
+            return False
+        if not self.deterministic:
+            return True
+        return len(self.queue) >= min(self.running, self.policy.max_batch_size)
 
     async def _loop(self) -> None:
         while True:
             await self.wakeup.wait()
             self.wakeup.clear()
+            if not self._ready():
+                continue
             await self.slots.acquire()
-            if self.window_s and self.policy.max_batch_size > 1 and len(self.queue) < self.policy.max_batch_size:
+            if (not self.deterministic and self.window_s and self.policy.max_batch_size > 1
+                    and len(self.queue) < self.policy.max_batch_size):
                 await asyncio.sleep(self.window_s)
-            if not self.queue:
+            if not self._ready():
                 self.slots.release()
                 continue
+            if self.deterministic:
+                self.queue.sort(key=lambda item: item[0])
             batch = self.queue[: self.policy.max_batch_size]
             del self.queue[: len(batch)]
             if self.queue:
@@ -166,23 +193,24 @@ class _PolicyBatcher:
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
 
-    async def _run(self, batch: list[tuple[GenerationRequest, asyncio.Future[Generation]]]) -> None:
+    async def _run(self, batch: list[tuple[int, GenerationRequest, asyncio.Future[Generation]]]) -> None:
         try:
             self.calls += 1
-            generations = await self.policy.act([r for r, _ in batch])
+            generations = await self.policy.act([request for _, request, _ in batch])
             if len(generations) != len(batch):
                 raise RuntimeError(f"policy returned {len(generations)} generations for {len(batch)} requests")
-            for (_, fut), gen in zip(batch, generations):
+            for (_, _, fut), gen in zip(batch, generations):
                 if not fut.done():
                     fut.set_result(gen)
-        except BaseException as exc:
-            for _, fut in batch:
+        except BaseException as exc:  # noqa: BLE001 - forwarded to every waiting episode
+            for _, _, fut in batch:
                 if not fut.done():
                     fut.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
             if not isinstance(exc, Exception):
                 raise
         finally:
             self.slots.release()
+            self.wakeup.set()
 
 
 class _EnvPool:
@@ -245,6 +273,14 @@ class RolloutEngine:
         self.stats: dict[str, Any] = {}
         self._run_id = ""
 
+    def _sampling_for(self, episode_index: int, turn: int) -> SamplingParams:
+        """Per-request sampling: in deterministic mode each (episode, turn) gets its own derived seed."""
+        sampling = self.config.sampling
+        if not self.config.deterministic or sampling.seed is None:
+            return sampling
+        seed = (sampling.seed * 1_000_003 + episode_index * 1009 + turn) % (2**63 - 1)
+        return dataclasses.replace(sampling, seed=seed)
+
     def run(
         self,
         episodes: Sequence[EpisodeSpec],
@@ -270,7 +306,7 @@ class RolloutEngine:
         episodes = list(episodes)
         self._run_id = uuid.uuid4().hex[:8]
         results: list[Trajectory | None] = [None] * len(episodes)
-        batcher = _PolicyBatcher(self.policy, self.config.batch_window_s)
+        batcher = _PolicyBatcher(self.policy, self.config.batch_window_s, self.config.deterministic)
         batcher.start()
         pool = _EnvPool()
         executor = concurrent.futures.ThreadPoolExecutor(self.config.env_workers, thread_name_prefix="agentgym-env")
@@ -280,7 +316,11 @@ class RolloutEngine:
 
         async def run_one(index: int, spec: EpisodeSpec) -> None:
             async with limiter:
-                traj = await self._episode(spec, index, batcher, pool, executor)
+                batcher.episode_started()
+                try:
+                    traj = await self._episode(spec, index, batcher, pool, executor)
+                finally:
+                    batcher.episode_finished()
             results[index] = traj
             if writer is not None:
                 await asyncio.get_running_loop().run_in_executor(executor, writer.write, traj)
@@ -342,7 +382,7 @@ class RolloutEngine:
                     break
                 prompt_ids = tuple(agent.pending_prompt_ids) if self.policy.tokenizer is not None else None
                 tp = time.perf_counter()
-                generation = await batcher.submit(agent.request(cfg.sampling, episode_id))
+                generation = await batcher.submit(agent.request(self._sampling_for(index, len(turns)), episode_id), index)
                 timing["policy_s"] += time.perf_counter() - tp
                 action_ids = agent.record_action(generation)
                 te = time.perf_counter()
