@@ -107,6 +107,14 @@ class AgentEnv(gym.Env[str, str]):
         """A solver for the current episode: observation -> next action. Proves suites solvable."""
         raise NotImplementedError(f"{type(self).__name__} has no reference solver.")
 
+    def shortcut_solver(self) -> ReferenceSolver:
+        """A plausible but wrong way to act (e.g. answering without using the tools).
+
+        Used to build imperfect demonstrations for warm-start experiments, so that RL has a local decision
+        to fix (whether to use a tool). Families without an obvious shortcut need not implement it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no shortcut solver.")
+
     # ---- helpers for tools ---------------------------------------------------------------------
     def finish(self, *, success: bool, score: float | None = None, reason: str = "answered") -> None:
         """End the episode after this turn (``terminated=True``)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -67,19 +68,40 @@ class ScriptedPolicy(Policy):
 
 
 class ReferencePolicy(Policy):
-    """Act with each env's reference solver (proves suites solvable; gives demonstrations for BC)."""
+    """Act with each env's reference solver (proves suites solvable; gives demonstrations for BC).
+
+    Args:
+        tokenizer: When given, actions are encoded (plus EOS) so trajectories carry token ids.
+        shortcut_fraction: Share of episodes played with the env's ``shortcut_solver`` instead (imperfect
+            demonstrations); which episodes is decided by a hash of the task, so it is reproducible.
+        seed: Mixed into that hash.
+    """
 
     name = "reference"
 
-    def __init__(self, *, tokenizer: Any = None, max_batch_size: int = 1024) -> None:
+    def __init__(self, *, tokenizer: Any = None, max_batch_size: int = 1024, shortcut_fraction: float = 0.0,
+                 seed: int = 0) -> None:
+        if not 0.0 <= shortcut_fraction <= 1.0:
+            raise AgentGymError(f"shortcut_fraction must be in [0, 1], got {shortcut_fraction}.")
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        self.shortcut_fraction = shortcut_fraction
+        self.seed = seed
         self._solvers: dict[str, Callable[[str], str]] = {}
         self._lock = threading.Lock()
 
+    def _use_shortcut(self, env: Any) -> bool:
+        if self.shortcut_fraction <= 0.0:
+            return False
+        task = env.unwrapped.task
+        key = f"{self.seed}/{task.id}/{task.prompt}".encode()
+        draw = int.from_bytes(hashlib.sha256(key).digest()[:8], "little") / 2**64
+        return draw < self.shortcut_fraction
+
     def begin_episode(self, episode_id: str, env: Any) -> None:
+        solver = env.unwrapped.shortcut_solver() if self._use_shortcut(env) else env.unwrapped.reference_solver()
         with self._lock:
-            self._solvers[episode_id] = env.unwrapped.reference_solver()
+            self._solvers[episode_id] = solver
 
     def end_episode(self, episode_id: str) -> None:
         with self._lock:

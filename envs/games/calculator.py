@@ -8,6 +8,7 @@ its result, stop), which is exactly what RL on a tiny warm-started model can fix
 from __future__ import annotations
 
 import ast
+import hashlib
 import operator
 import random
 import re
@@ -115,8 +116,14 @@ def generate_tasks(
     min_second: int | None = None,
     max_second: int | None = None,
     ops: Sequence[str] = ("*",),
+    holdout: str | None = None,
+    holdout_every: int = 5,
 ) -> list[Task]:
     """Draw ``count`` distinct questions ``a OP b`` (no repeats, so a split never double-counts one).
+
+    ``holdout`` splits the question space deterministically (by a hash of the question) so that a test
+    split can share the train split's ranges yet never contain a train question: ``"exclude"`` keeps
+    questions outside the held-out part, ``"only"`` keeps the held-out part (1 in ``holdout_every``).
 
     Args:
         rng: The only source of randomness (the suite seeds it per split).
@@ -127,6 +134,8 @@ def generate_tasks(
             2-digit x 1-digit.
         max_second: Largest second operand (defaults to ``max_operand``).
         ops: Operators to draw from, a subset of ``+ - * //``.
+        holdout: ``None``, ``"exclude"`` or ``"only"`` (see above).
+        holdout_every: Size of the held-out part: one question in this many.
     """
     lo_b = min_operand if min_second is None else min_second
     hi_b = max_operand if max_second is None else max_second
@@ -140,12 +149,30 @@ def generate_tasks(
         )
     if "//" in ops and lo_b < 1:
         raise TaskError("With '//' in ops the second operand must be >= 1 (set min_second: 1).")
+    if holdout not in (None, "exclude", "only"):
+        raise TaskError(f"holdout must be null, 'exclude' or 'only', got {holdout!r}.")
+    if holdout_every < 2:
+        raise TaskError(f"holdout_every must be >= 2, got {holdout_every}.")
     n_a, n_b = max_operand - min_operand + 1, hi_b - lo_b + 1
     space = n_a * n_b * len(ops)
-    if count > space:
-        raise TaskError(f"Asked for {count} distinct tasks but these ranges and ops give only {space}; widen them.")
+    candidates: Sequence[int] = range(space)
+    if holdout is not None:
+        if space > 1_000_000:
+            raise TaskError(f"holdout needs at most 1,000,000 possible questions, these ranges give {space}; narrow them.")
+
+        def held_out(index: int) -> bool:
+            op_index, rest = divmod(index, n_a * n_b)
+            a_index, b_index = divmod(rest, n_b)
+            key = f"{min_operand + a_index}{ops[op_index]}{lo_b + b_index}".encode()
+            return int(hashlib.sha256(key).hexdigest(), 16) % holdout_every == 0
+
+        candidates = [i for i in range(space) if held_out(i) == (holdout == "only")]
+    if count > len(candidates):
+        raise TaskError(
+            f"Asked for {count} distinct tasks but these ranges, ops and holdout give only {len(candidates)}; widen them."
+        )
     tasks = []
-    for index in rng.sample(range(space), count):
+    for index in rng.sample(candidates, count):
         op_index, rest = divmod(index, n_a * n_b)
         a_index, b_index = divmod(rest, n_b)
         a, b, op = min_operand + a_index, lo_b + b_index, ops[op_index]
@@ -270,6 +297,13 @@ class CalculatorEnv(AgentEnv):
             "Answer the arithmetic question with its exact integer value. Compute it with the calc tool, then "
             f"submit it with the answer tool; answering ends the episode. You have {self.max_turns} turns."
         )
+
+    def shortcut_solver(self) -> ReferenceSolver:
+        """Answer at once, without calc, with a near miss (wrong by 1-9): a tool-skipping demonstration."""
+        expression = _expression_of(self.task) if self.task is not None else "0"
+        exact = evaluate(expression) if self.task is not None else 0
+        miss = 1 + int(hashlib.sha256(expression.encode()).hexdigest(), 16) % 9
+        return lambda observation: f"answer({exact + miss})"
 
     def reference_solver(self) -> ReferenceSolver:
         """``calc(EXPR)``, then ``answer(N)`` with N read from the calc observation."""

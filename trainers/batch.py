@@ -1,0 +1,96 @@
+"""Trajectories to training tensors (layout A of the spec: one sequence per trajectory).
+
+The ids come straight from each trajectory's token view (the ids the policy sampled and the ids the
+ChatAgent encoded for observations); nothing is re-tokenised. Sequences are right-padded; the loss mask
+is 0 on padding, prompts, observations and template glue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from agentgym.trajectory import Trajectory
+
+__all__ = ["TrainingBatch", "build_batch", "sequence_logprobs"]
+
+
+@dataclass
+class TrainingBatch:
+    """Padded tensors for N trajectories of padded length L.
+
+    Attributes:
+        input_ids: ``[N, L]`` token ids (padding: ``pad_id``).
+        attention_mask: ``[N, L]`` 1 on real tokens.
+        loss_mask: ``[N, L]`` float, 1 exactly on trained (sampled, unmasked) tokens.
+        advantages: ``[N]`` one scalar per trajectory (broadcast over its tokens in the loss).
+        sampler_logprobs: ``[N, L]`` log-probs recorded at sampling time (0 off the mask).
+        old_logprobs: ``[N, L]`` log-probs of the policy before the update (filled by the trainer).
+        ref_logprobs: ``[N, L]`` reference-model log-probs, when a KL term is used.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    advantages: torch.Tensor
+    sampler_logprobs: torch.Tensor
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def select(self, index: torch.Tensor | slice) -> TrainingBatch:
+        """Rows ``index`` of every tensor, trimmed to the longest remaining sequence."""
+        rows = {name: getattr(self, name) for name in ("input_ids", "attention_mask", "loss_mask", "advantages",
+                                                        "sampler_logprobs", "old_logprobs", "ref_logprobs")}
+        picked = {k: (v[index] if v is not None else None) for k, v in rows.items()}
+        width = int(picked["attention_mask"].sum(dim=1).max().item()) if len(picked["input_ids"]) else 0
+        for k, v in picked.items():
+            if v is not None and v.dim() == 2:
+                picked[k] = v[:, :width]
+        return TrainingBatch(**picked)
+
+    def micro_batches(self, size: int) -> Iterator[TrainingBatch]:
+        for start in range(0, len(self), size):
+            yield self.select(slice(start, start + size))
+
+
+def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float] | torch.Tensor,
+                sample_mask: Sequence[bool] | torch.Tensor, pad_id: int) -> TrainingBatch:
+    """Stack token views; rows whose ``sample_mask`` is False get an all-zero loss mask."""
+    views = [t.token_view() for t in trajectories]
+    width = max((len(v) for v in views), default=0)
+    n = len(views)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    loss_mask = torch.zeros((n, width), dtype=torch.float32)
+    logps = torch.zeros((n, width), dtype=torch.float32)
+    keep = torch.as_tensor(sample_mask, dtype=torch.bool)
+    for i, view in enumerate(views):
+        length = len(view)
+        input_ids[i, :length] = torch.tensor(view.input_ids, dtype=torch.long)
+        attention[i, :length] = 1
+        if keep[i]:
+            loss_mask[i, :length] = torch.tensor(view.loss_mask, dtype=torch.float32)
+        logps[i, :length] = torch.tensor(view.logprobs, dtype=torch.float32)
+    return TrainingBatch(input_ids, attention, loss_mask, torch.as_tensor(advantages, dtype=torch.float32), logps)
+
+
+def sequence_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      temperature: float = 1.0) -> torch.Tensor:
+    """``[N, L]`` log-prob of each token given the ones before it (position 0 gets 0).
+
+    Computed in float32 at the sampling temperature, so that with an unchanged model it matches what
+    the sampler recorded.
+    """
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).logits
+    logits = logits[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return torch.cat([torch.zeros_like(logp[:, :1]), logp], dim=1)

@@ -1,0 +1,67 @@
+"""Behaviour cloning warm start: maximise the likelihood of demonstration actions.
+
+Demonstrations are rollouts of each env's reference solver (optionally mixed with its shortcut solver,
+to make an imperfect teacher), recorded through the same engine and ChatAgent as RL rollouts, so their
+token views, templates and loss masks are exactly those the policy will see during GRPO.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from agentgym.policies import ReferencePolicy, SamplingParams
+from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
+from agentgym.suite import TaskSuite
+from agentgym.trainers.batch import build_batch, sequence_logprobs
+from agentgym.trajectory import Trajectory
+
+__all__ = ["behaviour_clone", "collect_demonstrations"]
+
+logger = logging.getLogger(__name__)
+
+
+def collect_demonstrations(suite: TaskSuite, split: str, count: int, tokenizer: Any, *, shortcut_fraction: float = 0.0,
+                           seed: int = 0, system_prompt: str | None = None) -> list[Trajectory]:
+    """Reference-solver (and optionally shortcut) episodes on the first ``count`` tasks of ``split``."""
+    tasks = suite.split(split)[:count]
+    specs = [EpisodeSpec(suite.env_id, task=t, seed=seed + i, env_kwargs=dict(suite.env_kwargs)) for i, t in enumerate(tasks)]
+    policy = ReferencePolicy(tokenizer=tokenizer, shortcut_fraction=shortcut_fraction, seed=seed)
+    config = RolloutConfig(max_in_flight=256, sampling=SamplingParams(max_tokens=1), system_prompt=system_prompt,
+                           deterministic=True)
+    demos = RolloutEngine(policy, config).run(specs)
+    return [d for d in demos if d.error is None and d.has_tokens]
+
+
+def behaviour_clone(model: Any, tokenizer: Any, demonstrations: Sequence[Trajectory], *, steps: int, learning_rate: float,
+                    batch_size: int, seed: int, device: str = "cpu",
+                    log: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, float]:
+    """Train ``model`` in place with token-mean cross-entropy on the demonstrations' action tokens."""
+    if not demonstrations:
+        raise ValueError("behaviour_clone got no demonstrations; check the suite's reference solver.")
+    batch = build_batch(demonstrations, [0.0] * len(demonstrations), [True] * len(demonstrations),
+                        pad_id=int(tokenizer.pad_token_id or 0))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(seed)
+    model.train()
+    started = time.perf_counter()
+    loss_value = float("nan")
+    for step in range(steps):
+        rows = torch.randint(len(batch), (min(batch_size, len(batch)),), generator=generator)
+        mb = batch.select(rows)
+        ids, attn, mask = mb.input_ids.to(device), mb.attention_mask.to(device), mb.loss_mask.to(device)
+        logp = sequence_logprobs(model, ids, attn)
+        loss = -(logp * mask).sum() / mask.sum().clamp(min=1.0)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        loss_value = float(loss.item())
+        if log is not None and (step % 25 == 0 or step == steps - 1):
+            log(step, {"bc/loss": loss_value, "bc/elapsed_s": time.perf_counter() - started})
+    model.eval()
+    return {"bc/final_loss": loss_value, "bc/seconds": time.perf_counter() - started, "bc/demonstrations": len(batch)}

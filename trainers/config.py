@@ -1,0 +1,271 @@
+"""Trainer configuration: one dataclass per trainer, validated before any rollout.
+
+Every field has a docstring; ``__post_init__`` checks each value and the combinations that cannot work,
+and every message names the field and the fix. ``from_yaml`` rejects unknown keys with a 'did you mean'.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+
+from agentgym.errors import ConfigError, did_you_mean
+
+__all__ = ["GrpoConfig", "load_config"]
+
+TURN_KINDS = ("tool_call", "answer", "void", "invalid")
+
+
+def _fail(name: str, message: str) -> ConfigError:
+    return ConfigError(f"GrpoConfig.{name}: {message}")
+
+
+@dataclass(frozen=True)
+class GrpoConfig:
+    """GRPO for multi-turn agents (spec sections 1, 5, 6, 7), with BC warm start and the turn-level tricks."""
+
+    model: str
+    """Hugging Face model directory to start from (e.g. the tiny model built by ``make quickstart``)."""
+    suite: str
+    """Task suite name (``agentgym list``) or path to a suite YAML; trains on ``train_split``."""
+    output_dir: str = "runs/grpo"
+    """Where checkpoints, metrics (JSONL + TensorBoard), the learning curve and the final model go."""
+    train_split: str = "train"
+    """Split of ``suite`` to train on."""
+    eval_split: str = "test"
+    """Held-out split used for evaluation (must differ from the training split)."""
+    steps: int = 50
+    """Number of GRPO steps (one rollout batch and one update each)."""
+    tasks_per_step: int = 16
+    """Distinct tasks per step; each gets ``group_size`` rollouts."""
+    group_size: int = 8
+    """Rollouts per task (G). Group estimators need at least 2."""
+    learning_rate: float = 3e-4
+    """AdamW learning rate after warm-up."""
+    warmup_steps: int = 10
+    """Linear learning-rate warm-up, in optimizer steps (a fresh optimizer at full lr can wreck a warm start)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Gradient-norm clip (0 disables clipping)."""
+    micro_batch_size: int = 64
+    """Sequences per forward/backward pass; gradients accumulate, so this changes memory, never the loss."""
+    ppo_epochs: int = 1
+    """Passes over each rollout batch; old log-probs are computed once before the first."""
+    mini_batches: int = 1
+    """Optimizer updates per epoch (the rollout batch is split into this many mini-batches)."""
+    advantage: Literal["grpo", "mean_norm", "rloo"] = "grpo"
+    """Group advantage estimator (spec 1.4)."""
+    singleton_advantage: Literal["zero", "raw"] = "zero"
+    """Advantage of a group with one counted member: 0 (project decision) or the raw score (verl)."""
+    clip_eps_low: float = 0.2
+    """Lower PPO clip range."""
+    clip_eps_high: float = 0.28
+    """Upper PPO clip range (clip-higher when larger than clip_eps_low)."""
+    dual_clip_c: float | None = 3.0
+    """Dual-clip constant for negative advantages (None disables it)."""
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = "token-mean"
+    """Loss aggregation (spec 1.6); token-mean uses the exact global token count."""
+    kl_coef: float = 0.0
+    """KL penalty coefficient in the loss; > 0 needs ``reference_model``."""
+    kl_estimator: Literal["k1", "k3"] = "k3"
+    """KL estimator (k3 = verl's low_var_kl)."""
+    reference_model: str | None = None
+    """Frozen reference for the KL term: a model directory, or ``initial`` for a copy of the starting weights."""
+    temperature: float = 1.0
+    """Sampling temperature for training rollouts (log-probs are computed at the same temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass for training rollouts."""
+    max_tokens_per_turn: int = 48
+    """Most tokens sampled per turn."""
+    max_context_tokens: int | None = 2048
+    """Episodes whose context would exceed this end with context_limit (None: no limit)."""
+    system_prompt: str | None = None
+    """Replaces the env's instructions as the system prompt; '' sends none (short prompts train faster)."""
+    reward: Literal["outcome", "dra", "gra"] = "outcome"
+    """Trajectory score: outcome only, outcome + step rewards (D-RA), or gated accumulation (G-RA, spec 5)."""
+    step_rewards: Mapping[str, float] = field(default_factory=lambda: {"tool_call": 0.05, "invalid": -0.05, "void": -0.05})
+    """Per-turn shaping by turn kind, used by dra/gra (never hard-coded in envs)."""
+    gra_threshold: float = 1.0
+    """G-RA gate: step rewards count only when the outcome score meets this."""
+    gra_cmp: Literal[">=", ">"] = ">="
+    """G-RA comparison operator."""
+    mask_void_turns: bool = False
+    """SimpleTIR: trajectories with a void turn leave the loss (they stay in the group statistics)."""
+    void_turn_kinds: tuple[str, ...] = ("void",)
+    """Turn kinds that count as void for ``mask_void_turns``."""
+    mask_over_turn: bool = False
+    """Mini-o3: trajectories that ran out of turns while still calling tools leave the loss."""
+    exclude_masked_from_group_stats: bool = False
+    """Also drop masked trajectories from the group mean/std (the reference code keeps them)."""
+    group_filter_std: float | None = None
+    """Dynamic sampling: drop groups whose counted reward std is below this (None: keep all)."""
+    eval_every: int = 10
+    """Evaluate on the held-out split every N steps (and before the first and after the last)."""
+    eval_tasks: int = 100
+    """Held-out tasks per evaluation."""
+    eval_temperature: float = 0.0
+    """Sampling temperature at evaluation (0 = greedy)."""
+    checkpoint_every: int = 10
+    """Save a checkpoint every N steps (0: only at the end)."""
+    keep_checkpoints: int = 2
+    """How many recent checkpoints to keep."""
+    seed: int = 0
+    """Seeds task order, sampling and initialisation: the same config gives the same run."""
+    warmstart: Literal["none", "bc"] = "none"
+    """Behaviour cloning on demonstrations before GRPO."""
+    bc_demos: int = 200
+    """Demonstrations for BC, from the train split's reference solver."""
+    bc_shortcut_fraction: float = 0.0
+    """Fraction of BC demonstrations taken from the env's shortcut solver (imperfect demonstrations)."""
+    bc_steps: int = 300
+    """BC optimizer steps."""
+    bc_learning_rate: float = 1e-3
+    """BC learning rate."""
+    bc_batch_size: int = 32
+    """BC sequences per step."""
+    max_in_flight: int = 256
+    """Episodes the rollout engine runs at once."""
+    device: str = "cpu"
+    """Torch device for training and generation."""
+    tensorboard: bool = True
+    """Also write TensorBoard event files (metrics always go to metrics.jsonl)."""
+
+    def __post_init__(self) -> None:
+        self._check_types()
+        positive_ints = ("steps", "tasks_per_step", "group_size", "micro_batch_size", "ppo_epochs", "mini_batches",
+                         "max_tokens_per_turn", "eval_tasks", "keep_checkpoints", "bc_demos", "bc_steps",
+                         "bc_batch_size", "max_in_flight")
+        for name in positive_ints:
+            if getattr(self, name) < 1:
+                raise _fail(name, f"must be >= 1, got {getattr(self, name)}.")
+        for name in ("warmup_steps", "eval_every", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise _fail(name, f"must be >= 0, got {getattr(self, name)}.")
+        if not self.learning_rate > 0:
+            raise _fail("learning_rate", f"must be > 0 (typical: 1e-6 for 7B models, 3e-4 for the tiny model), got {self.learning_rate}.")
+        if not self.bc_learning_rate > 0:
+            raise _fail("bc_learning_rate", f"must be > 0, got {self.bc_learning_rate}.")
+        if self.group_size < 2:
+            raise _fail("group_size", f"is {self.group_size}, but the {self.advantage!r} estimator compares rollouts "
+                                      "within a group: use group_size >= 2.")
+        if self.mini_batches > self.tasks_per_step * self.group_size:
+            raise _fail("mini_batches", "exceeds the number of rollouts per step; lower it or raise tasks_per_step.")
+        if self.kl_coef < 0:
+            raise _fail("kl_coef", f"must be >= 0, got {self.kl_coef}.")
+        if self.kl_coef > 0 and not self.reference_model:
+            raise _fail("kl_coef", f"is {self.kl_coef} but no reference_model is set: set reference_model to a model "
+                                   "directory or to 'initial' (a frozen copy of the starting weights), or set kl_coef: 0.")
+        if self.clip_eps_low < 0 or self.clip_eps_high < 0 or self.clip_eps_low >= 1:
+            raise _fail("clip_eps_low", "clip ranges must satisfy 0 <= clip_eps_low < 1 and clip_eps_high >= 0.")
+        if self.dual_clip_c is not None and self.dual_clip_c <= 1:
+            raise _fail("dual_clip_c", f"must be > 1 (typical 3.0) or null to disable, got {self.dual_clip_c}.")
+        if self.temperature <= 0:
+            raise _fail("temperature", "training rollouts need sampling: use a temperature > 0 (typical 1.0).")
+        if self.eval_temperature < 0:
+            raise _fail("eval_temperature", "must be >= 0 (0 = greedy).")
+        if not 0 < self.top_p <= 1:
+            raise _fail("top_p", f"must be in (0, 1], got {self.top_p}.")
+        if self.max_grad_norm < 0:
+            raise _fail("max_grad_norm", "must be >= 0 (0 disables clipping).")
+        if self.max_context_tokens is not None and self.max_context_tokens <= self.max_tokens_per_turn:
+            raise _fail("max_context_tokens", "must exceed max_tokens_per_turn, or no turn fits.")
+        if not 0 <= self.bc_shortcut_fraction <= 1:
+            raise _fail("bc_shortcut_fraction", f"must be in [0, 1], got {self.bc_shortcut_fraction}.")
+        if self.train_split == self.eval_split:
+            raise _fail("eval_split", f"equals train_split ({self.train_split!r}): evaluate on held-out tasks.")
+        unknown_kinds = set(self.void_turn_kinds) - set(TURN_KINDS)
+        if unknown_kinds:
+            raise _fail("void_turn_kinds", f"has unknown kinds {sorted(unknown_kinds)}; choose from {TURN_KINDS}.")
+        if self.mask_void_turns and {"tool_call", "answer"} <= set(self.void_turn_kinds):
+            raise _fail("void_turn_kinds", "marks every turn kind an episode can succeed with as void, so masking void "
+                                           "turns would leave no token to train on; use ('void',) or ('void', 'invalid').")
+        unknown_rewards = set(self.step_rewards) - set(TURN_KINDS)
+        if unknown_rewards:
+            raise _fail("step_rewards", f"has unknown turn kinds {sorted(unknown_rewards)}; keys must be in {TURN_KINDS}.")
+
+    def _check_types(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not _matches(value, hints[f.name]):
+                raise _fail(f.name, f"expected {_describe(hints[f.name])}, got {value!r} ({type(value).__name__}).")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GrpoConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        for key in data:
+            if key not in names:
+                raise ConfigError(f"Unknown GrpoConfig field {key!r}.{did_you_mean(key, names)}")
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in data]
+        if missing:
+            raise ConfigError(f"GrpoConfig needs {missing}: set them in the config file.")
+        values = dict(data)
+        if isinstance(values.get("void_turn_kinds"), list):
+            values["void_turn_kinds"] = tuple(values["void_turn_kinds"])
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["step_rewards"] = dict(self.step_rewards)
+        d["void_turn_kinds"] = list(self.void_turn_kinds)
+        return d
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    origin = get_origin(hint)
+    if hint is Any:
+        return True
+    if origin is Literal:
+        return value in get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, h) for h in get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin is tuple:
+        return isinstance(value, tuple) and all(isinstance(v, str) for v in value)
+    if origin is Mapping or hint is Mapping:
+        return isinstance(value, Mapping) and all(isinstance(v, (int, float)) for v in value.values())
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True
+
+
+def _describe(hint: Any) -> str:
+    origin = get_origin(hint)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(hint))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(h) for h in get_args(hint))
+    if hint is type(None):
+        return "null"
+    return getattr(hint, "__name__", str(hint))
+
+
+def load_config(path: str | Path) -> GrpoConfig:
+    """Read a trainer config from YAML (``trainer: grpo`` plus the GrpoConfig fields)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"Config file {path} does not exist; see configs/ for examples.")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of config fields.")
+    trainer = data.pop("trainer", "grpo")
+    if trainer != "grpo":
+        raise ConfigError(f"{path}: unknown trainer {trainer!r}.{did_you_mean(str(trainer), ['grpo'])} Available: grpo.")
+    return GrpoConfig.from_dict(data)
