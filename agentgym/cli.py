@@ -1,4 +1,4 @@
-"""The ``agentgym`` command line: list, play, eval, serve, view.
+"""The ``agentgym`` command line: list, play, eval, train, serve, view.
 
 Every argument is validated before work starts, and a bad one exits with status 2 and a message that
 says how to fix it (never a traceback).
@@ -133,6 +133,36 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    import yaml
+
+    from agentgym.trainers.config import GrpoConfig, load_config
+
+    config = load_config(args.config)
+    overrides: dict[str, Any] = {}
+    for item in args.set or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set expects FIELD=VALUE (e.g. --set steps=10), got {item!r}.")
+        overrides[key.strip()] = yaml.safe_load(raw)
+    if args.warmstart is not None:
+        overrides["warmstart"] = args.warmstart
+    if args.output_dir is not None:
+        overrides["output_dir"] = args.output_dir
+    if overrides:
+        config = GrpoConfig.from_dict({**config.to_dict(), **overrides})
+    from agentgym.trainers.grpo import GrpoTrainer
+
+    logging.getLogger("agentgym").setLevel(logging.INFO)
+    summary = GrpoTrainer(config).train()
+    before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
+    sys.stdout.write(
+        f"held-out success: {before.get('success_rate', float('nan')):.3f} before GRPO -> "
+        f"{after.get('success_rate', float('nan')):.3f} after ({config.output_dir})\n"
+    )
+    return 0
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from agentgym.serve import run_server
 
@@ -177,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="run a policy on a task suite and report success, turns, tokens and time")
     p.add_argument("--suite", required=True, help="suite name (see 'agentgym list') or path to a suite .yaml")
-    p.add_argument("--policy", required=True, help="reference | hf:MODEL_DIR | openai:BASE_URL[#MODEL]")
+    p.add_argument("--policy", required=True, help="reference | hf:MODEL_DIR | vllm:MODEL_DIR (GPU) | openai:BASE_URL[#MODEL]")
     p.add_argument("--split", default="test")
     p.add_argument("--limit", type=_positive_int, default=None, help="evaluate only the first N tasks")
     p.add_argument("--group-size", type=_positive_int, default=1, help="rollouts per task")
@@ -188,6 +218,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="output directory (default runs/eval-SUITE-TIME)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("train", help="train a policy with a trainer config (YAML; see configs/)")
+    p.add_argument("config", help="trainer config file, e.g. configs/quickstart_calc.yaml")
+    p.add_argument("--warmstart", choices=["none", "bc"], default=None, help="behaviour-cloning warm start first")
+    p.add_argument("--output-dir", default=None)
+    p.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field (repeatable)")
+    p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("serve", help="serve a local HF model directory as an OpenAI-compatible API")
     p.add_argument("model_dir")
@@ -208,6 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         return int(args.func(args) or 0)
     except AgentGymError as exc:

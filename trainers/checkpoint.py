@@ -32,6 +32,9 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 def save_checkpoint(root: Path, step: int, model: Any, tokenizer: Any, optimizer: torch.optim.Optimizer,
                     scheduler: Any, state: dict[str, Any], keep: int) -> Path:
     """Write ``root/step-NNNNNN`` atomically, point ``root/latest`` at it, prune old ones."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bar per checkpoint
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
     tmp = root / f".tmp-step-{step:06d}"

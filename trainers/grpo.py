@@ -161,6 +161,9 @@ class GrpoTrainer:
             self.world.barrier()
         summary["eval_after"] = self._evaluate(cfg.steps)
         if self.world.is_main:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
             model.save_pretrained(self.output_dir / "model")
             tokenizer.save_pretrained(self.output_dir / "model")
             save_checkpoint(self.checkpoint_dir, cfg.steps, model, tokenizer, optimizer, scheduler,
@@ -328,7 +331,7 @@ class GrpoTrainer:
                         loss = loss + cfg.kl_coef * kl_loss
                         kls.append(float(kl_loss))
                     loss.backward()
-                    total += float(loss)
+                    total += float(loss.detach())
                     clip_fracs.append(float(metrics["clip_frac"]))
                 self.world.sum_gradients([p for p in model.parameters() if p.requires_grad])
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))

@@ -12,10 +12,14 @@ from agentgym.policies.scripted import ReferencePolicy, ScriptedPolicy
 
 __all__ = [
     "Generation", "GenerationRequest", "HFPolicy", "OpenAIPolicy", "Policy", "ReferencePolicy",
-    "SamplingParams", "ScriptedPolicy", "make_policy",
+    "SamplingParams", "ScriptedPolicy", "VLLMPolicy", "make_policy",
 ]
 
-_LAZY = {"HFPolicy": "agentgym.policies.hf", "OpenAIPolicy": "agentgym.policies.openai"}
+_LAZY = {
+    "HFPolicy": "agentgym.policies.hf",
+    "OpenAIPolicy": "agentgym.policies.openai",
+    "VLLMPolicy": "agentgym.policies.vllm",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -29,7 +33,8 @@ def __getattr__(name: str) -> Any:
 def make_policy(spec: str, **kwargs: Any) -> Policy:
     """Build a policy from a CLI spec string.
 
-    Specs: ``reference`` (each env's solver), ``hf:MODEL_DIR``, ``openai:BASE_URL[#MODEL]``
+    Specs: ``reference`` (each env's solver), ``hf:MODEL_DIR``, ``vllm:MODEL_DIR`` (an in-process vLLM
+    engine; needs a CUDA GPU and ``agentgym[vllm]``), ``openai:BASE_URL[#MODEL]``
     (e.g. ``openai:http://127.0.0.1:8000/v1#tiny``).
     """
     from agentgym.errors import ConfigError, did_you_mean
@@ -43,6 +48,12 @@ def make_policy(spec: str, **kwargs: Any) -> Policy:
         from agentgym.policies.hf import HFPolicy
 
         return HFPolicy.from_pretrained(rest, **kwargs)
+    if kind == "vllm":
+        if not rest:
+            raise ConfigError("Policy spec 'vllm:' needs a model directory, e.g. vllm:runs/tiny/model.")
+        from agentgym.policies.vllm import VLLMPolicy
+
+        return VLLMPolicy(rest, **kwargs)
     if kind == "openai":
         if not rest:
             raise ConfigError("Policy spec 'openai:' needs a base URL, e.g. openai:http://127.0.0.1:8000/v1#model.")
@@ -51,6 +62,6 @@ def make_policy(spec: str, **kwargs: Any) -> Policy:
         base_url, _, model = rest.partition("#")
         return OpenAIPolicy(base_url=base_url, model=model or None, **kwargs)
     raise ConfigError(
-        f"Unknown policy spec {spec!r}.{did_you_mean(kind, ['reference', 'hf', 'openai'])} "
-        "Use reference, hf:MODEL_DIR or openai:BASE_URL[#MODEL]."
+        f"Unknown policy spec {spec!r}.{did_you_mean(kind, ['reference', 'hf', 'vllm', 'openai'])} "
+        "Use reference, hf:MODEL_DIR, vllm:MODEL_DIR or openai:BASE_URL[#MODEL]."
     )
