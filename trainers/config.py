@@ -135,6 +135,9 @@ class GrpoConfig:
     """Episodes the rollout engine runs at once."""
     device: str = "cpu"
     """Torch device for training and generation."""
+    generation_backend: Literal["hf", "vllm"] = "hf"
+    """Who samples rollouts: the training model itself through HF (CPU or GPU), or an in-process vLLM engine
+    (GPU only, ``agentgym[vllm]``) whose weights are synced from the trained model after every update."""
     tensorboard: bool = True
     """Also write TensorBoard event files (metrics always go to metrics.jsonl)."""
 
@@ -179,6 +182,8 @@ class GrpoConfig:
             raise _fail("max_context_tokens", "must exceed max_tokens_per_turn, or no turn fits.")
         if not 0 <= self.bc_shortcut_fraction <= 1:
             raise _fail("bc_shortcut_fraction", f"must be in [0, 1], got {self.bc_shortcut_fraction}.")
+        if self.generation_backend == "vllm" and not self.device.startswith("cuda"):
+            raise _fail("generation_backend", "'vllm' needs a CUDA GPU: set device: cuda, or use generation_backend: hf.")
         if self.train_split == self.eval_split:
             raise _fail("eval_split", f"equals train_split ({self.train_split!r}): evaluate on held-out tasks.")
         unknown_kinds = set(self.void_turn_kinds) - set(TURN_KINDS)

@@ -144,9 +144,7 @@ class GrpoTrainer:
             start_step = int(state["step"])
             summary["resumed_from"] = str(resume_from)
         self.reference = self._reference_model(model)
-        from agentgym.policies.hf import HFPolicy
-
-        self.policy = HFPolicy(model, tokenizer, device=cfg.device, max_batch_size=cfg.max_in_flight, name="grpo")
+        self.policy = self._generation_policy(resume_from / "model" if resume_from else Path(cfg.model))
 
         if start_step == 0:
             summary["eval_before"] = self._evaluate(0)
@@ -172,6 +170,20 @@ class GrpoTrainer:
             (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
         self.metrics.close()
         return summary
+
+    def _generation_policy(self, model_dir: Path) -> Any:
+        """HF: sample from the training model itself (always current). vLLM: a separate engine, synced now."""
+        cfg = self.config
+        if cfg.generation_backend == "vllm":
+            from agentgym.policies.vllm import VLLMPolicy
+
+            policy = VLLMPolicy(str(model_dir), tokenizer=self.tokenizer, max_batch_size=cfg.max_in_flight,
+                                seed=cfg.seed, name="grpo")
+            policy.load_weights(self.model)  # the BC warm start may have changed them
+            return policy
+        from agentgym.policies.hf import HFPolicy
+
+        return HFPolicy(self.model, self.tokenizer, device=cfg.device, max_batch_size=cfg.max_in_flight, name="grpo")
 
     def _reference_model(self, model: Any) -> Any:
         cfg = self.config
@@ -269,6 +281,8 @@ class GrpoTrainer:
         batch = build_batch([trajectories[i] for i in usable], advantages[usable], sample_mask[usable],
                             pad_id=int(self.tokenizer.pad_token_id or 0))
         update = self._update(batch, optimizer, scheduler, step)
+        if cfg.generation_backend == "vllm":
+            self.policy.load_weights(self.model)
         summary = summarize(trajectories)
         self._log(step + 1, {
             "train/success_rate": summary.get("success_rate", 0.0),
