@@ -244,7 +244,6 @@ class CompositeParser:
             errors.extend(result.errors)
             positions = result.positions or tuple(range(len(result.calls)))
             for position, call in zip(positions, result.calls):
-                end = position + len(call.raw)
                 # A call nested inside an earlier parser's call (e.g. answer(...) inside a <tool_call>
                 # JSON string) is part of that call, not a second one.
                 if any(start <= position < stop for start, stop in covered):

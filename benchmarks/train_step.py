@@ -23,8 +23,11 @@ Methods, same batch, same micro-batch token budget ``B x max_len``:
   0 per sequence and a block-diagonal causal 4-D float mask. Packing time is inside the timed update.
 
 Before timing, the run checks on the tiny model that packed log-probs, the loss and the gradients equal
-the padded ones (log-probs within 1e-4); it exits with an error if they do not. Each (model, method)
-then runs in a fresh subprocess, so its peak RSS (``ru_maxrss``) is its own.
+the padded ones (log-probs within 1e-4); it exits with an error if they do not. Times come from one
+subprocess per model that interleaves the two methods (padded, packed, packed, padded, ...) after a
+warm-up update of each, and report the fastest update: other processes on a shared machine only ever
+add time, and interleaving spreads their load over both methods. Peak memory comes from a fresh
+subprocess per (model, method) running two updates, so each ``ru_maxrss`` is its own.
 
 Run: python benchmarks/train_step.py [--quick] [--only tiny|100M]
 """
@@ -68,8 +71,7 @@ class Setup:
         min_len / max_len: Clip range of the lengths; ``max_len`` is also the packed row width.
         median_len / sigma: Lognormal parameters of the lengths before clipping.
         micro_batch: Sequences (padded) or rows (packed) per micro-batch.
-        timed_updates: Updates timed after one untimed warm-up update (the fastest is reported: on a
-            shared machine other processes only ever add time).
+        timed_updates: Timed updates per method after one untimed warm-up update each.
     """
 
     name: str
@@ -86,8 +88,8 @@ def setups(quick: bool) -> dict[str, Setup]:
     if quick:
         return {"tiny": Setup("tiny", 24, 64, 1024, 200, 0.9, 8, 2),
                 "100M": Setup("100M", 6, 32, 256, 80, 0.8, 4, 1)}
-    return {"tiny": Setup("tiny", 64, 64, 1024, 200, 0.9, 8, 3),
-            "100M": Setup("100M", 16, 32, 512, 110, 0.8, 4, 2)}
+    return {"tiny": Setup("tiny", 64, 64, 1024, 200, 0.9, 8, 4),
+            "100M": Setup("100M", 12, 32, 512, 110, 0.8, 4, 2)}
 
 
 # ---- model and data ------------------------------------------------------------------------------
@@ -205,24 +207,38 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 
-def worker(name: str, method: str, quick: bool) -> dict[str, Any]:
-    """Runs in its own process: build, one warm-up update (every shape seen once), timed updates."""
+def _build(name: str, quick: bool) -> tuple[Setup, Any, TrainingBatch, torch.optim.Optimizer]:
     setup = setups(quick)[name]
     torch.manual_seed(0)
     model, vocab = make_model(name)
     batch = synthetic_batch(setup, vocab)
+    return setup, model, batch, torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
+
+
+def memory_worker(name: str, method: str, quick: bool) -> dict[str, Any]:
+    """Fresh process, one method: RSS after setup and peak RSS over two updates (AdamW state included)."""
+    setup, model, batch, optimizer = _build(name, quick)
     rss_setup = _rss_mb()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
-    update(model, optimizer, batch, setup, method)  # allocates AdamW state, sees every shape once
-    runs = [update(model, optimizer, batch, setup, method) for _ in range(setup.timed_updates)]
-    seconds = min(r["seconds"] for r in runs)
-    cpu_seconds = min(r["cpu_seconds"] for r in runs)
-    real = int(batch.attention_mask.sum())
+    runs = [update(model, optimizer, batch, setup, method) for _ in range(2)]
+    return {"rss_setup_mb": rss_setup, "rss_peak_mb": _rss_mb(), "positions": runs[0]["positions"]}
+
+
+def timing_worker(name: str, quick: bool) -> dict[str, Any]:
+    """Fresh process, both methods interleaved (A B A B ...) so that load from other processes hits both alike."""
+    setup, model, batch, optimizer = _build(name, quick)
+    for method in METHODS:  # warm-up: AdamW state, every shape seen once
+        update(model, optimizer, batch, setup, method)
+    runs: dict[str, list[dict[str, float]]] = {m: [] for m in METHODS}
+    for i in range(setup.timed_updates):
+        for method in METHODS if i % 2 == 0 else METHODS[::-1]:
+            runs[method].append(update(model, optimizer, batch, setup, method))
     return {
-        "config": name, "method": method, "parameters": sum(p.numel() for p in model.parameters()),
-        "sequences": len(batch), "tokens": real, "trained_tokens": int(batch.loss_mask.sum()),
-        "positions": runs[0]["positions"], "seconds": seconds, "cpu_seconds": cpu_seconds, "all_seconds": [r["seconds"] for r in runs],
-        "rss_setup_mb": rss_setup, "rss_peak_mb": _rss_mb(), "threads": torch.get_num_threads(),
+        "parameters": sum(p.numel() for p in model.parameters()), "sequences": len(batch),
+        "tokens": int(batch.attention_mask.sum()), "trained_tokens": int(batch.loss_mask.sum()),
+        "threads": torch.get_num_threads(),
+        "methods": {m: {"seconds": min(r["seconds"] for r in rs), "cpu_seconds": min(r["cpu_seconds"] for r in rs),
+                        "all_seconds": [r["seconds"] for r in rs], "positions": rs[0]["positions"]}
+                    for m, rs in runs.items()},
     }
 
 
@@ -264,11 +280,11 @@ def check_packing(name: str = "tiny", sequences: int = 16, max_len: int = 512, t
 
 
 # ---- driver --------------------------------------------------------------------------------------
-def run_worker(name: str, method: str, quick: bool) -> dict[str, Any]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", name, method] + (["--quick"] if quick else [])
+def run_worker(*args: str, quick: bool) -> dict[str, Any]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", *args] + (["--quick"] if quick else [])
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"worker {name}/{method} failed:\n{proc.stderr[-4000:]}")
+        raise SystemExit(f"worker {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -276,10 +292,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller batches (a smoke test, about a minute)")
     parser.add_argument("--only", choices=("tiny", "100M"), help="run one model only")
-    parser.add_argument("--worker", nargs=2, metavar=("CONFIG", "METHOD"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker[0], args.worker[1], args.quick)))
+        name, kind, *method = args.worker
+        out = timing_worker(name, args.quick) if kind == "time" else memory_worker(name, method[0], args.quick)
+        print(json.dumps(out))
         return
 
     started = time.perf_counter()
@@ -288,12 +306,20 @@ def main() -> None:
     print(f"Correctness (tiny model, 16 sequences): packed vs padded max |dlogp| {errors['logp']:.2e}, "
           f"|dloss| {errors['loss']:.2e}, max relative |dgrad| {errors['grad']:.2e}: OK")
     names = [args.only] if args.only else ["tiny", "100M"]
-    results = {(n, m): run_worker(n, m, args.quick) for n in names for m in METHODS}
+    results = {}
+    for name in names:
+        timing = run_worker(name, "time", quick=args.quick)
+        for method in METHODS:
+            memory = run_worker(name, "memory", method, quick=args.quick)
+            if memory["positions"] != timing["methods"][method]["positions"]:
+                raise SystemExit(f"{name}/{method}: the memory and timing runs computed different batches")
+            results[(name, method)] = {**{k: v for k, v in timing.items() if k != "methods"},
+                                       **timing["methods"][method], **memory}
     load_after = os.getloadavg()[0]
 
     first = results[(names[0], "padded")]
     print(f"\nOne GRPO update (forward + clipped loss + backward + AdamW) on CPU, {first['threads']} torch threads, "
-          f"{os.cpu_count()} cores; each row a fresh process; best of the timed updates after a warm-up update")
+          f"{os.cpu_count()} cores; time: best of the updates after a warm-up, methods interleaved in one process; memory: a fresh process per row")
     header = ("config", "method", "sequences", "trained tok/s", "total tok/s", "padding", "s/update",
               "CPU s/update", "peak RSS MB", "RSS over setup MB")
     rows = []

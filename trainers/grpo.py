@@ -11,7 +11,6 @@ the math lives in :mod:`agentgym.trainers.algorithms`.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import hashlib
 import json
 import logging

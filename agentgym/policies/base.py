@@ -9,13 +9,14 @@ trainers need; text-only policies (OpenAI chat, scripted) return text.
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentgym.errors import ConfigError
 
-__all__ = ["Generation", "GenerationRequest", "Policy", "SamplingParams"]
+__all__ = ["Generation", "GenerationRequest", "InProcessTokenPolicy", "Policy", "SamplingParams", "prompt_token_ids"]
 
 
 @dataclass(frozen=True)
@@ -111,3 +112,38 @@ class Policy(abc.ABC):
 
     def close(self) -> None:
         """Release resources (threads, HTTP clients, models)."""
+
+
+def prompt_token_ids(request: GenerationRequest, tokenizer: Any) -> list[int]:
+    """The request's exact prompt ids, or (an agent without a tokenizer sent only messages) the messages
+    rendered with the chat template and encoded, exactly as the ChatAgent would."""
+    if request.prompt_token_ids is not None:
+        return [int(t) for t in request.prompt_token_ids]
+    text = tokenizer.apply_chat_template([dict(m) for m in request.messages], tokenize=False, add_generation_prompt=True)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+class InProcessTokenPolicy(Policy):
+    """A policy that samples token ids in this process (HF, vLLM): ``act`` runs ``generate`` in a thread.
+
+    Subclasses implement the synchronous :meth:`generate` over token-id prompts; this class turns requests
+    into prompt ids (the ChatAgent's exact ids, or the chat template when a request has none) and keeps the
+    event loop free while the model runs, so env steps of other episodes go on meanwhile.
+    """
+
+    tokenizer: Any
+
+    async def act(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        if not requests:
+            return []
+        prompts = [self.prompt_ids(r) for r in requests]
+        return await asyncio.to_thread(self.generate, prompts, [r.sampling for r in requests])
+
+    def prompt_ids(self, request: GenerationRequest) -> list[int]:
+        return prompt_token_ids(request, self.tokenizer)
+
+    @abc.abstractmethod
+    def generate(
+        self, prompts: Sequence[Sequence[int]], sampling: Sequence[SamplingParams] | SamplingParams
+    ) -> list[Generation]:
+        """Continue each prompt (token ids) with its sampling parameters."""

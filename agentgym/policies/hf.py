@@ -11,7 +11,6 @@ dropped from the batch and its cache, and all per-token work is done with tensor
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import inspect
 import threading
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym.errors import AgentGymError, ConfigError, DependencyNotInstalled
-from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams
+from agentgym.policies.base import Generation, InProcessTokenPolicy, SamplingParams
 
 __all__ = ["HFPolicy"]
 
@@ -56,7 +55,7 @@ def _batch_seed(seeds: Sequence[int | None]) -> int | None:
     return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
-class HFPolicy(Policy):
+class HFPolicy(InProcessTokenPolicy):
     """A transformers causal LM sampled in-process, returning token ids, log-probs and entropies.
 
     Args:
@@ -171,22 +170,7 @@ class HFPolicy(Policy):
         kwargs.setdefault("name", directory.name)
         return cls(model, tokenizer, **kwargs)
 
-    # ---- Policy API ------------------------------------------------------------------------------
-    async def act(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        """Generate one turn per request in a worker thread, so the event loop keeps serving envs."""
-        if not requests:
-            return []
-        prompts = [self._prompt_ids(r) for r in requests]
-        return await asyncio.to_thread(self.generate, prompts, [r.sampling for r in requests])
-
-    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
-        if request.prompt_token_ids is not None:
-            return list(request.prompt_token_ids)
-        text = self.tokenizer.apply_chat_template(
-            [dict(m) for m in request.messages], tokenize=False, add_generation_prompt=True
-        )
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
+    # ---- Policy API (act() and prompt_ids() come from InProcessTokenPolicy) -------------------------
     def generate(
         self,
         prompts: Sequence[Sequence[int]],

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from agentgym.errors import AgentGymError, ConfigError, DependencyNotInstalled
-from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams
+from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams, prompt_token_ids
 
 __all__ = ["OpenAIPolicy", "OpenAIServerError"]
 
@@ -374,18 +374,9 @@ class OpenAIPolicy(Policy):
             fields["seed"] = sampling.seed
         return fields
 
-    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
-        if request.prompt_token_ids is not None:
-            return [int(t) for t in request.prompt_token_ids]
-        # An agent without a tokenizer sent only messages: render them exactly as ChatAgent would.
-        text = self.tokenizer.apply_chat_template(
-            [dict(m) for m in request.messages], tokenize=False, add_generation_prompt=True
-        )
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
     async def _complete(self, state: _LoopState, model: str, request: GenerationRequest) -> Generation:
         payload: dict[str, Any] = {
-            "model": model, "prompt": self._prompt_ids(request), **self._sampling_fields(request.sampling),
+            "model": model, "prompt": prompt_token_ids(request, self.tokenizer), **self._sampling_fields(request.sampling),
             "logprobs": 1, "return_token_ids": True, "return_tokens_as_token_ids": True,
         }
         if request.sampling.stop:

@@ -36,7 +36,6 @@ for older releases.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import hashlib
 import importlib.util
@@ -50,7 +49,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from agentgym.errors import AgentGymError, ConfigError, DependencyNotInstalled
-from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams
+from agentgym.policies.base import Generation, InProcessTokenPolicy, SamplingParams
 from agentgym.policies.hf import HFPolicy, _batch_seed
 
 __all__ = ["VLLMPolicy"]
@@ -239,7 +238,7 @@ def _named_tensors(weights: Any) -> Iterator[tuple[str, Any]]:
         yield str(name), (detach() if callable(detach) else tensor)
 
 
-class VLLMPolicy(Policy):
+class VLLMPolicy(InProcessTokenPolicy):
     """A vLLM engine sampled in-process on a GPU, returning token ids, log-probs and entropies.
 
     Args:
@@ -389,22 +388,7 @@ class VLLMPolicy(Policy):
             generation_config = transformers.GenerationConfig.from_pretrained(directory, local_files_only=True)
         return HFPolicy._find_stop_ids(tokenizer, SimpleNamespace(generation_config=generation_config))
 
-    # ---- Policy API ------------------------------------------------------------------------------
-    async def act(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        """Generate one turn per request in a worker thread, so the event loop keeps serving envs."""
-        if not requests:
-            return []
-        prompts = [self._prompt_ids(r) for r in requests]
-        return await asyncio.to_thread(self.generate, prompts, [r.sampling for r in requests])
-
-    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
-        if request.prompt_token_ids is not None:
-            return list(request.prompt_token_ids)
-        text = self.tokenizer.apply_chat_template(
-            [dict(m) for m in request.messages], tokenize=False, add_generation_prompt=True
-        )
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
+    # ---- Policy API (act() and prompt_ids() come from InProcessTokenPolicy) -------------------------
     def generate(
         self,
         prompts: Sequence[Sequence[int]],
