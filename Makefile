@@ -22,3 +22,4 @@ test: install-test
 
 benchmarks: install
 	$(PYTHON) benchmarks/rollout_throughput.py
+	$(PYTHON) benchmarks/train_step.py

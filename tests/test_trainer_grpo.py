@@ -73,10 +73,13 @@ def test_update_changes_parameters_with_finite_loss(model_dir: Path, tmp_path: P
     assert len(changed) == len(before), f"unchanged: {set(before) - set(changed)}"
 
 
-def test_micro_batch_size_does_not_change_the_update(model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("packing", [False, True])
+def test_micro_batch_size_does_not_change_the_update(model_dir: Path, tmp_path: Path, packing: bool) -> None:
+    """Neither the micro-batch size nor packing changes the update (to float tolerance)."""
     digests = []
     for micro in (1, 3, 8):
-        trainer = GrpoTrainer(small_config(model_dir, tmp_path / str(micro), micro_batch_size=micro))
+        trainer = GrpoTrainer(small_config(model_dir, tmp_path / str(micro), micro_batch_size=micro,
+                                           packing=packing and micro > 1))
         from agentgym.policies.hf import HFPolicy
 
         trainer.model, trainer.tokenizer = trainer._load(model_dir)

@@ -31,6 +31,7 @@ from agentgym.trainers.checkpoint import latest_checkpoint, load_checkpoint, sav
 from agentgym.trainers.config import GrpoConfig
 from agentgym.trainers.distributed import World, init_world
 from agentgym.trainers.metrics import MetricsLogger, plot_learning_curve
+from agentgym.trainers.packing import pack_sequences, packed_inputs, packed_sequence_logprobs, unpack_logprobs
 from agentgym.trajectory import Trajectory
 
 __all__ = ["GrpoTrainer"]
@@ -295,8 +296,15 @@ class GrpoTrainer:
         })
 
     def _forward_logprobs(self, model: Any, mb: TrainingBatch) -> torch.Tensor:
-        device = self.config.device
-        return sequence_logprobs(model, mb.input_ids.to(device), mb.attention_mask.to(device), self.config.temperature)
+        """``[n, L]`` per-token log-probs of a micro-batch, padded or packed (identical values)."""
+        cfg = self.config
+        if not cfg.packing:
+            return sequence_logprobs(model, mb.input_ids.to(cfg.device), mb.attention_mask.to(cfg.device), cfg.temperature)
+        width = int(mb.input_ids.shape[1])
+        bins = pack_sequences(mb.attention_mask.sum(dim=1).tolist(), max_tokens=width)
+        inputs = {k: v.to(cfg.device) if isinstance(v, torch.Tensor) else v for k, v in packed_inputs(mb, bins).items()}
+        packed = packed_sequence_logprobs(model, inputs, cfg.temperature)
+        return unpack_logprobs(packed, inputs, len(mb), width)
 
     def _update(self, batch: TrainingBatch, optimizer: torch.optim.Optimizer, scheduler: Any, step: int) -> dict[str, float]:
         cfg = self.config
