@@ -108,8 +108,16 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     suite = load_suite(args.suite)
     if args.split not in suite.splits:
         raise ConfigError(f"Suite {suite.name!r} has no split {args.split!r}; choose one of {sorted(suite.splits)}.")
-    sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
-    config = RolloutConfig(max_in_flight=args.max_in_flight, sampling=sampling, progress=not args.no_progress)
+    defaults: dict[str, Any] = {}
+    if args.policy.startswith(("hf:", "vllm:")):
+        from agentgym.policies.rollout_defaults import load_rollout_defaults
+
+        defaults = load_rollout_defaults(args.policy.split(":", 1)[1])
+    system_prompt = args.system_prompt if args.system_prompt is not None else defaults.get("system_prompt")
+    max_tokens = args.max_tokens if args.max_tokens is not None else int(defaults.get("max_tokens", 256))
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=args.temperature, seed=args.seed)
+    config = RolloutConfig(max_in_flight=args.max_in_flight, sampling=sampling, progress=not args.no_progress,
+                           system_prompt=system_prompt)
     policy = make_policy(args.policy)
     out_dir = Path(args.out or f"runs/eval-{suite.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -212,7 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=_positive_int, default=None, help="evaluate only the first N tasks")
     p.add_argument("--group-size", type=_positive_int, default=1, help="rollouts per task")
     p.add_argument("--max-in-flight", type=_positive_int, default=64)
-    p.add_argument("--max-tokens", type=_positive_int, default=256)
+    p.add_argument("--max-tokens", type=_positive_int, default=None,
+                   help="tokens per turn (default: what the model was trained with, else 256)")
+    p.add_argument("--system-prompt", default=None,
+                   help="system prompt (default: the one the model was trained with, else the env's instructions)")
     p.add_argument("--temperature", type=_non_negative_float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="output directory (default runs/eval-SUITE-TIME)")

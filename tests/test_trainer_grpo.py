@@ -205,6 +205,11 @@ def test_sigkilled_run_resumes_to_identical_parameters(model_dir: Path, tmp_path
     assert _params_digest(a) == _params_digest(b)
     resumed = json.loads((tmp_path / "killed" / "summary.json").read_text())
     assert "resumed_from" in resumed
+    # the trained model records how it was prompted, so `agentgym eval --policy hf:DIR` prompts it the same way
+    from agentgym.policies.rollout_defaults import load_rollout_defaults
+
+    assert load_rollout_defaults(tmp_path / "killed" / "model") == {"system_prompt": "", "max_tokens": 12,
+                                                                      "suite": "games-calc"}
 
 
 # ---- data parallel -----------------------------------------------------------------------------------

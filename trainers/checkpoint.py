@@ -30,7 +30,7 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(root: Path, step: int, model: Any, tokenizer: Any, optimizer: torch.optim.Optimizer,
-                    scheduler: Any, state: dict[str, Any], keep: int) -> Path:
+                    scheduler: Any, state: dict[str, Any], keep: int, save_extra: Any = None) -> Path:
     """Write ``root/step-NNNNNN`` atomically, point ``root/latest`` at it, prune old ones."""
     from transformers.utils import logging as hf_logging
 
@@ -41,6 +41,8 @@ def save_checkpoint(root: Path, step: int, model: Any, tokenizer: Any, optimizer
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp / "model")
     tokenizer.save_pretrained(tmp / "model")
+    if save_extra is not None:
+        save_extra(tmp / "model")
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state()},
                tmp / "trainer.pt")
     (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2), encoding="utf-8")

@@ -155,7 +155,7 @@ class GrpoTrainer:
                 self._evaluate(done)
             if self.world.is_main and cfg.checkpoint_every and done % cfg.checkpoint_every == 0:
                 save_checkpoint(self.checkpoint_dir, done, model, tokenizer, optimizer, scheduler,
-                                {"data_cursor": done * cfg.tasks_per_step}, cfg.keep_checkpoints)
+                                {"data_cursor": done * cfg.tasks_per_step}, cfg.keep_checkpoints, self._save_defaults)
             self.world.barrier()
         summary["eval_after"] = self._evaluate(cfg.steps)
         if self.world.is_main:
@@ -164,8 +164,9 @@ class GrpoTrainer:
             hf_logging.disable_progress_bar()
             model.save_pretrained(self.output_dir / "model")
             tokenizer.save_pretrained(self.output_dir / "model")
+            self._save_defaults(self.output_dir / "model")
             save_checkpoint(self.checkpoint_dir, cfg.steps, model, tokenizer, optimizer, scheduler,
-                            {"data_cursor": cfg.steps * cfg.tasks_per_step}, cfg.keep_checkpoints)
+                            {"data_cursor": cfg.steps * cfg.tasks_per_step}, cfg.keep_checkpoints, self._save_defaults)
             plot_learning_curve(self.metrics.path, self.output_dir / "learning_curve.png")
             (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
         self.metrics.close()
@@ -184,6 +185,13 @@ class GrpoTrainer:
         from agentgym.policies.hf import HFPolicy
 
         return HFPolicy(self.model, self.tokenizer, device=cfg.device, max_batch_size=cfg.max_in_flight, name="grpo")
+
+    def _save_defaults(self, model_dir: Path) -> None:
+        """Write the rollout settings next to the weights, so `agentgym eval` prompts the model as in training."""
+        from agentgym.policies.rollout_defaults import save_rollout_defaults
+
+        save_rollout_defaults(model_dir, system_prompt=self.config.system_prompt,
+                              max_tokens=self.config.max_tokens_per_turn, suite=self.config.suite)
 
     def _reference_model(self, model: Any) -> Any:
         cfg = self.config

@@ -1,0 +1,36 @@
+"""Rollout settings saved next to a trained model, so evaluating it later uses the prompt it was trained with.
+
+A model trained with a short system prompt (or none) fails when evaluated with an env's long
+instructions it never saw. Trainers write ``agentgym.json`` into the model directory; ``agentgym eval``
+and other callers read it for their defaults (explicit arguments still win).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FILENAME", "load_rollout_defaults", "save_rollout_defaults"]
+
+FILENAME = "agentgym.json"
+
+
+def save_rollout_defaults(model_dir: str | Path, *, system_prompt: str | None, max_tokens: int, suite: str) -> Path:
+    """Record how the model was rolled out in training."""
+    path = Path(model_dir) / FILENAME
+    path.write_text(json.dumps({"system_prompt": system_prompt, "max_tokens": max_tokens, "suite": suite}, indent=2),
+                    encoding="utf-8")
+    return path
+
+
+def load_rollout_defaults(model_dir: str | Path) -> dict[str, Any]:
+    """The saved settings, or ``{}`` when the directory has none (e.g. a model not trained by agentgym)."""
+    path = Path(model_dir) / FILENAME
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
