@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -163,6 +164,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     logging.getLogger("agentgym").setLevel(logging.INFO)
     summary = GrpoTrainer(config).train()
+    if os.environ.get("RANK", "0") != "0":
+        return 0  # under torchrun only rank 0 evaluates and reports
     before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
     sys.stdout.write(
         f"held-out success: {before.get('success_rate', float('nan')):.3f} before GRPO -> "

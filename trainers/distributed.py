@@ -51,6 +51,13 @@ class World:
                 p.grad = torch.zeros_like(p)
             dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
 
+    def broadcast_parameters(self, module: torch.nn.Module) -> None:
+        """Make every rank hold rank 0's weights (after work done on each rank separately, e.g. BC)."""
+        if not self.distributed:
+            return
+        for tensor in module.state_dict().values():
+            dist.broadcast(tensor, src=0)
+
     def barrier(self) -> None:
         if self.distributed:
             dist.barrier()

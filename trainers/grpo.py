@@ -135,6 +135,7 @@ class GrpoTrainer:
             summary["bc"] = behaviour_clone(model, tokenizer, demos, steps=cfg.bc_steps, learning_rate=cfg.bc_learning_rate,
                                             batch_size=cfg.bc_batch_size, seed=cfg.seed, device=cfg.device,
                                             log=lambda s, m: self._log(0, {**m, "bc/step": s}))
+            self.world.broadcast_parameters(model)
 
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
         scheduler = self._schedule(optimizer)
