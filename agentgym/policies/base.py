@@ -142,6 +142,25 @@ class InProcessTokenPolicy(Policy):
     def prompt_ids(self, request: GenerationRequest) -> list[int]:
         return prompt_token_ids(request, self.tokenizer)
 
+    @staticmethod
+    def check_generate_inputs(
+        prompts: Sequence[Sequence[int]], sampling: Sequence[SamplingParams] | SamplingParams
+    ) -> tuple[list[list[int]], list[SamplingParams]]:
+        """Prompts as lists of ints and one SamplingParams per prompt; rejects empty prompts and count mismatches."""
+        rows = [[int(t) for t in p] for p in prompts]
+        if isinstance(sampling, SamplingParams):
+            params = [sampling] * len(rows)
+        else:
+            params = list(sampling)
+            if len(params) != len(rows):
+                raise ConfigError(
+                    f"Got {len(rows)} prompts but {len(params)} SamplingParams; pass one per prompt or a single one."
+                )
+        for i, row in enumerate(rows):
+            if not row:
+                raise ConfigError(f"Prompt {i} is empty; a prompt needs at least one token (e.g. the chat template).")
+        return rows, params
+
     @abc.abstractmethod
     def generate(
         self, prompts: Sequence[Sequence[int]], sampling: Sequence[SamplingParams] | SamplingParams

@@ -201,18 +201,7 @@ class HFPolicy(InProcessTokenPolicy):
         """
         if self.model is None:
             raise AgentGymError("This HFPolicy was closed; create a new one (HFPolicy.from_pretrained(path)).")
-        rows = [list(p) for p in prompts]
-        if isinstance(sampling, SamplingParams):
-            params = [sampling] * len(rows)
-        else:
-            params = list(sampling)
-            if len(params) != len(rows):
-                raise ConfigError(
-                    f"Got {len(rows)} prompts but {len(params)} SamplingParams; pass one per prompt or a single one."
-                )
-        for i, row in enumerate(rows):
-            if not row:
-                raise ConfigError(f"Prompt {i} is empty; a prompt needs at least one token (e.g. the chat template).")
+        rows, params = self.check_generate_inputs(prompts, sampling)
         results: list[Generation | None] = [None] * len(rows)
         # Batches of similar length waste less compute on padding.
         order = sorted(range(len(rows)), key=lambda i: len(rows[i]))

@@ -415,18 +415,7 @@ class VLLMPolicy(InProcessTokenPolicy):
         llm = self.llm
         if llm is None:
             raise AgentGymError("This VLLMPolicy was closed; create a new one (VLLMPolicy(model_dir)).")
-        rows = [[int(t) for t in p] for p in prompts]
-        if isinstance(sampling, SamplingParams):
-            params = [sampling] * len(rows)
-        else:
-            params = list(sampling)
-            if len(params) != len(rows):
-                raise ConfigError(
-                    f"Got {len(rows)} prompts but {len(params)} SamplingParams; pass one per prompt or a single one."
-                )
-        for i, row in enumerate(rows):
-            if not row:
-                raise ConfigError(f"Prompt {i} is empty; a prompt needs at least one token (e.g. the chat template).")
+        rows, params = self.check_generate_inputs(prompts, sampling)
         if not rows:
             return []
         seeds = row_seeds([p.seed for p in params])
