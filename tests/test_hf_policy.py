@@ -12,13 +12,15 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest
 
+from tests.tiny_models import build_context_sensitive_tiny_model
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from agentgym.agent import ChatAgent
 from agentgym.errors import ConfigError
-from agentgym.models import TinyModelConfig, build_tiny_model, load_tiny_model
+from agentgym.models import TinyModelConfig
 from agentgym.policies.base import GenerationRequest, SamplingParams
 from agentgym.policies.hf import HFPolicy
 
@@ -35,17 +37,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    path = build_tiny_model(tmp_path_factory.mktemp("hf") / "tiny", config=CONFIG)
-    model, _ = load_tiny_model(path)
-    # A freshly initialised model is close to uniform and mostly copies its input; larger random weights
-    # make its outputs depend on the whole context, so the cache/padding comparisons below mean something.
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() == 2:
-                param.normal_(0.0, 0.2, generator=gen)
-    model.save_pretrained(path)
-    return path
+    return build_context_sensitive_tiny_model(tmp_path_factory.mktemp("hf") / "tiny", CONFIG)
 
 
 @pytest.fixture(scope="module")

@@ -137,21 +137,14 @@ def test_row_seeds_reproducible_and_distinct_within_a_group():
 # ---- GPU: the engine against HFPolicy ---------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    torch = pytest.importorskip("torch")
-    from agentgym.models import TinyModelConfig, build_tiny_model, load_tiny_model
+    pytest.importorskip("torch")
+    from agentgym.models import TinyModelConfig
 
     config = TinyModelConfig(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=256,
                              max_position_embeddings=512, vocab_size=400, tie_word_embeddings=False)
-    path = build_tiny_model(tmp_path_factory.mktemp("vllm") / "tiny", config=config)
-    model, _ = load_tiny_model(path)
-    # Larger random weights make outputs depend on the whole context (a fresh model mostly copies).
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() == 2:
-                param.normal_(0.0, 0.2, generator=gen)
-    model.save_pretrained(path)
-    return path
+    from tests.tiny_models import build_context_sensitive_tiny_model
+
+    return build_context_sensitive_tiny_model(tmp_path_factory.mktemp("vllm") / "tiny", config)
 
 
 @pytest.fixture(scope="module")

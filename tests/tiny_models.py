@@ -1,0 +1,26 @@
+"""Tiny models for policy tests whose outputs depend on the whole context.
+
+A freshly initialised tiny model is close to uniform and mostly copies its input, so cache, padding and
+backend comparisons on it prove little; larger random weights make every output token context-dependent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from agentgym.models.tiny import TinyModelConfig, build_tiny_model, load_tiny_model
+
+
+def build_context_sensitive_tiny_model(path: Path, config: TinyModelConfig, *, std: float = 0.2) -> Path:
+    """Build a tiny model at ``path`` and re-draw its matrices with a larger spread (seeded)."""
+    path = build_tiny_model(path, config=config)
+    model, _ = load_tiny_model(path)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 2:
+                param.normal_(0.0, std, generator=gen)
+    model.save_pretrained(path)
+    return path
