@@ -28,7 +28,7 @@ from agentgym.parsers import (
 )
 from agentgym.spaces import UnicodeText
 from agentgym.suite import Task, TaskSuite, list_suites, load_suite
-from agentgym.tools import Tool, ToolCall, ToolResult, ToolSet, tool
+from agentgym.toolset import Tool, ToolCall, ToolResult, ToolSet, tool
 from agentgym.trajectory import Trajectory, Turn
 
 __version__ = "0.1.0"

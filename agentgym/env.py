@@ -24,7 +24,7 @@ from agentgym.errors import AgentGymError, EnvCrashed, TaskError
 from agentgym.parsers import CompositeParser, HermesParser, ParsedAction, ToolCallParser
 from agentgym.spaces import UnicodeText
 from agentgym.suite import Task
-from agentgym.tools import ToolCall, ToolResult, ToolSet
+from agentgym.toolset import ToolCall, ToolResult, ToolSet
 
 __all__ = ["AgentEnv", "ReferenceSolver"]
 

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from agentgym.tools import ToolCall
+from agentgym.toolset import ToolCall
 
 __all__ = [
     "CodeBlockParser",

@@ -12,7 +12,7 @@ import numpy as np
 
 from agentgym.env import AgentEnv, ReferenceSolver
 from agentgym.suite import Task
-from agentgym.tools import ToolSet, tool
+from agentgym.toolset import ToolSet, tool
 
 
 class LatencyEnv(AgentEnv):

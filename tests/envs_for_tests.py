@@ -9,7 +9,7 @@ import numpy as np
 from agentgym.env import AgentEnv, ReferenceSolver
 from agentgym.errors import EnvCrashed
 from agentgym.suite import Task
-from agentgym.tools import ToolSet, tool
+from agentgym.toolset import ToolSet, tool
 
 
 class EchoEnv(AgentEnv):

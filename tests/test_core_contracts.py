@@ -82,7 +82,7 @@ def test_env_crash_ends_episode_with_error() -> None:
     def boom(text: str) -> str:
         raise EnvCrashed("sandbox died")
 
-    from agentgym.tools import Tool, ToolSet
+    from agentgym.toolset import Tool, ToolSet
 
     env.unwrapped.toolset = ToolSet([Tool.from_function(boom, name="echo")])
     _, _, term, _, info = env.step('<tool_call>{"name": "echo", "arguments": {"text": "a"}}</tool_call>')

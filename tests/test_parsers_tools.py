@@ -18,7 +18,7 @@ from agentgym.parsers import (
     ParsedAction,
     TagParser,
 )
-from agentgym.tools import Tool, ToolCall, ToolResult, ToolSet, tool
+from agentgym.toolset import Tool, ToolCall, ToolResult, ToolSet, tool
 
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -18,7 +18,7 @@ from agentgym.errors import RegistrationError
 from agentgym.parsers import CompositeParser, FunctionCallParser, ToolCallParser
 from agentgym.suite import Task
 from agentgym.testing import EnvCheckError, check_agent_env
-from agentgym.tools import ToolSet, tool
+from agentgym.toolset import ToolSet, tool
 
 
 @pytest.mark.parametrize("env_id", agentgym.env_ids())

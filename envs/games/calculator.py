@@ -22,7 +22,7 @@ from agentgym.env import AgentEnv, ReferenceSolver
 from agentgym.errors import TaskError
 from agentgym.parsers import ToolCallParser
 from agentgym.suite import Task
-from agentgym.tools import ToolResult, ToolSet, tool
+from agentgym.toolset import ToolResult, ToolSet, tool
 
 __all__ = ["CalcError", "CalculatorEnv", "evaluate", "generate_tasks"]
 
