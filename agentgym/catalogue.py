@@ -49,6 +49,12 @@ CATALOGUE: tuple[CatalogueEntry, ...] = (
         "Walk a grid maze to the exit with move(direction); the agent sees its surroundings as text.",
         "games",
     ),
+    CatalogueEntry(
+        "agentgym/CodeInterpreter-v0",
+        "agentgym.envs.code_interpreter.env:CodeInterpreterEnv",
+        "Solve math/algorithmic problems by running Python in a sandbox (SimpleTIR style); answer in \\boxed{}.",
+        "code_interpreter",
+    ),
 )
 
 

@@ -311,14 +311,14 @@ class SandboxSession:
             send_msg(conn, {"code": code, "cpu_s": cpu, "max_output": cap})
             reply = recv_msg(conn, max_bytes=8 * cap + 4096)
         except TimeoutError:
-            self._discard_child()
+            self._restart()
             return ExecutionResult(
                 "timeout", stderr=f"TimeoutError: the call ran longer than {wall:g} s of wall time and was killed.",
                 duration_s=time.monotonic() - start, state_reset=True,
                 notice=f"The interpreter was restarted because the call exceeded {wall:g} s; "
                        "variables defined earlier are gone.")
         except (ProtocolError, OSError) as exc:
-            self._discard_child()
+            self._restart()
             return ExecutionResult(
                 "crashed", stderr=f"The interpreter process died ({exc}).", duration_s=time.monotonic() - start,
                 state_reset=True,
@@ -344,6 +344,11 @@ class SandboxSession:
                 if attempt:
                     raise SandboxError(f"could not start an interpreter: {exc}") from exc
         raise AssertionError("unreachable")
+
+    def _restart(self) -> None:
+        """Replace a dead or stuck interpreter now, so a broken sandbox shows up as :class:`SandboxError`."""
+        self._discard_child()
+        self._connection()
 
     def _discard_child(self) -> None:
         """Kill this episode's processes; the next call starts a fresh interpreter (and says so)."""

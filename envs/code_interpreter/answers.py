@@ -1,0 +1,453 @@
+"""Final-answer extraction and equivalence checking for the code-interpreter env (SimpleTIR style).
+
+The model ends its turn with ``\\boxed{...}`` or ``<answer>...</answer>``. Rewards must not depend on how
+an answer is written, so answers are compared by mathematical equivalence: ``1/2``, ``0.5`` and
+``\\frac{1}{2}`` are the same answer; ``(1, 2)`` and ``(2, 1)`` are not.
+
+Two parsers work together. A local one turns common LaTeX and plain syntax into SymPy (via
+``parse_expr`` with a restricted namespace, never ``eval`` of the raw text) and handles numbers, expressions,
+equations, tuples, intervals, sets and lists with rules we choose. math-verify is the fallback for the forms
+the local parser does not know (matrices, ``\\pm``, inequalities, ...).
+
+Model output is hostile input: ``9^9^9^9`` or ``factorial(10**9)`` would freeze or exhaust a process that
+evaluated them. So every expression is first parsed *unevaluated* and its size bounded before SymPy may
+evaluate it; math-verify, whose work cannot be bounded that way, only sees text with no operator that grows
+numbers. math-verify's own timeouts use ``signal.alarm``, which only works in the main thread, but rollout
+engines step envs in worker threads: its timeouts are disabled and the whole check instead runs in a helper
+thread that is abandoned (and interrupted) after ``timeout_s``, counting as "not equivalent".
+"""
+
+from __future__ import annotations
+
+import cmath
+import ctypes
+import functools
+import keyword
+import math
+import re
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import sympy
+from math_verify import parse as mv_parse
+from math_verify import verify as mv_verify
+from sympy.parsing.sympy_parser import (
+    auto_number,
+    auto_symbol,
+    convert_xor,
+    factorial_notation,
+    implicit_multiplication,
+    parse_expr,
+)
+
+__all__ = ["answers_equivalent", "extract_final_answer", "has_final_answer", "normalize_answer"]
+
+MAX_ANSWER_CHARS = 1000  # longer answers are only compared as text
+MAX_NESTING = 30  # brackets deeper than this are only compared as text
+MAX_LOG10 = 10_000  # no number with more digits than this is ever built
+REL_TOL = 1e-6  # for non-integer numbers; integers compare exactly
+_HUGE_FLOAT = re.compile(r"\d\.?[eE][+-]?\d{4}")  # 1e999999999: parsing it alone takes minutes, holding the GIL
+
+# ---------------------------------------------------------------- extraction
+
+
+_BOX = re.compile(r"\\(?:boxed|fbox)(?:\s*(\{)|[ \t]+([^$\n]*))?")
+
+
+def _last_box(text: str) -> tuple[int, str | None] | None:
+    """(start, content) of the last ``\\boxed``/``\\fbox``; content None when its braces never close."""
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if start < 0:
+        return None
+    match = _BOX.match(text, start)
+    if not match[1]:  # "\boxed 42$" or a bare "\boxed"
+        return start, match[2] and match[2].strip()
+    depth, i = 1, match.end()
+    while i < len(text):
+        if text[i] == "\\":
+            i += 2  # escaped \{ and \} are content, not delimiters
+            continue
+        depth += (text[i] == "{") - (text[i] == "}")
+        if depth == 0:
+            return start, text[match.end() : i].strip()
+        i += 1
+    return start, None
+
+
+def extract_final_answer(text: str) -> str | None:
+    """The answer the model committed to, or None when it gave none.
+
+    That is the content of the last ``\\boxed{...}`` (also ``\\fbox{...}`` and ``\\boxed 42``), with nested
+    braces balanced, or of the last ``<answer>...</answer>`` when that comes later; stripped. A last box
+    whose braces never close is a truncated answer, so it gives None rather than an earlier box.
+    """
+    if not isinstance(text, str):
+        return None
+    box = _last_box(text)
+    tag_start = text.rfind("<answer>")
+    tag_end = text.find("</answer>", tag_start) if tag_start >= 0 else -1
+    if tag_end >= 0 and (box is None or box[0] < tag_start):
+        return text[tag_start + len("<answer>") : tag_end].strip()
+    return box[1] if box else None
+
+
+def has_final_answer(text: str) -> bool:
+    """Cheap format check (SimpleTIR's is the substring ``\\boxed{``); a closed ``<answer>`` tag also counts."""
+    if not isinstance(text, str):
+        return False
+    tag_start = text.find("<answer>")
+    return "\\boxed{" in text or (tag_start >= 0 and text.find("</answer>", tag_start) >= 0)
+
+
+# ---------------------------------------------------------------- normalization
+
+_TEXT_MACRO = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mathit|mbox|operatorname)\s*\{([^{}]*)\}")
+_LEFT_RIGHT = re.compile(r"\\(?:left|right)(?![A-Za-z])\.?")
+_DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree(?![A-Za-z])")
+_THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_SINGLE_VARIABLE_EQUATION = re.compile(r"(?:[A-Za-z](?:_\{?\w+\}?)?|\\[A-Za-z]+)\s*=\s*([^=]+)")
+_NUMBER_WITH_UNITS = re.compile(r"([-+]?\d[\d,]*(?:\.\d+)?)\s*([A-Za-z][A-Za-z ]*?)(?:\^\{?[23]\}?)?")
+_UNITS = frozenset("mm cm m km meter meters inch inches ft feet mile miles mph kg g grams lb pounds sec seconds "
+                   "minutes hours days weeks years dollars cents degrees units square sq cubic".split())
+
+
+def normalize_answer(text: str) -> str:
+    """Canonical spelling of an answer, so that cosmetic differences never reach the math comparison.
+
+    Drops ``$``, ``\\text{}``-like wrappers, ``\\left``/``\\right``, LaTeX spacing, degree marks and a trailing
+    period; spells ``\\dfrac``/``\\tfrac`` as ``\\frac`` and ``\\%`` as ``%``; turns ``1,000`` into ``1000``
+    (a whole-string number only, so the tuple ``(1,2)`` is kept); drops unit words after a plain number
+    (``5 cm``, known units only: dropping words elsewhere could change the answer); and reduces ``x = 3`` to
+    ``3`` when the left side is a single variable (an equation like ``x + y = 3`` is kept).
+    """
+    if not isinstance(text, str):
+        return ""
+    s = text.strip()
+    if "\\boxed" in s or "\\fbox" in s or "</answer>" in s:
+        s = extract_final_answer(s) or s
+    s = s.replace("\\$", "").replace("$", "").replace("\\displaystyle", "")
+    s = re.sub(r"\\[()\[\]]", "", s)
+    for _ in range(MAX_NESTING):  # innermost first: \text{\textbf{5}}
+        s, count = _TEXT_MACRO.subn(r"\1", s)
+        if not count:
+            break
+    s = _DEGREES.sub("", _LEFT_RIGHT.sub("", s))
+    s = re.sub(r"\\[!,]", "", s)
+    s = re.sub(r"\\[;: ]|\\q?quad(?![A-Za-z])|~", " ", s)
+    s = re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", s).replace("\\%", "%").replace("{,}", ",")
+    s = " ".join(s.split()).removesuffix(".").strip()
+    if match := _SINGLE_VARIABLE_EQUATION.fullmatch(s):
+        s = match[1].strip()
+    match = _NUMBER_WITH_UNITS.fullmatch(s)
+    if match and all(word.lower() in _UNITS for word in match[2].split()):
+        s = match[1]
+    if _THOUSANDS.fullmatch(s):
+        s = s.replace(",", "")
+    return s
+
+
+# ---------------------------------------------------------------- local parser
+
+
+class _Unparsable(Exception):
+    """The local parser does not know this form; math-verify may."""
+
+
+class _TooCostly(Exception):
+    """Evaluating this would build huge numbers, so the answer is refused rather than compared."""
+
+
+_FUNCTIONS: dict[str, Any] = {
+    **{name: getattr(sympy, name) for name in "sqrt exp log sin cos tan cot sec csc Abs factorial binomial".split()},
+    "ln": sympy.log, "abs": sympy.Abs, "arcsin": sympy.asin, "arccos": sympy.acos, "arctan": sympy.atan,
+}
+_CONSTANTS: dict[str, Any] = {
+    "pi": sympy.pi, "e": sympy.E, "E": sympy.E, "i": sympy.I, "I": sympy.I,
+    "oo": sympy.oo, "inf": sympy.oo, "infty": sympy.oo, "infinity": sympy.oo,
+}
+_NAMES = {**_FUNCTIONS, **_CONSTANTS}
+# Same names with inert functions, for the unevaluated parse that bounds sizes before anything is computed.
+_INERT_NAMES = {**{name: sympy.Function(name) for name in _FUNCTIONS}, **_CONSTANTS}
+_GROWING_FUNCTIONS = frozenset({"factorial", "binomial"})
+_GLOBALS = {
+    "__builtins__": {},
+    **{cls.__name__: cls for cls in (sympy.Integer, sympy.Float, sympy.Rational, sympy.Symbol, sympy.Function,
+                                     sympy.Add, sympy.Mul, sympy.Pow)},
+}
+_TRANSFORMS = (auto_symbol, auto_number, factorial_notation, convert_xor, implicit_multiplication)
+_SAFE_TEXT = re.compile(r"[A-Za-z0-9_\s+\-*/().,!^]*")
+_ATTRIBUTE = re.compile(r"[A-Za-z_)]\s*\.|\.\s*[A-Za-z_(]")
+
+_ARG = r"\s*(?:\{([^{}]*)\}|([A-Za-z0-9]))"  # {group} or a single character, as in \frac12
+_LATEX_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"\\frac" + _ARG + _ARG), "(({})/({}))"),
+    (re.compile(r"\\binom" + _ARG + _ARG), " binomial({},{})"),
+    (re.compile(r"\\sqrt\s*\[([^\[\]{}]*)\]" + _ARG), "(({1})**(1/({0})))"),
+    (re.compile(r"\\sqrt" + _ARG), " sqrt({})"),
+    (re.compile(r"_\s*\{(\w*)\}"), "_{}"),
+)
+_LATEX_WORDS = {"cdot": "*", "times": "*", "div": "/", "pi": "pi", "infty": "oo", "ln": "log",
+                **{name: name for name in ("log", "exp", "sin", "cos", "tan", "cot", "sec", "csc",
+                                           "arcsin", "arccos", "arctan")}}
+
+
+def _to_plain(latex: str) -> str:
+    """LaTeX (or plain) math to SymPy syntax; unknown commands (``\\pm``, ``\\log_2``) are _Unparsable."""
+    for _ in range(MAX_NESTING):  # innermost first: \frac{\sqrt{2}}{2} needs two passes
+        before = latex
+        for pattern, template in _LATEX_RULES:
+            latex = pattern.sub(lambda m, t=template: t.format(*[g for g in m.groups() if g is not None]), latex)
+        if latex == before:
+            break
+    latex = re.sub(r"\\([A-Za-z]+)(?![A-Za-z_])", lambda m: f" {_LATEX_WORDS.get(m[1], m[0])} ", latex)
+    if "\\" in latex:
+        raise _Unparsable(latex)
+    return latex.replace("{", "(").replace("}", ")")
+
+
+def _log_size(expr: sympy.Basic) -> float:
+    """Upper bound on |log10 |value|| of an *unevaluated* expression (a symbol counts as 10).
+
+    This is what makes evaluation safe: ``9^9^9^9``, ``10**10**10`` and ``factorial(10**9)`` get an infinite
+    bound from their shape alone, without computing anything.
+    """
+    if expr.is_Rational:
+        return math.log10(max(abs(expr.p), expr.q, 1))
+    if expr.is_Float:
+        magnitude = abs(float(expr))
+        return abs(math.log10(magnitude)) if 0 < magnitude < math.inf else (0.0 if magnitude == 0 else math.inf)
+    if expr.is_Atom:
+        return 1.0
+    if expr.is_Pow:
+        exponent = _log_size(expr.exp)
+        return math.inf if exponent > 6 else _log_size(expr.base) * 10**exponent
+    sizes = [_log_size(arg) for arg in expr.args]
+    if getattr(expr.func, "__name__", "") in _GROWING_FUNCTIONS:
+        n = max(sizes)  # n! has about n * log10(n) digits
+        return math.inf if n > 5 else 10**n * (n + 1)
+    return sum(sizes) + math.log10(max(len(sizes), 1))
+
+
+def _parse(plain: str, names: dict[str, Any], evaluate: bool) -> sympy.Expr:
+    try:
+        value = parse_expr(plain, local_dict=dict(names), global_dict=dict(_GLOBALS),
+                           transformations=_TRANSFORMS, evaluate=evaluate)
+    except Exception as err:
+        raise _Unparsable(plain) from err
+    if not isinstance(value, sympy.Expr):  # a tuple, a bare function, a class name
+        raise _Unparsable(plain)
+    return value
+
+
+def _sympify(plain: str) -> sympy.Expr:
+    """SymPy value of plain math text: only safe characters and names, size bounded before evaluation."""
+    words = re.findall(r"[A-Za-z_]\w*", plain)
+    if not _SAFE_TEXT.fullmatch(plain) or "__" in plain or _ATTRIBUTE.search(plain) or any(map(keyword.iskeyword, words)):
+        raise _Unparsable(plain)
+    if _log_size(_parse(plain, _INERT_NAMES, evaluate=False)) > MAX_LOG10:
+        raise _TooCostly(plain)
+    return _parse(plain, _NAMES, evaluate=True)
+
+
+@functools.lru_cache(maxsize=4096)
+def _atom(text: str) -> sympy.Basic:
+    """One expression, or an equation ``lhs = rhs`` (kept unevaluated)."""
+    sides = text.split("=")
+    if "!=" in text or len(sides) > 2:
+        raise _Unparsable(text)
+    exprs = [_sympify(_to_plain(side)) for side in sides]
+    return exprs[0] if len(exprs) == 1 else sympy.Eq(*exprs, evaluate=False)
+
+
+def _split_top(text: str, sep: str) -> list[str]:
+    """Split at ``sep`` outside any brackets."""
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(text):
+        if text[i] in "([{":
+            depth += 1
+        elif text[i] in ")]}":
+            depth -= 1
+        elif depth == 0 and text.startswith(sep, i):
+            parts.append(text[start:i].strip())
+            start = i = i + len(sep)
+            continue
+        i += 1
+    return [*parts, text[start:].strip()]
+
+
+def _nesting(text: str) -> int | None:
+    """Deepest bracket nesting, or None when brackets close before they open or stay open."""
+    depth = deepest = 0
+    for char in text:
+        depth += (char in "([{") - (char in ")]}")
+        deepest = max(deepest, depth)
+        if depth < 0:
+            return None
+    return deepest if depth == 0 else None
+
+
+def _value(text: str) -> Any:
+    """An answer as a SymPy object, or ``(kind, brackets, items)``.
+
+    Kinds: "seq" for tuples and intervals (ordered, the brackets must match: ``[1, 3)`` is not ``[1, 3]``) and
+    "set" for ``{...}``, bare lists ``1, 2, 3`` and unions of intervals (unordered).
+    """
+    parts = _split_top(text, "\\cup")
+    if len(parts) > 1:
+        return ("set", "", [_value(part) for part in parts])
+    for left, right in (("\\{", "\\}"), ("{", "}")):
+        inner = text[len(left) : -len(right)]
+        if text.startswith(left) and text.endswith(right) and _nesting(inner) is not None:
+            return ("set", "", [_value(item) for item in _split_top(inner, ",") if item])
+    items = _split_top(text[1:-1], ",")
+    if len(text) > 1 and text[0] in "([" and text[-1] in ")]" and _nesting(text[1:-1]) is not None and len(items) > 1:
+        return ("seq", text[0] + text[-1], [_value(item) for item in items])
+    items = _split_top(text, ",")
+    if len(items) > 1:
+        return ("set", "", [_value(item) for item in items])
+    return _atom(text)
+
+
+# ---------------------------------------------------------------- comparison
+
+
+def _same_expr(a: sympy.Expr, b: sympy.Expr) -> bool:
+    if a == b:
+        return True
+    if a.free_symbols or b.free_symbols or a.is_Integer or b.is_Integer:  # symbolic, or integers: exact
+        return bool(sympy.simplify(a - b) == 0)
+    x, y = complex(a.evalf()), complex(b.evalf())
+    return cmath.isfinite(x) and cmath.isfinite(y) and abs(x - y) <= REL_TOL * max(abs(x), abs(y))
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        if not (isinstance(a, tuple) and isinstance(b, tuple)) or a[:2] != b[:2] or len(a[2]) != len(b[2]):
+            return False
+        if a[0] == "seq":
+            return all(map(_same, a[2], b[2]))
+        unmatched = list(b[2])
+        for item in a[2]:
+            k = next((k for k, other in enumerate(unmatched) if _same(item, other)), None)
+            if k is None:
+                return False
+            del unmatched[k]
+        return True
+    if isinstance(a, sympy.Eq) or isinstance(b, sympy.Eq):
+        if not (isinstance(a, sympy.Eq) and isinstance(b, sympy.Eq)):
+            return False
+        ratio = sympy.simplify((a.lhs - a.rhs) / (b.lhs - b.rhs))  # same equation up to a constant factor
+        return bool(ratio.is_number and ratio.is_finite and ratio != 0)
+    return _same_expr(a, b)
+
+
+_TINY_POWER = re.compile(r"(?<=[A-Za-z0-9])\^(?:[A-Za-z0-9]|\{-?(?:\d{1,2}|[A-Za-z])\})(?!\s*\^)")
+_GROWS = re.compile(r"\^|\*\*|!|binom|choose|factorial|gamma|Gamma")
+
+
+def _math_verify(pred: str, gold: str) -> bool:
+    """math-verify's verdict, for forms the local parser does not know.
+
+    Its work cannot be bounded like ours, so it only sees text where no number can grow: no factorials, and
+    powers only of a letter or short number by a letter or a number below 100 (``x^2``, ``e^{x}``).
+    """
+    if any(_GROWS.search(_TINY_POWER.sub("", text)) for text in (pred, gold)):
+        return False
+    parsed_gold, parsed_pred = (mv_parse(f"${text}$", parsing_timeout=None) for text in (gold, pred))
+    return bool(parsed_gold and parsed_pred and mv_verify(parsed_gold, parsed_pred, timeout_seconds=None))
+
+
+def _compare(pred: str, gold: str) -> bool:
+    """Local verdict when both answers parse, else math-verify's; percentages read as the gold answer says.
+
+    ``50`` and ``0.5`` both match a gold ``50%``; a predicted ``50%`` is 0.5 against a gold without ``%``.
+    """
+    p, g = pred.removesuffix("%").strip(), gold.removesuffix("%").strip()
+    if gold.endswith("%"):
+        readings = [(p, g)] if pred.endswith("%") else [(p, g), (p, f"({g})/100")]
+    else:
+        readings = [(f"({p})/100", g)] if pred.endswith("%") else [(pred, gold)]
+    for p, g in readings:
+        try:
+            verdict = _same(_value(p), _value(g))
+        except _Unparsable:
+            verdict = _math_verify(p, g)
+        if verdict:
+            return True
+    return False
+
+
+# ---------------------------------------------------------------- time limit
+
+
+class _Deadline(BaseException):
+    """Raised inside an overrunning check; a BaseException so that SymPy's ``except Exception`` cannot eat it."""
+
+
+def _call_with_deadline(fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float) -> Any:
+    """``fn(*args)`` in a helper thread; None if it raises or is still running after ``timeout_s``.
+
+    Signals only work in the main thread and a thread cannot be killed, so an overrunning check is abandoned
+    and sent an asynchronous exception, which stops pure-Python SymPy work at its next bytecode (the size
+    bound keeps the C-level big-integer steps short). The lock makes sure it only hits this check's code.
+    """
+    result: list[Any] = []
+    state = ["starting"]
+    lock = threading.Lock()
+
+    def run() -> None:
+        try:
+            with lock:
+                state[0] = "running"
+            try:
+                result.append(fn(*args))
+            finally:
+                with lock:
+                    state[0] = "finished"
+        except BaseException:  # errors from hostile input, or _Deadline: no verdict either way
+            pass
+
+    worker = threading.Thread(target=run, name="answer-check", daemon=True)
+    worker.start()
+    worker.join(min(max(timeout_s, 0.0), threading.TIMEOUT_MAX))
+    with lock:
+        if state[0] == "running":
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), ctypes.py_object(_Deadline))
+        if state[0] != "finished":
+            return None
+    return result[0] if result else None
+
+
+# ---------------------------------------------------------------- entry point
+
+_BOOLEANS = {"true": True, "yes": True, "false": False, "no": False}
+
+
+def answers_equivalent(predicted: str | None, gold: str, *, timeout_s: float = 2.0) -> bool:
+    """Whether ``predicted`` is mathematically the same answer as ``gold`` (never raises).
+
+    Accepts any spelling of the same value: numbers (integers exactly, others within a relative 1e-6),
+    fractions, LaTeX, expressions (``simplify(a - b) == 0``), equations, tuples and intervals (ordered),
+    sets and comma lists (unordered), percentages when the gold answer has ``%``, and text answers
+    case-insensitively (``Yes``/``True`` are booleans). Anything undecided within ``timeout_s`` seconds,
+    too large to evaluate safely, longer than MAX_ANSWER_CHARS or nested deeper than MAX_NESTING is False:
+    a reward must never hang a rollout worker. Safe to call from any thread.
+    """
+    try:
+        if not isinstance(predicted, str) or not isinstance(gold, str):
+            return False
+        pred, ref = normalize_answer(predicted), normalize_answer(gold)
+        if not pred or not ref:
+            return False
+        if pred.casefold() == ref.casefold():
+            return True
+        if pred.casefold() in _BOOLEANS or ref.casefold() in _BOOLEANS:
+            return _BOOLEANS.get(pred.casefold()) == _BOOLEANS.get(ref.casefold())
+        for text in (pred, ref):
+            depth = _nesting(text)
+            if len(text) > MAX_ANSWER_CHARS or depth is None or depth > MAX_NESTING or _HUGE_FLOAT.search(text):
+                return False
+        return _call_with_deadline(_compare, (pred, ref), timeout_s) is True
+    except Exception:
+        return False
