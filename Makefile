@@ -5,14 +5,27 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: quickstart test install install-test benchmarks
+.PHONY: quickstart test install install-test system-deps benchmarks
+
+# System packages the tests use: bubblewrap (the Python sandbox) and docker.io (the Docker sandbox backend;
+# tests start their own dockerd). Installed with apt-get when missing; elsewhere a warning says what to add.
+SYSTEM_PACKAGES := bubblewrap docker.io
 
 # torch first, pinned: an unpinned torch pulls a multi-GB CUDA build.
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e ".[all]"
 
-install-test: install
+system-deps:
+	@missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+		echo "WARNING: install these system packages yourself:$$missing (sandbox tests need them)"; exit 0; fi; \
+	sudo=""; [ "$$(id -u)" = 0 ] || sudo="sudo"; \
+	echo "Installing system packages:$$missing"; \
+	$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing >/dev/null
+
+install-test: system-deps install
 
 quickstart: install
 	$(PYTHON) -m agentgym.quickstart --out runs/quickstart
@@ -23,3 +36,4 @@ test: install-test
 benchmarks: install
 	$(PYTHON) benchmarks/rollout_throughput.py
 	$(PYTHON) benchmarks/train_step.py
+	$(PYTHON) benchmarks/sandbox_latency.py
