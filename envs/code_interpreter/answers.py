@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import sympy
+from math_verify import LatexExtractionConfig
 from math_verify import parse as mv_parse
 from math_verify import verify as mv_verify
 from sympy.parsing.sympy_parser import (
@@ -45,7 +46,7 @@ __all__ = ["answers_equivalent", "extract_final_answer", "has_final_answer", "no
 
 MAX_ANSWER_CHARS = 1000  # longer answers are only compared as text
 MAX_NESTING = 30  # brackets deeper than this are only compared as text
-MAX_LOG10 = 10_000  # no number with more digits than this is ever built
+MAX_LOG10 = 1000  # no number with more digits is built: one C-level step on it must stay short
 REL_TOL = 1e-6  # for non-integer numbers; integers compare exactly
 _HUGE_FLOAT = re.compile(r"\d\.?[eE][+-]?\d{4}")  # 1e999999999: parsing it alone takes minutes, holding the GIL
 
@@ -172,8 +173,8 @@ _INERT_NAMES = {**{name: sympy.Function(name) for name in _FUNCTIONS}, **_CONSTA
 _GROWING_FUNCTIONS = frozenset({"factorial", "binomial"})
 _GLOBALS = {
     "__builtins__": {},
-    **{cls.__name__: cls for cls in (sympy.Integer, sympy.Float, sympy.Rational, sympy.Symbol, sympy.Function,
-                                     sympy.Add, sympy.Mul, sympy.Pow)},
+    **{cls.__name__: cls for cls in (sympy.Integer, sympy.Float, sympy.Symbol, sympy.Function, sympy.Add, sympy.Mul,
+                                     sympy.Pow)},
 }
 _TRANSFORMS = (auto_symbol, auto_number, factorial_notation, convert_xor, implicit_multiplication)
 _SAFE_TEXT = re.compile(r"[A-Za-z0-9_\s+\-*/().,!^]*")
@@ -212,6 +213,8 @@ def _log_size(expr: sympy.Basic) -> float:
     This is what makes evaluation safe: ``9^9^9^9``, ``10**10**10`` and ``factorial(10**9)`` get an infinite
     bound from their shape alone, without computing anything.
     """
+    if not isinstance(expr, sympy.Expr):  # a tuple inside an expression: 9^9 * (1, 2) repeats it in Python
+        raise _Unparsable(str(expr))
     if expr.is_Rational:
         return math.log10(max(abs(expr.p), expr.q, 1))
     if expr.is_Float:
@@ -350,11 +353,14 @@ def _math_verify(pred: str, gold: str) -> bool:
     """math-verify's verdict, for forms the local parser does not know.
 
     Its work cannot be bounded like ours, so it only sees text where no number can grow: no factorials, and
-    powers only of a letter or short number by a letter or a number below 100 (``x^2``, ``e^{x}``).
+    powers only of a letter or short number by a letter or a number below 100 (``x^2``, ``e^{x}``). Only its
+    LaTeX parser is used: its plain-expression parser evaluates Python, where ``(1,2)*9**9`` repeats a tuple.
     """
     if any(_GROWS.search(_TINY_POWER.sub("", text)) for text in (pred, gold)):
         return False
-    parsed_gold, parsed_pred = (mv_parse(f"${text}$", parsing_timeout=None) for text in (gold, pred))
+    parsed_gold, parsed_pred = (
+        mv_parse(f"${text}$", extraction_config=[LatexExtractionConfig()], parsing_timeout=None) for text in (gold, pred)
+    )
     return bool(parsed_gold and parsed_pred and mv_verify(parsed_gold, parsed_pred, timeout_seconds=None))
 
 
@@ -399,23 +405,28 @@ def _call_with_deadline(fn: Callable[..., Any], args: tuple[Any, ...], timeout_s
     def run() -> None:
         try:
             with lock:
+                if state[0] == "abandoned":
+                    return
                 state[0] = "running"
             try:
                 result.append(fn(*args))
             finally:
                 with lock:
                     state[0] = "finished"
-        except BaseException:  # errors from hostile input, or _Deadline: no verdict either way
+        except BaseException:  # noqa: BLE001 - hostile-input errors or _Deadline: no verdict either way
             pass
 
     worker = threading.Thread(target=run, name="answer-check", daemon=True)
     worker.start()
     worker.join(min(max(timeout_s, 0.0), threading.TIMEOUT_MAX))
-    with lock:
-        if state[0] == "running":
+    for _ in range(10):  # resent: one raised inside a weakref callback or __del__ is printed and swallowed
+        with lock:
+            if state[0] == "starting":
+                state[0] = "abandoned"
+            if state[0] != "running":
+                break
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), ctypes.py_object(_Deadline))
-        if state[0] != "finished":
-            return None
+        worker.join(0.01)
     return result[0] if result else None
 
 
@@ -449,5 +460,5 @@ def answers_equivalent(predicted: str | None, gold: str, *, timeout_s: float = 2
             if len(text) > MAX_ANSWER_CHARS or depth is None or depth > MAX_NESTING or _HUGE_FLOAT.search(text):
                 return False
         return _call_with_deadline(_compare, (pred, ref), timeout_s) is True
-    except Exception:
+    except Exception:  # noqa: BLE001 - a reward check must never crash a rollout
         return False
