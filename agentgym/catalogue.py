@@ -55,6 +55,12 @@ CATALOGUE: tuple[CatalogueEntry, ...] = (
         "Solve math/algorithmic problems by running Python in a sandbox (SimpleTIR style); answer in \\boxed{}.",
         "code_interpreter",
     ),
+    CatalogueEntry(
+        "agentgym/SWE-v0",
+        "agentgym.envs.swe.env:SWEEnv",
+        "Fix a bug injected into a real Python library; graded by its hidden tests (bash, view, str_replace, submit).",
+        "swe",
+    ),
 )
 
 

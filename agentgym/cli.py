@@ -203,6 +203,28 @@ def _cmd_view(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_tasks(args: argparse.Namespace) -> int:
+    """``agentgym tasks build|verify swe``: generate or re-check task data (family builders live in tasks/)."""
+    if args.family != "swe":
+        raise AgentGymError(f"No task builder for {args.family!r}; available: swe.")
+    from agentgym.tasks.swe import builder
+
+    if args.action == "build":
+        specs = builder.build_tasks(args.libraries or list(builder.LIBRARIES), per_library=args.per_library,
+                                    seed=args.seed, workers=args.workers)
+        path = builder.write_specs(specs, args.out or builder.DATA_FILE)
+        print(f"wrote {len(specs)} tasks to {path}")
+        return 0
+    specs = builder.load_specs(args.out or builder.DATA_FILE)
+    if args.libraries:
+        specs = [s for s in specs if s.library in args.libraries]
+    problems = builder.verify_tasks(specs[: args.limit] if args.limit else specs)
+    for task_id, why in problems:
+        print(f"FAILED {task_id}: {why}")
+    print(f"{len(problems)} problem(s) in {len(specs[: args.limit] if args.limit else specs)} tasks")
+    return 1 if problems else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentgym", description="Environments, policies and trainers for LLM agents.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
@@ -247,6 +269,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-name", default=None, help="name clients use (default: the directory name)")
     p.add_argument("--max-batch-size", type=_positive_int, default=32)
     p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("tasks", help="build or verify generated task data (e.g. 'agentgym tasks build swe')")
+    p.add_argument("action", choices=["build", "verify"])
+    p.add_argument("family", help="task family; 'swe' builds SWE tasks from pinned PyPI libraries")
+    p.add_argument("--libraries", nargs="+", default=None, help="only these libraries (default: all pinned)")
+    p.add_argument("--per-library", type=_positive_int, default=45, help="tasks to keep per library")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=_positive_int, default=2, help="sandboxes running tests at once")
+    p.add_argument("--limit", type=_positive_int, default=None, help="verify only the first N tasks")
+    p.add_argument("--out", default=None, help="task file (default: the shipped tasks/data/swe_tasks.jsonl)")
+    p.set_defaults(func=_cmd_tasks)
 
     p = sub.add_parser("view", help="print saved trajectories")
     p.add_argument("path", help="a trajectories.jsonl file")

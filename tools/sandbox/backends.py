@@ -30,7 +30,9 @@ IPC_DIR = "/ipc"
 WORK_DIR = "/work"
 THREAD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
               "NUMEXPR_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
-              "HOME": WORK_DIR, "MPLBACKEND": "Agg", "PATH": "/usr/local/bin:/usr/bin:/bin"}
+              "HOME": WORK_DIR, "MPLBACKEND": "Agg",
+              # `python` in a shell inside the sandbox is the interpreter the sandbox runs.
+              "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"}
 
 
 class SandboxUnavailable(RuntimeError):
@@ -109,6 +111,8 @@ class BwrapBackend(Backend):
                "--perms", "0777", "--size", size, "--tmpfs", WORK_DIR]
         for root in python_roots():
             cmd += ["--ro-bind", root, root]
+        for host_path, target in config.mounts:
+            cmd += ["--ro-bind", host_path, target]
         cmd += ["--ro-bind", str(ZYGOTE_SOURCE), ZYGOTE_PATH, "--ro-bind", ipc_dir, IPC_DIR,
                 "--remount-ro", "/", "--chdir", WORK_DIR, "--clearenv"]
         for key, value in THREAD_ENV.items():
@@ -177,6 +181,8 @@ class DockerBackend(Backend):
                "-v", f"{ipc_dir}:{IPC_DIR}:ro"]
         for root in python_roots():
             cmd += ["-v", f"{root}:{root}:ro"]
+        for host_path, target in config.mounts:
+            cmd += ["-v", f"{host_path}:{target}:ro"]
         for key, value in THREAD_ENV.items():
             cmd += ["-e", f"{key}={value}"]
         return cmd + [config.docker_image] + _zygote_argv(config.preload)

@@ -74,6 +74,9 @@ class SandboxConfig:
         docker_image: Image for the Docker backend (built locally by :func:`ensure_docker_image`).
         allow_no_cgroups: Run bwrap with rlimits only when no pids/memory cgroup can be created. Off by
             default because a fork bomb is then bounded only by the host.
+        mounts: Extra read-only mounts ``(host_path, sandbox_path)``, e.g. a pristine repository that each
+            episode copies into its work dir (the SWE env). Sandbox paths must be absolute and may not
+            shadow the sandbox's own directories.
     """
 
     backend: str = "auto"
@@ -83,6 +86,7 @@ class SandboxConfig:
     start_timeout_s: float = 30.0
     docker_image: str = "agentgym-sandbox:1"
     allow_no_cgroups: bool = False
+    mounts: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -96,6 +100,13 @@ class SandboxConfig:
             raise ConfigError(f"SandboxConfig.max_workers must be a positive integer, got {self.max_workers!r}.")
         if self.start_timeout_s <= 0:
             raise ConfigError("SandboxConfig.start_timeout_s must be positive.")
+        reserved = ("/work", "/tmp", "/ipc", "/proc", "/dev", "/usr")
+        for mount in self.mounts:
+            if (not isinstance(mount, tuple) or len(mount) != 2 or not all(isinstance(p, str) for p in mount)
+                    or not mount[1].startswith("/") or mount[1].rstrip("/") in ("", *reserved)
+                    or any(mount[1].startswith(r + "/") for r in reserved if r != "/opt")):
+                raise ConfigError(f"SandboxConfig.mounts entries must be (host_path, absolute sandbox path) "
+                                  f"outside {', '.join(reserved)}; got {mount!r}. Use e.g. /opt/data.")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> SandboxConfig:

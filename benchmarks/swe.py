@@ -1,0 +1,103 @@
+"""SWE episodes: setup time and run_tests time per sandbox backend, against a naive per-episode baseline.
+
+* ``bwrap`` / ``docker``: ``SWEEnv.reset`` (lease a warm sandbox, copy the pristine repo from the read-only
+  mount into the work dir, write the buggy file, hide the failing tests, commit a git baseline) and one
+  ``run_tests`` call on a visible test file (pytest in a subprocess inside the sandbox).
+* ``naive``: what a simple harness does per episode: copy the repo to a temp dir, write the buggy file and
+  create a fresh virtualenv (``python -m venv --system-site-packages``, so pytest is there), then run the
+  same test file with that venv's python. No isolation at all.
+
+Docker is measured when a daemon answers (``DOCKER_HOST``); otherwise its rows are skipped with a note.
+
+Run: python benchmarks/swe.py [--episodes 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from agentgym.envs.swe.env import SWEEnv
+from agentgym.suite import load_suite
+from agentgym.tasks.swe.builder import SweTaskSpec
+from agentgym.tasks.swe.libraries import fetch_library, get_library
+
+
+def naive_episode(spec: SweTaskSpec, test_file: str) -> tuple[float, float]:
+    lib = get_library(spec.library)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="naive-swe-") as tmp:
+        repo = Path(tmp) / "repo"
+        shutil.copytree(fetch_library(spec.library), repo, symlinks=True)
+        for path, text in spec.buggy_files(fetch_library(spec.library)).items():
+            (repo / path).write_text(text, encoding="utf-8")
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(Path(tmp) / "venv")], check=True)
+        setup = time.perf_counter() - start
+        start = time.perf_counter()
+        subprocess.run([str(Path(tmp) / "venv" / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "-o", "addopts=", test_file], cwd=repo, capture_output=True, check=False,
+                       env={"PYTHONPATH": lib.python_path, "PATH": "/usr/bin:/bin"})
+        return setup, time.perf_counter() - start
+
+
+def env_episode(env: SWEEnv, task, test_file: str) -> tuple[float, float]:
+    start = time.perf_counter()
+    env.reset(options={"task": task})
+    setup = time.perf_counter() - start
+    start = time.perf_counter()
+    obs = env.step(f'run_tests("{test_file}")')[0]
+    if "passed" not in obs and "failed" not in obs:
+        raise SystemExit(f"run_tests did not run: {obs[:300]}")
+    return setup, time.perf_counter() - start
+
+
+def docker_available() -> bool:
+    return shutil.which("docker") is not None and subprocess.run(
+        ["docker", "version"], capture_output=True, check=False).returncode == 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--episodes", type=int, default=10, help="episodes per method (smoke tasks, cycled)")
+    args = parser.parse_args()
+    if args.episodes < 1:
+        parser.error("--episodes must be >= 1")
+    tasks = list(load_suite("swe-smoke").test)
+    plan = [(tasks[i % len(tasks)], SweTaskSpec.from_dict(tasks[i % len(tasks)].metadata["spec"]))
+            for i in range(args.episodes)]
+    backends = ["bwrap"] + (["docker"] if docker_available() else [])
+    results: dict[str, list[tuple[float, float]]] = {b: [] for b in [*backends, "naive"]}
+    envs = {b: SWEEnv(backend=b) for b in backends}
+    try:
+        for backend, env in envs.items():  # warm-up: first sandbox per library, image builds
+            for task, spec in plan[: len(tasks)]:
+                env_episode(env, task, spec.visible_tests[0])
+        for task, spec in plan:  # interleaved so background load hits every method alike
+            for backend, env in envs.items():
+                results[backend].append(env_episode(env, task, spec.visible_tests[0]))
+            results["naive"].append(naive_episode(spec, spec.visible_tests[0]))
+    finally:
+        for env in envs.values():
+            env.close()
+
+    print(f"\nSWE episode costs over {args.episodes} smoke episodes (median seconds)")
+    print(f"  {'method':<8} {'setup p50':>10} {'setup max':>10} {'run_tests p50':>14}")
+    for method, values in results.items():
+        setups, runs = [s for s, _ in values], [r for _, r in values]
+        print(f"  {method:<8} {statistics.median(setups):>10.3f} {max(setups):>10.3f} {statistics.median(runs):>14.3f}")
+    naive_setup = statistics.median(s for s, _ in results["naive"])
+    for backend in backends:
+        ours = statistics.median(s for s, _ in results[backend])
+        print(f"  setup: {backend} is {naive_setup / ours:.1f}x faster than the naive copy + venv")
+    if "docker" not in backends:
+        print("  (docker rows skipped: no Docker daemon answers; start dockerd or set DOCKER_HOST)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""SWE environment family: fix real bugs in real libraries."""
