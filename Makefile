@@ -7,9 +7,10 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: quickstart test install install-test system-deps benchmarks
 
-# System packages the tests use: bubblewrap (the Python sandbox) and docker.io (the Docker sandbox backend;
-# tests start their own dockerd). Installed with apt-get when missing; elsewhere a warning says what to add.
-SYSTEM_PACKAGES := bubblewrap docker.io
+# System packages the tests use: bubblewrap (the Python sandbox), docker.io (the Docker sandbox backend;
+# tests start their own dockerd), git (SWE patches) and stockfish (the chess opponent, a separate GPL program).
+# Installed with apt-get when missing; elsewhere a warning says what to add.
+SYSTEM_PACKAGES := bubblewrap docker.io git stockfish
 
 # torch first, pinned: an unpinned torch pulls a multi-GB CUDA build.
 install:
@@ -37,3 +38,5 @@ benchmarks: install
 	$(PYTHON) benchmarks/rollout_throughput.py
 	$(PYTHON) benchmarks/train_step.py
 	$(PYTHON) benchmarks/sandbox_latency.py
+	$(PYTHON) benchmarks/swe.py
+	$(PYTHON) benchmarks/multi_agent.py

@@ -61,6 +61,42 @@ CATALOGUE: tuple[CatalogueEntry, ...] = (
         "Fix a bug injected into a real Python library; graded by its hidden tests (bash, view, str_replace, submit).",
         "swe",
     ),
+    CatalogueEntry(
+        "agentgym/Chess-vs-Stockfish-v0",
+        "agentgym.envs.multi_agent.selfplay:ChessVsStockfishEnv",
+        'Chess against Stockfish over UCI (skill 0 by default) as White or Black: move("e2e4").',
+        "multi_agent",
+    ),
+    CatalogueEntry(
+        "agentgym/Negotiation-SelfPlay-v0",
+        "agentgym.envs.multi_agent.selfplay:NegotiationSelfPlayEnv",
+        'Deal or no deal against a scripted negotiator: propose(book, hat, ball), accept(), walk_away().',
+        "multi_agent",
+    ),
+    CatalogueEntry(
+        "agentgym/TicTacToe-SelfPlay-v0",
+        "agentgym.envs.multi_agent.selfplay:TicTacToeSelfPlayEnv",
+        'Tic-tac-toe against a scripted bot (win, block, centre): play(cell).',
+        "multi_agent",
+    ),
+    CatalogueEntry(
+        "agentgym/ConnectFour-SelfPlay-v0",
+        "agentgym.envs.multi_agent.selfplay:ConnectFourSelfPlayEnv",
+        'Connect-four against a scripted bot (win, block, centre): play(column).',
+        "multi_agent",
+    ),
+    CatalogueEntry(
+        "agentgym/Referential-SelfPlay-v0",
+        "agentgym.envs.multi_agent.selfplay:ReferentialSelfPlayEnv",
+        'Describe a target object so that a scripted listener picks it: describe(message).',
+        "multi_agent",
+    ),
+    CatalogueEntry(
+        "agentgym/PrisonersDilemma-SelfPlay-v0",
+        "agentgym.envs.multi_agent.selfplay:PrisonersDilemmaSelfPlayEnv",
+        "Iterated prisoner's dilemma against tit for tat: cooperate() or defect().",
+        "multi_agent",
+    ),
 )
 
 

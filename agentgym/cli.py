@@ -56,6 +56,14 @@ def _cmd_list(args: argparse.Namespace) -> int:
         table.add_row(entry.id, entry.family, entry.description)
     console = Console(width=max(100, Console().width))
     console.print(table)
+    from agentgym.envs.multi_agent.registry import MULTI_AGENT_CATALOGUE
+
+    games = Table(title="multi-agent games (PettingZoo; agentgym.make_multi_agent)")
+    for column in ("id", "forms", "description"):
+        games.add_column(column)
+    for game in MULTI_AGENT_CATALOGUE:
+        games.add_row(game.id, "AEC + parallel" if game.parallel_entry_point else "AEC", game.description)
+    console.print(games)
     console.print("suites: " + ", ".join(list_suites()))
     return 0
 

@@ -2,7 +2,7 @@
 
 One engine serves evaluation and training. Each episode is a coroutine: reset the env (in a worker
 thread), ask the policy for an action, step the env (in a worker thread, under a timeout), repeat. Policy
-requests from all episodes meet in a :class:`_PolicyBatcher`, which sends whatever is queued as one batch
+requests from all episodes meet in a :class:`PolicyBatcher`, which sends whatever is queued as one batch
 as soon as the policy has a free slot. Episodes therefore pipeline: while some wait on slow tools,
 others generate, and no turn waits for the slowest episode of a synchronous batch.
 
@@ -32,14 +32,8 @@ from agentgym.storage import TrajectoryWriter
 from agentgym.suite import Task, TaskSuite
 from agentgym.trajectory import Trajectory, Turn, jsonable
 
-__all__ = [
-    "EpisodeSpec",
-    "RolloutConfig",
-    "RolloutEngine",
-    "episodes_for_suite",
-    "run_reference_episode",
-    "summarize",
-]
+__all__ = ["EpisodeSpec", "PolicyBatcher", "RolloutConfig", "RolloutEngine", "episodes_for_suite",
+           "run_reference_episode", "summarize"]
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +116,7 @@ def episodes_for_suite(
     return specs
 
 
-class _PolicyBatcher:
+class PolicyBatcher:
     """Collects generation requests from episodes and sends them to the policy in batches."""
 
     def __init__(self, policy: Policy, window_s: float, deterministic: bool = False) -> None:
@@ -306,7 +300,7 @@ class RolloutEngine:
         episodes = list(episodes)
         self._run_id = uuid.uuid4().hex[:8]
         results: list[Trajectory | None] = [None] * len(episodes)
-        batcher = _PolicyBatcher(self.policy, self.config.batch_window_s, self.config.deterministic)
+        batcher = PolicyBatcher(self.policy, self.config.batch_window_s, self.config.deterministic)
         batcher.start()
         pool = _EnvPool()
         executor = concurrent.futures.ThreadPoolExecutor(self.config.env_workers, thread_name_prefix="agentgym-env")
@@ -348,7 +342,7 @@ class RolloutEngine:
         )
 
     async def _episode(
-        self, spec: EpisodeSpec, index: int, batcher: _PolicyBatcher, pool: _EnvPool,
+        self, spec: EpisodeSpec, index: int, batcher: PolicyBatcher, pool: _EnvPool,
         executor: concurrent.futures.Executor,
     ) -> Trajectory:
         cfg = self.config

@@ -1,0 +1,89 @@
+"""Multi-agent text games on the PettingZoo API, real opponents (Stockfish over UCI) and self-play.
+
+* Games (``make_multi_agent(id)``): negotiation (deal or no deal), tic-tac-toe and connect-four and chess
+  on OpenSpiel's rules, a cooperative referential game, and the iterated prisoner's dilemma (also as a
+  simultaneous-move Parallel env via ``make_multi_agent_parallel``). Observations are dicts with a numeric
+  ``observation``, an ``action_mask`` and the ``text`` a model reads; actions are the model's raw text,
+  parsed like single-agent actions.
+* :class:`SelfPlay` turns one seat into a single-agent ``AgentEnv`` (``agentgym/Chess-vs-Stockfish-v0``,
+  ``agentgym/Negotiation-SelfPlay-v0``, ...) so every single-agent trainer can train on it.
+* :class:`MultiAgentRolloutEngine` runs whole games with one policy per seat or one shared policy with
+  role prompts, and records one trajectory per agent with a shared episode id.
+
+Everything but :mod:`.registry` needs the ``agentgym[multiagent]`` extra (PettingZoo, OpenSpiel);
+attributes load lazily so that ``agentgym list`` works without it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .registry import (
+    MULTI_AGENT_CATALOGUE,
+    SELFPLAY_ENTRIES,
+    make_multi_agent,
+    make_multi_agent_parallel,
+    multi_agent_ids,
+)
+
+__all__ = [
+    "MULTI_AGENT_CATALOGUE",
+    "SELFPLAY_ENTRIES",
+    "CheckpointOpponent",
+    "ChessEnv",
+    "ConnectFourEnv",
+    "League",
+    "MultiAgentEpisodeSpec",
+    "MultiAgentRolloutConfig",
+    "MultiAgentRolloutEngine",
+    "NegotiationEnv",
+    "Opponent",
+    "PolicyOpponent",
+    "PrisonersDilemmaEnv",
+    "PrisonersDilemmaParallelEnv",
+    "RandomOpponent",
+    "ReferentialEnv",
+    "ScriptedOpponent",
+    "SelfPlay",
+    "StockfishConfig",
+    "StockfishEngine",
+    "StockfishOpponent",
+    "TextAECEnv",
+    "TextParallelEnv",
+    "TicTacToeEnv",
+    "make_multi_agent",
+    "make_multi_agent_parallel",
+    "multi_agent_ids",
+]
+
+_LAZY = {
+    "TextAECEnv": "base",
+    "TextParallelEnv": "parallel",
+    "ChessEnv": "chess",
+    "TicTacToeEnv": "board_games",
+    "ConnectFourEnv": "board_games",
+    "NegotiationEnv": "negotiation",
+    "ReferentialEnv": "referential",
+    "PrisonersDilemmaEnv": "prisoners_dilemma",
+    "PrisonersDilemmaParallelEnv": "prisoners_dilemma",
+    "StockfishConfig": "stockfish",
+    "StockfishEngine": "stockfish",
+    "Opponent": "opponents",
+    "RandomOpponent": "opponents",
+    "ScriptedOpponent": "opponents",
+    "StockfishOpponent": "opponents",
+    "PolicyOpponent": "opponents",
+    "CheckpointOpponent": "opponents",
+    "League": "opponents",
+    "SelfPlay": "selfplay",
+    "MultiAgentEpisodeSpec": "rollout",
+    "MultiAgentRolloutConfig": "rollout",
+    "MultiAgentRolloutEngine": "rollout",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

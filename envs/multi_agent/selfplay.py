@@ -1,0 +1,445 @@
+"""SelfPlay: one seat of a multi-agent game as a single-agent :class:`~agentgym.env.AgentEnv`.
+
+Every single-agent trainer (GRPO, ARPO, ArCHer, GiGPO) and the rollout engine work on ``AgentEnv``; this
+wrapper lets them train on games. The learner's reply goes to the game unchanged (the game parses it,
+so turn kinds, errors and the invalid-move penalty are the game's own), then the opponents of the other
+seats move until it is the learner's turn again or the game is over. The learner's reward for a step is
+the sum of its named reward components over its own move and the opponents' replies (a game can end on
+an opponent's move).
+
+Opponents are anything in :mod:`~agentgym.envs.multi_agent.opponents`: random or scripted bots,
+Stockfish, a policy, a frozen checkpoint of the learner, or a league of those. Each episode derives the
+game seed and every opponent's RNG from the env's ``np_random``, so episodes replay exactly from their seed.
+An opponent that fails for reasons outside the game (a dead engine, a failing model server) ends the
+episode with ``end_reason="error"``.
+
+The registered ids (``agentgym/Chess-vs-Stockfish-v0``, ``agentgym/Negotiation-SelfPlay-v0``, ...) are
+small subclasses at the end of this module that pick a game, default opponents and a turn budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from agentgym.env import AgentEnv, ReferenceSolver
+from agentgym.errors import ConfigError, EnvCrashed, TaskError, did_you_mean
+from agentgym.parsers import ToolCallParser
+from agentgym.suite import Task
+from agentgym.toolset import ToolSet
+
+from .base import TextAECEnv
+from .board_games import ConnectFourEnv, TicTacToeEnv
+from .chess import START_FEN, ChessEnv
+from .negotiation import NegotiationEnv
+from .opponents import Opponent, RandomOpponent, ScriptedOpponent, StockfishOpponent
+from .prisoners_dilemma import PrisonersDilemmaEnv
+from .referential import ReferentialEnv
+from .stockfish import StockfishConfig
+
+__all__ = [
+    "ChessVsStockfishEnv",
+    "ConnectFourSelfPlayEnv",
+    "NegotiationSelfPlayEnv",
+    "PrisonersDilemmaSelfPlayEnv",
+    "ReferentialSelfPlayEnv",
+    "SelfPlay",
+    "TicTacToeSelfPlayEnv",
+]
+
+_END_REASONS = {"answered", "solved", "failed", "max_turns", "context_limit", "error"}
+
+
+class SelfPlay(AgentEnv):
+    """Turn seat ``learner`` of an AEC text game into a single-agent env.
+
+    Args:
+        game: The multi-agent game (a :class:`~agentgym.envs.multi_agent.base.TextAECEnv`); SelfPlay owns it
+            and closes it.
+        opponents: One opponent for every other seat, or a mapping ``seat -> opponent`` (then the learner is
+            the one seat without an opponent).
+        learner: The learner's seat; ``None`` lets each task choose (``metadata["seat"]``) or else draws a
+            seat per episode from the env's RNG, so the learner plays every side.
+        max_turns: Learner turns (including rejected replies) before truncation.
+        tasks: Fixed games to draw from: ``Task.metadata`` may hold ``setup`` (passed to the game) and ``seat``.
+        max_action_chars: See :class:`~agentgym.env.AgentEnv`.
+        render_mode: ``"ansi"`` or ``None``.
+    """
+
+    description: ClassVar[str] = "One seat of a multi-agent game against fixed opponents."
+
+    def __init__(
+        self,
+        game: TextAECEnv,
+        opponents: Opponent | Mapping[str, Opponent],
+        *,
+        learner: str | None = None,
+        max_turns: int = 50,
+        tasks: Sequence[Task] | None = None,
+        max_action_chars: int = 20_000,
+        render_mode: str | None = None,
+    ) -> None:
+        if not isinstance(game, TextAECEnv):
+            raise ConfigError(f"SelfPlay needs a TextAECEnv game, got {type(game).__name__}.")
+        seats = list(game.possible_agents)
+        if learner is not None and learner not in seats:
+            raise ConfigError(f"Unknown learner seat {learner!r}.{did_you_mean(learner, seats)} Seats: {seats}.")
+        if isinstance(opponents, Mapping):
+            unknown = set(opponents) - set(seats)
+            if unknown:
+                raise ConfigError(f"Opponents for unknown seats {sorted(unknown)}; the game's seats are {seats}.")
+            if not all(isinstance(o, Opponent) for o in opponents.values()):
+                raise ConfigError("Every opponent must be an Opponent (RandomOpponent, ScriptedOpponent, ...).")
+        elif not isinstance(opponents, Opponent):
+            raise ConfigError(f"opponents must be an Opponent or a mapping seat -> Opponent, got "
+                              f"{type(opponents).__name__}.")
+        elif len(seats) > 2:
+            raise ConfigError("One opponent object can play only one seat; pass a mapping seat -> Opponent for games "
+                              "with more than two seats.")
+        self.game = game
+        self.opponents = opponents
+        self.fixed_learner = learner
+        self.learner = learner or seats[0]
+        self._seat_opponents: dict[str, Opponent] = {}
+        self._pending: dict[str, float] = {}
+        self._opponent_log: list[dict[str, Any]] = []
+        all_opponents = list(opponents.values()) if isinstance(opponents, Mapping) else [opponents]
+        self.cheap_steps = bool(game.cheap_steps and all(o.cheap for o in all_opponents))
+        self.native_format_hint = game.native_format_hint
+        super().__init__(max_turns=max_turns, tasks=tasks, max_action_chars=max_action_chars, max_calls_per_turn=1,
+                         render_mode=render_mode)
+
+    # ---- AgentEnv hooks ---------------------------------------------------------------------------------------
+    def _build_tools(self) -> ToolSet:
+        return self.game.toolset(self.learner)
+
+    def _build_parser(self) -> ToolCallParser:
+        return self.game.parser(self.learner)
+
+    def _sample_task(self, rng: np.random.Generator) -> Task:
+        return Task(id=f"game-{int(rng.integers(2**31 - 1))}", prompt=type(self.game).description)
+
+    def _task_instructions(self) -> str:
+        return self.game.rules(self.learner)
+
+    def _choose_seat(self, task: Task) -> str:
+        seats = list(self.game.possible_agents)
+        seat = task.metadata.get("seat") if isinstance(task.metadata, Mapping) else None
+        if seat is None:
+            if self.fixed_learner is not None:
+                return self.fixed_learner
+            candidates = [s for s in seats if not (isinstance(self.opponents, Mapping) and s in self.opponents)]
+            return candidates[int(self.np_random.integers(len(candidates)))]
+        if seat not in seats:
+            raise TaskError(f"Task {task.id!r} names seat {seat!r}.{did_you_mean(str(seat), seats)} Seats: {seats}.")
+        return str(seat)
+
+    def _begin_episode(self, task: Task) -> str:
+        seat = self._choose_seat(task)
+        if isinstance(self.opponents, Mapping):
+            missing = [s for s in self.game.possible_agents if s != seat and s not in self.opponents]
+            if missing:
+                raise ConfigError(f"No opponent for seat(s) {missing} when the learner plays {seat!r}.")
+            self._seat_opponents = {s: self.opponents[s] for s in self.game.possible_agents if s != seat}
+        else:
+            self._seat_opponents = {s: self.opponents for s in self.game.possible_agents if s != seat}
+        seed = int(self.np_random.integers(2**31 - 1))
+        setup = task.metadata.get("setup") if isinstance(task.metadata, Mapping) else None
+        self.game.reset(seed=seed, options={"setup": setup} if setup is not None else None)
+        self.learner = seat
+        self.toolset = self.game.toolset(seat)
+        self.parser = self.game.parser(seat)
+        for index, (other, opponent) in enumerate(self._seat_opponents.items()):
+            opponent.reset(self.game, other, np.random.default_rng([seed, index]))
+        self._pending = {}
+        self._opponent_log = []
+        self._advance()
+        return self.game.observe(seat)["text"]
+
+    # ---- the turn -------------------------------------------------------------------------------------------------
+    def _game_done(self) -> bool:
+        game = self.game
+        return bool(game.game_over or game.terminations.get(self.learner) or game.truncations.get(self.learner))
+
+    def _collect(self) -> None:
+        for name, value in self.game.reward_components.get(self.learner, {}).items():
+            self._pending[name] = self._pending.get(name, 0.0) + value
+
+    def _advance(self) -> None:
+        """Let the opponents move until it is the learner's turn or the game is over."""
+        game = self.game
+        for _ in range(game.max_steps + 1):
+            if self._game_done() or game.agent_selection == self.learner:
+                return
+            agent = game.agent_selection
+            opponent = self._seat_opponents[agent]
+            try:
+                action = opponent.act(game, agent)
+            except EnvCrashed:
+                raise
+            except Exception as exc:
+                raise EnvCrashed(f"opponent {opponent.name} ({agent}) failed: {type(exc).__name__}: {exc}") from exc
+            game.step(action)
+            self._opponent_log.append({"agent": agent, "opponent": opponent.name, "action": action,
+                                       "kind": game.infos[agent]["turn"]["kind"]})
+            self._collect()
+        raise EnvCrashed(f"the opponents did not hand the turn back within {game.max_steps} steps")
+
+    def _finish_from_game(self) -> None:
+        result = self.game.infos[self.learner].get("outcome") or {}
+        reason = str(result.get("end_reason", "failed"))
+        self.finish(success=bool(result.get("success", False)), score=float(result.get("score", 0.0)),
+                    reason=reason if reason in _END_REASONS else "failed")
+
+    def _run_action(self, action: Any, turn_info: dict[str, Any]) -> tuple[str, str]:
+        self._opponent_log = []
+        if self._game_done():
+            kind = "void"
+        else:
+            self._pending = {}
+            self.game.step(action)
+            turn = self.game.infos[self.learner].get("turn", {})
+            for key in ("calls", "errors", "tool_errors"):
+                turn_info[key] = list(turn.get(key, []))
+            kind = str(turn.get("kind", "invalid"))
+            self._collect()
+            self._advance()
+        for name, value in self._pending.items():
+            self.add_reward(name, value)
+        self._pending = {}
+        turn_info["opponents"] = list(self._opponent_log)
+        if self._game_done():
+            self._finish_from_game()
+        return self.game.observe(self.learner)["text"], kind
+
+    # ---- solvers, rendering, closing ---------------------------------------------------------------------------
+    def reference_solver(self) -> ReferenceSolver:
+        """The game's omniscient reference move for the learner's seat, if the game has one."""
+        if not hasattr(self.game, "reference_action"):
+            raise NotImplementedError(f"{type(self.game).__name__} has no reference_action.")
+        return lambda observation: self.game.reference_action(self.learner)
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi":
+            return None
+        return "\n".join([super().render() or "", self.game._render_state(self.learner)])
+
+    def close(self) -> None:
+        if getattr(self, "_closed", False):
+            return
+        opponents = list(self.opponents.values()) if isinstance(self.opponents, Mapping) else [self.opponents]
+        for opponent in opponents:
+            opponent.close()
+        self.game.close()
+        super().close()
+
+
+def _simple_opponent(opponent: str | Opponent) -> Opponent:
+    if isinstance(opponent, Opponent):
+        return opponent
+    choices = {"scripted": ScriptedOpponent, "random": RandomOpponent}
+    if opponent not in choices:
+        raise ConfigError(f"Unknown opponent {opponent!r}.{did_you_mean(str(opponent), choices)} Use 'scripted', "
+                          "'random' or an Opponent instance.")
+    return choices[opponent]()
+
+
+class ChessVsStockfishEnv(SelfPlay):
+    """Chess against Stockfish (UCI subprocess): the learner plays White or Black, drawn per episode.
+
+    Args:
+        skill_level: Stockfish skill, 0 (weakest, the default) to 20.
+        depth: Search depth (capped at ``1 + skill_level`` below full strength, as in Stockfish).
+        deterministic: Reproduce Stockfish's skill rule with the episode RNG (see ``stockfish.py``).
+        stockfish_path: The binary (default: ``$AGENTGYM_STOCKFISH``, PATH, /usr/games/stockfish).
+        reference_depth: Depth of the full-strength Stockfish that plays the reference solution.
+        learner: ``player_0`` (White), ``player_1`` (Black) or ``None`` (drawn per episode).
+        max_turns: Learner turns before truncation.
+        invalid_action_penalty: Penalty per rejected reply (component ``invalid_action``).
+        max_invalid_actions: Rejected replies in a row that forfeit the game.
+        tasks: Optional fixed games (``metadata``: ``setup: {"fen": ...}``, ``seat``).
+        max_action_chars: See :class:`~agentgym.env.AgentEnv`.
+        render_mode: ``"ansi"`` or ``None``.
+    """
+
+    description: ClassVar[str] = "Chess against Stockfish (skill 0 by default) as White or Black: move(\"e2e4\")."
+
+    def __init__(self, *, skill_level: int = 0, depth: int | None = 1, deterministic: bool = True,
+                 stockfish_path: str | None = None, reference_depth: int = 6, learner: str | None = None,
+                 max_turns: int = 150, invalid_action_penalty: float = 0.1, max_invalid_actions: int | None = 3,
+                 tasks: Sequence[Task] | None = None, max_action_chars: int = 20_000,
+                 render_mode: str | None = None) -> None:
+        if reference_depth < 1:
+            raise ConfigError(f"reference_depth must be >= 1, got {reference_depth}.")
+        config = StockfishConfig(path=stockfish_path, skill_level=skill_level, depth=depth, deterministic=deterministic)
+        self.reference_depth = int(reference_depth)
+        self.stockfish = StockfishOpponent(config)
+        game = ChessEnv(invalid_action_penalty=invalid_action_penalty, max_invalid_actions=max_invalid_actions,
+                        max_steps=2 * max_turns + 2, max_action_chars=max_action_chars)
+        super().__init__(game, self.stockfish, learner=learner, max_turns=max_turns, tasks=tasks,
+                         max_action_chars=max_action_chars, render_mode=render_mode)
+
+    def reference_solver(self) -> ReferenceSolver:
+        """Full-strength Stockfish at ``reference_depth`` plays the learner's moves (it beats skill 0)."""
+        game = self.game
+        assert isinstance(game, ChessEnv)
+
+        def solve(observation: str) -> str:
+            start = None if game.start_fen == START_FEN else game.start_fen
+            move = self.stockfish.engine.best_move(game.uci_moves, start_fen=start,
+                                                   full_strength_depth=self.reference_depth)
+            return game.play_uci(move)
+
+        return solve
+
+
+class NegotiationSelfPlayEnv(SelfPlay):
+    """Deal-or-no-deal negotiation against a scripted aspiration negotiator (or a random one).
+
+    Args:
+        opponent: ``"scripted"`` (default), ``"random"`` or any :class:`Opponent`.
+        learner: ``player_0`` (moves first), ``player_1`` or ``None`` (task seat, else drawn per episode).
+        max_moves: Proposals allowed in all before "no deal".
+        success_share: Share of its total value a deal must give the learner to count as a success.
+        max_turns: Learner turns before truncation.
+        invalid_action_penalty: Penalty per rejected reply.
+        max_invalid_actions: Rejected replies in a row that end the game with no deal.
+        tasks: Optional fixed games (see :func:`~agentgym.envs.multi_agent.negotiation.generate_tasks`).
+        max_action_chars: See :class:`~agentgym.env.AgentEnv`.
+        render_mode: ``"ansi"`` or ``None``.
+    """
+
+    description: ClassVar[str] = ("Deal or no deal against a scripted negotiator: propose(book, hat, ball), accept(), "
+                                  "walk_away().")
+
+    def __init__(self, *, opponent: str | Opponent = "scripted", learner: str | None = None, max_moves: int = 10,
+                 success_share: float = 0.5, max_turns: int = 20, invalid_action_penalty: float = 0.1,
+                 max_invalid_actions: int | None = 3, tasks: Sequence[Task] | None = None,
+                 max_action_chars: int = 20_000, render_mode: str | None = None) -> None:
+        game = NegotiationEnv(max_action_chars=max_action_chars, max_moves=max_moves, success_share=success_share,
+                              invalid_action_penalty=invalid_action_penalty, max_invalid_actions=max_invalid_actions,
+                              max_steps=2 * max_turns + 2)
+        super().__init__(game, _simple_opponent(opponent), learner=learner, max_turns=max_turns, tasks=tasks,
+                         max_action_chars=max_action_chars, render_mode=render_mode)
+
+
+class TicTacToeSelfPlayEnv(SelfPlay):
+    """Tic-tac-toe against a scripted bot (win, block, centre, corner) or a random player.
+
+    Args:
+        opponent: ``"scripted"`` (default), ``"random"`` or any :class:`Opponent`.
+        learner: ``player_0`` (x, first), ``player_1`` or ``None`` (drawn per episode).
+        max_turns: Learner turns before truncation.
+        invalid_action_penalty: Penalty per rejected reply.
+        max_invalid_actions: Rejected replies in a row that forfeit.
+        tasks: Optional fixed games (``metadata["seat"]``).
+        max_action_chars: See :class:`~agentgym.env.AgentEnv`.
+        render_mode: ``"ansi"`` or ``None``.
+    """
+
+    description: ClassVar[str] = "Tic-tac-toe against a scripted bot: play(cell)."
+
+    def __init__(self, *, opponent: str | Opponent = "scripted", learner: str | None = None, max_turns: int = 15,
+                 invalid_action_penalty: float = 0.1, max_invalid_actions: int | None = 3,
+                 tasks: Sequence[Task] | None = None, max_action_chars: int = 20_000,
+                 render_mode: str | None = None) -> None:
+        game = TicTacToeEnv(invalid_action_penalty=invalid_action_penalty, max_invalid_actions=max_invalid_actions,
+                            max_steps=2 * max_turns + 2, max_action_chars=max_action_chars)
+        super().__init__(game, _simple_opponent(opponent), learner=learner, max_turns=max_turns, tasks=tasks,
+                         max_action_chars=max_action_chars, render_mode=render_mode)
+
+    def reference_solver(self) -> ReferenceSolver:
+        """Perfect play (minimax): never loses."""
+        game = self.game
+        assert isinstance(game, TicTacToeEnv)
+        return lambda observation: game.minimax_action(self.learner)
+
+
+class ConnectFourSelfPlayEnv(SelfPlay):
+    """Connect-four against a scripted bot (win, block, prefer the centre) or a random player.
+
+    Args:
+        opponent: ``"scripted"`` (default), ``"random"`` or any :class:`Opponent`.
+        learner: ``player_0`` (x, first), ``player_1`` or ``None`` (drawn per episode).
+        max_turns: Learner turns before truncation.
+        invalid_action_penalty: Penalty per rejected reply.
+        max_invalid_actions: Rejected replies in a row that forfeit.
+        tasks: Optional fixed games (``metadata["seat"]``).
+        max_action_chars: See :class:`~agentgym.env.AgentEnv`.
+        render_mode: ``"ansi"`` or ``None``.
+    """
+
+    description: ClassVar[str] = "Connect-four against a scripted bot: play(column)."
+
+    def __init__(self, *, opponent: str | Opponent = "scripted", learner: str | None = None, max_turns: int = 40,
+                 invalid_action_penalty: float = 0.1, max_invalid_actions: int | None = 3,
+                 tasks: Sequence[Task] | None = None, max_action_chars: int = 20_000,
+                 render_mode: str | None = None) -> None:
+        game = ConnectFourEnv(invalid_action_penalty=invalid_action_penalty, max_invalid_actions=max_invalid_actions,
+                              max_steps=2 * max_turns + 2, max_action_chars=max_action_chars)
+        super().__init__(game, _simple_opponent(opponent), learner=learner, max_turns=max_turns, tasks=tasks,
+                         max_action_chars=max_action_chars, render_mode=render_mode)
+
+    def reference_solver(self) -> ReferenceSolver:
+        """The scripted bot's policy for the learner's seat (win, block, centre); good, not perfect."""
+        game = self.game
+        rng = np.random.default_rng(0)
+        return lambda observation: game.scripted_action(self.learner, rng)
+
+
+class ReferentialSelfPlayEnv(SelfPlay):
+    """The cooperative referential game with a scripted partner: by default the learner is the speaker.
+
+    Args:
+        learner: ``speaker_0`` (default) or ``listener_0``.
+        candidates: Objects per game.
+        rounds: Speaker turns before the listener must have chosen.
+        max_turns: Learner turns before truncation.
+        invalid_action_penalty: Penalty per rejected reply.
+        max_invalid_actions: Rejected replies in a row that end the game as a failure.
+        tasks: Optional fixed games (see :func:`~agentgym.envs.multi_agent.referential.generate_tasks`).
+        max_action_chars: See :class:`~agentgym.env.AgentEnv`.
+        render_mode: ``"ansi"`` or ``None``.
+    """
+
+    description: ClassVar[str] = "Describe a target object so that a scripted listener picks it: describe(message)."
+
+    def __init__(self, *, learner: str | None = "speaker_0", candidates: int = 4, rounds: int = 3, max_turns: int = 10,
+                 invalid_action_penalty: float = 0.1, max_invalid_actions: int | None = 3,
+                 tasks: Sequence[Task] | None = None, max_action_chars: int = 20_000,
+                 render_mode: str | None = None) -> None:
+        game = ReferentialEnv(candidates=candidates, rounds=rounds, invalid_action_penalty=invalid_action_penalty,
+                              max_invalid_actions=max_invalid_actions, max_steps=2 * max_turns + 2,
+                              max_action_chars=max_action_chars)
+        super().__init__(game, ScriptedOpponent(), learner=learner, max_turns=max_turns, tasks=tasks,
+                         max_action_chars=max_action_chars, render_mode=render_mode)
+
+
+class PrisonersDilemmaSelfPlayEnv(SelfPlay):
+    """Iterated prisoner's dilemma against tit for tat (or a random player).
+
+    Args:
+        opponent: ``"scripted"`` (tit for tat, default), ``"random"`` or any :class:`Opponent`.
+        learner: ``player_0``, ``player_1`` or ``None`` (drawn per episode).
+        rounds: Rounds per game.
+        max_turns: Learner turns before truncation.
+        invalid_action_penalty: Penalty per rejected reply.
+        max_invalid_actions: Rejected replies in a row that end the game.
+        tasks: Optional fixed games (``metadata``: ``setup: {"rounds": n}``, ``seat``).
+        max_action_chars: See :class:`~agentgym.env.AgentEnv`.
+        render_mode: ``"ansi"`` or ``None``.
+    """
+
+    description: ClassVar[str] = "Iterated prisoner's dilemma against tit for tat: cooperate() or defect()."
+
+    def __init__(self, *, opponent: str | Opponent = "scripted", learner: str | None = None, rounds: int = 10,
+                 max_turns: int = 30, invalid_action_penalty: float = 0.1, max_invalid_actions: int | None = 3,
+                 tasks: Sequence[Task] | None = None, max_action_chars: int = 20_000,
+                 render_mode: str | None = None) -> None:
+        game = PrisonersDilemmaEnv(rounds=rounds, invalid_action_penalty=invalid_action_penalty,
+                                   max_invalid_actions=max_invalid_actions, max_steps=2 * max_turns + 2,
+                                   max_action_chars=max_action_chars)
+        super().__init__(game, _simple_opponent(opponent), learner=learner, max_turns=max_turns, tasks=tasks,
+                         max_action_chars=max_action_chars, render_mode=render_mode)
