@@ -8,9 +8,10 @@ export TOKENIZERS_PARALLELISM := false
 .PHONY: quickstart test install install-test system-deps benchmarks
 
 # System packages the tests use: bubblewrap (the Python sandbox), docker.io (the Docker sandbox backend;
-# tests start their own dockerd), git (SWE patches) and stockfish (the chess opponent, a separate GPL program).
+# tests start their own dockerd), git (SWE patches), stockfish (the chess opponent, a separate GPL program) and
+# chromium (the web/GUI envs drive the system Chromium; `playwright install` cannot download here).
 # Installed with apt-get when missing; elsewhere a warning says what to add.
-SYSTEM_PACKAGES := bubblewrap docker.io git stockfish
+SYSTEM_PACKAGES := bubblewrap docker.io git stockfish chromium
 
 # torch first, pinned: an unpinned torch pulls a multi-GB CUDA build.
 install:
@@ -40,3 +41,4 @@ benchmarks: install
 	$(PYTHON) benchmarks/sandbox_latency.py
 	$(PYTHON) benchmarks/swe.py
 	$(PYTHON) benchmarks/multi_agent.py
+	$(PYTHON) benchmarks/browser.py

@@ -97,6 +97,24 @@ CATALOGUE: tuple[CatalogueEntry, ...] = (
         "Iterated prisoner's dilemma against tit for tat: cooperate() or defect().",
         "multi_agent",
     ),
+    CatalogueEntry(
+        "agentgym/WebShop-v0",
+        "agentgym.envs.web.env:WebShopEnv",
+        'Buy what a WebShop-style instruction asks in a local grocery shop, in a real Chromium driven through accessibility snapshots.',
+        "web",
+    ),
+    CatalogueEntry(
+        "agentgym/WebShop-text-v0",
+        "agentgym.envs.web.env:WebShopTextEnv",
+        'The same shop rendered as the same accessibility snapshots without a browser, for fast RL.',
+        "web",
+    ),
+    CatalogueEntry(
+        "agentgym/MiniWoB-v0",
+        "agentgym.envs.gui.env:MiniWoBEnv",
+        "MiniWoB++ web tasks by pixels: screenshot in, click(x, y)/type/key/scroll/drag out; the page's own reward.",
+        "gui",
+    ),
 )
 
 

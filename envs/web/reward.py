@@ -1,0 +1,89 @@
+"""WebShop's reward, computed from what was actually bought.
+
+WebShop (Yao et al., 2022, ``web_agent_site/engine/goal.py``) scores a purchase as
+
+    r = r_type * (n_matched_attributes + n_matched_options + [price <= price_upper])
+                / (n_goal_attributes + n_goal_options + 1)
+
+where ``r_type`` checks the bought thing is the right kind of product: 1.0 when the query, the category or
+enough of the title's nouns match, 0.5 when only a little of the title matches, 0.1 below 10 % overlap and
+0.0 with no overlap. Success is a full match (``r == 1``). WebShop matched attributes and options with
+fuzzy string ratios and title nouns with spaCy; our attributes and options come from a closed vocabulary,
+so exact matching is the same test without those dependencies, and title nouns are approximated by the
+title's content words.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from agentgym.envs.web.catalogue import Product
+
+__all__ = ["ItemScore", "order_score", "score_item", "title_overlap"]
+
+_STOPWORDS = frozenset({
+    "a", "an", "and", "the", "of", "with", "in", "on", "for", "to", "from", "by", "or", "no", "not", "free", "less",
+    "more", "&", "+", "-", "oz", "g", "kg", "ml", "l", "pack", "size",
+})
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def _content_words(title: str) -> set[str]:
+    return {w for w in _WORD.findall(title.lower()) if w not in _STOPWORDS and not w.isdigit()}
+
+
+def title_overlap(bought_title: str, goal_title: str) -> float:
+    """Share of the goal title's content words that the bought title has (WebShop's ``title_score``)."""
+    wanted = _content_words(goal_title)
+    if not wanted:
+        return 0.2  # WebShop's value when the goal title has no nouns
+    return len(wanted & _content_words(bought_title)) / len(wanted)
+
+
+@dataclass(frozen=True)
+class ItemScore:
+    """The parts of WebShop's reward for one bought item."""
+
+    r_type: float
+    attributes_matched: int
+    attributes_total: int
+    options_matched: int
+    options_total: int
+    price_ok: bool
+
+    @property
+    def total(self) -> float:
+        matched = self.attributes_matched + self.options_matched + int(self.price_ok)
+        return self.r_type * matched / (self.attributes_total + self.options_total + 1)
+
+
+def score_item(product: Product, choice: Mapping[str, str], price: float, *, goal_product_id: int,
+               goal_title: str, goal_aisle: str, goal_features: Sequence[str], goal_options: Mapping[str, str],
+               price_upper: float) -> ItemScore:
+    """Score one bought item (``product`` with options ``choice`` at ``price``) against the goal."""
+    overlap = title_overlap(product.title, goal_title)
+    match = product.id == goal_product_id or product.aisle == goal_aisle or overlap > 0.2
+    r_type = 1.0 if match else 0.5
+    if overlap < 0.1:
+        r_type = 0.1
+    if overlap == 0.0:
+        r_type = 0.0
+    if product.id == goal_product_id:
+        r_type = 1.0
+    title_lower = product.title.lower()
+    attributes = sum(1 for f in goal_features if f in product.features or f in title_lower)
+    chosen = {str(v).lower() for v in choice.values()}
+    options = sum(1 for v in goal_options.values() if str(v).lower() in chosen)
+    return ItemScore(r_type, attributes, len(goal_features), options, len(goal_options), price <= price_upper + 1e-9)
+
+
+def order_score(item_scores: Sequence[ItemScore]) -> float:
+    """Score of a placed order: its best item's reward, divided by the number of items bought.
+
+    WebShop buys exactly one item; a cart lets an agent buy several, so buying extra items must not pay.
+    """
+    if not item_scores:
+        return 0.0
+    return max(s.total for s in item_scores) / len(item_scores)

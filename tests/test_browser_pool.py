@@ -1,0 +1,339 @@
+"""The browser pool: URL guard (links, redirects, forms, scripts, pop-ups), context reuse, crash recovery.
+
+Every test that visits "another site" uses a canary server on a second 127.0.0.1 port and asserts that it
+never received a request, and external hosts under the reserved ``.invalid`` TLD: the guard must refuse
+them before any packet leaves the browser.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+from agentgym.envs.web.app import Request, Response
+from agentgym.envs.web.server import AppServer
+from agentgym.tools.browser import (
+    ActionError,
+    BrowserConfig,
+    BrowserCrashed,
+    BrowserUnavailable,
+    UrlGuard,
+)
+from agentgym.tools.browser.actions import (
+    check_key,
+    check_point,
+    check_scroll_delta,
+    check_text,
+)
+from agentgym.tools.browser.config import find_chromium
+from agentgym.tools.browser.snapshot import (
+    normalize_refs,
+    yaml_escape_key,
+    yaml_escape_value,
+)
+
+try:
+    find_chromium()
+    import playwright  # noqa: F401
+
+    HAVE_BROWSER = True
+except (BrowserUnavailable, ImportError):
+    HAVE_BROWSER = False
+
+needs_browser = pytest.mark.skipif(not HAVE_BROWSER, reason="needs Chromium (apt-get install chromium) and playwright")
+
+EXTERNAL = "http://example.invalid"
+
+
+class Site:
+    """A tiny app with every way a page can try to leave, plus a canary server counting its hits."""
+
+    def __init__(self) -> None:
+        self.canary_hits = 0
+        self.canary = AppServer(self._canary)
+        self.server = AppServer(self._handle)
+
+    def _canary(self, request: Request) -> Response:
+        self.canary_hits += 1
+        return Response(200, "<p>canary</p>")
+
+    def _handle(self, request: Request) -> Response:
+        canary = self.canary.origin
+        if request.path == "/redirect-out":
+            return Response(302, "", (("Location", f"{EXTERNAL}/r"),))
+        if request.path == "/redirect-local":
+            return Response(302, "", (("Location", f"{canary}/r"),))
+        if request.path == "/redirect-chain":
+            return Response(302, "", (("Location", "/redirect-local"),))
+        if request.path == "/redirect-ok":
+            return Response(303, "", (("Location", "/two"),))
+        if request.path == "/two":
+            return Response(200, "<!DOCTYPE html><html><body><h1>Two</h1><p>second page</p></body></html>")
+        if request.path == "/slow-script":
+            return Response(200, "<html><body><p>busy</p></body></html>")
+        body = f"""<!DOCTYPE html><html><head><title>Home</title></head><body>
+<h1>Home</h1>
+<p><a href="{EXTERNAL}/">external link</a></p>
+<p><a href="{canary}/x">other port link</a></p>
+<p><a href="/redirect-out">redirect out</a></p>
+<p><a href="/redirect-local">redirect to other port</a></p>
+<p><a href="/redirect-chain">redirect chain</a></p>
+<p><a href="/redirect-ok">redirect ok</a></p>
+<form method="post" action="{EXTERNAL}/post"><button type="submit">Post out</button></form>
+<button onclick="location.href='{canary}/js'">Script out</button>
+<button onclick="window.open('/two')">Pop up</button>
+<input type="text" aria-label="Name">
+<img src="{EXTERNAL}/pixel.png" alt="pixel"><img src="{canary}/pixel.png" alt="canary pixel">
+</body></html>"""
+        return Response(200, body, (("Content-Type", "text/html; charset=utf-8"),))
+
+    def close(self) -> None:
+        self.server.close()
+        self.canary.close()
+
+
+@pytest.fixture(scope="module")
+def site():
+    s = Site()
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def pool():
+    from agentgym.tools.browser import BrowserPool
+
+    if not HAVE_BROWSER:
+        pytest.skip("needs Chromium and playwright")
+    p = BrowserPool(BrowserConfig(action_timeout_s=3.0, navigation_timeout_s=5.0, watchdog_s=15.0))
+    yield p
+    p.close()
+
+
+def ref_of(session, text: str) -> str:
+    snapshot = session.snapshot()
+    for line in snapshot.text.splitlines():
+        if text in line and "[ref=" in line:
+            return line.split("[ref=", 1)[1].split("]", 1)[0]
+    raise AssertionError(f"{text!r} not in snapshot:\n{snapshot.text}")
+
+
+# ---- pure helpers -------------------------------------------------------------------------------------
+def test_url_guard_allows_only_the_envs_origins():
+    guard = UrlGuard(["http://127.0.0.1:4000"])
+    assert guard.allows("http://127.0.0.1:4000/cart?x=1")
+    for url in ("http://127.0.0.1:4001/", "http://localhost:4000/", "http://127.0.0.2:4000/", f"{EXTERNAL}/",
+                "https://127.0.0.1:4000/", "ftp://127.0.0.1:4000/", "javascript:alert(1)", "data:text/html,hi",
+                "file:///etc/passwd", "http://127.0.0.1:99999/", "http://user@10.0.0.1/", "about:blank", ""):
+        assert not guard.allows(url), url
+        assert "127.0.0.1" in guard.refusal(url)
+    assert guard.resolve("/cart") == "http://127.0.0.1:4000/cart"
+    assert guard.resolve("two", "http://127.0.0.1:4000/a/b") == "http://127.0.0.1:4000/a/two"
+    with pytest.raises(Exception, match="127.0.0.1:PORT"):
+        UrlGuard(["http://example.com:80"])
+
+
+def test_refs_lose_the_frame_prefix_and_map_back():
+    raw = ('- generic [active] [ref=f3e1]:\n  - link "A" [ref=f3e2] [cursor=pointer]:\n    - /url: /a\n'
+           '  - iframe [ref=f3e3]:\n    - button "B" [ref=f4e1]')
+    snapshot = normalize_refs(raw)
+    assert "[ref=e2]" in snapshot.text and "[ref=f4e1]" in snapshot.text and "f3e" not in snapshot.text
+    assert snapshot.resolve("e2") == "f3e2" and snapshot.resolve("[ref=e2]") == "f3e2"
+    assert snapshot.resolve("f4e1") == "f4e1" and snapshot.resolve("e9") is None
+    assert snapshot.roles["e2"] == "link" and snapshot.roles["f4e1"] == "button"
+    with pytest.raises(ActionError, match="no element"):
+        snapshot.require("e99")
+    with pytest.raises(ActionError, match="not a text field"):
+        snapshot.require("e2", roles=("textbox",), action="type")
+
+
+def test_yaml_quoting_matches_playwright_rules():
+    assert yaml_escape_value("plain text") == "plain text"
+    assert yaml_escape_value("Price: $3") == '"Price: $3"'
+    assert yaml_escape_value("- dash") == '"- dash"'
+    assert yaml_escape_value("12.5") == '"12.5"' and yaml_escape_value("yes") == '"yes"'
+    assert yaml_escape_value('say "hi"') == 'say "hi"'
+    assert yaml_escape_value('"quoted') == '"\\"quoted"'
+    assert yaml_escape_value("a #tag") == '"a #tag"' and yaml_escape_value("a{b}") == '"a{b}"'
+    assert yaml_escape_key('link "A: B" [ref=e1]') == "'link \"A: B\" [ref=e1]'"
+
+
+def test_action_argument_checks_reject_garbage():
+    assert check_key("Enter") == "Enter" and check_key("ctrl+a") == "Control+a" and check_key("Shift++") == "Shift++"
+    assert check_key("x") == "x" and check_key("pagedown") == "PageDown"
+    for bad in ("NoSuchKey", "", "Enter+a", "a+Shift", "A" * 100, None, 5):
+        with pytest.raises(ActionError):
+            check_key(bad)
+    assert check_point(0, 209.5, 160, 210) == (0.0, 209.5)
+    for x, y in ((-1, 5), (160, 5), (5, 210), (float("nan"), 1), (True, 1), ("3", 4), (10**12, 1)):
+        with pytest.raises(ActionError, match="x|y"):
+            check_point(x, y, 160, 210)
+    with pytest.raises(ActionError, match="at most"):
+        check_text("a" * 5000)
+    with pytest.raises(ActionError):
+        check_text("\ud800")
+    with pytest.raises(ActionError):
+        check_scroll_delta(1e9)
+
+
+def test_missing_chromium_says_what_to_install():
+    with pytest.raises(BrowserUnavailable, match="apt-get install -y chromium"):
+        find_chromium("/nonexistent/chromium")
+
+
+# ---- the guard in a real browser ----------------------------------------------------------------------
+@needs_browser
+def test_every_way_out_is_refused_and_nothing_reaches_other_ports(pool, site):
+    session = pool.session(viewport=(800, 600))
+    try:
+        session.start("/", allowed_origins=[site.server.origin])
+        assert "Home" in session.snapshot().text  # the page loaded although its images were blocked
+        for label in ("external link", "other port link", "redirect out", "redirect to other port", "redirect chain",
+                      "Post out", "Script out"):
+            ref = ref_of(session, label)
+            with pytest.raises(ActionError, match="navigation refused"):
+                session.click(ref)
+            assert session.url == site.server.origin + "/", label  # still on the page
+        with pytest.raises(ActionError, match="outside this site"):
+            session.goto(f"{site.canary.origin}/direct")
+        with pytest.raises(ActionError, match="outside this site"):
+            session.goto("http://localhost:1/")
+        session.click(ref_of(session, "Pop up"))
+        notes: list[str] = []
+        for _ in range(50):  # the pop-up event arrives just after the click returns
+            notes += session.notices()
+            if notes:
+                break
+            time.sleep(0.02)
+        assert any("new window" in note for note in notes)
+        assert session.url == site.server.origin + "/"
+        session.click(ref_of(session, "redirect ok"))  # allowed redirects are followed
+        assert session.url == site.server.origin + "/two"
+        session.back()
+        assert session.url == site.server.origin + "/"
+        with pytest.raises(ActionError, match="no previous page"):
+            session.back()
+        assert site.canary_hits == 0
+    finally:
+        session.close()
+
+
+@needs_browser
+def test_actions_on_bad_refs_and_wrong_elements_are_model_errors(pool, site):
+    with pool.session(viewport=(800, 600)) as session:
+        session.start("/", allowed_origins=[site.server.origin])
+        session.snapshot()
+        for call in (lambda: session.click("e999"), lambda: session.click("nonsense"),
+                     lambda: session.type(ref_of(session, "Home"), "x"),
+                     lambda: session.select(ref_of(session, "Name"), "x"),
+                     lambda: session.scroll("sideways")):
+            with pytest.raises(ActionError):
+                call()
+        session.type(ref_of(session, "Name"), "Ada " * 10)
+        assert "Ada Ada" in session.snapshot().text
+
+
+# ---- reuse and cleaning -------------------------------------------------------------------------------------
+@needs_browser
+def test_contexts_are_reused_and_cleaned_between_episodes(pool, site):
+    with pool.session(viewport=(640, 480)) as session:
+        session.start("/", allowed_origins=[site.server.origin], cookies=[{"name": "who", "value": "first"}])
+        session.evaluate("() => { localStorage.setItem('k', 'v'); document.cookie = 'extra=1; path=/'; }")
+        created = pool.stats["contexts_created"]
+        session.start("/two", allowed_origins=[site.server.origin])
+        assert pool.stats["contexts_created"] == created  # same context, not a new one
+        assert session.evaluate("() => [document.cookie, localStorage.getItem('k')]") == ["", None]
+    with pool.session(viewport=(640, 480)) as other:  # the released context is handed to the next session
+        reused = pool.stats["contexts_reused"]
+        other.start("/", allowed_origins=[site.server.origin])
+        assert pool.stats["contexts_reused"] == reused + 1
+        assert other.evaluate("() => document.cookie") == ""
+
+
+# ---- crashes ------------------------------------------------------------------------------------------------
+@needs_browser
+def test_a_crashed_page_ends_only_its_own_session(pool, site):
+    crashed, healthy = pool.session(viewport=(640, 480)), pool.session(viewport=(640, 480))
+    try:
+        crashed.start("/", allowed_origins=[site.server.origin])
+        healthy.start("/", allowed_origins=[site.server.origin])
+
+        async def crash_renderer(lease):
+            import asyncio
+            import contextlib
+
+            cdp = await lease.context.new_cdp_session(lease.page)
+            with contextlib.suppress(Exception):  # the renderer dies before it can answer
+                await asyncio.wait_for(cdp.send("Page.crash"), timeout=1.0)
+
+        pool._run(crash_renderer(crashed._lease))
+        with pytest.raises(BrowserCrashed):
+            for _ in range(20):  # the crash event can trail the CDP call by a few milliseconds
+                crashed.snapshot()
+                time.sleep(0.05)
+        assert "Home" in healthy.snapshot().text  # the other context is untouched
+        crashed.start("/two", allowed_origins=[site.server.origin])  # and the crashed one recovers
+        assert "Two" in crashed.snapshot().text
+    finally:
+        crashed.close()
+        healthy.close()
+
+
+@needs_browser
+def test_a_killed_browser_is_relaunched_for_the_next_episode(site):
+    from agentgym.tools.browser import BrowserPool
+
+    with BrowserPool() as own:
+        session = own.session(viewport=(640, 480))
+        session.start("/", allowed_origins=[site.server.origin])
+        pid = own.browser_pid()
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(BrowserCrashed):
+            for _ in range(40):
+                session.snapshot()
+                time.sleep(0.05)
+        session.start("/two", allowed_origins=[site.server.origin])
+        assert "Two" in session.snapshot().text
+        assert own.stats["launches"] == 2 and own.browser_pid() not in (None, pid)
+        session.close()
+
+
+@needs_browser
+def test_a_hung_page_trips_the_watchdog(site):
+    from agentgym.tools.browser import BrowserPool
+
+    config = BrowserConfig(action_timeout_s=0.5, navigation_timeout_s=1.0, watchdog_s=1.5)
+    with BrowserPool(config) as own, own.session(viewport=(640, 480)) as session:
+        session.start("/", allowed_origins=[site.server.origin])
+        started = time.monotonic()
+        with pytest.raises(BrowserCrashed, match="did not answer"):
+            session.evaluate("() => { const t = Date.now(); while (Date.now() - t < 4000) {} }")
+        assert time.monotonic() - started < 3.5
+        session.start("/two", allowed_origins=[site.server.origin])  # a fresh context
+        assert "Two" in session.snapshot().text
+
+
+@needs_browser
+def test_sessions_work_concurrently_from_threads(pool, site):
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            with pool.session(viewport=(640, 480)) as session:
+                for _ in range(3):
+                    session.start("/", allowed_origins=[site.server.origin])
+                    session.click(ref_of(session, "redirect ok"))
+                    assert "Two" in session.snapshot().text
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
