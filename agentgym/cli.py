@@ -150,10 +150,23 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trainer_for(config: Any) -> tuple[Any, str]:
+    """The trainer class for a config (the config's ``trainer:`` key chose its type) and its display name."""
+    from agentgym.trainers.archer import ArcherConfig, ArcherTrainer
+    from agentgym.trainers.filtered_bc import FilteredBCConfig, FilteredBCTrainer
+    from agentgym.trainers.grpo import GrpoTrainer
+
+    if isinstance(config, ArcherConfig):
+        return ArcherTrainer, "ArCHer"
+    if isinstance(config, FilteredBCConfig):
+        return FilteredBCTrainer, "filtered BC"
+    return GrpoTrainer, "GRPO"
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     import yaml
 
-    from agentgym.trainers.config import GrpoConfig, load_config
+    from agentgym.trainers.config import load_config
 
     config = load_config(args.config)
     overrides: dict[str, Any] = {}
@@ -167,16 +180,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.output_dir is not None:
         overrides["output_dir"] = args.output_dir
     if overrides:
-        config = GrpoConfig.from_dict({**config.to_dict(), **overrides})
-    from agentgym.trainers.grpo import GrpoTrainer
+        config = type(config).from_dict({**config.to_dict(), **overrides})
+    trainer_cls, name = _trainer_for(config)
 
     logging.getLogger("agentgym").setLevel(logging.INFO)
-    summary = GrpoTrainer(config).train()
+    summary = trainer_cls(config).train()
     if os.environ.get("RANK", "0") != "0":
         return 0  # under torchrun only rank 0 evaluates and reports
     before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
     sys.stdout.write(
-        f"held-out success: {before.get('success_rate', float('nan')):.3f} before GRPO -> "
+        f"held-out success: {before.get('success_rate', float('nan')):.3f} before {name} -> "
         f"{after.get('success_rate', float('nan')):.3f} after ({config.output_dir})\n"
     )
     return 0
@@ -218,9 +231,12 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
     from agentgym.tasks.swe import builder
 
     if args.action == "build":
+        out = Path(args.out or builder.DATA_FILE)
+        progress = out.with_name(out.name + ".partial")  # survives a crash; a rerun resumes from it
         specs = builder.build_tasks(args.libraries or list(builder.LIBRARIES), per_library=args.per_library,
-                                    seed=args.seed, workers=args.workers)
-        path = builder.write_specs(specs, args.out or builder.DATA_FILE)
+                                    seed=args.seed, workers=args.workers, progress_file=progress)
+        path = builder.write_specs(specs, out)
+        progress.unlink(missing_ok=True)
         print(f"wrote {len(specs)} tasks to {path}")
         return 0
     specs = builder.load_specs(args.out or builder.DATA_FILE)

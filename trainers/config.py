@@ -263,8 +263,8 @@ def _describe(hint: Any) -> str:
     return getattr(hint, "__name__", str(hint))
 
 
-def load_config(path: str | Path) -> GrpoConfig:
-    """Read a trainer config from YAML (``trainer: grpo`` plus the GrpoConfig fields)."""
+def load_config(path: str | Path) -> Any:
+    """Read a trainer config from YAML: ``trainer:`` (grpo, archer, filtered_bc; default grpo) plus its fields."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"Config file {path} does not exist; see configs/ for examples.")
@@ -275,6 +275,21 @@ def load_config(path: str | Path) -> GrpoConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping of config fields.")
     trainer = data.pop("trainer", "grpo")
-    if trainer != "grpo":
-        raise ConfigError(f"{path}: unknown trainer {trainer!r}.{did_you_mean(str(trainer), ['grpo'])} Available: grpo.")
-    return GrpoConfig.from_dict(data)
+    if trainer not in TRAINER_CONFIGS:
+        names = sorted(TRAINER_CONFIGS)
+        raise ConfigError(f"{path}: unknown trainer {trainer!r}.{did_you_mean(str(trainer), names)} "
+                          f"Available: {', '.join(names)}.")
+    if trainer == "grpo":
+        return GrpoConfig.from_dict(data)
+    import importlib
+
+    module, _, name = TRAINER_CONFIGS[trainer].partition(":")
+    return getattr(importlib.import_module(module), name).from_dict(data)
+
+
+TRAINER_CONFIGS = {
+    "grpo": "agentgym.trainers.config:GrpoConfig",
+    "archer": "agentgym.trainers.archer:ArcherConfig",
+    "filtered_bc": "agentgym.trainers.filtered_bc:FilteredBCConfig",
+}
+"""``trainer:`` key of a config file -> its config class (the trainer class sits beside it)."""

@@ -155,9 +155,16 @@ class _Runner:
 
 def build_tasks(libraries: Iterable[str] = tuple(LIBRARIES), *, per_library: int = 45, seed: int = 0,
                 max_candidates: int = 220, max_failing: int = 25, max_per_function: int = 2, workers: int = 2,
+                progress_file: Path | str | None = None,
                 log: Callable[[str], None] = print) -> list[SweTaskSpec]:
-    """Generate validated tasks (see the module docstring). Deterministic for a given seed and machine."""
+    """Generate validated tasks (see the module docstring). Deterministic for a given seed and machine.
+
+    A build takes about an hour on two cores, so every accepted task is appended to ``progress_file``
+    at once; a rerun with the same file resumes, keeping what was accepted and skipping those candidates.
+    """
     specs: list[SweTaskSpec] = []
+    progress = Path(progress_file) if progress_file else None
+    previous = load_specs(progress) if progress is not None and progress.is_file() else []
     for name in libraries:
         runner = _Runner(name)
         lib, pristine = runner.lib, runner.pristine
@@ -185,8 +192,12 @@ def build_tasks(libraries: Iterable[str] = tuple(LIBRARIES), *, per_library: int
                 queue.extend(by_function[k][depth] for k in keys if len(by_function[k]) > depth)
                 depth += 1
             queue = queue[:max_candidates]
-            accepted: list[SweTaskSpec] = []
+            accepted: list[SweTaskSpec] = [p for p in previous if p.library == lib.name][:per_library]
             per_function: dict[tuple[str, str], int] = defaultdict(int)
+            for spec in accepted:
+                per_function[(spec.mutation.file, spec.mutation.function)] += 1
+            tried = {json.dumps(spec.mutation.to_dict(), sort_keys=True) for spec in accepted}
+            queue = [m for m in queue if json.dumps(m.to_dict(), sort_keys=True) not in tried]
             lock = threading.Lock()
 
             def try_one(m: Mutation) -> None:
@@ -200,6 +211,9 @@ def build_tasks(libraries: Iterable[str] = tuple(LIBRARIES), *, per_library: int
                     if len(accepted) < per_library and per_function[(m.file, m.function)] < max_per_function:
                         per_function[(m.file, m.function)] += 1
                         accepted.append(spec)
+                        if progress is not None:
+                            with progress.open("a", encoding="utf-8") as fh:
+                                fh.write(json.dumps(spec.to_dict(), sort_keys=True) + "\n")
                         log(f"  {spec.id}: {m.kind} in {m.function} -> {len(spec.fail_to_pass)} failing")
 
             with ThreadPoolExecutor(workers) as executor:

@@ -1,0 +1,252 @@
+"""ArCHer and filtered-BC trainers: turns become transitions with the right terminated/truncated flags, the
+replay buffer persists and survives torn writes, updates change the actor and the critic (the target critic
+follows by Polyak averaging), filtered BC clones only the best episodes, shipped configs validate, and a
+SIGKILLed ArCHer run resumes to the same replay buffer, critic, target critic and actor as an uninterrupted one."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from agentgym.errors import ConfigError  # noqa: E402
+from agentgym.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
+from agentgym.quickstart import demonstration_texts  # noqa: E402
+from agentgym.trainers.archer import ArcherConfig, ArcherTrainer  # noqa: E402
+from agentgym.trainers.config import load_config  # noqa: E402
+from agentgym.trainers.filtered_bc import FilteredBCConfig, FilteredBCTrainer  # noqa: E402
+from agentgym.trainers.replay import ReplayBuffer, Transition, transitions_from_trajectory  # noqa: E402
+from agentgym.trajectory import Trajectory, Turn  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+SMALL = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", texts=demonstration_texts("games-calc", 100),
+                            config=SMALL)
+
+
+def common(model_dir: Path, out: Path, **overrides: object) -> dict:
+    values = dict(model=str(model_dir), suite="games-calc", output_dir=str(out), iterations=2, episodes_per_iteration=4,
+                  warmup_iterations=0, batch_size=4, eval_tasks=4, eval_every=0, checkpoint_every=1, system_prompt="",
+                  max_tokens_per_turn=12, max_context_tokens=256, tensorboard=False, actor_steps=1, seed=0)
+    values.update(overrides)
+    return values
+
+
+def _digest(tensors: dict) -> str:
+    h = hashlib.sha256()
+    for name, p in sorted(tensors.items()):
+        h.update(name.encode())
+        h.update(p.detach().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+# ---- transitions and the replay buffer ---------------------------------------------------------------
+def _traj(n_turns: int, end_reason: str, rewards: list[float] | None = None, error: str | None = None) -> Trajectory:
+    rewards = rewards or [0.0] * n_turns
+    turns = tuple(Turn(observation=f"o{i}", action=f"a{i}", reward=rewards[i], info={"kind": "tool_call"},
+                       prompt_token_ids=(10 + i,), action_token_ids=(20 + i, 30 + i)) for i in range(n_turns))
+    return Trajectory(env_id="agentgym/Maze-v0", task_id="t", seed=0, turns=turns, end_reason=end_reason,
+                      outcome={"success": end_reason == "solved", "end_reason": end_reason}, traj_id="ep", error=error)
+
+
+def _decode(ids: tuple[int, ...]) -> str:
+    return " ".join(map(str, ids))
+
+
+@pytest.mark.parametrize(("end_reason", "terminated", "truncated"),
+                         [("solved", True, False), ("answered", True, False), ("failed", True, False),
+                          ("max_turns", False, True), ("context_limit", False, True)])
+def test_turns_become_transitions_with_terminated_or_truncated_flags(end_reason: str, terminated: bool,
+                                                                    truncated: bool) -> None:
+    ts = transitions_from_trajectory(_traj(3, end_reason, [0.0, 0.0, 1.0]), _decode, gamma=0.5)
+    assert [t.terminated for t in ts] == [False, False, terminated]
+    assert [t.truncated for t in ts] == [False, False, truncated]
+    assert ts[1].state_ids == (10, 20, 30, 11) and ts[1].action_ids == (21, 31)
+    assert ts[0].next_state == ts[1].state == "10 20 30 11"
+    assert ts[2].next_state == "10 20 30 11 21 31 12 22 32"  # the final observation is not recorded
+    assert [t.mc_return for t in ts] == pytest.approx([0.25, 0.5, 1.0])  # T15 through the buffer
+    assert transitions_from_trajectory(_traj(2, "error", error="sandbox died"), _decode) == []
+
+
+def _transition(i: int) -> Transition:
+    return Transition(state=f"s{i}", action="a", reward=float(i), next_state="n", terminated=False, truncated=True,
+                      state_ids=(1, 2), action_ids=(3,), episode=f"e{i}")
+
+
+def test_replay_buffer_persists_drops_torn_records_and_rolls_back(tmp_path: Path) -> None:
+    path = tmp_path / "replay.jsonl"
+    buffer = ReplayBuffer(path, capacity=3)
+    buffer.extend([_transition(i) for i in range(2)])
+    buffer.extend([_transition(i) for i in range(2, 5)])
+    assert len(buffer) == 3 and buffer.total == 5 and [t.reward for t in buffer] == [2.0, 3.0, 4.0]
+    with path.open("a") as fh:
+        fh.write('{"state": "torn')  # a write cut short by SIGKILL
+    reloaded = ReplayBuffer(path, capacity=10)
+    assert reloaded.total == 5 and reloaded.items() == [_transition(i) for i in range(5)]
+    assert path.read_text().endswith("\n")
+    reloaded.truncate(2)
+    assert ReplayBuffer(path, capacity=10).items() == [_transition(0), _transition(1)]
+    with pytest.raises(ConfigError, match="checkpoint expects"):
+        reloaded.truncate(7)
+    picks = reloaded.sample(6, torch.Generator().manual_seed(0))
+    assert len(picks) == 6 and set(picks) <= {_transition(0), _transition(1)}
+
+
+# ---- the critic ----------------------------------------------------------------------------------------
+def test_critic_keeps_the_latest_tokens_of_long_states(model_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentgym.trainers.critic import UtteranceCritic
+
+    critic = UtteranceCritic.from_policy(AutoModelForCausalLM.from_pretrained(model_dir),
+                                         AutoTokenizer.from_pretrained(model_dir), max_tokens=8, hidden_size=8)
+    tail = " = 12 then 7 * 3 = 21"  # longer than 8 tokens
+    with torch.no_grad():
+        a, b, c = critic.encode(["1 + 1" * 20 + tail, "9 - 9" * 20 + tail, "1 + 1" * 20 + " = 99"])
+        q, v = critic(["s1", "s2", "s3"], ["a1", "a2", ""])
+    assert torch.allclose(a, b), "left truncation: only the most recent tokens are read"
+    assert not torch.allclose(a, c)
+    assert q.shape == v.shape == (2, 3) and torch.isfinite(q).all()
+
+
+# ---- updates -----------------------------------------------------------------------------------------
+def test_archer_updates_actor_critic_and_target(model_dir: Path, tmp_path: Path) -> None:
+    cfg = ArcherConfig(**common(model_dir, tmp_path / "run", iterations=1, critic_steps=2, checkpoint_every=0))
+    trainer = ArcherTrainer(cfg)
+    trainer.metrics = type("M", (), {"log": lambda *a, **k: None})()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentgym.policies.hf import HFPolicy
+
+    trainer.model = AutoModelForCausalLM.from_pretrained(model_dir)
+    trainer.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    trainer.actor_optimizer = torch.optim.Adam(trainer.model.parameters(), lr=1e-3)
+    trainer.policy = HFPolicy(trainer.model, trainer.tokenizer)
+    trainer._setup_extra(None)
+    actor0 = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    critic0 = {k: v.clone() for k, v in trainer.critic.state_dict().items()}
+    target0 = {k: v.clone() for k, v in trainer.target_critic.state_dict().items()}
+    assert _digest(critic0) == _digest(target0), "the target starts as a hard copy"
+    stats = trainer._update(0, trainer._rollout(0))
+    assert all(torch.isfinite(torch.tensor(stats[k])) for k in ("critic/loss", "actor/loss"))
+    assert stats["replay/size"] > 0 and len(trainer.replay) == stats["replay/size"]
+    changed = lambda before, module: [k for k, v in module.state_dict().items() if not torch.equal(v, before[k])]  # noqa: E731
+    assert len(changed(actor0, trainer.model)) == len(actor0)
+    assert len(changed(critic0, trainer.critic)) == len(critic0)
+    # the target moved towards the online critic, but only part of the way (tau = 0.1)
+    name = "q_heads.0.2.bias"
+    t0, t1, online = target0[name], trainer.target_critic.state_dict()[name], trainer.critic.state_dict()[name]
+    assert not torch.equal(t0, t1) and not torch.equal(t1, online)
+
+
+def test_filtered_bc_clones_only_top_episodes_and_skips_a_uniform_pool(model_dir: Path, tmp_path: Path) -> None:
+    cfg = FilteredBCConfig(**common(model_dir, tmp_path / "fbc", checkpoint_every=0))
+    trainer = FilteredBCTrainer(cfg)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    trainer.model = AutoModelForCausalLM.from_pretrained(model_dir)
+    trainer.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    trainer.actor_optimizer = torch.optim.Adam(trainer.model.parameters(), lr=1e-3)
+    trainer._setup_extra(None)
+    losers = [dataclasses.replace(_traj(2, "failed"), traj_id=f"l{i}") for i in range(9)]
+    assert trainer._update(0, losers)["train/skipped_update"] == 1.0  # every return is 0: nothing to clone
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    winner = dataclasses.replace(_traj(2, "solved", [0.0, 1.0]), traj_id="w")
+    stats = trainer._update(1, [winner])
+    assert stats["filter/episodes_kept"] == 1.0 and stats["filter/pool_episodes"] == 10.0
+    assert stats["filter/cutoff"] == pytest.approx(0.1)
+    assert any(not torch.equal(v, before[k]) for k, v in trainer.model.state_dict().items())
+
+
+# ---- configs -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("name", "cls"), [("archer_maze.yaml", ArcherConfig), ("filtered_bc_maze.yaml", FilteredBCConfig),
+                                           ("archer_webshop_text.yaml", ArcherConfig)])
+def test_shipped_configs_load_and_validate(name: str, cls: type) -> None:
+    config = load_config(REPO / "configs" / name)
+    assert isinstance(config, cls)
+
+
+def test_config_checks_explain_the_fix(model_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="Did you mean 'critic_steps'"):
+        ArcherConfig.from_dict({"model": "m", "suite": "games-maze", "critic_step": 3})
+    with pytest.raises(ConfigError, match="actor would never be updated"):
+        ArcherConfig(model="m", suite="games-maze", iterations=2, warmup_iterations=2)
+    with pytest.raises(ConfigError, match="tau"):
+        ArcherConfig(model="m", suite="games-maze", tau=0.0)
+    with pytest.raises(ConfigError, match="held-out"):
+        FilteredBCConfig(model="m", suite="games-maze", eval_split="train")
+    with pytest.raises(ConfigError, match="no split"):
+        ArcherTrainer(ArcherConfig(**common(model_dir, tmp_path, eval_split="validation")))
+
+
+# ---- resume after SIGKILL ----------------------------------------------------------------------------
+def _train_subprocess(config: ArcherConfig, tmp: Path) -> subprocess.Popen[bytes]:
+    path = tmp / f"config-{time.monotonic_ns()}.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump({"trainer": "archer", **config.to_dict()}))
+    script = ("import sys, torch; torch.set_num_threads(1)\n"
+              "from agentgym.trainers.config import load_config\n"
+              "from agentgym.trainers.archer import ArcherTrainer\n"
+              "ArcherTrainer(load_config(sys.argv[1])).train()\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.Popen([sys.executable, "-c", script, str(path)], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _final_state(out: Path) -> dict[str, str]:
+    from transformers import AutoModelForCausalLM
+
+    blob = torch.load(out / "checkpoints" / "step-000006" / "critic.pt", weights_only=False)
+    trainer = torch.load(out / "checkpoints" / "step-000006" / "trainer.pt", weights_only=False)
+    return {
+        "actor": _digest(AutoModelForCausalLM.from_pretrained(out / "model").state_dict()),
+        "critic": _digest(blob["critic"]),
+        "target_critic": _digest(blob["target_critic"]),
+        "critic_optimizer": _digest({f"{k}.{n}": v for k, s in blob["critic_optimizer"]["state"].items()
+                                     for n, v in s.items() if isinstance(v, torch.Tensor)}),
+        "actor_optimizer": _digest({f"{k}.{n}": v for k, s in trainer["optimizer"]["state"].items()
+                                    for n, v in s.items() if isinstance(v, torch.Tensor)}),
+        "replay": hashlib.sha256((out / "replay.jsonl").read_bytes()).hexdigest(),
+    }
+
+
+def test_sigkilled_run_resumes_replay_critic_target_and_actor(model_dir: Path, tmp_path: Path) -> None:
+    straight = ArcherConfig(**common(model_dir, tmp_path / "straight", iterations=6, warmup_iterations=1,
+                                     critic_steps=2, warmstart="bc", bc_demos=8, bc_steps=5))
+    proc = _train_subprocess(straight, tmp_path)
+    assert proc.wait(timeout=600) == 0, proc.stderr.read().decode()[-3000:]
+
+    killed = dataclasses.replace(straight, output_dir=str(tmp_path / "killed"))
+    proc = _train_subprocess(killed, tmp_path)
+    latest = tmp_path / "killed" / "checkpoints" / "latest"
+    deadline = time.time() + 600
+    while time.time() < deadline and not (latest.is_file() and latest.read_text().strip() >= "step-000002"):
+        if proc.poll() is not None:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run finished before it could be killed; make it longer"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert latest.read_text().strip() in {f"step-00000{i}" for i in range(2, 6)}
+    proc = _train_subprocess(killed, tmp_path)
+    assert proc.wait(timeout=600) == 0, proc.stderr.read().decode()[-3000:]
+
+    assert _final_state(tmp_path / "killed") == _final_state(tmp_path / "straight")
+    summary = json.loads((tmp_path / "killed" / "summary.json").read_text())
+    assert "resumed_from" in summary and summary["episodes"] == 6 * 4

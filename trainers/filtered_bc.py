@@ -1,0 +1,104 @@
+"""Online filtered behaviour cloning: ArCHer's baseline (spec section 3).
+
+Every iteration collects episodes with the current policy and adds them to a cumulative pool (persisted as
+turns in ``pool.jsonl``, so a resumed run has the same pool). After ``warmup_iterations``, it keeps the
+episodes whose return reaches the pool's ``quantile`` (0.9, numpy's linear interpolation), and runs
+``actor_steps`` steps of behaviour cloning on their turns: ``L = -mean_b sum_tokens log pi(a | s)``, each
+step averaging ``grad_accum_steps`` micro-batches of ``batch_size`` turns drawn with replacement. When every
+return in the pool is equal (no success yet) the update is skipped instead of cloning the policy's own
+samples [PROJECT]. There is no critic.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from agentgym.trainers.algorithms.archer import filtered_bc_selection
+from agentgym.trainers.archer import OnlinePolicyConfig, OnlineTrainerBase, _mix
+from agentgym.trainers.replay import ReplayBuffer
+from agentgym.trajectory import Trajectory
+
+__all__ = ["FilteredBCConfig", "FilteredBCTrainer"]
+
+
+@dataclass(frozen=True)
+class FilteredBCConfig(OnlinePolicyConfig):
+    """Online filtered BC (spec 3): clone the top-``quantile`` episodes of everything collected so far."""
+
+    output_dir: str = "runs/filtered_bc"
+    """Checkpoints, the episode pool, metrics, learning curve and final model."""
+    quantile: float = 0.9
+    """Episodes with return >= this quantile of the pool's returns are cloned."""
+    skip_if_uniform: bool = True
+    """Skip the update while every pooled return is equal (otherwise: plain BC on the policy's own samples)."""
+
+    trainer_name: ClassVar[str] = "filtered_bc"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 <= self.quantile <= 1:
+            raise self._fail("quantile", f"must be in [0, 1] (0.9 in the reference code), got {self.quantile}.")
+
+
+class FilteredBCTrainer(OnlineTrainerBase):
+    """``FilteredBCTrainer(config).train()``; see the module docstring."""
+
+    config: FilteredBCConfig
+
+    def __init__(self, config: FilteredBCConfig) -> None:
+        super().__init__(config)
+
+    def _setup_extra(self, resume_from: Path | None) -> None:
+        self.pool = ReplayBuffer(self.output_dir / "pool.jsonl", capacity=10**9)
+        if resume_from is None and self.pool.total:
+            self.pool.truncate(0)
+
+    def _restore_state(self, state: dict[str, Any]) -> None:
+        self.pool.truncate(int(state["pool_total"]))
+
+    def _checkpoint_state(self) -> dict[str, Any]:
+        return {"pool_total": self.pool.total}
+
+    def _save_extra_state(self, directory: Path) -> None:
+        """Nothing beyond the actor: the pool is rolled back to the checkpoint's count on resume."""
+
+    def _update(self, iteration: int, trajectories: list[Trajectory]) -> dict[str, float]:
+        cfg = self.config
+        self.pool.extend(self._transitions(trajectories, 1.0))
+        stats: dict[str, float] = {"pool/turns": float(len(self.pool))}
+        if iteration < cfg.warmup_iterations or len(self.pool) == 0:
+            return {**stats, "train/skipped_update": 1.0}
+        episodes: dict[str, list[Any]] = defaultdict(list)
+        for t in self.pool:
+            episodes[t.episode].append(t)
+        names = list(episodes)
+        returns = torch.tensor([sum(t.reward for t in episodes[n]) for n in names], dtype=torch.float64)
+        cutoff, keep = filtered_bc_selection(returns, cfg.quantile, skip_if_uniform=cfg.skip_if_uniform)
+        kept = [t for n, k in zip(names, keep.tolist()) if k for t in episodes[n]]
+        stats.update({"filter/cutoff": cutoff, "filter/episodes_kept": float(keep.sum()),
+                      "filter/pool_episodes": float(len(names))})
+        if not kept:
+            return {**stats, "train/skipped_update": 1.0}
+        generator = torch.Generator().manual_seed(_mix(cfg.seed, iteration, 5))
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        losses, norms = [], []
+        self.model.train()
+        for _ in range(cfg.actor_steps):
+            self.actor_optimizer.zero_grad(set_to_none=True)
+            total = 0.0
+            for _micro in range(cfg.grad_accum_steps):
+                index = torch.randint(len(kept), (cfg.batch_size,), generator=generator).tolist()
+                batch = [kept[i] for i in index]
+                logp, mask = self._utterance_logprobs([t.state_ids for t in batch], [t.action_ids for t in batch])
+                loss = -(logp * mask).sum(dim=1).mean() / cfg.grad_accum_steps
+                loss.backward()
+                total += float(loss.detach())
+            norms.append(self._clip_and_step(params, self.actor_optimizer))
+            losses.append(total)
+        self.model.eval()
+        return {**stats, "actor/loss": sum(losses) / len(losses), "actor/grad_norm": sum(norms) / len(norms)}
