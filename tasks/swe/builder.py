@@ -88,7 +88,7 @@ def sandbox_config_for(library: str, *, backend: str = "auto", **limits: Any) ->
     lib = get_library(library)
     defaults = {"wall_timeout_s": 120.0, "cpu_timeout_s": 120.0, "memory_bytes": 2048 << 20,
                 "workdir_bytes": 256 << 20, "file_size_bytes": 64 << 20, "pids": 128, "episode_cpu_s": 3600}
-    image = f"agentgym-swe-{lib.name}:{lib.version}"
+    image = "agentgym-sandbox:2"
     if backend == "docker":
         from agentgym.tasks.swe.images import ensure_library_image
 

@@ -96,6 +96,7 @@ class _FunctionWalker(ast.NodeVisitor):
 
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
         self.scope.append(node.name)
+        self.found.append((".".join(self.scope), node))  # its own body: top-level statements can be removed
         for child in node.body:
             for inner in ast.walk(child):
                 self.found.append((".".join(self.scope), inner))

@@ -205,8 +205,8 @@ def ensure_docker_image(image: str) -> None:
     The host's /usr and Python installation are mounted read-only at run time, exactly as with bwrap, so
     the image itself holds only the directory skeleton. Equivalent shell command::
 
-        mkdir -p root/{tmp,work,opt,ipc,etc} && ln -s usr/bin root/bin && ln -s usr/lib root/lib \\
-          && ln -s usr/lib64 root/lib64 && tar -C root -c . | docker import - agentgym-sandbox:1
+        mkdir -p root/{tmp,work,opt,ipc,etc} && chmod 1777 root/tmp root/work && ln -s usr/bin root/bin && ln -s usr/lib root/lib \\
+          && ln -s usr/lib64 root/lib64 && tar -C root -c . | docker import - agentgym-sandbox:2
     """
     if subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode == 0:
         return
@@ -214,7 +214,8 @@ def ensure_docker_image(image: str) -> None:
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for directory in ("tmp", "work", "opt", "opt/agentgym", "ipc", "etc", "usr"):
             info = tarfile.TarInfo(directory)
-            info.type, info.mode = tarfile.DIRTYPE, 0o1777 if directory == "tmp" else 0o755
+            # Docker copies a directory's mode onto a tmpfs mounted over it: /tmp and /work must be writable.
+            info.type, info.mode = tarfile.DIRTYPE, 0o1777 if directory in ("tmp", "work") else 0o755
             tar.addfile(info)
         for link, target in (("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64"), ("sbin", "usr/sbin")):
             info = tarfile.TarInfo(link)

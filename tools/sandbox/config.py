@@ -84,7 +84,7 @@ class SandboxConfig:
     preload: tuple[str, ...] = ("numpy", "sympy")
     max_workers: int = 64
     start_timeout_s: float = 30.0
-    docker_image: str = "agentgym-sandbox:1"
+    docker_image: str = "agentgym-sandbox:2"
     allow_no_cgroups: bool = False
     mounts: tuple[tuple[str, str], ...] = ()
 
