@@ -41,9 +41,11 @@ def ipc_dirs() -> set[str]:
 
 @pytest.fixture(scope="module")
 def pool():
+    others = {line.split()[0] for line in sandbox_processes()}  # other tests' pools (envs share a default pool)
     with SandboxPool(SandboxConfig(backend="bwrap", limits=LIMITS, max_workers=40)) as p:
         yield p
-    assert not sandbox_processes(), "sandbox processes left behind after close()"
+    left = {line.split()[0] for line in sandbox_processes()} - others
+    assert not left, f"sandbox processes left behind after close(): {sorted(left)}"
 
 
 def assert_alive(session) -> None:
