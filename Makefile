@@ -42,3 +42,4 @@ benchmarks: install
 	$(PYTHON) benchmarks/swe.py
 	$(PYTHON) benchmarks/multi_agent.py
 	$(PYTHON) benchmarks/browser.py
+	$(PYTHON) benchmarks/retrieval.py

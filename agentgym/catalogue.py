@@ -115,6 +115,12 @@ CATALOGUE: tuple[CatalogueEntry, ...] = (
         "MiniWoB++ web tasks by pixels: screenshot in, click(x, y)/type/key/scroll/drag out; the page's own reward.",
         "gui",
     ),
+    CatalogueEntry(
+        "agentgym/Search-v0",
+        "agentgym.envs.search.env:SearchEnv",
+        "Answer 1-3 hop questions over 11k real Wikipedia/fact documents with search(query, k), open(doc_id), answer(text).",
+        "search",
+    ),
 )
 
 

@@ -1,1 +1,21 @@
-"""(in progress)"""
+"""Search family: answer (multi-hop) questions by searching a real Wikipedia corpus (``agentgym/Search-v0``).
+
+Modules: ``sources`` (read and reconcile the data packages), ``corpus`` (documents, cached on disk),
+``questions`` (generated questions with reference search paths; the suites' generator), ``scoring`` (EM/F1),
+``index`` (shared, cached retrievers over a corpus) and ``env`` (:class:`SearchEnv`). Importing this package
+is light; the data and retrieval libraries load when an env or a corpus is built (``agentgym[search]``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["SearchEnv"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SearchEnv":
+        from agentgym.envs.search.env import SearchEnv
+
+        return SearchEnv
+    raise AttributeError(f"module 'agentgym.envs.search' has no attribute {name!r}")

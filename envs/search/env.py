@@ -1,0 +1,341 @@
+"""Search-v0: answer (multi-hop) questions by searching a real Wikipedia corpus (Search-R1 / ZeroSearch style).
+
+The agent sees a question, calls ``search(query, k)`` to get numbered, titled snippets with document ids,
+may ``open(doc_id)`` to read a whole document, and ends the episode with ``answer(text)``. The reward is
+exact match after SQuAD normalisation against every accepted alias (F1 is reported in ``info["answer"]``
+and ``info["outcome"]``, and can be the reward instead with ``reward="f1"``). The retriever is chosen by
+kwargs (``bm25``, the default; ``dense``; ``hybrid``) or passed as an object, e.g. a
+:class:`~agentgym.tools.retrieval.SimulatedSearchEngine` whose documents a policy writes.
+
+Accepted action formats: Hermes ``<tool_call>{json}</tool_call>``, Search-R1 tags (``<search>query</search>``,
+``<answer>text</answer>``, ``<open>doc_id</open>``) and function calls (``search("query")``,
+``open("wiki-peru")``, ``answer(Lima)``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+from agentgym.envs.search.corpus import Corpus, load_corpus
+from agentgym.envs.search.index import corpus_retriever
+from agentgym.envs.search.questions import ENTITY_GROUPS, generate_questions
+from agentgym.envs.search.scoring import AnswerScore, score_answer
+from agentgym.tools.retrieval import Document, RetrievalError, Retriever, tokenize
+
+from agentgym.env import AgentEnv, ReferenceSolver
+from agentgym.errors import ConfigError, TaskError, did_you_mean
+from agentgym.parsers import (
+    CompositeParser,
+    FunctionCallParser,
+    HermesParser,
+    TagParser,
+    ToolCallParser,
+)
+from agentgym.suite import Task
+from agentgym.toolset import ToolResult, ToolSet, tool
+
+__all__ = ["SearchEnv", "make_snippet"]
+
+_REWARDS = ("em", "f1")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def make_snippet(text: str, query: str, max_chars: int) -> str:
+    """The passage of ``text`` that best matches ``query``, at most ``max_chars`` long.
+
+    Sentences are scored by how many distinct query words they contain; the snippet starts at the best
+    one (the first on ties) and adds following sentences while they fit, so a fact stated late in a
+    document still shows up in the result list.
+    """
+    text = " ".join(text.split())
+    if len(text) <= max_chars:
+        return text
+    sentences = _SENTENCE_END.split(text)
+    words = set(tokenize(query))
+    scores = [len(words & set(tokenize(s))) for s in sentences]
+    best = max(range(len(sentences)), key=lambda i: (scores[i], -i)) if words else 0
+    parts, used = [], 0
+    for sentence in sentences[best:]:
+        if used + len(sentence) + 1 > max_chars and parts:
+            break
+        parts.append(sentence)
+        used += len(sentence) + 1
+    snippet = " ".join(parts)
+    if len(snippet) > max_chars:
+        snippet = snippet[: max_chars - 1].rsplit(" ", 1)[0] + "…"
+    elif best + len(parts) < len(sentences):
+        snippet += " …"
+    return ("… " if best > 0 else "") + snippet
+
+
+class SearchEnv(AgentEnv):
+    """Answer a question with a search tool over a real corpus; reward = exact match of the answer.
+
+    Args:
+        max_turns: Turns before truncation (a 3-hop question needs 4: three searches and the answer).
+        tasks: Tasks to draw from (e.g. a suite's split); without them a question is generated from the reset
+            seed (see ``entities``).
+        retriever: ``bm25`` (default), ``dense``, ``hybrid``, or a :class:`~agentgym.tools.retrieval.Retriever`
+            object (an unindexed one is indexed on the corpus; a ``SimulatedSearchEngine`` is used as is).
+        retriever_options: Constructor options for a retriever given by name (e.g. ``{"k1": 0.9}``).
+        corpus: ``full`` (10,033 Wikipedia summaries + country and city profiles) or ``profiles`` (the
+            profiles only; small and fast, for tests).
+        top_k: Results per search when the agent gives no ``k``.
+        max_k: Largest ``k`` the agent may ask for.
+        snippet_chars: Length of each result's snippet.
+        max_query_chars: Longest accepted query.
+        max_open_chars: Longest document text ``open`` shows (the rest is cut, and the cut is said).
+        reward: ``em`` (exact match, default) or ``f1`` (token F1 as a dense reward).
+        entities: Entity group of generated questions when no tasks are given: ``train``, ``test`` or ``all``.
+        max_action_chars: See :class:`~agentgym.env.AgentEnv`.
+        max_calls_per_turn: See :class:`~agentgym.env.AgentEnv`.
+        render_mode: ``"ansi"`` or ``None``.
+    """
+
+    description: ClassVar[str] = (
+        "Answer (multi-hop) questions by searching 11k real Wikipedia summaries and fact profiles: "
+        "search(query, k), open(doc_id), answer(text)."
+    )
+    native_format_hint: ClassVar[str] = (
+        "You may also write <search>your query</search>, <open>doc-id</open> and <answer>your answer</answer>, "
+        'or plain calls such as search("capital of Peru"), open("country-peru") and answer("Lima").'
+    )
+
+    def __init__(
+        self,
+        *,
+        max_turns: int = 8,
+        tasks: Sequence[Task] | None = None,
+        retriever: str | Retriever = "bm25",
+        retriever_options: Mapping[str, Any] | None = None,
+        corpus: str = "full",
+        top_k: int = 5,
+        max_k: int = 20,
+        snippet_chars: int = 300,
+        max_query_chars: int = 500,
+        max_open_chars: int = 4000,
+        reward: str = "em",
+        entities: str = "all",
+        max_action_chars: int = 20_000,
+        max_calls_per_turn: int = 4,
+        render_mode: str | None = None,
+    ) -> None:
+        if not 1 <= top_k <= max_k:
+            raise ConfigError(f"Need 1 <= top_k <= max_k, got top_k={top_k}, max_k={max_k}.")
+        if snippet_chars < 40 or max_query_chars < 1 or max_open_chars < 100:
+            raise ConfigError("snippet_chars must be >= 40, max_query_chars >= 1 and max_open_chars >= 100; got "
+                              f"{snippet_chars}, {max_query_chars}, {max_open_chars}.")
+        if reward not in _REWARDS:
+            raise ConfigError(f"reward must be one of {_REWARDS}, got {reward!r}.{did_you_mean(str(reward), _REWARDS)}")
+        if entities not in ENTITY_GROUPS:
+            raise ConfigError(f"entities must be one of {ENTITY_GROUPS}, got {entities!r}.")
+        self.top_k, self.max_k, self.snippet_chars = int(top_k), int(max_k), int(snippet_chars)
+        self.max_query_chars, self.max_open_chars = int(max_query_chars), int(max_open_chars)
+        self.reward_metric, self.entities = reward, entities
+        self.corpus: Corpus = load_corpus(corpus)
+        self.retriever: Retriever = self._resolve_retriever(retriever, retriever_options)
+        self.retriever_name = getattr(self.retriever, "name", type(self.retriever).__name__)
+        self._question = ""
+        self._answers: tuple[str, ...] = ()
+        self._last_results: list[Document] = []
+        self._seen: dict[str, Document] = {}
+        self._answer_score: AnswerScore | None = None
+        super().__init__(max_turns=max_turns, tasks=tasks, max_action_chars=max_action_chars,
+                         max_calls_per_turn=max_calls_per_turn, render_mode=render_mode)
+
+    def _resolve_retriever(self, retriever: str | Retriever, options: Mapping[str, Any] | None) -> Retriever:
+        if isinstance(retriever, str):
+            return corpus_retriever(retriever, self.corpus, options)
+        if not isinstance(retriever, Retriever):
+            raise ConfigError(f"retriever must be a name ('bm25', 'dense', 'hybrid') or a Retriever object, got "
+                              f"{type(retriever).__name__}.")
+        if options:
+            raise ConfigError("retriever_options only apply to a retriever given by name; configure the object itself.")
+        if hasattr(retriever, "set_context"):
+            return retriever  # simulated: it writes its own documents
+        if not retriever.is_indexed:
+            retriever.index(list(self.corpus))
+        elif retriever.doc_ids[0] not in self.corpus:
+            raise ConfigError(f"The given retriever indexes documents that are not in the {self.corpus.name!r} corpus "
+                              f"(e.g. {retriever.doc_ids[0]!r}); pass an unindexed retriever and the env indexes it.")
+        return retriever
+
+    # ---- tools ---------------------------------------------------------------------------------
+    @tool
+    def search(self, query: str, k: int | None = None) -> str | ToolResult:
+        """Search the corpus; returns numbered results, each with a title, a document id and a snippet.
+
+        Args:
+            query: A few keywords or a question, e.g. "capital of Peru".
+            k: Number of results (default 5, at most 20).
+        """
+        k = self.top_k if k is None else k
+        if not query.strip():
+            return ToolResult.error('Error: the query is empty; search for a few keywords, e.g. search("capital of Peru").')
+        if len(query) > self.max_query_chars:
+            return ToolResult.error(f"Error: the query has {len(query)} characters; the limit is {self.max_query_chars}. "
+                                    "Search with a few keywords instead.")
+        if not 1 <= k <= self.max_k:
+            return ToolResult.error(f"Error: k must be between 1 and {self.max_k}, got {k}.")
+        try:
+            hits = self.retriever.search(query, k)
+        except RetrievalError as exc:
+            return ToolResult.error(f"Error: {exc}")
+        documents = []
+        for hit in hits:
+            doc = hit.document or self.corpus.get(hit.doc_id)
+            if doc is not None:
+                documents.append(doc)
+                self._seen[doc.doc_id] = doc
+        self._last_results = documents
+        shown = query if len(query) <= 80 else query[:77] + "..."
+        if not documents:
+            return f'No documents match "{shown}". Try other keywords.'
+        lines = [f'Results for "{shown}":']
+        for rank, doc in enumerate(documents, start=1):
+            lines.append(f"[{rank}] {doc.title} (id: {doc.doc_id})")
+            lines.append(f"    {make_snippet(doc.text, query, self.snippet_chars)}")
+        lines.append("Read a whole document with open(doc_id).")
+        return "\n".join(lines)
+
+    @tool
+    def open(self, doc_id: str) -> str | ToolResult:
+        """Read the full text of a document.
+
+        Args:
+            doc_id: A document id from the search results (e.g. "country-peru"), or a result number of the latest
+                search (e.g. "2").
+        """
+        doc = self._lookup(doc_id)
+        if doc is None:
+            hint = self.corpus.suggest(doc_id) if len(doc_id) <= 200 else ""
+            shown = doc_id if len(doc_id) <= 60 else doc_id[:57] + "..."
+            return ToolResult.error(f"Error: unknown document id {shown!r}.{hint} Use an id shown in the search "
+                                    "results, or the number of a result of your latest search.")
+        text = doc.text
+        if len(text) > self.max_open_chars:
+            text = text[: self.max_open_chars] + f" … [cut: {len(doc.text) - self.max_open_chars} more characters]"
+        return f"{doc.title} (id: {doc.doc_id})\n{text}"
+
+    @tool
+    def answer(self, text: str) -> str:
+        """Submit your final answer (a short phrase: a name or a number); this ends the episode.
+
+        Args:
+            text: The answer, e.g. "Lima".
+        """
+        self.mark_answer()
+        result = score_answer(text, self._answers)
+        self._answer_score = result
+        self.add_reward("answer", result.em if self.reward_metric == "em" else result.f1)
+        self.finish(success=result.em == 1.0, score=result.em if self.reward_metric == "em" else result.f1,
+                    reason="answered")
+        expected = self._answers[0] if self._answers else "(none)"
+        if result.em == 1.0:
+            return f"Correct: {expected}."
+        return f"Wrong: the expected answer was {expected} (F1 {result.f1:.2f})."
+
+    def _lookup(self, doc_id: str) -> Document | None:
+        key = doc_id.strip().strip("[]").strip()
+        if key.isdigit() and 1 <= int(key) <= len(self._last_results):
+            return self._last_results[int(key) - 1]
+        doc = self.corpus.get(key) or self._seen.get(key)
+        if doc is None and hasattr(self.retriever, "get"):
+            doc = self.retriever.get(key)
+        if doc is None and len(key) <= 200:
+            doc = self.corpus.by_title(key)
+        return doc
+
+    # ---- hooks ---------------------------------------------------------------------------------
+    def _build_tools(self) -> ToolSet:
+        return ToolSet([self.search, self.open, self.answer])
+
+    def _build_parser(self) -> ToolCallParser:
+        return CompositeParser([
+            HermesParser(),
+            TagParser({"search": ("search", "query"), "answer": ("answer", "text"), "open": ("open", "doc_id")}),
+            FunctionCallParser(["search", "open", "answer"], {"open": "doc_id", "answer": "text"}),
+        ])
+
+    def _sample_task(self, rng: np.random.Generator) -> Task:
+        from agentgym.envs.games._common import python_rng
+
+        return generate_questions(python_rng(rng), 1, entities=self.entities)[0]
+
+    def _begin_episode(self, task: Task) -> str:
+        aliases = [str(a) for a in (task.metadata.get("aliases") or [])]
+        if task.answer is None and not aliases:
+            raise TaskError(f"Search task {task.id!r} has no answer and no metadata.aliases; give it at least one.")
+        answers = ([str(task.answer)] if task.answer is not None else []) + aliases
+        self._answers = tuple(dict.fromkeys(a for a in answers if a.strip()))
+        self._question = task.prompt
+        self._last_results, self._seen, self._answer_score = [], {}, None
+        if hasattr(self.retriever, "set_context"):
+            self.retriever.set_context(task.prompt, self._answers)
+        return f"Question: {task.prompt}"
+
+    def _task_instructions(self) -> str:
+        return (
+            "Answer the question by searching a collection of encyclopedia documents. Questions may need several "
+            "searches: find one fact, then search for the next. Call search with a few keywords to get numbered "
+            "results (title, document id, snippet); call open with a document id to read the whole document. When "
+            "you know the answer, call answer with a short phrase (a name or a number); answering ends the episode "
+            f"and only an exact answer counts. You have {self.max_turns} turns."
+        )
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        self._answer_score = None
+        observation, reward, terminated, truncated, info = super().step(action)
+        if self._answer_score is not None:
+            info["answer"] = self._answer_score.to_dict()
+            if "outcome" in info:
+                info["outcome"].update(em=self._answer_score.em, f1=self._answer_score.f1)
+        return observation, reward, terminated, truncated, info
+
+    # ---- solvers -------------------------------------------------------------------------------
+    def reference_solver(self) -> ReferenceSolver:
+        """Replay the task's reference path, then answer; answers wrongly if a hop's gold document was not retrieved.
+
+        So :meth:`TaskSuite.validate` fails exactly for questions whose path the configured retriever cannot
+        follow within ``top_k`` results.
+        """
+        task = self.task
+        path = list((task.metadata.get("path") if task is not None else None) or [])
+        answer = self._answers[0] if self._answers else ""
+        state = {"hop": 0, "ok": True}
+
+        def call(name: str, **arguments: Any) -> str:
+            return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "</tool_call>"
+
+        def solve(observation: str) -> str:
+            hop = state["hop"]
+            if hop > 0:
+                gold = path[hop - 1].get("gold") or []
+                if not any(f"(id: {g})" in observation for g in gold):
+                    state["ok"] = False
+            if hop < len(path):
+                state["hop"] = hop + 1
+                return call("search", query=path[hop]["query"])
+            return call("answer", text=answer if state["ok"] else "the reference path failed")
+
+        return solve
+
+    def shortcut_solver(self) -> ReferenceSolver:
+        """Answer at once without searching: the bridge entity of a multi-hop question, or the country a 1-hop
+        question names (plausible, wrong): a tool-skipping demonstration."""
+        from agentgym.envs.search.sources import load_world
+
+        task = self.task
+        guess = "unknown"
+        if task is not None:
+            path = task.metadata.get("path") or []
+            entities = task.metadata.get("entities") or []
+            if len(path) > 1 and path[0].get("finds"):
+                guess = str(path[0]["finds"])
+            elif entities and entities[0] in load_world().countries:
+                guess = load_world().countries[entities[0]].name
+        return lambda observation: f"<answer>{guess}</answer>"
