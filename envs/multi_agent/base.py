@@ -58,7 +58,36 @@ def outcome(*, success: bool, score: float, end_reason: str, result: str) -> dic
 
 
 class GameConfigMixin:
-    """Validation of the settings every text game shares (AEC and parallel)."""
+    """What every text game shares, AEC and parallel: settings validation and the per-game hooks."""
+
+    def _observation_box(self, agent: str) -> spaces.Box:
+        raise NotImplementedError
+
+    def _observation_array(self, agent: str) -> np.ndarray:
+        raise NotImplementedError
+
+    def _catalogue_size(self, agent: str) -> int | None:
+        """Size of the seat's canonical action catalogue, or ``None`` when moves are free text only."""
+        return None
+
+    def _catalogue_action(self, agent: str, index: int) -> str:
+        raise NotImplementedError
+
+    def _legal_mask(self, agent: str) -> np.ndarray:
+        """1 for catalogue actions legal now for ``agent`` (only asked when it is ``agent``'s turn)."""
+        raise NotImplementedError
+
+    def _render_state(self, agent: str) -> str:
+        """The state as ``agent`` may see it (board, items, history)."""
+        raise NotImplementedError
+
+    def _your_move(self, agent: str) -> str:
+        """What ``agent`` may do now, with the legal moves listed."""
+        raise NotImplementedError
+
+    def _rules(self, agent: str) -> str:
+        """The game's rules and the seat's goal, for the system prompt."""
+        raise NotImplementedError
 
     @staticmethod
     def _check_common(invalid_action_penalty: float, max_invalid_actions: int | None, max_steps: int,
@@ -161,35 +190,6 @@ class TextAECEnv(AECEnv, GameConfigMixin):
 
     def _first_agent(self) -> str:
         return self.possible_agents[0]
-
-    def _observation_box(self, agent: str) -> spaces.Box:
-        raise NotImplementedError
-
-    def _observation_array(self, agent: str) -> np.ndarray:
-        raise NotImplementedError
-
-    def _catalogue_size(self, agent: str) -> int | None:
-        """Size of the seat's canonical action catalogue, or ``None`` when moves are free text only."""
-        return None
-
-    def _catalogue_action(self, agent: str, index: int) -> str:
-        raise NotImplementedError
-
-    def _legal_mask(self, agent: str) -> np.ndarray:
-        """1 for catalogue actions legal now for ``agent`` (only asked when it is ``agent``'s turn)."""
-        raise NotImplementedError
-
-    def _render_state(self, agent: str) -> str:
-        """The state as ``agent`` may see it (board, items, history)."""
-        raise NotImplementedError
-
-    def _your_move(self, agent: str) -> str:
-        """What ``agent`` may do now, with the legal moves listed."""
-        raise NotImplementedError
-
-    def _rules(self, agent: str) -> str:
-        """The game's rules and the seat's goal, for the system prompt."""
-        raise NotImplementedError
 
     def _forfeit(self, agent: str) -> None:
         """``agent`` made too many bad replies in a row. Default (two-player zero-sum): the other seats win."""

@@ -111,30 +111,6 @@ class TextParallelEnv(ParallelEnv, GameConfigMixin):
         """The move played for an agent whose reply made no legal move."""
         raise NotImplementedError
 
-    def _observation_box(self, agent: str) -> spaces.Box:
-        raise NotImplementedError
-
-    def _observation_array(self, agent: str) -> np.ndarray:
-        raise NotImplementedError
-
-    def _catalogue_size(self, agent: str) -> int | None:
-        return None
-
-    def _catalogue_action(self, agent: str, index: int) -> str:
-        raise NotImplementedError
-
-    def _legal_mask(self, agent: str) -> np.ndarray:
-        raise NotImplementedError
-
-    def _render_state(self, agent: str) -> str:
-        raise NotImplementedError
-
-    def _your_move(self, agent: str) -> str:
-        raise NotImplementedError
-
-    def _rules(self, agent: str) -> str:
-        raise NotImplementedError
-
     # ---- helpers for tools and _resolve -------------------------------------------------------------------------
     @property
     def acting_agent(self) -> str:
