@@ -105,7 +105,39 @@ class _Rules:
         return f"{COOPERATE if not self.history or self.history[-1][1 - seat] == COOPERATE else DEFECT}()"
 
 
-class PrisonersDilemmaParallelEnv(TextParallelEnv):
+class _PrisonersDilemmaHooks:
+    """The game hooks both forms (simultaneous and turn-based) share; ``self.game`` is a :class:`_Rules`."""
+
+    game: _Rules
+    possible_agents: list[str]
+
+    def _observation_box(self, agent: str) -> spaces.Box:
+        return self.game.box()
+
+    def _observation_array(self, agent: str) -> np.ndarray:
+        return self.game.observation(self.possible_agents.index(agent))
+
+    def _catalogue_size(self, agent: str) -> int | None:
+        return 2
+
+    def _catalogue_action(self, agent: str, index: int) -> str:
+        return f"{MOVES[index]}()"
+
+    def _legal_mask(self, agent: str) -> np.ndarray:
+        return np.ones(2, dtype=np.int8)
+
+    def _render_state(self, agent: str) -> str:
+        return self.game.text(self.possible_agents.index(agent), agent)
+
+    def _your_move(self, agent: str) -> str:
+        return "Your move: cooperate() or defect()."
+
+    def scripted_action(self, agent: str, rng: np.random.Generator) -> str:
+        """Tit for tat: cooperate first, then copy the other player's last move."""
+        return self.game.tit_for_tat(self.possible_agents.index(agent))
+
+
+class PrisonersDilemmaParallelEnv(_PrisonersDilemmaHooks, TextParallelEnv):
     """Iterated prisoner's dilemma with simultaneous moves.
 
     Args:
@@ -158,36 +190,11 @@ class PrisonersDilemmaParallelEnv(TextParallelEnv):
         self._end_game({a: self.game.outcome(i, forfeit=a in agents) for i, a in enumerate(self.possible_agents)},
                        f"{', '.join(agents)} made {self.max_invalid_actions} invalid replies in a row.")
 
-    def _observation_box(self, agent: str) -> spaces.Box:
-        return self.game.box()
-
-    def _observation_array(self, agent: str) -> np.ndarray:
-        return self.game.observation(self.possible_agents.index(agent))
-
-    def _catalogue_size(self, agent: str) -> int | None:
-        return 2
-
-    def _catalogue_action(self, agent: str, index: int) -> str:
-        return f"{MOVES[index]}()"
-
-    def _legal_mask(self, agent: str) -> np.ndarray:
-        return np.ones(2, dtype=np.int8)
-
-    def _render_state(self, agent: str) -> str:
-        return self.game.text(self.possible_agents.index(agent), agent)
-
-    def _your_move(self, agent: str) -> str:
-        return "Your move: cooperate() or defect()."
-
     def _rules(self, agent: str) -> str:
         return self.game.rules(agent)
 
-    def scripted_action(self, agent: str, rng: np.random.Generator) -> str:
-        """Tit for tat: cooperate first, then copy the other player's last move."""
-        return self.game.tit_for_tat(self.possible_agents.index(agent))
 
-
-class PrisonersDilemmaEnv(TextAECEnv):
+class PrisonersDilemmaEnv(_PrisonersDilemmaHooks, TextAECEnv):
     """Iterated prisoner's dilemma as a turn-based game: ``player_1`` does not see ``player_0``'s pending move.
 
     Args:
@@ -247,34 +254,9 @@ class PrisonersDilemmaEnv(TextAECEnv):
         self._end_game({}, {a: self.game.outcome(i, forfeit=a == agent) for i, a in enumerate(self.possible_agents)},
                        f"{agent} made {self.max_invalid_actions} invalid replies in a row.")
 
-    def _observation_box(self, agent: str) -> spaces.Box:
-        return self.game.box()
-
-    def _observation_array(self, agent: str) -> np.ndarray:
-        return self.game.observation(self.possible_agents.index(agent))
-
-    def _catalogue_size(self, agent: str) -> int | None:
-        return 2
-
-    def _catalogue_action(self, agent: str, index: int) -> str:
-        return f"{MOVES[index]}()"
-
-    def _legal_mask(self, agent: str) -> np.ndarray:
-        return np.ones(2, dtype=np.int8)
-
-    def _render_state(self, agent: str) -> str:
-        return self.game.text(self.possible_agents.index(agent), agent)
-
-    def _your_move(self, agent: str) -> str:
-        return "Your move: cooperate() or defect()."
-
     def _rules(self, agent: str) -> str:
         return self.game.rules(agent) + (" (Turn-based form: player_0 chooses first, player_1 then chooses without "
                                          "seeing that choice; the round is revealed after both.)")
-
-    def scripted_action(self, agent: str, rng: np.random.Generator) -> str:
-        """Tit for tat."""
-        return self.game.tit_for_tat(self.possible_agents.index(agent))
 
     def reference_action(self, agent: str) -> str:
         """Always cooperate: against tit for tat this earns R every round (the success level)."""
