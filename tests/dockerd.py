@@ -20,7 +20,7 @@ import pytest
 
 @contextmanager
 def docker_daemon(timeout_s: float = 90.0) -> Iterator[str]:
-    """Yield a ``DOCKER_HOST`` URL of a fresh dockerd; skips when dockerd is not installed or not root."""
+    """Run a fresh dockerd with ``DOCKER_HOST`` pointing at it; skips when dockerd is missing or not root."""
     if shutil.which("dockerd") is None or shutil.which("docker") is None:
         pytest.skip("dockerd is not installed (apt-get install docker.io; `make test` installs it)")
     if os.geteuid() != 0:
@@ -40,7 +40,15 @@ def docker_daemon(timeout_s: float = 90.0) -> Iterator[str]:
                 tail = open(os.path.join(root, "dockerd.log"), errors="replace").read()[-2000:]
                 pytest.fail(f"dockerd did not start: {tail}")
             time.sleep(0.5)
-        yield host
+        old_host = os.environ.get("DOCKER_HOST")
+        os.environ["DOCKER_HOST"] = host
+        try:
+            yield host
+        finally:
+            if old_host is None:
+                os.environ.pop("DOCKER_HOST", None)
+            else:
+                os.environ["DOCKER_HOST"] = old_host
     finally:
         process.terminate()
         try:

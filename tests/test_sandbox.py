@@ -290,17 +290,8 @@ def test_bwrap_command_has_the_isolation_flags():
 
 @pytest.fixture(scope="module")
 def docker_pool():
-    with docker_daemon() as host:
-        old = os.environ.get("DOCKER_HOST")
-        os.environ["DOCKER_HOST"] = host
-        try:
-            with SandboxPool(SandboxConfig(backend="docker", limits=LIMITS, max_workers=4)) as p:
-                yield p
-        finally:
-            if old is None:
-                os.environ.pop("DOCKER_HOST", None)
-            else:
-                os.environ["DOCKER_HOST"] = old
+    with docker_daemon(), SandboxPool(SandboxConfig(backend="docker", limits=LIMITS, max_workers=4)) as p:
+        yield p
 
 
 def test_docker_backend_same_interface_and_containment(docker_pool):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shlex
 from pathlib import Path
 
@@ -162,20 +161,14 @@ def test_bad_settings_say_how_to_fix():
 @pytest.fixture(scope="module")
 def docker_host():
     with docker_daemon() as host:
-        old = os.environ.get("DOCKER_HOST")
-        os.environ["DOCKER_HOST"] = host
         try:
             yield host
-        finally:
+        finally:  # the containers go before the daemon does
             from agentgym.tools.sandbox import pool as sandbox_pool
 
             for config, p in list(sandbox_pool._DEFAULT_POOLS.items()):
                 if config.backend == "docker":
                     p.close()
-            if old is None:
-                os.environ.pop("DOCKER_HOST", None)
-            else:
-                os.environ["DOCKER_HOST"] = old
 
 
 def test_smoke_suite_validates_on_docker(smoke, docker_host):
