@@ -122,6 +122,22 @@ class ChatAgent:
         self.pending_prompt_ids = ids
         self.token_ids.extend(ids)
 
+    def fork(self) -> ChatAgent:
+        """An independent copy of this conversation (same messages and token ids; the tokenizer is shared).
+
+        Branching samplers continue the copy separately, so its future tokens never touch the original's.
+        """
+        other = ChatAgent.__new__(ChatAgent)
+        other.tokenizer = self.tokenizer
+        other.system_prompt = self.system_prompt
+        other.observation_role = self.observation_role
+        other.messages = [dict(m) for m in self.messages]
+        other.token_ids = list(self.token_ids)
+        other.pending_prompt_ids = list(self.pending_prompt_ids)
+        other._last_action_ids = self._last_action_ids
+        other._glue_cache = self._glue_cache
+        return other
+
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)

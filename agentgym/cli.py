@@ -153,9 +153,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _trainer_for(config: Any) -> tuple[Any, str]:
     """The trainer class for a config (the config's ``trainer:`` key chose its type) and its display name."""
     from agentgym.trainers.archer import ArcherConfig, ArcherTrainer
+    from agentgym.trainers.arpo import ArpoConfig, ArpoTrainer
     from agentgym.trainers.filtered_bc import FilteredBCConfig, FilteredBCTrainer
     from agentgym.trainers.grpo import GrpoTrainer
 
+    if isinstance(config, ArpoConfig):
+        return ArpoTrainer, "ARPO"
     if isinstance(config, ArcherConfig):
         return ArcherTrainer, "ArCHer"
     if isinstance(config, FilteredBCConfig):

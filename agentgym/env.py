@@ -13,6 +13,7 @@ calling :meth:`AgentEnv.finish` and may add named reward components with :meth:`
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -26,7 +27,7 @@ from agentgym.spaces import UnicodeText
 from agentgym.suite import Task
 from agentgym.toolset import ToolCall, ToolResult, ToolSet
 
-__all__ = ["AgentEnv", "ReferenceSolver"]
+__all__ = ["AgentEnv", "ReferenceSolver", "fork_env"]
 
 ReferenceSolver = Callable[[str], str]
 """Given the latest observation, return the next action text (stateful, one per episode)."""
@@ -52,6 +53,10 @@ class AgentEnv(gym.Env[str, str]):
     #: no sleeping). The rollout engine then calls them inline on its event loop instead of paying a
     #: worker-thread round trip per step; anything that can block must leave this False.
     cheap_steps: ClassVar[bool] = False
+    #: True when :meth:`fork` works: the episode state is plain in-process data that ``copy.deepcopy``
+    #: duplicates (no subprocess, socket, browser page or sandbox handle). Branching samplers (ARPO) copy
+    #: such envs mid-episode; others are rebuilt by replaying the episode's actions from the same seed.
+    forkable: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -291,6 +296,24 @@ class AgentEnv(gym.Env[str, str]):
             return None
         return "\n".join(f"{'>>' if who == 'action' else '<<'} {text}" for who, text in self._transcript)
 
+    def fork(self) -> AgentEnv:
+        """An independent copy of this env in the same mid-episode state (same task, history and RNG).
+
+        Stepping the copy never affects the original, and both answer the same action identically.
+        Families whose state lives outside the process (sandboxes, browsers) leave ``forkable`` False;
+        callers then replay the actions on a fresh env instead (the determinism check of
+        :func:`~agentgym.testing.check_agent_env` is what makes that replay exact).
+
+        Raises:
+            NotImplementedError: The family is not forkable.
+        """
+        if not self.forkable:
+            raise NotImplementedError(
+                f"{type(self).__name__} cannot be forked (its state is not in-process); replay the episode's "
+                "actions on a fresh env with the same seed and task instead."
+            )
+        return copy.deepcopy(self)
+
     def close(self) -> None:
         self._closed = True
         super().close()
@@ -299,3 +322,16 @@ class AgentEnv(gym.Env[str, str]):
     def turn(self) -> int:
         """Turns taken in the current episode."""
         return self._turn
+
+
+def fork_env(env: gym.Env[Any, Any]) -> gym.Env[Any, Any]:
+    """Fork an env as ``gym.make`` returns it: the wrappers (time limit, order enforcing) are copied with
+    their counters around the unwrapped env's own :meth:`AgentEnv.fork`.
+
+    Raises:
+        NotImplementedError: The env is not forkable (see :attr:`AgentEnv.forkable`).
+    """
+    inner = env.unwrapped
+    if not getattr(inner, "forkable", False):
+        raise NotImplementedError(f"{type(inner).__name__} is not forkable; replay its actions on a fresh env instead.")
+    return copy.deepcopy(env, memo={id(inner): inner.fork()})

@@ -268,12 +268,9 @@ class RolloutEngine:
         self._run_id = ""
 
     def _sampling_for(self, episode_index: int, turn: int) -> SamplingParams:
-        """Per-request sampling: in deterministic mode each (episode, turn) gets its own derived seed."""
-        sampling = self.config.sampling
-        if not self.config.deterministic or sampling.seed is None:
-            return sampling
-        seed = (sampling.seed * 1_000_003 + episode_index * 1009 + turn) % (2**63 - 1)
-        return dataclasses.replace(sampling, seed=seed)
+        if not self.config.deterministic:
+            return self.config.sampling
+        return turn_sampling(self.config.sampling, episode_index, turn)
 
     def run(
         self,
@@ -334,12 +331,7 @@ class RolloutEngine:
 
     async def _call_env(self, executor: concurrent.futures.Executor, fn: Callable[..., Any], *args: Any,
                         inline: bool = False, **kwargs: Any) -> Any:
-        if inline:
-            return fn(*args, **kwargs)
-        loop = asyncio.get_running_loop()
-        return await asyncio.wait_for(
-            loop.run_in_executor(executor, lambda: fn(*args, **kwargs)), timeout=self.config.step_timeout_s
-        )
+        return await call_env(executor, self.config.step_timeout_s, fn, *args, inline=inline, **kwargs)
 
     async def _episode(
         self, spec: EpisodeSpec, index: int, batcher: PolicyBatcher, pool: _EnvPool,
@@ -382,16 +374,7 @@ class RolloutEngine:
                 te = time.perf_counter()
                 next_obs, reward, terminated, truncated, step_info = await self._call_env(executor, env.step, generation.text, inline=inline)
                 timing["env_s"] += time.perf_counter() - te
-                turns.append(
-                    Turn(
-                        observation=_text_of(observation), action=generation.text, reward=float(reward),
-                        info=jsonable(step_info.get("turn", {})), prompt_token_ids=prompt_ids,
-                        action_token_ids=action_ids,
-                        action_logprobs=generation.logprobs if action_ids is not None else None,
-                        action_entropies=generation.entropies if action_ids is not None else None,
-                        finish_reason=generation.finish_reason,
-                    )
-                )
+                turns.append(make_turn(_text_of(observation), generation, reward, step_info, prompt_ids, action_ids))
                 observation = next_obs
                 if terminated or truncated:
                     outcome = dict(step_info.get("outcome") or {})
@@ -418,6 +401,35 @@ class RolloutEngine:
             end_reason=str(outcome.get("end_reason", "error")), policy=self.policy.name, timing=timing,
             traj_id=episode_id, group_id=spec.group_id, error=error,
         )
+
+
+def turn_sampling(sampling: SamplingParams, episode_index: int, turn: int) -> SamplingParams:
+    """Deterministic runs: each (episode, turn) request gets its own seed derived from ``sampling.seed``."""
+    if sampling.seed is None:
+        return sampling
+    seed = (sampling.seed * 1_000_003 + episode_index * 1009 + turn) % (2**63 - 1)
+    return dataclasses.replace(sampling, seed=seed)
+
+
+async def call_env(executor: concurrent.futures.Executor, timeout_s: float, fn: Callable[..., Any], *args: Any,
+                   inline: bool = False, **kwargs: Any) -> Any:
+    """Run an env call in a worker thread under ``timeout_s`` (inline for ``cheap_steps`` envs)."""
+    if inline:
+        return fn(*args, **kwargs)
+    loop = asyncio.get_running_loop()
+    return await asyncio.wait_for(loop.run_in_executor(executor, lambda: fn(*args, **kwargs)), timeout=timeout_s)
+
+
+def make_turn(observation: str, generation: Generation, reward: float, step_info: Mapping[str, Any],
+              prompt_ids: tuple[int, ...] | None, action_ids: tuple[int, ...] | None) -> Turn:
+    """The :class:`Turn` record of one generated action and the env's answer to it."""
+    return Turn(
+        observation=observation, action=generation.text, reward=float(reward),
+        info=jsonable(step_info.get("turn", {})), prompt_token_ids=prompt_ids, action_token_ids=action_ids,
+        action_logprobs=generation.logprobs if action_ids is not None else None,
+        action_entropies=generation.entropies if action_ids is not None else None,
+        finish_reason=generation.finish_reason,
+    )
 
 
 def _text_of(observation: Any) -> str:

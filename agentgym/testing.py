@@ -221,6 +221,46 @@ def _check_determinism(env_id: str, env_kwargs: Mapping[str, Any], seed: int) ->
         raise _fail(env_id, f"replay lengths differ: {len(first)} vs {len(second)} lines")
 
 
+def _play(env_id: str, env: Any, actions: Sequence[Any]) -> list[str]:
+    """Step ``actions`` until the episode ends; the JSON of every step result."""
+    lines = []
+    for action in actions:
+        result = _safe_step(env_id, env, action)
+        lines.append(_dump(list(result)))
+        if result[2] or result[3]:
+            break
+    return lines
+
+
+def _check_fork(env_id: str, env_kwargs: Mapping[str, Any], seed: int) -> None:
+    """A forkable env's copy continues exactly like the original and never disturbs it."""
+    from agentgym.env import fork_env
+
+    env = _make(env_id, env_kwargs)
+    if not getattr(env.unwrapped, "forkable", False):
+        env.close()
+        return
+    try:
+        tools = list(getattr(env.unwrapped, "toolset", None) or [])
+        garbage = garbage_actions([t.name for t in tools])
+        actions = _play_reference(env_id, env, seed, garbage)
+        head, tail = actions[: len(actions) // 2], actions[len(actions) // 2:] + garbage[5:9]
+        env.reset(seed=seed)
+        for action in head:
+            _safe_step(env_id, env, action)
+        copy_env = fork_env(env)
+        from_copy = _play(env_id, copy_env, tail)
+        from_original = _play(env_id, env, tail)
+        copy_env.close()
+    finally:
+        env.close()
+    for index, (a, b) in enumerate(zip(from_original, from_copy)):
+        if a != b or len(from_original) != len(from_copy):
+            raise _fail(env_id, f"fork() is not exact: after the fork, step {index} differs between the original and "
+                        f"the copy (is some state shared or outside the process? then set forkable = False):\n"
+                        f"  original: {a[:400]}\n  copy:     {b[:400]}")
+
+
 # ---- (c) fuzz --------------------------------------------------------------------------------------
 def _json_values() -> Any:
     from hypothesis import strategies as st
@@ -349,7 +389,8 @@ def check_agent_env(
 
     Runs, in order: Gymnasium's ``check_env`` on the unwrapped env (its warnings are re-emitted as
     ``UserWarning``), a determinism replay (two fresh envs, same seed, the reference solver's actions
-    plus garbage, identical JSON transcripts), a Hypothesis fuzz of garbage action sequences (every step
+    plus garbage, identical JSON transcripts), for forkable envs a fork check (a copy taken mid-episode
+    answers the rest of the episode exactly like the original, which the copy's steps leave untouched), a Hypothesis fuzz of garbage action sequences (every step
     returns a valid observation, a finite reward, bool flags, a known turn kind, and an outcome once the
     episode ends), and a double ``close()``.
 
@@ -366,6 +407,7 @@ def check_agent_env(
     kwargs = dict(env_kwargs or {})
     _run_gymnasium_checker(env_id, kwargs)
     _check_determinism(env_id, kwargs, seed)
+    _check_fork(env_id, kwargs, seed)
     if fuzz_examples > 0:
         _run_fuzz(env_id, kwargs, seed, fuzz_examples)
     _check_close(env_id, kwargs)

@@ -65,3 +65,10 @@ class FlakyEnv(EchoEnv):
         if action == "die":
             raise EnvCrashed("simulated sandbox death")
         return super().step(action)
+
+
+class UnseededEnv(EchoEnv):
+    """Like EchoEnv, but each reset shows a fresh nonce: not reproducible from its seed (replay must notice)."""
+
+    def _begin_episode(self, task: Task) -> str:
+        return f"{task.prompt} (nonce {time.time_ns()})"

@@ -137,6 +137,27 @@ def test_sampled_logprobs_match_temperature_scaled_full_forward(policy, prompts)
             ids.append(token)
 
 
+def test_top_logprobs_are_the_k_best_plus_the_sampled_token_and_do_not_change_sampling(policy, prompts):
+    temperature = 0.7
+    plain = policy.generate(prompts[:3], SamplingParams(max_tokens=8, temperature=temperature, seed=5))
+    params = [SamplingParams(max_tokens=8, temperature=temperature, seed=5, top_logprobs=k) for k in (3, 0, 5)]
+    gens = policy.generate(prompts[:3], params)
+    assert [g.token_ids for g in gens] == [g.token_ids for g in plain[:3]]
+    assert gens[1].top_logprobs is None
+    for prompt, gen, k in ((prompts[0], gens[0], 3), (prompts[2], gens[2], 5)):
+        ids = list(prompt)
+        assert len(gen.top_logprobs) == len(gen.token_ids)
+        for token, logprob, cands in zip(gen.token_ids, gen.logprobs, gen.top_logprobs):
+            logp = torch.log_softmax(full_forward_logits(policy.model, ids) / temperature, -1)
+            best = logp.topk(k).values.tolist()
+            assert list(cands[:k]) == pytest.approx(best, abs=1e-4)
+            in_top = float(logp[token]) >= best[-1] - 1e-6
+            assert len(cands) == (k if in_top else k + 1)
+            if not in_top:
+                assert cands[-1] == pytest.approx(logprob, abs=1e-6)
+            ids.append(token)
+
+
 def test_seeded_sampling_is_reproducible(policy, prompts):
     sampling = SamplingParams(max_tokens=10, temperature=1.0, seed=11)
     first = policy.generate(prompts, sampling)

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -212,6 +213,19 @@ def test_sessions_are_isolated_and_reset_between_episodes(pool):
         a.reset()
         assert "NameError" in a.run("secret").stderr
         assert a.run("import os\nprint(os.listdir('.'))").stdout == "[]\n"
+
+
+def test_a_sandbox_started_by_a_short_lived_thread_outlives_that_thread():
+    """bwrap's --die-with-parent follows the launching *thread*; rollouts start sandboxes from executor
+    threads that exit when the rollout ends, and the pooled sandboxes must survive for the next episode."""
+    with SandboxPool(SandboxConfig(backend="bwrap", limits=LIMITS)) as fresh:
+        session = fresh.session()
+        starter = threading.Thread(target=lambda: session.run("kept = 41"))
+        starter.start()
+        starter.join()
+        time.sleep(0.3)  # a death signal from the exited thread would have landed by now
+        assert session.run("print(kept + 1)").stdout == "42\n"
+        session.close()
 
 
 def test_32_parallel_episodes_20_turns_no_cross_talk_no_leaks():

@@ -23,10 +23,6 @@ __all__ = ["GrpoConfig", "load_config"]
 TURN_KINDS = ("tool_call", "answer", "void", "invalid")
 
 
-def _fail(name: str, message: str) -> ConfigError:
-    return ConfigError(f"GrpoConfig.{name}: {message}")
-
-
 @dataclass(frozen=True)
 class GrpoConfig:
     """GRPO for multi-turn agents (spec sections 1, 5, 6, 7), with BC warm start and the turn-level tricks."""
@@ -152,81 +148,82 @@ class GrpoConfig:
                          "bc_batch_size", "max_in_flight")
         for name in positive_ints:
             if getattr(self, name) < 1:
-                raise _fail(name, f"must be >= 1, got {getattr(self, name)}.")
+                raise self._fail(name, f"must be >= 1, got {getattr(self, name)}.")
         for name in ("warmup_steps", "eval_every", "checkpoint_every"):
             if getattr(self, name) < 0:
-                raise _fail(name, f"must be >= 0, got {getattr(self, name)}.")
+                raise self._fail(name, f"must be >= 0, got {getattr(self, name)}.")
         if not self.learning_rate > 0:
-            raise _fail("learning_rate", f"must be > 0 (typical: 1e-6 for 7B models, 3e-4 for the tiny model), got {self.learning_rate}.")
+            raise self._fail("learning_rate", f"must be > 0 (typical: 1e-6 for 7B models, 3e-4 for the tiny model), got {self.learning_rate}.")
         if not self.bc_learning_rate > 0:
-            raise _fail("bc_learning_rate", f"must be > 0, got {self.bc_learning_rate}.")
+            raise self._fail("bc_learning_rate", f"must be > 0, got {self.bc_learning_rate}.")
         if self.group_size < 2:
-            raise _fail("group_size", f"is {self.group_size}, but the {self.advantage!r} estimator compares rollouts "
+            raise self._fail("group_size", f"is {self.group_size}, but the {self.advantage!r} estimator compares rollouts "
                                       "within a group: use group_size >= 2.")
         if self.mini_batches > self.tasks_per_step * self.group_size:
-            raise _fail("mini_batches", "exceeds the number of rollouts per step; lower it or raise tasks_per_step.")
+            raise self._fail("mini_batches", "exceeds the number of rollouts per step; lower it or raise tasks_per_step.")
         if self.kl_coef < 0:
-            raise _fail("kl_coef", f"must be >= 0, got {self.kl_coef}.")
+            raise self._fail("kl_coef", f"must be >= 0, got {self.kl_coef}.")
         if self.kl_coef > 0 and not self.reference_model:
-            raise _fail("kl_coef", f"is {self.kl_coef} but no reference_model is set: set reference_model to a model "
+            raise self._fail("kl_coef", f"is {self.kl_coef} but no reference_model is set: set reference_model to a model "
                                    "directory or to 'initial' (a frozen copy of the starting weights), or set kl_coef: 0.")
         if self.clip_eps_low < 0 or self.clip_eps_high < 0 or self.clip_eps_low >= 1:
-            raise _fail("clip_eps_low", "clip ranges must satisfy 0 <= clip_eps_low < 1 and clip_eps_high >= 0.")
+            raise self._fail("clip_eps_low", "clip ranges must satisfy 0 <= clip_eps_low < 1 and clip_eps_high >= 0.")
         if self.dual_clip_c is not None and self.dual_clip_c <= 1:
-            raise _fail("dual_clip_c", f"must be > 1 (typical 3.0) or null to disable, got {self.dual_clip_c}.")
+            raise self._fail("dual_clip_c", f"must be > 1 (typical 3.0) or null to disable, got {self.dual_clip_c}.")
         if self.temperature <= 0:
-            raise _fail("temperature", "training rollouts need sampling: use a temperature > 0 (typical 1.0).")
+            raise self._fail("temperature", "training rollouts need sampling: use a temperature > 0 (typical 1.0).")
         if self.eval_temperature < 0:
-            raise _fail("eval_temperature", "must be >= 0 (0 = greedy).")
+            raise self._fail("eval_temperature", "must be >= 0 (0 = greedy).")
         if not 0 < self.top_p <= 1:
-            raise _fail("top_p", f"must be in (0, 1], got {self.top_p}.")
+            raise self._fail("top_p", f"must be in (0, 1], got {self.top_p}.")
         if self.max_grad_norm < 0:
-            raise _fail("max_grad_norm", "must be >= 0 (0 disables clipping).")
+            raise self._fail("max_grad_norm", "must be >= 0 (0 disables clipping).")
         if self.max_context_tokens is not None and self.max_context_tokens <= self.max_tokens_per_turn:
-            raise _fail("max_context_tokens", "must exceed max_tokens_per_turn, or no turn fits.")
+            raise self._fail("max_context_tokens", "must exceed max_tokens_per_turn, or no turn fits.")
         if not 0 <= self.bc_shortcut_fraction <= 1:
-            raise _fail("bc_shortcut_fraction", f"must be in [0, 1], got {self.bc_shortcut_fraction}.")
+            raise self._fail("bc_shortcut_fraction", f"must be in [0, 1], got {self.bc_shortcut_fraction}.")
         if self.generation_backend == "vllm" and not self.device.startswith("cuda"):
-            raise _fail("generation_backend", "'vllm' needs a CUDA GPU: set device: cuda, or use generation_backend: hf.")
+            raise self._fail("generation_backend", "'vllm' needs a CUDA GPU: set device: cuda, or use generation_backend: hf.")
         if self.train_split == self.eval_split:
-            raise _fail("eval_split", f"equals train_split ({self.train_split!r}): evaluate on held-out tasks.")
+            raise self._fail("eval_split", f"equals train_split ({self.train_split!r}): evaluate on held-out tasks.")
         unknown_kinds = set(self.void_turn_kinds) - set(TURN_KINDS)
         if unknown_kinds:
-            raise _fail("void_turn_kinds", f"has unknown kinds {sorted(unknown_kinds)}; choose from {TURN_KINDS}.")
+            raise self._fail("void_turn_kinds", f"has unknown kinds {sorted(unknown_kinds)}; choose from {TURN_KINDS}.")
         if self.mask_void_turns and {"tool_call", "answer"} <= set(self.void_turn_kinds):
-            raise _fail("void_turn_kinds", "marks every turn kind an episode can succeed with as void, so masking void "
+            raise self._fail("void_turn_kinds", "marks every turn kind an episode can succeed with as void, so masking void "
                                            "turns would leave no token to train on; use ('void',) or ('void', 'invalid').")
         unknown_rewards = set(self.step_rewards) - set(TURN_KINDS)
         if unknown_rewards:
-            raise _fail("step_rewards", f"has unknown turn kinds {sorted(unknown_rewards)}; keys must be in {TURN_KINDS}.")
+            raise self._fail("step_rewards", f"has unknown turn kinds {sorted(unknown_rewards)}; keys must be in {TURN_KINDS}.")
+
+    def _fail(self, name: str, message: str) -> ConfigError:
+        return ConfigError(f"{type(self).__name__}.{name}: {message}")
 
     def _check_types(self) -> None:
         hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if not _matches(value, hints[f.name]):
-                raise _fail(f.name, f"expected {_describe(hints[f.name])}, got {value!r} ({type(value).__name__}).")
+                raise self._fail(f.name, f"expected {_describe(hints[f.name])}, got {value!r} ({type(value).__name__}).")
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> GrpoConfig:
+    def from_dict(cls, data: Mapping[str, Any]) -> Any:
+        name = cls.__name__
         names = {f.name for f in dataclasses.fields(cls)}
         for key in data:
             if key not in names:
-                raise ConfigError(f"Unknown GrpoConfig field {key!r}.{did_you_mean(key, names)}")
+                raise ConfigError(f"Unknown {name} field {key!r}.{did_you_mean(key, names)}")
         missing = [f.name for f in dataclasses.fields(cls)
                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in data]
         if missing:
-            raise ConfigError(f"GrpoConfig needs {missing}: set them in the config file.")
-        values = dict(data)
-        if isinstance(values.get("void_turn_kinds"), list):
-            values["void_turn_kinds"] = tuple(values["void_turn_kinds"])
+            raise ConfigError(f"{name} needs {missing}: set them in the config file.")
+        hints = typing.get_type_hints(cls)
+        values = {k: tuple(v) if isinstance(v, list) and get_origin(hints[k]) is tuple else v for k, v in data.items()}
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d["step_rewards"] = dict(self.step_rewards)
-        d["void_turn_kinds"] = list(self.void_turn_kinds)
-        return d
+        return {k: list(v) if isinstance(v, tuple) else dict(v) if isinstance(v, Mapping) else v for k, v in d.items()}
 
 
 def _matches(value: Any, hint: Any) -> bool:
@@ -264,7 +261,7 @@ def _describe(hint: Any) -> str:
 
 
 def load_config(path: str | Path) -> Any:
-    """Read a trainer config from YAML: ``trainer:`` (grpo, archer, filtered_bc; default grpo) plus its fields."""
+    """Read a trainer config from YAML: ``trainer:`` (grpo, arpo, archer, filtered_bc; default grpo) plus its fields."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"Config file {path} does not exist; see configs/ for examples.")
@@ -289,6 +286,7 @@ def load_config(path: str | Path) -> Any:
 
 TRAINER_CONFIGS = {
     "grpo": "agentgym.trainers.config:GrpoConfig",
+    "arpo": "agentgym.trainers.arpo:ArpoConfig",
     "archer": "agentgym.trainers.archer:ArcherConfig",
     "filtered_bc": "agentgym.trainers.filtered_bc:FilteredBCConfig",
 }

@@ -55,9 +55,9 @@ class GrpoTrainer:
         self.config = config
         self.world = world or init_world(config.device)
         self.suite = self._check_suite(config)
-        self._check_model_dir("model", config.model)
+        self._check_model_dir("model", config.model, type(config).__name__)
         if config.reference_model and config.reference_model != "initial":
-            self._check_model_dir("reference_model", config.reference_model)
+            self._check_model_dir("reference_model", config.reference_model, type(config).__name__)
         self.output_dir = Path(config.output_dir)
         self.checkpoint_dir = self.output_dir / "checkpoints"
         self.train_tasks = self.suite.split(config.train_split)
@@ -68,31 +68,32 @@ class GrpoTrainer:
     def _check_suite(config: GrpoConfig) -> TaskSuite:
         from agentgym.errors import TaskError
 
+        owner = type(config).__name__
         try:
             suite = load_suite(config.suite)
         except TaskError as exc:
-            raise ConfigError(f"GrpoConfig.suite: {exc}") from exc
+            raise ConfigError(f"{owner}.suite: {exc}") from exc
         import gymnasium as gym
 
         import agentgym  # noqa: F401 - registers ids
 
         if suite.env_id not in gym.registry:
-            raise ConfigError(f"GrpoConfig.suite: suite {suite.name!r} names env {suite.env_id!r}, which is not "
+            raise ConfigError(f"{owner}.suite: suite {suite.name!r} names env {suite.env_id!r}, which is not "
                               f"registered.{did_you_mean(suite.env_id, list(gym.registry))}")
         for field_name, split in (("train_split", config.train_split), ("eval_split", config.eval_split)):
             if split not in suite.splits:
-                raise ConfigError(f"GrpoConfig.{field_name}: suite {suite.name!r} has no split {split!r}; "
+                raise ConfigError(f"{owner}.{field_name}: suite {suite.name!r} has no split {split!r}; "
                                   f"it has {sorted(suite.splits)}.")
         return suite
 
     @staticmethod
-    def _check_model_dir(field_name: str, path: str) -> None:
+    def _check_model_dir(field_name: str, path: str, owner: str = "GrpoConfig") -> None:
         if not Path(path).is_dir():
-            raise ConfigError(f"GrpoConfig.{field_name}: model directory {path!r} does not exist. Build the tiny "
+            raise ConfigError(f"{owner}.{field_name}: model directory {path!r} does not exist. Build the tiny "
                               "model with 'make quickstart' (or agentgym.models.tiny.build_tiny_model) or point to a "
                               "Hugging Face model directory.")
         if not (Path(path) / "config.json").is_file():
-            raise ConfigError(f"GrpoConfig.{field_name}: {path!r} has no config.json; it is not a Hugging Face model "
+            raise ConfigError(f"{owner}.{field_name}: {path!r} has no config.json; it is not a Hugging Face model "
                               "directory (save one with model.save_pretrained).")
 
     # ---- setup -------------------------------------------------------------------------------------
@@ -289,6 +290,7 @@ class GrpoTrainer:
         usable = [i for i, t in enumerate(trajectories) if t.has_tokens]
         batch = build_batch([trajectories[i] for i in usable], advantages[usable], sample_mask[usable],
                             pad_id=int(self.tokenizer.pad_token_id or 0))
+        batch = self._attribute(batch, [trajectories[i] for i in usable])
         update = self._update(batch, optimizer, scheduler, step)
         if cfg.generation_backend == "vllm":
             self.policy.load_weights(self.model)
@@ -299,10 +301,18 @@ class GrpoTrainer:
             "train/mean_turns": summary.get("mean_turns", 0.0),
             "train/mean_tool_calls": summary.get("mean_tool_calls", 0.0),
             "train/episodes": float(len(trajectories)),
-            **counts, **update,
+            **counts, **update, **self._rollout_metrics(trajectories),
             "time/rollout_s": t_rollout, "time/step_s": time.perf_counter() - t0,
             "lr": scheduler.get_last_lr()[0],
         })
+
+    def _attribute(self, batch: TrainingBatch, trajectories: list[Trajectory]) -> TrainingBatch:
+        """How advantages reach tokens; GRPO broadcasts each trajectory's scalar (ARPO may override)."""
+        return batch
+
+    def _rollout_metrics(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        """Extra per-step metrics of the rollout (ARPO: branching statistics)."""
+        return {}
 
     def _forward_logprobs(self, model: Any, mb: TrainingBatch) -> torch.Tensor:
         """``[n, L]`` per-token log-probs of a micro-batch, padded or packed (identical values)."""

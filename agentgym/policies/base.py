@@ -29,6 +29,9 @@ class SamplingParams:
         top_p: Nucleus sampling mass (1.0 disables it).
         stop: Extra stop strings; the generation ends after the first one (it is kept in the text).
         seed: Seed for reproducible sampling where the backend supports it.
+        top_logprobs: Also return, per generated position, the log-probs of this many most likely tokens
+            (``Generation.top_logprobs``); 0 returns none. Entropy-based branching (ARPO) measures its
+            truncated segment entropy from them.
     """
 
     max_tokens: int = 256
@@ -36,6 +39,7 @@ class SamplingParams:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -44,6 +48,8 @@ class SamplingParams:
             raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}.")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if not isinstance(self.top_logprobs, int) or isinstance(self.top_logprobs, bool) or self.top_logprobs < 0:
+            raise ConfigError(f"top_logprobs must be an integer >= 0 (0 = none; ARPO uses 10), got {self.top_logprobs!r}.")
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,9 @@ class Generation:
         logprobs: Log-probs of the sampled ids under the sampling distribution.
         entropies: Entropy of the sampling distribution at each step.
         finish_reason: ``stop`` or ``length``.
+        top_logprobs: When ``SamplingParams.top_logprobs = k > 0`` and the policy supports it: per generated
+            position, the log-probs of the k most likely tokens in descending order, followed by the sampled
+            token's log-prob when it is not among them (vLLM's convention). ``None`` otherwise.
     """
 
     text: str
@@ -81,6 +90,7 @@ class Generation:
     logprobs: tuple[float, ...] | None = None
     entropies: tuple[float, ...] | None = None
     finish_reason: str = "stop"
+    top_logprobs: tuple[tuple[float, ...], ...] | None = None
 
 
 class Policy(abc.ABC):

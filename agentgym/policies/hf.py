@@ -253,6 +253,10 @@ class HFPolicy(InProcessTokenPolicy):
         out_entropy = torch.zeros((batch, max_new), dtype=torch.float32, device=device)
         num_generated = torch.zeros(batch, dtype=torch.long, device=device)
         stopped = torch.zeros(batch, dtype=torch.bool, device=device)  # finish_reason "stop"
+        # Top-k candidate log-probs per position, for rows that ask for them (entropy-based branching).
+        top_k = min(max(p.top_logprobs for p in params), int(self.model.config.vocab_size))
+        out_top = torch.zeros((batch, max_new, top_k), dtype=torch.float32, device=device) if top_k else None
+        out_top_has_sampled = torch.ones((batch, max_new), dtype=torch.bool, device=device) if top_k else None
 
         # Stop strings are checked on decoded text, only for rows that have them.
         stop_strings = {i: p.stop for i, p in enumerate(params) if p.stop}
@@ -303,6 +307,10 @@ class HFPolicy(InProcessTokenPolicy):
                 out_tokens[rows, t] = token
                 out_logprobs[rows, t] = token_logp
                 out_entropy[rows, t] = entropy
+                if top_k:
+                    top_values, top_index = logp.topk(top_k, dim=-1)
+                    out_top[rows, t] = top_values
+                    out_top_has_sampled[rows, t] = (top_index == token[:, None]).any(-1)
                 num_generated[rows] += alive.long()
                 hit_stop = torch.isin(token, stop_ids) & alive
                 hit_len = (t + 1 >= max_tokens) & alive
@@ -329,7 +337,10 @@ class HFPolicy(InProcessTokenPolicy):
                         mask[keep], scale[keep], greedy[keep], top_p[keep], use_top_p[keep], max_tokens[keep]
                     )
 
-        return self._collect(out_tokens, out_logprobs, out_entropy, num_generated, stopped, stop_strings)
+        top = None
+        if top_k:
+            top = _top_logprobs(out_top, out_top_has_sampled, out_logprobs, [p.top_logprobs for p in params])
+        return self._collect(out_tokens, out_logprobs, out_entropy, num_generated, stopped, stop_strings, top)
 
     def _hit_stop_strings(
         self,
@@ -371,6 +382,7 @@ class HFPolicy(InProcessTokenPolicy):
         num_generated: Any,
         stopped: Any,
         stop_strings: dict[int, tuple[str, ...]],
+        top: list[list[tuple[float, ...]] | None] | None = None,
     ) -> list[Generation]:
         tokens = out_tokens.tolist()
         logprobs = out_logprobs.tolist()
@@ -392,6 +404,7 @@ class HFPolicy(InProcessTokenPolicy):
                     logprobs=tuple(logprobs[i][:n]),
                     entropies=tuple(entropies[i][:n]),
                     finish_reason="stop" if stops[i] else "length",
+                    top_logprobs=None if top is None or top[i] is None else tuple(top[i][:n]),
                 )
             )
         return results
@@ -399,3 +412,28 @@ class HFPolicy(InProcessTokenPolicy):
     def close(self) -> None:
         """Drop the model reference so its memory can be freed."""
         self.model = None
+
+
+def _top_logprobs(values: Any, has_sampled: Any, sampled: Any, wanted: list[int]) -> list[list[tuple[float, ...]] | None]:
+    """Per row, per position: the row's k best log-probs, then the sampled token's when it is not among them.
+
+    ``values`` holds the batch's largest k (the most any row asked for), so a row that asked for fewer
+    keeps a prefix; "sampled token among them" is judged against the row's own k.
+    """
+    rows_values = values.tolist()
+    rows_in = has_sampled.tolist()
+    rows_sampled = sampled.tolist()
+    width = values.shape[-1]
+    result: list[list[tuple[float, ...]] | None] = []
+    for i, k in enumerate(wanted):
+        if k == 0:
+            result.append(None)
+            continue
+        row = []
+        for pos, cands in enumerate(rows_values[i]):
+            own = cands[: min(k, width)]
+            lp = rows_sampled[i][pos]
+            inside = rows_in[i][pos] and (k >= width or lp >= own[-1])
+            row.append(tuple(own) if inside else tuple(own) + (lp,))
+        result.append(row)
+    return result

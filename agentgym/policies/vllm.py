@@ -138,7 +138,7 @@ def _logprob_value(entry: Any) -> float:
     return float(value)
 
 
-def completion_to_generation(completion: Any, stop_ids: Iterable[int]) -> Generation:
+def completion_to_generation(completion: Any, stop_ids: Iterable[int], top_logprobs: int = 0) -> Generation:
     """Turn one vLLM ``CompletionOutput`` into a :class:`Generation` that meets the policy contract.
 
     vLLM (V0 and V1 alike) keeps the token that ended the turn (EOS or a stop token id) in
@@ -154,6 +154,8 @@ def completion_to_generation(completion: Any, stop_ids: Iterable[int]) -> Genera
         completion: A ``vllm.outputs.CompletionOutput`` (or any object with ``text``, ``token_ids``,
             ``logprobs``, ``finish_reason`` and ``stop_reason``), requested with ``logprobs >= 0``.
         stop_ids: Token ids that end a turn.
+        top_logprobs: Fill ``Generation.top_logprobs`` with the k best log-probs per position (plus the
+            sampled token's when it is not among them); needs ``logprobs >= k`` in the request.
 
     Raises:
         AgentGymError: If the log-probs are missing or do not line up with the tokens.
@@ -190,6 +192,7 @@ def completion_to_generation(completion: Any, stop_ids: Iterable[int]) -> Genera
         )
     logprobs: list[float] = []
     entropies: list[float] = []
+    top: list[tuple[float, ...]] = []
     for pos, (token, entry) in enumerate(zip(ids, entries)):
         if entry is None or token not in entry:
             raise AgentGymError(
@@ -198,6 +201,10 @@ def completion_to_generation(completion: Any, stop_ids: Iterable[int]) -> Genera
             )
         logprobs.append(_logprob_value(entry[token]))
         entropies.append(entropy_from_top_logprobs(_logprob_value(v) for v in entry.values()))
+        if top_logprobs:
+            ranked = sorted(entry, key=lambda t: _logprob_value(entry[t]), reverse=True)[:top_logprobs]
+            values = tuple(_logprob_value(entry[t]) for t in ranked)
+            top.append(values if token in ranked else values + (logprobs[-1],))
     stopped = finish == "stop" or (bool(ids) and ids[-1] in stops)
     return Generation(
         text=completion.text,
@@ -205,6 +212,7 @@ def completion_to_generation(completion: Any, stop_ids: Iterable[int]) -> Genera
         logprobs=tuple(logprobs),
         entropies=tuple(entropies),
         finish_reason="stop" if stopped else "length",
+        top_logprobs=tuple(top) if top_logprobs else None,
     )
 
 
@@ -424,9 +432,14 @@ class VLLMPolicy(InProcessTokenPolicy):
         inputs = [{"prompt_token_ids": row} for row in rows]
         with self._lock:
             outputs = llm.generate(inputs, sampling_params=vllm_params, use_tqdm=False)
-        return [completion_to_generation(out.outputs[0], self._stop_ids) for out in outputs]
+        return [completion_to_generation(out.outputs[0], self._stop_ids, p.top_logprobs)
+                for out, p in zip(outputs, params)]
 
     def _sampling_params(self, params: SamplingParams, seed: int | None) -> Any:
+        limit = max(self.entropy_top_k, 20)
+        if params.top_logprobs > limit:
+            raise ConfigError(f"SamplingParams.top_logprobs={params.top_logprobs} exceeds the {limit} log-probs this vLLM "
+                              f"engine returns per step; lower it or create the policy with entropy_top_k>={params.top_logprobs}.")
         return self._vllm.SamplingParams(
             n=1,
             temperature=params.temperature,
@@ -435,7 +448,7 @@ class VLLMPolicy(InProcessTokenPolicy):
             stop=list(params.stop) or None,
             stop_token_ids=list(self._stop_ids),
             seed=seed,
-            logprobs=self.entropy_top_k,
+            logprobs=max(self.entropy_top_k, params.top_logprobs),
             # Keep the stop string in the text (the contract), and drop special tokens from it, as
             # HFPolicy's decode(skip_special_tokens=True) does.
             include_stop_str_in_output=True,

@@ -215,6 +215,7 @@ class CalculatorEnv(AgentEnv):
 
     description: ClassVar[str] = "Arithmetic question: compute with calc(expression), then answer(value) exactly."
     cheap_steps = True
+    forkable = True
     native_format_hint: ClassVar[str] = (
         "You may also write a call as a plain function call: calc(27*42) computes, answer(1134) submits."
     )

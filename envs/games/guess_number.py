@@ -70,6 +70,7 @@ class GuessNumberEnv(AgentEnv):
 
     description: ClassVar[str] = "Find a secret integer by guessing; each guess is answered higher, lower or correct."
     cheap_steps = True
+    forkable = True
     native_format_hint: ClassVar[str] = "You may also write a guess as a plain function call, e.g. guess(50)."
 
     def __init__(

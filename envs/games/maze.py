@@ -154,6 +154,7 @@ class MazeEnv(AgentEnv):
 
     description: ClassVar[str] = "Walk a grid maze to the exit with move(direction); the maze is shown as text."
     cheap_steps = True
+    forkable = True
     native_format_hint: ClassVar[str] = 'You may also write a move as a plain function call, e.g. move("north").'
 
     def __init__(

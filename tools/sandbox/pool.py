@@ -9,6 +9,7 @@ and the worker goes back to the pool for the next episode (a fork, ~2 ms, instea
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import itertools
 import logging
 import os
@@ -34,6 +35,12 @@ __all__ = ["ExecutionResult", "SandboxError", "SandboxPool", "SandboxSession", "
 
 log = logging.getLogger(__name__)
 _IDS = itertools.count()
+
+# bwrap runs with --die-with-parent, i.e. PR_SET_PDEATHSIG, which Linux ties to the *thread* that forked it:
+# a sandbox launched from a short-lived worker thread (a rollout's env executor) would be killed the
+# moment that thread exits, while the pool still lists it as idle. Every launch therefore happens on
+# one thread that lives as long as the process.
+_LAUNCHER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentgym-sandbox-launcher")
 CONTROL_TIMEOUT_S = 10.0
 
 
@@ -85,7 +92,7 @@ class _Worker:
             self.listener.bind(path)
             os.chmod(path, 0o777)  # uid 65534 in a container must be able to connect
             self.listener.listen(8)
-            self.launch = backend.launch(self.id, self.ipc_dir, config)
+            self.launch = _LAUNCHER.submit(backend.launch, self.id, self.ipc_dir, config).result()
             self.control, hello = self._accept(config.start_timeout_s)
             if hello.get("hello") != "control":
                 raise SandboxError(f"unexpected greeting from the sandbox: {hello!r}")

@@ -24,6 +24,10 @@ Masks and filters (``masks``)
     ``over_turn_mask``: Mini-o3 trajectories that ran out of budget mid-tool-use leave the loss.
     ``apply_sample_mask``: combine a per-trajectory mask with the token mask.
     ``group_filter``: DAPO/SimpleTIR/Mini-o3 dynamic sampling (std, accuracy range, min members).
+ARPO (``arpo``)
+    ``segment_entropy``: top-k truncated entropy of a segment's first K tokens over ln|V|.
+    ``branch_probability``: ``clip(alpha + beta * dH, 0, 1)``.
+    ``arpo_token_advantages``: soft / hard (optionally deduplicated) attribution over shared prefixes.
 Rewards (``rewards``)
     ``gated_reward_accumulation`` (+ ``_batch``): G-RA prioritised gated channels.
     ``direct_reward_accumulation``: D-RA, the ungated control.
@@ -31,6 +35,7 @@ Rewards (``rewards``)
 
 from __future__ import annotations
 
+from .arpo import arpo_token_advantages, branch_probability, segment_entropy, shared_prefix_lengths
 from .advantages import broadcast_to_tokens, discounted_returns, group_advantages
 from .aggregation import AGGREGATION_MODES, aggregate_loss, loss_denominators
 from .kl import kl_penalty
@@ -49,6 +54,8 @@ __all__ = [
     "AGGREGATION_MODES",
     "aggregate_loss",
     "apply_sample_mask",
+    "arpo_token_advantages",
+    "branch_probability",
     "broadcast_to_tokens",
     "clipped_policy_loss",
     "direct_reward_accumulation",
@@ -62,6 +69,8 @@ __all__ = [
     "loss_denominators",
     "over_turn_mask",
     "reinforce_loss",
+    "segment_entropy",
+    "shared_prefix_lengths",
     "simpletir_turn_flags",
     "void_trajectory_mask",
 ]

@@ -1,0 +1,96 @@
+"""ARPO math against the spec's test vectors (T17-T19) and the attribution properties of section 4.6."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from agentgym.errors import ConfigError  # noqa: E402
+from agentgym.trainers import algorithms as alg  # noqa: E402
+
+
+def test_t17_segment_entropy_is_the_normalised_sum_over_positions() -> None:
+    positions = [[math.log(0.5), math.log(0.25), math.log(0.25)], [math.log(1.0)]]
+    assert alg.segment_entropy(positions, window=20, vocab_size=8) == pytest.approx(0.5, abs=1e-9)
+    # A sum, not a mean: two copies of the uncertain position give twice the entropy.
+    assert alg.segment_entropy(positions[:1] * 2, vocab_size=8) == pytest.approx(1.0, abs=1e-9)
+    # Only the first K positions count.
+    assert alg.segment_entropy(positions[:1] * 30, window=20, vocab_size=8) == pytest.approx(10.0, abs=1e-9)
+    assert alg.segment_entropy([], vocab_size=8) == 0.0
+
+
+def test_t18_branch_probability_and_the_uniform_draw() -> None:
+    p = alg.branch_probability(0.5, 0.3, alpha=0.5, beta=0.2)
+    assert p == pytest.approx(0.54)
+    assert 0.53 < p  # u = 0.53 branches
+    assert not 0.55 < p  # u = 0.55 does not
+    assert alg.branch_probability(0.0, 3.0, alpha=0.5, beta=0.2) == 0.0  # entropy fell by 3: never
+    assert alg.branch_probability(3.0, 0.0, alpha=0.5, beta=0.2) == 1.0  # rose by 3: always
+    assert alg.branch_probability(0.9, 0.1, alpha=0.0, beta=0.0) == 0.0
+
+
+def _tree() -> tuple[list[list[int]], torch.Tensor]:
+    """Section 4.6: tau2 branched from tau1 after P0, tau3 from tau2 after P1, tau4 independent."""
+    p0, p1 = [10, 11, 12], [20, 21]
+    sequences = [p0 + [30, 31], p0 + p1 + [40], p0 + p1 + [50, 51, 52], [60, 61]]
+    advantages = alg.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), ["g"] * 4)
+    return sequences, advantages
+
+
+def test_t19_hard_attribution_of_the_branch_tree() -> None:
+    sequences, advantages = _tree()
+    assert advantages.tolist() == pytest.approx([0.866025, -0.866025, -0.866025, 0.866025], abs=1e-5)
+    adv, weights = alg.arpo_token_advantages(sequences, advantages, ["g"] * 4, mode="hard")
+    a = 0.866025
+    assert adv[0, :3].tolist() == pytest.approx([-0.288675] * 3, abs=1e-5)  # P0 in tau1
+    assert adv[1, :3].tolist() == pytest.approx([-0.288675] * 3, abs=1e-5)  # P0 in tau2
+    assert adv[1, 3:5].tolist() == pytest.approx([-a] * 2, abs=1e-5)  # P1
+    assert adv[0, 3:5].tolist() == pytest.approx([a] * 2, abs=1e-5)  # tau1's own suffix
+    assert adv[1, 5].item() == pytest.approx(-a, abs=1e-5)
+    assert adv[2, 5:8].tolist() == pytest.approx([-a] * 3, abs=1e-5)
+    assert adv[3, :2].tolist() == pytest.approx([a] * 2, abs=1e-5)  # independent: its own
+    assert adv[3, 2:].abs().sum().item() == 0.0  # padding
+    assert weights[0, :5].tolist() == [1.0] * 5
+
+
+def test_soft_attribution_sums_to_hard_times_multiplicity_and_dedupe_trains_shared_tokens_once() -> None:
+    sequences, advantages = _tree()
+    soft, soft_w = alg.arpo_token_advantages(sequences, advantages, ["g"] * 4, mode="soft")
+    hard, _ = alg.arpo_token_advantages(sequences, advantages, ["g"] * 4, mode="hard")
+    # P0 (3 copies): sum of the soft advantages = 3 x the hard one = -0.866025.
+    assert soft[:3, 0].sum().item() == pytest.approx(3 * hard[0, 0].item(), abs=1e-5)
+    assert soft[:3, 0].sum().item() == pytest.approx(-0.866025, abs=1e-5)
+    assert soft[2].tolist()[:8] == pytest.approx([-0.866025] * 8, abs=1e-5)
+    assert soft_w[3].tolist() == [1.0, 1.0] + [0.0] * 6
+    _, dedupe_w = alg.arpo_token_advantages(sequences, advantages, ["g"] * 4, mode="hard", dedupe=True)
+    assert dedupe_w[:3, 0].tolist() == pytest.approx([1 / 3] * 3)  # P0 counted once in total
+    assert dedupe_w[1:3, 3].tolist() == pytest.approx([0.5, 0.5])  # P1 once
+    assert dedupe_w[2, 5].item() == 1.0 and dedupe_w[3, 0].item() == 1.0
+
+
+def test_sharing_is_counted_only_inside_a_group() -> None:
+    seqs = [[1, 2, 3], [1, 2, 4], [1, 2, 3]]
+    advantages = torch.tensor([1.0, -1.0, 5.0])
+    adv, _ = alg.arpo_token_advantages(seqs, advantages, ["a", "a", "b"], mode="hard")
+    assert adv[0].tolist() == pytest.approx([0.0, 0.0, 1.0])
+    assert adv[2].tolist() == pytest.approx([5.0, 5.0, 5.0])
+
+
+def test_bad_inputs_say_how_to_fix_them() -> None:
+    with pytest.raises(ConfigError, match="vocab_size"):
+        alg.segment_entropy([[0.0]], vocab_size=1)
+    with pytest.raises(ConfigError, match="window"):
+        alg.segment_entropy([[0.0]], window=0, vocab_size=8)
+    with pytest.raises(ConfigError, match="log-probs"):
+        alg.segment_entropy([[0.5]], vocab_size=8)
+    with pytest.raises(ConfigError, match="finite"):
+        alg.branch_probability(float("nan"), 0.0, alpha=0.5, beta=0.2)
+    with pytest.raises(ConfigError, match="one per sequence"):
+        alg.arpo_token_advantages([[1]], torch.zeros(2), ["g", "g"])
+    with pytest.raises(ConfigError, match="hard"):
+        alg.arpo_token_advantages([[1]], torch.zeros(1), ["g"], dedupe=True)
+    with pytest.raises(ConfigError):
+        alg.arpo_token_advantages([[1]], torch.zeros(1), ["g"], mode="medium")  # type: ignore[arg-type]

@@ -1,0 +1,160 @@
+"""ARPO's math (spec section 4): segment entropy, the branch rule and advantage attribution.
+
+The sampler that uses these lives in :mod:`agentgym.branching`; the trainer in :mod:`agentgym.trainers.arpo`.
+
+* :func:`segment_entropy`: the reference code's entropy of a generated segment, a **sum** over its first
+  ``window`` positions of the top-k truncated entropy, divided by ``ln |V|`` (it can exceed 1).
+* :func:`branch_probability`: ``clip(alpha + beta * (H_now - H_init), 0, 1)``; the code's rule
+  ``clip(u - beta * dH, 0, 1) <= tau`` with ``u ~ U(0, 1)`` has exactly this probability (``alpha = tau``).
+* :func:`arpo_token_advantages`: "soft" attribution keeps each trajectory's own group advantage on all of
+  its tokens (plain GRPO over the branched group, the default); "hard" gives a token shared by ``d``
+  trajectories (identical token prefix up to and including it) the mean advantage of those ``d``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from agentgym.errors import ConfigError
+
+from ._common import check_choice, check_vector, group_index
+
+__all__ = ["arpo_token_advantages", "branch_probability", "segment_entropy", "shared_prefix_lengths"]
+
+Attribution = Literal["soft", "hard"]
+
+
+def segment_entropy(top_logprobs: Sequence[Sequence[float]], *, window: int = 20, vocab_size: int) -> float:
+    """Normalised entropy of a segment from its per-position candidate log-probs.
+
+    ``H = -sum_{p < K} sum_c exp(l_pc) * l_pc`` over the candidates each position returned (the top k, plus
+    the sampled token when it is not among them), with ``K = min(window, len(segment))``, then
+    ``H / ln(vocab_size)``. Spec T17: probabilities ``(.5, .25, .25)`` and ``(1.0)`` with ``|V| = 8`` give 0.5.
+
+    Args:
+        top_logprobs: One sequence of candidate log-probs per generated position.
+        window: ``K``, how many leading positions count (20 in the reference code).
+        vocab_size: ``|V|``, the tokenizer's vocabulary size (>= 2).
+
+    Raises:
+        ConfigError: ``window < 1``, ``vocab_size < 2`` or a log-prob that is NaN or positive.
+    """
+    if window < 1:
+        raise ConfigError(f"window must be >= 1 (the reference code uses 20), got {window}.")
+    if vocab_size < 2:
+        raise ConfigError(f"vocab_size must be >= 2 to normalise by ln|V|, got {vocab_size}.")
+    total = 0.0
+    for position in list(top_logprobs)[:window]:
+        for lp in position:
+            lp = float(lp)
+            if math.isnan(lp) or lp > 1e-6:
+                raise ConfigError(f"log-probs must be <= 0 and not NaN, got {lp}.")
+            if lp > -math.inf:
+                total -= math.exp(lp) * lp
+    return total / math.log(vocab_size)
+
+
+def branch_probability(h_now: float, h_init: float, *, alpha: float, beta: float) -> float:
+    """``clip(alpha + beta * (h_now - h_init), 0, 1)``: the chance of one branch attempt succeeding.
+
+    Spec T18: ``h_init = 0.3, h_now = 0.5, alpha = 0.5, beta = 0.2`` gives 0.54. Callers branch when a
+    uniform draw ``u`` satisfies ``u < p``, so ``p = 0`` never branches and ``p = 1`` always does.
+    """
+    for name, value in (("h_now", h_now), ("h_init", h_init), ("alpha", alpha), ("beta", beta)):
+        if not math.isfinite(value):
+            raise ConfigError(f"{name} must be finite, got {value}.")
+    return min(1.0, max(0.0, alpha + beta * (h_now - h_init)))
+
+
+def shared_prefix_lengths(sequences: Sequence[Sequence[int]]) -> np.ndarray:
+    """``[n, n]`` lengths of the common token prefix of every pair (the diagonal is each length)."""
+    arrays = [np.asarray(s, dtype=np.int64) for s in sequences]
+    n = len(arrays)
+    out = np.zeros((n, n), dtype=np.int64)
+    for i in range(n):
+        out[i, i] = len(arrays[i])
+        for j in range(i + 1, n):
+            m = min(len(arrays[i]), len(arrays[j]))
+            diff = np.flatnonzero(arrays[i][:m] != arrays[j][:m])
+            out[i, j] = out[j, i] = int(diff[0]) if len(diff) else m
+    return out
+
+
+def arpo_token_advantages(
+    sequences: Sequence[Sequence[int]],
+    advantages: Tensor,
+    group_ids: Sequence[Hashable] | Tensor,
+    *,
+    mode: Attribution = "soft",
+    dedupe: bool = False,
+    width: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Per-token advantages ``[N, L]`` and per-token loss weights ``[N, L]`` for a branched batch.
+
+    ``"soft"``: every token of trajectory ``j`` gets ``A_j`` (weights 1). Shared prefixes are then trained
+    once per copy, which sums to ``d * mean(A)`` on a token shared by ``d`` copies at ratio 1.
+    ``"hard"``: a token at position ``i`` of ``j`` gets the mean of ``A_k`` over the members ``k`` of ``j``'s
+    group whose sequence equals ``j``'s up to and including position ``i`` (``j`` itself included), so a
+    token only ``j`` has keeps ``A_j``. With ``dedupe`` each of those ``d`` copies gets weight ``1/d``: the
+    shared token is trained once, not ``d`` times (spec pitfall 5).
+
+    Sharing is read from the token ids themselves, so it needs no tree bookkeeping and also covers
+    independent samples that happened to produce identical tokens (same context, same token: the same
+    gradient term).
+
+    Args:
+        sequences: Token ids of each trajectory's training sequence (prompt included).
+        advantages: ``[N]`` group-normalised advantages (e.g. from ``group_advantages``).
+        group_ids: ``[N]`` group of each trajectory; sharing is only counted inside a group.
+        mode: ``"soft"`` (default, the reference code) or ``"hard"``.
+        dedupe: Hard mode only: weight shared tokens ``1/d`` per copy.
+        width: Pad the outputs to this length (default: the longest sequence).
+
+    Returns:
+        ``(token_advantages, token_weights)``, both float32 ``[N, width]``; zero past each sequence's end.
+
+    Raises:
+        ConfigError: Mismatched lengths, unknown mode, ``dedupe`` with soft mode.
+    """
+    check_vector("advantages", advantages)
+    check_choice("mode", mode, ("soft", "hard"))
+    n = len(sequences)
+    if advantages.shape[0] != n:
+        raise ConfigError(f"advantages has {advantages.shape[0]} entries for {n} sequences; pass one per sequence.")
+    if dedupe and mode == "soft":
+        raise ConfigError("dedupe applies to hard attribution only; set mode='hard' or dedupe=False.")
+    lengths = [len(s) for s in sequences]
+    longest = max(lengths, default=0)
+    width = longest if width is None else width
+    if width < longest:
+        raise ConfigError(f"width {width} is shorter than the longest sequence ({longest}).")
+    token_adv = torch.zeros((n, width), dtype=torch.float32)
+    weights = torch.zeros((n, width), dtype=torch.float32)
+    adv = advantages.detach().double().cpu()
+    if mode == "soft":
+        for j, length in enumerate(lengths):
+            token_adv[j, :length] = float(adv[j])
+            weights[j, :length] = 1.0
+        return token_adv, weights
+    inverse, num_groups = group_index(group_ids, n)
+    for g in range(num_groups):
+        members = [j for j in range(n) if int(inverse[j]) == g]
+        lcp = shared_prefix_lengths([sequences[j] for j in members])
+        a = adv[members].numpy()
+        for row, j in enumerate(members):
+            length = lengths[j]
+            num = np.zeros(length, dtype=np.float64)
+            den = np.zeros(length, dtype=np.float64)
+            for col in range(len(members)):
+                shared = int(lcp[row, col])
+                num[:shared] += a[col]
+                den[:shared] += 1.0
+            token_adv[j, :length] = torch.from_numpy(num / den)
+            weights[j, :length] = torch.from_numpy(1.0 / den) if dedupe else 1.0
+    return token_adv, weights
