@@ -319,3 +319,44 @@ def test_bad_configs_and_inputs_fail_with_a_fix(tokenizer: Any) -> None:
                                rollout_config(), BranchingConfig(budget=2, initial_rollouts=1))
     with pytest.raises(ConfigError, match="neither top-k log-probs nor entropies"):
         sampler.run(group_specs("agentgym-test/Echo-v0", [Task("e", "x")], 2))
+
+
+# ---- the shipped configs drive the trainer on their envs -------------------------------------------------
+SMOKE = dict(steps=1, tasks_per_step=1, group_size=4, initial_rollouts=2, max_tokens_per_turn=16, max_context_tokens=512,
+             micro_batch_size=8, mini_batches=1, eval_tasks=2, eval_every=0, checkpoint_every=0, tensorboard=False,
+             system_prompt="", learning_rate=1e-4)
+
+
+def test_arpo_code_config_trains_a_step_on_the_code_interpreter(model_dir: Path, tmp_path: Path) -> None:
+    import yaml
+
+    from agentgym.trainers.arpo import ArpoConfig, ArpoTrainer
+
+    repo = Path(__file__).resolve().parent.parent
+    values = yaml.safe_load((repo / "configs" / "arpo_code.yaml").read_text())
+    values.pop("trainer")
+    values.update(SMOKE, model=str(model_dir), suite="code-smoke", eval_suite=None, output_dir=str(tmp_path / "run"),
+                  attribution="hard", hard_dedupe=True)
+    summary = ArpoTrainer(ArpoConfig.from_dict(values)).train()
+    assert summary["eval_after"]["episodes"] == 2
+    metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    step = next(m for m in metrics if "arpo/trajectories" in m)
+    assert step["arpo/trajectories"] == 4 and step["train/episodes"] == 4
+    assert (tmp_path / "run" / "model" / "config.json").is_file()
+
+
+def test_arpo_search_config_trains_a_step_through_the_cli(model_dir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("bm25s")
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    sets = {**SMOKE, "model": str(model_dir), "suite": "search-smoke", "output_dir": str(tmp_path / "run")}
+    cmd = [sys.executable, "-m", "agentgym.cli", "train", str(repo / "configs" / "arpo_search.yaml")]
+    for key, value in sets.items():
+        cmd += ["--set", f"{key}={value}"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "before ARPO" in result.stdout
+    bad = subprocess.run(cmd[:5] + ["--set", "initial_rollouts=99"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert bad.returncode != 0 and "initial_rollouts" in bad.stderr and "group_size" in bad.stderr

@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agentgym.branching import BranchingConfig, BranchingSampler
-from agentgym.policies import SamplingParams
-from agentgym.rollout import EpisodeSpec
 from agentgym.trainers import algorithms as alg
 from agentgym.trainers.batch import TrainingBatch
 from agentgym.trainers.config import GrpoConfig
@@ -101,14 +99,9 @@ class ArpoTrainer(GrpoTrainer):
         self._sampler_stats: dict[str, Any] = {}
 
     def _rollout(self, step: int) -> list[Trajectory]:
-        """M trajectories per task from the branching sampler; whole groups are sharded across ranks."""
+        """M trajectories per task from the branching sampler (the same specs and seeds GRPO would use)."""
         cfg = self.config
-        groups = self.world.shard(list(enumerate(self._tasks_for_step(step))))
-        specs = [EpisodeSpec(self.suite.env_id, task=task, seed=_mix(cfg.seed, step, k, g) % (2**31),
-                             group_id=f"{step}/{k}", env_kwargs=dict(self.suite.env_kwargs))
-                 for k, task in groups for g in range(cfg.group_size)]
-        sampling = SamplingParams(max_tokens=cfg.max_tokens_per_turn, temperature=cfg.temperature, top_p=cfg.top_p,
-                                  seed=_mix(cfg.seed, step, self.world.rank))
+        specs, sampling = self._rollout_plan(step)
         branching = dataclasses.replace(cfg.branching(), seed=_mix(cfg.seed, step, self.world.rank))
         sampler = BranchingSampler(self.policy, self._rollout_config(sampling, cfg.max_in_flight), branching)
         trajectories = sampler.run(specs)

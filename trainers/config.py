@@ -35,8 +35,10 @@ class GrpoConfig:
     """Where checkpoints, metrics (JSONL + TensorBoard), the learning curve and the final model go."""
     train_split: str = "train"
     """Split of ``suite`` to train on."""
+    eval_suite: str | None = None
+    """Suite holding the held-out split (``None``: ``suite``), e.g. code-test for a code-train run."""
     eval_split: str = "test"
-    """Held-out split used for evaluation (must differ from the training split)."""
+    """Held-out split used for evaluation (must differ from the training split unless eval_suite is set)."""
     steps: int = 50
     """Number of GRPO steps (one rollout batch and one update each)."""
     tasks_per_step: int = 16
@@ -184,7 +186,7 @@ class GrpoConfig:
             raise self._fail("bc_shortcut_fraction", f"must be in [0, 1], got {self.bc_shortcut_fraction}.")
         if self.generation_backend == "vllm" and not self.device.startswith("cuda"):
             raise self._fail("generation_backend", "'vllm' needs a CUDA GPU: set device: cuda, or use generation_backend: hf.")
-        if self.train_split == self.eval_split:
+        if self.train_split == self.eval_split and self.eval_suite in (None, self.suite):
             raise self._fail("eval_split", f"equals train_split ({self.train_split!r}): evaluate on held-out tasks.")
         unknown_kinds = set(self.void_turn_kinds) - set(TURN_KINDS)
         if unknown_kinds:

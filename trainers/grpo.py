@@ -54,36 +54,39 @@ class GrpoTrainer:
     def __init__(self, config: GrpoConfig, *, world: World | None = None) -> None:
         self.config = config
         self.world = world or init_world(config.device)
-        self.suite = self._check_suite(config)
+        self.suite = self._check_suite(config, config.suite, "suite", config.train_split, "train_split")
+        self.eval_suite = self._check_suite(config, config.eval_suite or config.suite,
+                                            "eval_suite" if config.eval_suite else "suite", config.eval_split, "eval_split")
         self._check_model_dir("model", config.model, type(config).__name__)
         if config.reference_model and config.reference_model != "initial":
             self._check_model_dir("reference_model", config.reference_model, type(config).__name__)
         self.output_dir = Path(config.output_dir)
         self.checkpoint_dir = self.output_dir / "checkpoints"
         self.train_tasks = self.suite.split(config.train_split)
-        self.eval_tasks = self.suite.split(config.eval_split)[: config.eval_tasks]
+        self.eval_tasks = self.eval_suite.split(config.eval_split)[: config.eval_tasks]
 
     # ---- checks ------------------------------------------------------------------------------------
     @staticmethod
-    def _check_suite(config: GrpoConfig) -> TaskSuite:
+    def _check_suite(config: GrpoConfig, name: str, field: str, split: str, split_field: str) -> TaskSuite:
+        """Load a suite named by the config and check that its env is registered and it has ``split``."""
         from agentgym.errors import TaskError
 
         owner = type(config).__name__
         try:
-            suite = load_suite(config.suite)
+            suite = load_suite(name)
         except TaskError as exc:
-            raise ConfigError(f"{owner}.suite: {exc}") from exc
+            raise ConfigError(f"{owner}.{field}: {exc}") from exc
         import gymnasium as gym
 
         import agentgym  # noqa: F401 - registers ids
 
         if suite.env_id not in gym.registry:
-            raise ConfigError(f"{owner}.suite: suite {suite.name!r} names env {suite.env_id!r}, which is not "
+            raise ConfigError(f"{owner}.{field}: suite {suite.name!r} names env {suite.env_id!r}, which is not "
                               f"registered.{did_you_mean(suite.env_id, list(gym.registry))}")
-        for field_name, split in (("train_split", config.train_split), ("eval_split", config.eval_split)):
-            if split not in suite.splits:
-                raise ConfigError(f"{owner}.{field_name}: suite {suite.name!r} has no split {split!r}; "
-                                  f"it has {sorted(suite.splits)}.")
+        if split not in suite.splits:
+            hint = " (or set eval_suite to a suite that holds the held-out split)" if split_field == "eval_split" else ""
+            raise ConfigError(f"{owner}.{split_field}: suite {suite.name!r} has no split {split!r}; "
+                              f"it has {sorted(suite.splits)}{hint}.")
         return suite
 
     @staticmethod
@@ -217,8 +220,8 @@ class GrpoTrainer:
             chosen.append(self.train_tasks[int(order[offset])])
         return chosen
 
-    def _rollout(self, step: int) -> list[Trajectory]:
-        """G rollouts for each of this step's tasks; whole groups are sharded across ranks."""
+    def _rollout_plan(self, step: int) -> tuple[list[EpisodeSpec], SamplingParams]:
+        """This rank's episode specs (``group_size`` per task; whole groups are sharded) and sampling."""
         cfg = self.config
         groups = self.world.shard(list(enumerate(self._tasks_for_step(step))))
         specs = [EpisodeSpec(self.suite.env_id, task=task, seed=_mix(cfg.seed, step, k, g) % (2**31),
@@ -226,7 +229,12 @@ class GrpoTrainer:
                  for k, task in groups for g in range(cfg.group_size)]
         sampling = SamplingParams(max_tokens=cfg.max_tokens_per_turn, temperature=cfg.temperature, top_p=cfg.top_p,
                                   seed=_mix(cfg.seed, step, self.world.rank))
-        engine = RolloutEngine(self.policy, self._rollout_config(sampling, cfg.max_in_flight))
+        return specs, sampling
+
+    def _rollout(self, step: int) -> list[Trajectory]:
+        """G independent rollouts for each of this step's tasks."""
+        specs, sampling = self._rollout_plan(step)
+        engine = RolloutEngine(self.policy, self._rollout_config(sampling, self.config.max_in_flight))
         return engine.run(specs)
 
     def _rollout_config(self, sampling: SamplingParams, in_flight: int) -> RolloutConfig:
@@ -394,7 +402,7 @@ class GrpoTrainer:
         if self.world.is_main:
             sampling = SamplingParams(max_tokens=cfg.max_tokens_per_turn, temperature=cfg.eval_temperature,
                                       seed=_mix(cfg.seed, 999))
-            specs = [EpisodeSpec(self.suite.env_id, task=t, seed=i, env_kwargs=dict(self.suite.env_kwargs))
+            specs = [EpisodeSpec(self.eval_suite.env_id, task=t, seed=i, env_kwargs=dict(self.eval_suite.env_kwargs))
                      for i, t in enumerate(self.eval_tasks)]
             started = time.perf_counter()
             trajectories = RolloutEngine(self.policy, self._rollout_config(sampling, cfg.max_in_flight)).run(specs)
