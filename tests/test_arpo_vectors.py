@@ -8,8 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from agentgym.errors import ConfigError  # noqa: E402
-from agentgym.trainers import algorithms as alg  # noqa: E402
+from agentgym.trainers import algorithms as alg
+
+from agentgym.errors import ConfigError
 
 
 def test_t17_segment_entropy_is_the_normalised_sum_over_positions() -> None:

@@ -17,15 +17,15 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from agentgym.branching import BranchingConfig, BranchingSampler  # noqa: E402
-from agentgym.errors import ConfigError  # noqa: E402
-from agentgym.models.tiny import TinyModelConfig, build_tiny_model, load_tiny_model  # noqa: E402
-from agentgym.policies import SamplingParams, ScriptedPolicy  # noqa: E402
-from agentgym.policies.hf import HFPolicy  # noqa: E402
-from agentgym.quickstart import demonstration_texts  # noqa: E402
-from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine  # noqa: E402
-from agentgym.suite import Task, load_suite  # noqa: E402
-from agentgym.trajectory import Trajectory  # noqa: E402
+from agentgym.branching import BranchingConfig, BranchingSampler
+from agentgym.errors import ConfigError
+from agentgym.models.tiny import TinyModelConfig, build_tiny_model, load_tiny_model
+from agentgym.policies import SamplingParams, ScriptedPolicy
+from agentgym.policies.hf import HFPolicy
+from agentgym.quickstart import demonstration_texts
+from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
+from agentgym.suite import Task, load_suite
+from agentgym.trajectory import Trajectory
 
 SMALL = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128)
 
@@ -329,7 +329,6 @@ SMOKE = dict(steps=1, tasks_per_step=1, group_size=4, initial_rollouts=2, max_to
 
 def test_arpo_code_config_trains_a_step_on_the_code_interpreter(model_dir: Path, tmp_path: Path) -> None:
     import yaml
-
     from agentgym.trainers.arpo import ArpoConfig, ArpoTrainer
 
     repo = Path(__file__).resolve().parent.parent

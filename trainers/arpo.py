@@ -22,11 +22,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from agentgym.branching import BranchingConfig, BranchingSampler
 from agentgym.trainers import algorithms as alg
 from agentgym.trainers.batch import TrainingBatch
 from agentgym.trainers.config import GrpoConfig
 from agentgym.trainers.grpo import GrpoTrainer, _mix
+
+from agentgym.branching import BranchingConfig, BranchingSampler
 from agentgym.trajectory import Trajectory
 
 __all__ = ["ArpoConfig", "ArpoTrainer"]
