@@ -57,6 +57,7 @@ from agentgym.rollout import (
     _EnvPool,
     _text_of,
     call_env,
+    final_state,
     make_turn,
     turn_sampling,
 )
@@ -396,12 +397,11 @@ class BranchingSampler:
             live.timing["env_s"] += time.perf_counter() - t0
             live.turns.append(make_turn(live.observation, generation, reward, info, prompt_ids, action_ids))
             live.observation = _text_of(next_obs)
+            live.agent.add_observation(live.observation)
             if terminated or truncated:
                 live.outcome = dict(info.get("outcome") or {})
                 live.healthy = live.outcome.get("end_reason") != "error"
                 live.done = True
-            else:
-                live.agent.add_observation(live.observation)
         except TimeoutError:
             self._fail(live, TimeoutError(f"env call exceeded step_timeout_s={self.rollout.step_timeout_s}"))
         except Exception as exc:  # noqa: BLE001
@@ -529,6 +529,8 @@ class BranchingSampler:
             "segment_entropy": list(live.entropies[: len(live.turns)]),
             "initial_entropy": live.h_init,
         }
+        if live.error is None and live.turns:
+            metadata.update(final_state(live.agent, live.observation))
         return Trajectory(
             env_id=live.spec.env_id, task_id=live.task_id, seed=live.spec.seed, turns=tuple(live.turns),
             outcome=outcome, end_reason=str(outcome.get("end_reason", "error")), policy=self.policy.name,

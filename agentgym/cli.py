@@ -222,6 +222,8 @@ def _cmd_view(args: argparse.Namespace) -> int:
         for turn in traj.turns:
             console.print(f"[cyan]observation[/cyan] {turn.observation}", markup=True, highlight=False)
             console.print(f"[yellow]action[/yellow] ({turn.kind}) {turn.action}", markup=True, highlight=False)
+        if traj.final_observation is not None:
+            console.print(f"[cyan]final observation[/cyan] {traj.final_observation}", markup=True, highlight=False)
         if traj.error:
             console.print(f"[red]error[/red] {traj.error}", markup=True)
     return 0

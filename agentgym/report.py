@@ -51,6 +51,8 @@ def write_html_report(path: str | Path, summary: Mapping[str, Any], trajectories
             f"<pre>{html.escape(turn.action)}</pre></div>"
             for turn in t.turns
         )
+        if t.final_observation is not None:
+            turns += f"<div class='obs'><b>final observation</b><pre>{html.escape(t.final_observation)}</pre></div>"
         err = f"<p class='err'>{html.escape(t.error)}</p>" if t.error else ""
         episodes.append(
             f"<details class='{status}'><summary>{html.escape(t.task_id)} seed={t.seed} - {status} "

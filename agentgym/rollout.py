@@ -376,11 +376,11 @@ class RolloutEngine:
                 timing["env_s"] += time.perf_counter() - te
                 turns.append(make_turn(_text_of(observation), generation, reward, step_info, prompt_ids, action_ids))
                 observation = next_obs
+                agent.add_observation(_text_of(next_obs))
                 if terminated or truncated:
                     outcome = dict(step_info.get("outcome") or {})
                     healthy = outcome.get("end_reason") != "error"
                     break
-                agent.add_observation(_text_of(next_obs))
         except TimeoutError:
             error = f"env call exceeded step_timeout_s={cfg.step_timeout_s}"
         except Exception as exc:  # noqa: BLE001 - an episode's failure must not end the others
@@ -393,13 +393,16 @@ class RolloutEngine:
                     pool.release(spec, env)
                 else:
                     threading.Thread(target=_close_quietly, args=(env,), daemon=True).start()
+        metadata: dict[str, Any] = {}
         if error is not None:
             outcome = {"success": False, "score": 0.0, "end_reason": "error"}
+        elif turns:
+            metadata = final_state(agent, _text_of(observation))
         timing["wall_s"] = time.perf_counter() - t0
         return Trajectory(
             env_id=spec.env_id, task_id=task_id, seed=spec.seed, turns=tuple(turns), outcome=outcome,
             end_reason=str(outcome.get("end_reason", "error")), policy=self.policy.name, timing=timing,
-            traj_id=episode_id, group_id=spec.group_id, error=error,
+            traj_id=episode_id, group_id=spec.group_id, error=error, metadata=metadata,
         )
 
 
@@ -430,6 +433,19 @@ def make_turn(observation: str, generation: Generation, reward: float, step_info
         action_entropies=generation.entropies if action_ids is not None else None,
         finish_reason=generation.finish_reason,
     )
+
+
+def final_state(agent: ChatAgent, observation: str) -> dict[str, Any]:
+    """Trajectory metadata for the observation after the last action, which no turn records.
+
+    A critic bootstraps from it when an episode is truncated (spec 2.3: ``V(s')`` of the state the time limit
+    cut off), and a report shows it (the env's last word: "Correct!", the final page). ``observation`` must
+    already be in ``agent``'s conversation (its last message); its rendered token ids come with it.
+    """
+    out: dict[str, Any] = {"final_observation": observation}
+    if agent.tokenizer is not None:
+        out["final_prompt_token_ids"] = list(agent.pending_prompt_ids)
+    return out
 
 
 def _text_of(observation: Any) -> str:

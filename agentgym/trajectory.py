@@ -141,6 +141,12 @@ class Trajectory:
         return bool(self.outcome.get("success", False))
 
     @property
+    def final_observation(self) -> str | None:
+        """The observation after the last action (``None`` for episodes that failed or never acted)."""
+        value = self.metadata.get("final_observation")
+        return None if value is None else str(value)
+
+    @property
     def score(self) -> float:
         return float(self.outcome.get("score", 0.0))
 

@@ -36,8 +36,10 @@ def test_eval_reference_writes_outputs(tmp_path: Path, capsys: pytest.CaptureFix
     summary = json.loads((out_dir / "summary.json").read_text())
     assert summary["episodes"] == 5 and summary["success_rate"] == 1.0
     assert len((out_dir / "trajectories.jsonl").read_text().splitlines()) == 5
-    assert "<html" in (out_dir / "report.html").read_text()
+    report = (out_dir / "report.html").read_text()
+    assert "<html" in report and "final observation" in report
     assert main(["view", str(out_dir / "trajectories.jsonl"), "--limit", "1"]) == 0
+    assert "final observation" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

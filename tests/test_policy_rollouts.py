@@ -83,6 +83,12 @@ def assert_exact_token_view(trajectories: list[Trajectory], tokenizer: Any) -> N
             prefix_len = sum(len(t.prompt_token_ids) + len(t.action_token_ids) for t in traj.turns[:i])
             prefix_len += len(turn.prompt_token_ids)
             assert tokenizer.decode(list(view.input_ids[:prefix_len]), skip_special_tokens=False) == rendered
+        # the observation after the last action is recorded, rendered as the next prompt would be
+        assert traj.final_observation is not None
+        final_ids = list(traj.metadata["final_prompt_token_ids"])
+        rendered = tokenizer.apply_chat_template(_messages_up_to(traj, len(traj.turns), tokenizer) + [
+            {"role": "user", "content": traj.final_observation}], tokenize=False, add_generation_prompt=True)
+        assert tokenizer.decode(list(view.input_ids) + final_ids, skip_special_tokens=False) == rendered
 
 
 def test_loss_mask_is_exact_for_clean_actions(hf_policy: HFPolicy) -> None:

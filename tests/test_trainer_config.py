@@ -78,3 +78,56 @@ def test_yaml_unknown_keys_and_trainers(tmp_path: Path) -> None:
 def test_shipped_configs_are_valid() -> None:
     for path in sorted(Path(__file__).resolve().parent.parent.joinpath("configs").glob("*.yaml")):
         load_config(path)
+
+
+def _trainer_configs() -> list[type]:
+    """Every config class a ``trainer:`` key can select."""
+    import importlib
+
+    from agentgym.trainers.config import TRAINER_CONFIGS
+
+    classes = []
+    for target in TRAINER_CONFIGS.values():
+        module, _, name = target.partition(":")
+        classes.append(getattr(importlib.import_module(module), name))
+    return classes
+
+
+def test_trainer_keys_name_their_config_classes() -> None:
+    from agentgym.trainers.config import TRAINER_CONFIGS, TrainerConfig
+
+    for key, cls in zip(TRAINER_CONFIGS, _trainer_configs(), strict=True):
+        assert issubclass(cls, TrainerConfig)
+        assert cls.trainer_name == key
+
+
+@pytest.mark.parametrize("cls", _trainer_configs(), ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    ("overrides", "field", "hint"),
+    [
+        ({"eval_split": "train"}, "eval_split", "held-out"),
+        ({"temperature": 0.0}, "temperature", "temperature > 0"),
+        ({"max_context_tokens": 16, "max_tokens_per_turn": 32}, "max_context_tokens", "must exceed"),
+        ({"bc_shortcut_fraction": 1.5}, "bc_shortcut_fraction", "[0, 1]"),
+        ({"eval_tasks": 0}, "eval_tasks", ">= 1"),
+        ({"seed": 1.5}, "seed", "expected int"),
+        ({"warmstart": "sft"}, "warmstart", "one of"),
+    ],
+)
+def test_shared_fields_are_checked_the_same_way_by_every_trainer(cls: type, overrides: dict, field: str,
+                                                                 hint: str) -> None:
+    with pytest.raises(ConfigError, match=f"{cls.__name__}.{field}") as info:
+        cls(model="m", suite="games-calc", **overrides)
+    assert hint in str(info.value)
+
+
+@pytest.mark.parametrize("cls", _trainer_configs(), ids=lambda c: c.__name__)
+def test_every_trainer_checks_suites_and_model_before_any_rollout(cls: type, tmp_path: Path, model_dir: Path) -> None:
+    with pytest.raises(ConfigError, match=f"{cls.__name__}.suite: .*Did you mean 'games-calc'"):
+        cls(model=str(model_dir), suite="games-calk").load_suites()
+    with pytest.raises(ConfigError, match=f"{cls.__name__}.eval_split: .*no split 'dev'.*eval_suite"):
+        cls(model=str(model_dir), suite="games-calc", eval_split="dev").load_suites()
+    with pytest.raises(ConfigError, match=f"{cls.__name__}.model: .*does not exist"):
+        cls(model=str(tmp_path / "missing"), suite="games-calc").check_model_dir()
+    train, held_out = cls(model=str(model_dir), suite="code-train", eval_suite="code-test").load_suites()
+    assert (train.name, held_out.name) == ("code-train", "code-test")

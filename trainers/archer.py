@@ -20,30 +20,26 @@ filtered-BC baseline (:mod:`agentgym.trainers.filtered_bc`): rollouts, evaluatio
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import logging
 import time
-import typing
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import torch
 
-from agentgym.errors import ConfigError, TaskError, did_you_mean
 from agentgym.policies import SamplingParams
 from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, summarize
-from agentgym.suite import Task, TaskSuite, load_suite
+from agentgym.suite import Task
 from agentgym.trainers.algorithms import archer as alg
 from agentgym.trainers.batch import sequence_logprobs
 from agentgym.trainers.bc import behaviour_clone, collect_demonstrations
 from agentgym.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from agentgym.trainers.config import _describe, _matches
+from agentgym.trainers.config import TrainerConfig
 from agentgym.trainers.metrics import MetricsLogger, plot_learning_curve
 from agentgym.trainers.replay import ReplayBuffer, Transition, transitions_from_trajectory
+from agentgym.trainers.seeding import mix_seed
 from agentgym.trajectory import Trajectory
 
 __all__ = ["ArcherConfig", "ArcherTrainer", "OnlinePolicyConfig", "OnlineTrainerBase"]
@@ -51,29 +47,25 @@ __all__ = ["ArcherConfig", "ArcherTrainer", "OnlinePolicyConfig", "OnlineTrainer
 logger = logging.getLogger(__name__)
 
 
-def _mix(*parts: int) -> int:
-    """A stable 62-bit seed from integers (Python's hash() is salted per process)."""
-    digest = hashlib.sha256(repr(parts).encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 62) - 1)
-
 
 # ---- configuration --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class OnlinePolicyConfig:
-    """Fields shared by ArCHer and online filtered BC: data collection, the actor, evaluation, checkpoints."""
+class OnlinePolicyConfig(TrainerConfig):
+    """What ArCHer and online filtered BC add to the shared trainer fields: iterations of collect-then-update,
+    the actor's optimizer, and their (smaller) defaults for turns, context, evaluation and checkpoints."""
 
-    model: str
-    """Hugging Face model directory of the policy (e.g. the tiny model built by ``make quickstart``)."""
-    suite: str
-    """Task suite name or YAML path; episodes are drawn from ``train_split``."""
     output_dir: str = "runs/archer"
     """Checkpoints, replay buffer, metrics (JSONL + TensorBoard), learning curve and final model."""
-    train_split: str = "train"
-    """Split of ``suite`` to collect episodes on."""
-    eval_suite: str | None = None
-    """Suite holding the held-out split (``None``: ``suite``); e.g. web-test for a web-train run."""
-    eval_split: str = "test"
-    """Held-out split used for evaluation."""
+    max_tokens_per_turn: int = 32
+    """Most tokens per utterance (spec default 32)."""
+    max_context_tokens: int | None = 1024
+    """Episodes whose context would exceed this end with context_limit (a truncation)."""
+    eval_every: int = 5
+    """Evaluate on the held-out split every N iterations (and before the first and after the last)."""
+    eval_tasks: int = 50
+    """Held-out tasks per evaluation."""
+    checkpoint_every: int = 5
+    """Checkpoint every N iterations (0: only at the end)."""
     iterations: int = 20
     """Collect-then-update iterations."""
     episodes_per_iteration: int = 16
@@ -89,101 +81,22 @@ class OnlinePolicyConfig:
     grad_accum_steps: int = 1
     """Micro-batches per optimizer step; their gradients are averaged (spec 2.6: the reference code sums, so
     its lr equals this lr divided by grad_accum_steps)."""
-    max_grad_norm: float = 1.0
-    """Gradient-norm clip (0 disables it)."""
-    temperature: float = 1.0
-    """Sampling temperature for rollouts and fresh utterances (log-probs use the same temperature)."""
-    max_tokens_per_turn: int = 32
-    """Most tokens per utterance (spec default 32)."""
-    max_context_tokens: int | None = 1024
-    """Episodes whose context would exceed this end with context_limit (a truncation)."""
-    system_prompt: str | None = None
-    """Replaces the env's instructions as the system prompt; '' sends none."""
-    eval_every: int = 5
-    """Evaluate on the held-out split every N iterations (and before the first and after the last)."""
-    eval_tasks: int = 50
-    """Held-out tasks per evaluation."""
-    eval_temperature: float = 0.0
-    """Sampling temperature at evaluation (0 = greedy)."""
-    checkpoint_every: int = 5
-    """Checkpoint every N iterations (0: only at the end)."""
-    keep_checkpoints: int = 2
-    """How many recent checkpoints to keep."""
-    seed: int = 0
-    """Seeds task order, sampling and initialisation: the same config gives the same run."""
-    warmstart: Literal["none", "bc"] = "none"
-    """Behaviour cloning on reference demonstrations before the first iteration."""
-    bc_demos: int = 200
-    """Demonstrations for the BC warm start."""
-    bc_shortcut_fraction: float = 0.0
-    """Fraction of BC demonstrations from the env's shortcut solver (an imperfect teacher)."""
-    bc_steps: int = 300
-    """BC warm-start optimizer steps."""
-    bc_learning_rate: float = 1e-3
-    """BC warm-start learning rate."""
-    bc_batch_size: int = 32
-    """BC warm-start sequences per step."""
-    max_in_flight: int = 256
-    """Episodes the rollout engine runs at once."""
-    device: str = "cpu"
-    """Torch device."""
-    tensorboard: bool = True
-    """Also write TensorBoard event files."""
 
     trainer_name: ClassVar[str] = "online"
 
-    def _fail(self, name: str, message: str) -> ConfigError:
-        return ConfigError(f"{type(self).__name__}.{name}: {message}")
-
     def __post_init__(self) -> None:
-        hints = typing.get_type_hints(type(self))
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if not _matches(value, hints[f.name]):
-                raise self._fail(f.name, f"expected {_describe(hints[f.name])}, got {value!r} ({type(value).__name__}).")
-        for name in ("iterations", "episodes_per_iteration", "actor_steps", "batch_size", "grad_accum_steps",
-                     "max_tokens_per_turn", "eval_tasks", "keep_checkpoints", "bc_demos", "bc_steps", "bc_batch_size",
-                     "max_in_flight"):
+        super().__post_init__()
+        for name in ("iterations", "episodes_per_iteration", "actor_steps", "batch_size", "grad_accum_steps"):
             if getattr(self, name) < 1:
                 raise self._fail(name, f"must be >= 1, got {getattr(self, name)}.")
-        for name in ("warmup_iterations", "eval_every", "checkpoint_every"):
-            if getattr(self, name) < 0:
-                raise self._fail(name, f"must be >= 0, got {getattr(self, name)}.")
-        for name in ("actor_learning_rate", "bc_learning_rate"):
-            if not getattr(self, name) > 0:
-                raise self._fail(name, f"must be > 0 (typical for the tiny model: 1e-4), got {getattr(self, name)}.")
+        if self.warmup_iterations < 0:
+            raise self._fail("warmup_iterations", f"must be >= 0, got {self.warmup_iterations}.")
+        if not self.actor_learning_rate > 0:
+            raise self._fail("actor_learning_rate", f"must be > 0 (typical for the tiny model: 1e-4), "
+                                                    f"got {self.actor_learning_rate}.")
         if self.warmup_iterations >= self.iterations:
             raise self._fail("warmup_iterations", f"is {self.warmup_iterations} but there are only {self.iterations} "
                                                   "iterations, so the actor would never be updated; lower it.")
-        if self.temperature <= 0:
-            raise self._fail("temperature", "training needs sampling: use a temperature > 0 (typical 1.0).")
-        if self.eval_temperature < 0:
-            raise self._fail("eval_temperature", "must be >= 0 (0 = greedy).")
-        if self.max_grad_norm < 0:
-            raise self._fail("max_grad_norm", "must be >= 0 (0 disables clipping).")
-        if self.max_context_tokens is not None and self.max_context_tokens <= self.max_tokens_per_turn:
-            raise self._fail("max_context_tokens", "must exceed max_tokens_per_turn, or no turn fits.")
-        if not 0 <= self.bc_shortcut_fraction <= 1:
-            raise self._fail("bc_shortcut_fraction", f"must be in [0, 1], got {self.bc_shortcut_fraction}.")
-        if self.eval_suite in (None, self.suite) and self.train_split == self.eval_split:
-            raise self._fail("eval_split", f"equals train_split ({self.train_split!r}) on the same suite: evaluate on "
-                                           "held-out tasks (another split, or another suite via eval_suite).")
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Any:
-        """Build from a mapping, rejecting unknown keys with a 'did you mean'."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        for key in data:
-            if key not in names:
-                raise ConfigError(f"Unknown {cls.__name__} field {key!r}.{did_you_mean(key, names)}")
-        missing = [f.name for f in dataclasses.fields(cls)
-                   if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in data]
-        if missing:
-            raise ConfigError(f"{cls.__name__} needs {missing}: set them in the config file.")
-        return cls(**dict(data))
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -244,40 +157,13 @@ class OnlineTrainerBase:
 
     def __init__(self, config: OnlinePolicyConfig) -> None:
         self.config = config
-        self.suite = self._check_suite(config.suite, "suite", [config.train_split])
-        self.eval_suite = (self.suite if config.eval_suite in (None, config.suite)
-                           else self._check_suite(config.eval_suite, "eval_suite", [config.eval_split]))
-        if config.eval_suite in (None, config.suite) and config.eval_split not in self.suite.splits:
-            raise ConfigError(f"{type(config).__name__}.eval_split: suite {self.suite.name!r} has no split "
-                              f"{config.eval_split!r}; it has {sorted(self.suite.splits)} (or set eval_suite).")
-        path = Path(config.model)
-        if not (path / "config.json").is_file():
-            raise ConfigError(f"{type(config).__name__}.model: {config.model!r} is not a Hugging Face model directory "
-                              "(no config.json). Build the tiny model with 'make quickstart' or "
-                              "agentgym.models.tiny.build_tiny_model.")
+        self.suite, self.eval_suite = config.load_suites()
+        config.check_model_dir()
         self.output_dir = Path(config.output_dir)
         self.checkpoint_dir = self.output_dir / "checkpoints"
         self.train_tasks = self.suite.split(config.train_split)
         self.eval_tasks = self.eval_suite.split(config.eval_split)[: config.eval_tasks]
         self.episodes = 0
-
-    def _check_suite(self, name: str, field_name: str, splits: list[str]) -> TaskSuite:
-        cls = type(self.config).__name__
-        try:
-            suite = load_suite(name)
-        except TaskError as exc:
-            raise ConfigError(f"{cls}.{field_name}: {exc}") from exc
-        import gymnasium as gym
-
-        import agentgym  # noqa: F401 - registers ids
-
-        if suite.env_id not in gym.registry:
-            raise ConfigError(f"{cls}.{field_name}: suite {suite.name!r} names env {suite.env_id!r}, which is not "
-                              f"registered.{did_you_mean(suite.env_id, list(gym.registry))}")
-        for split in splits:
-            if split not in suite.splits:
-                raise ConfigError(f"{cls}: suite {suite.name!r} has no split {split!r}; it has {sorted(suite.splits)}.")
-        return suite
 
     # ---- hooks -------------------------------------------------------------------------------------
     def _setup_extra(self, resume_from: Path | None) -> None:
@@ -395,17 +281,17 @@ class OnlineTrainerBase:
         n, chosen = len(self.train_tasks), []
         for k in range(iteration * cfg.episodes_per_iteration, (iteration + 1) * cfg.episodes_per_iteration):
             epoch, offset = divmod(k, n)
-            order = torch.randperm(n, generator=torch.Generator().manual_seed(_mix(cfg.seed, epoch)))
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(mix_seed(cfg.seed, epoch)))
             chosen.append(self.train_tasks[int(order[offset])])
         return chosen
 
     def _rollout(self, iteration: int) -> list[Trajectory]:
         cfg = self.config
-        specs = [EpisodeSpec(self.suite.env_id, task=task, seed=_mix(cfg.seed, iteration, k) % (2**31),
+        specs = [EpisodeSpec(self.suite.env_id, task=task, seed=mix_seed(cfg.seed, iteration, k) % (2**31),
                              group_id=f"{iteration}/{k}", env_kwargs=dict(self.suite.env_kwargs))
                  for k, task in enumerate(self._tasks_for_iteration(iteration))]
         sampling = SamplingParams(max_tokens=cfg.max_tokens_per_turn, temperature=cfg.temperature,
-                                  seed=_mix(cfg.seed, iteration, 1))
+                                  seed=mix_seed(cfg.seed, iteration, 1))
         self.model.eval()
         return RolloutEngine(self.policy, self._rollout_config(sampling)).run(specs)
 
@@ -452,7 +338,7 @@ class OnlineTrainerBase:
     def _evaluate(self, step: int) -> dict[str, Any]:
         cfg = self.config
         sampling = SamplingParams(max_tokens=cfg.max_tokens_per_turn, temperature=cfg.eval_temperature,
-                                  seed=_mix(cfg.seed, 999))
+                                  seed=mix_seed(cfg.seed, 999))
         specs = [EpisodeSpec(self.eval_suite.env_id, task=t, seed=i, env_kwargs=dict(self.eval_suite.env_kwargs))
                  for i, t in enumerate(self.eval_tasks)]
         started = time.perf_counter()
@@ -486,7 +372,7 @@ class ArcherTrainer(OnlineTrainerBase):
         import copy
 
         cfg = self.config
-        torch.manual_seed(_mix(cfg.seed, 17))  # critic heads start the same whether or not we resume
+        torch.manual_seed(mix_seed(cfg.seed, 17))  # critic heads start the same whether or not we resume
         self.critic = self._build_critic()
         self.target_critic = copy.deepcopy(self.critic)  # hard copy at init (tau = 1)
         for p in self.target_critic.parameters():
@@ -518,7 +404,7 @@ class ArcherTrainer(OnlineTrainerBase):
                                    "train/errors": float(sum(t.error is not None for t in trajectories))}
         if len(self.replay) == 0:
             return {**stats, "train/skipped_update": 1.0}
-        generator = torch.Generator().manual_seed(_mix(cfg.seed, iteration, 2))
+        generator = torch.Generator().manual_seed(mix_seed(cfg.seed, iteration, 2))
         t0 = time.perf_counter()
         stats.update(self._critic_phase(iteration, generator))
         stats["time/critic_s"] = time.perf_counter() - t0
@@ -538,7 +424,7 @@ class ArcherTrainer(OnlineTrainerBase):
             total = 0.0
             for micro in range(cfg.grad_accum_steps):
                 b = self.replay.sample(cfg.batch_size, generator)
-                fresh = self._sample_utterances([t.state_ids for t in b], _mix(cfg.seed, iteration, 3, step, micro))
+                fresh = self._sample_utterances([t.state_ids for t in b], mix_seed(cfg.seed, iteration, 3, step, micro))
                 fresh_text = [self._decode(a) for a in fresh]
                 with torch.no_grad():
                     h_next = self.target_critic.encode([t.next_state for t in b])
@@ -570,7 +456,7 @@ class ArcherTrainer(OnlineTrainerBase):
             for micro in range(cfg.grad_accum_steps):
                 b = self.replay.sample(cfg.batch_size, generator)
                 states = [t.state_ids for t in b]
-                fresh = self._sample_utterances(states, _mix(cfg.seed, iteration, 4, step, micro))
+                fresh = self._sample_utterances(states, mix_seed(cfg.seed, iteration, 4, step, micro))
                 with torch.no_grad():
                     q, v = self.critic([t.state for t in b], [self._decode(a) for a in fresh])
                     adv = alg.utterance_advantage(q, v)

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from agentgym.trainers import algorithms as alg
 from agentgym.trainers.batch import TrainingBatch
 from agentgym.trainers.config import GrpoConfig
-from agentgym.trainers.grpo import GrpoTrainer, _mix
+from agentgym.trainers.grpo import GrpoTrainer
+from agentgym.trainers.seeding import mix_seed
 
 from agentgym.branching import BranchingConfig, BranchingSampler
 from agentgym.trajectory import Trajectory
@@ -68,6 +69,8 @@ class ArpoConfig(GrpoConfig):
     hard_dedupe: bool = False
     """Hard attribution only: train a token shared by d branches once (weight 1/d per copy), not d times."""
 
+    trainer_name: ClassVar[str] = "arpo"
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.initial_rollouts > self.group_size:
@@ -103,7 +106,7 @@ class ArpoTrainer(GrpoTrainer):
         """M trajectories per task from the branching sampler (the same specs and seeds GRPO would use)."""
         cfg = self.config
         specs, sampling = self._rollout_plan(step)
-        branching = dataclasses.replace(cfg.branching(), seed=_mix(cfg.seed, step, self.world.rank))
+        branching = dataclasses.replace(cfg.branching(), seed=mix_seed(cfg.seed, step, self.world.rank))
         sampler = BranchingSampler(self.policy, self._rollout_config(sampling, cfg.max_in_flight), branching)
         trajectories = sampler.run(specs)
         self._sampler_stats = sampler.stats

@@ -12,26 +12,33 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args, get_origin
 
 import yaml
 
 from agentgym.errors import ConfigError, did_you_mean
 
-__all__ = ["GrpoConfig", "load_config"]
+if TYPE_CHECKING:
+    from agentgym.suite import TaskSuite
+
+__all__ = ["GrpoConfig", "TrainerConfig", "load_config"]
 
 TURN_KINDS = ("tool_call", "answer", "void", "invalid")
 
 
 @dataclass(frozen=True)
-class GrpoConfig:
-    """GRPO for multi-turn agents (spec sections 1, 5, 6, 7), with BC warm start and the turn-level tricks."""
+class TrainerConfig:
+    """Fields and checks every trainer shares: model, suites, sampling, evaluation, checkpoints, BC warm start.
+
+    Subclasses add their algorithm's fields (and may redeclare a shared field to change its default), extend
+    ``__post_init__`` with ``super().__post_init__()`` first, and name their trainer in ``trainer_name``.
+    """
 
     model: str
     """Hugging Face model directory to start from (e.g. the tiny model built by ``make quickstart``)."""
     suite: str
     """Task suite name (``agentgym list``) or path to a suite YAML; trains on ``train_split``."""
-    output_dir: str = "runs/grpo"
+    output_dir: str = "runs/train"
     """Where checkpoints, metrics (JSONL + TensorBoard), the learning curve and the final model go."""
     train_split: str = "train"
     """Split of ``suite`` to train on."""
@@ -39,6 +46,158 @@ class GrpoConfig:
     """Suite holding the held-out split (``None``: ``suite``), e.g. code-test for a code-train run."""
     eval_split: str = "test"
     """Held-out split used for evaluation (must differ from the training split unless eval_suite is set)."""
+    max_grad_norm: float = 1.0
+    """Gradient-norm clip (0 disables clipping)."""
+    temperature: float = 1.0
+    """Sampling temperature for training rollouts (log-probs are computed at the same temperature)."""
+    max_tokens_per_turn: int = 48
+    """Most tokens sampled per turn."""
+    max_context_tokens: int | None = 2048
+    """Episodes whose context would exceed this end with context_limit, a truncation (None: no limit)."""
+    system_prompt: str | None = None
+    """Replaces the env's instructions as the system prompt; '' sends none (short prompts train faster)."""
+    eval_every: int = 10
+    """Evaluate on the held-out split every N steps or iterations (and before the first and after the last)."""
+    eval_tasks: int = 100
+    """Held-out tasks per evaluation."""
+    eval_temperature: float = 0.0
+    """Sampling temperature at evaluation (0 = greedy)."""
+    checkpoint_every: int = 10
+    """Save a checkpoint every N steps or iterations (0: only at the end)."""
+    keep_checkpoints: int = 2
+    """How many recent checkpoints to keep."""
+    seed: int = 0
+    """Seeds task order, sampling and initialisation: the same config gives the same run."""
+    warmstart: Literal["none", "bc"] = "none"
+    """Behaviour cloning on demonstrations before training."""
+    bc_demos: int = 200
+    """Demonstrations for BC, from the train split's reference solver."""
+    bc_shortcut_fraction: float = 0.0
+    """Fraction of BC demonstrations taken from the env's shortcut solver (imperfect demonstrations)."""
+    bc_steps: int = 300
+    """BC optimizer steps."""
+    bc_learning_rate: float = 1e-3
+    """BC learning rate."""
+    bc_batch_size: int = 32
+    """BC sequences per step."""
+    max_in_flight: int = 256
+    """Episodes the rollout engine runs at once."""
+    device: str = "cpu"
+    """Torch device for training and generation."""
+    tensorboard: bool = True
+    """Also write TensorBoard event files (metrics always go to metrics.jsonl)."""
+
+    trainer_name: ClassVar[str] = "train"
+    """The ``trainer:`` key of a config file that selects this class."""
+
+    def __post_init__(self) -> None:
+        self._check_types()
+        for name in ("max_tokens_per_turn", "eval_tasks", "keep_checkpoints", "bc_demos", "bc_steps", "bc_batch_size",
+                     "max_in_flight"):
+            if getattr(self, name) < 1:
+                raise self._fail(name, f"must be >= 1, got {getattr(self, name)}.")
+        for name in ("eval_every", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise self._fail(name, f"must be >= 0, got {getattr(self, name)}.")
+        if not self.bc_learning_rate > 0:
+            raise self._fail("bc_learning_rate", f"must be > 0 (typical: 1e-3), got {self.bc_learning_rate}.")
+        if self.temperature <= 0:
+            raise self._fail("temperature", "training rollouts need sampling: use a temperature > 0 (typical 1.0).")
+        if self.eval_temperature < 0:
+            raise self._fail("eval_temperature", "must be >= 0 (0 = greedy).")
+        if self.max_grad_norm < 0:
+            raise self._fail("max_grad_norm", "must be >= 0 (0 disables clipping).")
+        if self.max_context_tokens is not None and self.max_context_tokens <= self.max_tokens_per_turn:
+            raise self._fail("max_context_tokens", "must exceed max_tokens_per_turn, or no turn fits.")
+        if not 0 <= self.bc_shortcut_fraction <= 1:
+            raise self._fail("bc_shortcut_fraction", f"must be in [0, 1], got {self.bc_shortcut_fraction}.")
+        if self.train_split == self.eval_split and self.eval_suite in (None, self.suite):
+            raise self._fail("eval_split", f"equals train_split ({self.train_split!r}) on the same suite: evaluate on "
+                                           "held-out tasks (another split, or another suite via eval_suite).")
+
+    def _fail(self, name: str, message: str) -> ConfigError:
+        return ConfigError(f"{type(self).__name__}.{name}: {message}")
+
+    def _check_types(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not _matches(value, hints[f.name]):
+                raise self._fail(f.name, f"expected {_describe(hints[f.name])}, got {value!r} ({type(value).__name__}).")
+
+    # ---- checks that read the disk (run by the trainer's constructor, before any rollout) ----------------
+    def load_suites(self) -> tuple[TaskSuite, TaskSuite]:
+        """The training suite and the suite holding the held-out split, each checked: it loads, its env is
+        registered, and it has the split this config names."""
+        train = self._load_suite(self.suite, "suite", self.train_split, "train_split")
+        if self.eval_suite in (None, self.suite):
+            self._check_split(train, "suite", self.eval_split, "eval_split")
+            return train, train
+        return train, self._load_suite(self.eval_suite, "eval_suite", self.eval_split, "eval_split")
+
+    def check_model_dir(self, field_name: str = "model") -> None:
+        """Fail with the fix when the model directory named by ``field_name`` is missing or not a HF model."""
+        path = Path(getattr(self, field_name))
+        if not path.is_dir():
+            raise self._fail(field_name, f"model directory {str(path)!r} does not exist. Build the tiny model with "
+                                         "'make quickstart' (or agentgym.models.tiny.build_tiny_model) or point to a "
+                                         "Hugging Face model directory.")
+        if not (path / "config.json").is_file():
+            raise self._fail(field_name, f"{str(path)!r} has no config.json; it is not a Hugging Face model directory "
+                                         "(save one with model.save_pretrained).")
+
+    def _load_suite(self, name: str, field_name: str, split: str, split_field: str) -> TaskSuite:
+        import gymnasium as gym
+
+        import agentgym  # noqa: F401 - registers the env ids
+        from agentgym.errors import TaskError
+        from agentgym.suite import load_suite
+
+        try:
+            suite = load_suite(name)
+        except TaskError as exc:
+            raise self._fail(field_name, str(exc)) from exc
+        if suite.env_id not in gym.registry:
+            raise self._fail(field_name, f"suite {suite.name!r} names env {suite.env_id!r}, which is not "
+                                         f"registered.{did_you_mean(suite.env_id, list(gym.registry))}")
+        self._check_split(suite, field_name, split, split_field)
+        return suite
+
+    def _check_split(self, suite: TaskSuite, field_name: str, split: str, split_field: str) -> None:
+        if split not in suite.splits:
+            hint = " (or set eval_suite to a suite that holds the held-out split)" if split_field == "eval_split" else ""
+            raise self._fail(split_field, f"suite {suite.name!r} has no split {split!r}; it has "
+                                          f"{sorted(suite.splits)}{hint}.")
+
+    # ---- (de)serialisation ---------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Any:
+        """Build from a mapping (a YAML file's fields), rejecting unknown keys with a 'did you mean'."""
+        name = cls.__name__
+        names = {f.name for f in dataclasses.fields(cls)}
+        for key in data:
+            if key not in names:
+                raise ConfigError(f"Unknown {name} field {key!r}.{did_you_mean(key, names)}")
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in data]
+        if missing:
+            raise ConfigError(f"{name} needs {missing}: set them in the config file.")
+        hints = typing.get_type_hints(cls)
+        values = {k: tuple(v) if isinstance(v, list) and get_origin(hints[k]) is tuple else v for k, v in data.items()}
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain YAML/JSON values: tuples become lists, mappings dicts."""
+        d = dataclasses.asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else dict(v) if isinstance(v, Mapping) else v for k, v in d.items()}
+
+
+@dataclass(frozen=True)
+class GrpoConfig(TrainerConfig):
+    """GRPO for multi-turn agents (spec sections 1, 5, 6, 7), with BC warm start and the turn-level tricks."""
+
+    output_dir: str = "runs/grpo"
+    """Where checkpoints, metrics (JSONL + TensorBoard), the learning curve and the final model go."""
     steps: int = 50
     """Number of GRPO steps (one rollout batch and one update each)."""
     tasks_per_step: int = 16
@@ -51,8 +210,6 @@ class GrpoConfig:
     """Linear learning-rate warm-up, in optimizer steps (a fresh optimizer at full lr can wreck a warm start)."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
-    max_grad_norm: float = 1.0
-    """Gradient-norm clip (0 disables clipping)."""
     micro_batch_size: int = 64
     """Sequences per forward/backward pass; gradients accumulate, so this changes memory, never the loss."""
     packing: bool = False
@@ -81,16 +238,8 @@ class GrpoConfig:
     """KL estimator (k3 = verl's low_var_kl)."""
     reference_model: str | None = None
     """Frozen reference for the KL term: a model directory, or ``initial`` for a copy of the starting weights."""
-    temperature: float = 1.0
-    """Sampling temperature for training rollouts (log-probs are computed at the same temperature)."""
     top_p: float = 1.0
     """Nucleus sampling mass for training rollouts."""
-    max_tokens_per_turn: int = 48
-    """Most tokens sampled per turn."""
-    max_context_tokens: int | None = 2048
-    """Episodes whose context would exceed this end with context_limit (None: no limit)."""
-    system_prompt: str | None = None
-    """Replaces the env's instructions as the system prompt; '' sends none (short prompts train faster)."""
     reward: Literal["outcome", "dra", "gra"] = "outcome"
     """Trajectory score: outcome only, outcome + step rewards (D-RA), or gated accumulation (G-RA, spec 5)."""
     step_rewards: Mapping[str, float] = field(default_factory=lambda: {"tool_call": 0.05, "invalid": -0.05, "void": -0.05})
@@ -109,55 +258,22 @@ class GrpoConfig:
     """Also drop masked trajectories from the group mean/std (the reference code keeps them)."""
     group_filter_std: float | None = None
     """Dynamic sampling: drop groups whose counted reward std is below this (None: keep all)."""
-    eval_every: int = 10
-    """Evaluate on the held-out split every N steps (and before the first and after the last)."""
-    eval_tasks: int = 100
-    """Held-out tasks per evaluation."""
-    eval_temperature: float = 0.0
-    """Sampling temperature at evaluation (0 = greedy)."""
-    checkpoint_every: int = 10
-    """Save a checkpoint every N steps (0: only at the end)."""
-    keep_checkpoints: int = 2
-    """How many recent checkpoints to keep."""
-    seed: int = 0
-    """Seeds task order, sampling and initialisation: the same config gives the same run."""
-    warmstart: Literal["none", "bc"] = "none"
-    """Behaviour cloning on demonstrations before GRPO."""
-    bc_demos: int = 200
-    """Demonstrations for BC, from the train split's reference solver."""
-    bc_shortcut_fraction: float = 0.0
-    """Fraction of BC demonstrations taken from the env's shortcut solver (imperfect demonstrations)."""
-    bc_steps: int = 300
-    """BC optimizer steps."""
-    bc_learning_rate: float = 1e-3
-    """BC learning rate."""
-    bc_batch_size: int = 32
-    """BC sequences per step."""
-    max_in_flight: int = 256
-    """Episodes the rollout engine runs at once."""
-    device: str = "cpu"
-    """Torch device for training and generation."""
     generation_backend: Literal["hf", "vllm"] = "hf"
     """Who samples rollouts: the training model itself through HF (CPU or GPU), or an in-process vLLM engine
     (GPU only, ``agentgym[vllm]``) whose weights are synced from the trained model after every update."""
-    tensorboard: bool = True
-    """Also write TensorBoard event files (metrics always go to metrics.jsonl)."""
+
+    trainer_name: ClassVar[str] = "grpo"
 
     def __post_init__(self) -> None:
-        self._check_types()
-        positive_ints = ("steps", "tasks_per_step", "group_size", "micro_batch_size", "ppo_epochs", "mini_batches",
-                         "max_tokens_per_turn", "eval_tasks", "keep_checkpoints", "bc_demos", "bc_steps",
-                         "bc_batch_size", "max_in_flight")
-        for name in positive_ints:
+        super().__post_init__()
+        for name in ("steps", "tasks_per_step", "group_size", "micro_batch_size", "ppo_epochs", "mini_batches"):
             if getattr(self, name) < 1:
                 raise self._fail(name, f"must be >= 1, got {getattr(self, name)}.")
-        for name in ("warmup_steps", "eval_every", "checkpoint_every"):
-            if getattr(self, name) < 0:
-                raise self._fail(name, f"must be >= 0, got {getattr(self, name)}.")
+        if self.warmup_steps < 0:
+            raise self._fail("warmup_steps", f"must be >= 0, got {self.warmup_steps}.")
         if not self.learning_rate > 0:
-            raise self._fail("learning_rate", f"must be > 0 (typical: 1e-6 for 7B models, 3e-4 for the tiny model), got {self.learning_rate}.")
-        if not self.bc_learning_rate > 0:
-            raise self._fail("bc_learning_rate", f"must be > 0, got {self.bc_learning_rate}.")
+            raise self._fail("learning_rate", f"must be > 0 (typical: 1e-6 for 7B models, 3e-4 for the tiny model), "
+                                              f"got {self.learning_rate}.")
         if self.group_size < 2:
             raise self._fail("group_size", f"is {self.group_size}, but the {self.advantage!r} estimator compares rollouts "
                                       "within a group: use group_size >= 2.")
@@ -172,22 +288,10 @@ class GrpoConfig:
             raise self._fail("clip_eps_low", "clip ranges must satisfy 0 <= clip_eps_low < 1 and clip_eps_high >= 0.")
         if self.dual_clip_c is not None and self.dual_clip_c <= 1:
             raise self._fail("dual_clip_c", f"must be > 1 (typical 3.0) or null to disable, got {self.dual_clip_c}.")
-        if self.temperature <= 0:
-            raise self._fail("temperature", "training rollouts need sampling: use a temperature > 0 (typical 1.0).")
-        if self.eval_temperature < 0:
-            raise self._fail("eval_temperature", "must be >= 0 (0 = greedy).")
         if not 0 < self.top_p <= 1:
             raise self._fail("top_p", f"must be in (0, 1], got {self.top_p}.")
-        if self.max_grad_norm < 0:
-            raise self._fail("max_grad_norm", "must be >= 0 (0 disables clipping).")
-        if self.max_context_tokens is not None and self.max_context_tokens <= self.max_tokens_per_turn:
-            raise self._fail("max_context_tokens", "must exceed max_tokens_per_turn, or no turn fits.")
-        if not 0 <= self.bc_shortcut_fraction <= 1:
-            raise self._fail("bc_shortcut_fraction", f"must be in [0, 1], got {self.bc_shortcut_fraction}.")
         if self.generation_backend == "vllm" and not self.device.startswith("cuda"):
             raise self._fail("generation_backend", "'vllm' needs a CUDA GPU: set device: cuda, or use generation_backend: hf.")
-        if self.train_split == self.eval_split and self.eval_suite in (None, self.suite):
-            raise self._fail("eval_split", f"equals train_split ({self.train_split!r}): evaluate on held-out tasks.")
         unknown_kinds = set(self.void_turn_kinds) - set(TURN_KINDS)
         if unknown_kinds:
             raise self._fail("void_turn_kinds", f"has unknown kinds {sorted(unknown_kinds)}; choose from {TURN_KINDS}.")
@@ -197,35 +301,6 @@ class GrpoConfig:
         unknown_rewards = set(self.step_rewards) - set(TURN_KINDS)
         if unknown_rewards:
             raise self._fail("step_rewards", f"has unknown turn kinds {sorted(unknown_rewards)}; keys must be in {TURN_KINDS}.")
-
-    def _fail(self, name: str, message: str) -> ConfigError:
-        return ConfigError(f"{type(self).__name__}.{name}: {message}")
-
-    def _check_types(self) -> None:
-        hints = typing.get_type_hints(type(self))
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if not _matches(value, hints[f.name]):
-                raise self._fail(f.name, f"expected {_describe(hints[f.name])}, got {value!r} ({type(value).__name__}).")
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Any:
-        name = cls.__name__
-        names = {f.name for f in dataclasses.fields(cls)}
-        for key in data:
-            if key not in names:
-                raise ConfigError(f"Unknown {name} field {key!r}.{did_you_mean(key, names)}")
-        missing = [f.name for f in dataclasses.fields(cls)
-                   if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in data]
-        if missing:
-            raise ConfigError(f"{name} needs {missing}: set them in the config file.")
-        hints = typing.get_type_hints(cls)
-        values = {k: tuple(v) if isinstance(v, list) and get_origin(hints[k]) is tuple else v for k, v in data.items()}
-        return cls(**values)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        return {k: list(v) if isinstance(v, tuple) else dict(v) if isinstance(v, Mapping) else v for k, v in d.items()}
 
 
 def _matches(value: Any, hint: Any) -> bool:

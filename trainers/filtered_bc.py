@@ -19,8 +19,9 @@ from typing import Any, ClassVar
 import torch
 
 from agentgym.trainers.algorithms.archer import filtered_bc_selection
-from agentgym.trainers.archer import OnlinePolicyConfig, OnlineTrainerBase, _mix
+from agentgym.trainers.archer import OnlinePolicyConfig, OnlineTrainerBase
 from agentgym.trainers.replay import ReplayBuffer
+from agentgym.trainers.seeding import mix_seed
 from agentgym.trajectory import Trajectory
 
 __all__ = ["FilteredBCConfig", "FilteredBCTrainer"]
@@ -84,7 +85,7 @@ class FilteredBCTrainer(OnlineTrainerBase):
                       "filter/pool_episodes": float(len(names))})
         if not kept:
             return {**stats, "train/skipped_update": 1.0}
-        generator = torch.Generator().manual_seed(_mix(cfg.seed, iteration, 5))
+        generator = torch.Generator().manual_seed(mix_seed(cfg.seed, iteration, 5))
         params = [p for p in self.model.parameters() if p.requires_grad]
         losses, norms = [], []
         self.model.train()

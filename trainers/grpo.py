@@ -11,7 +11,6 @@ the math lives in :mod:`agentgym.trainers.algorithms`.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import logging
 import time
@@ -20,10 +19,9 @@ from typing import Any
 
 import torch
 
-from agentgym.errors import ConfigError, did_you_mean
 from agentgym.policies import SamplingParams
 from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, summarize
-from agentgym.suite import Task, TaskSuite, load_suite
+from agentgym.suite import Task
 from agentgym.trainers import algorithms as alg
 from agentgym.trainers.batch import TrainingBatch, build_batch, sequence_logprobs
 from agentgym.trainers.bc import behaviour_clone, collect_demonstrations
@@ -32,17 +30,13 @@ from agentgym.trainers.config import GrpoConfig
 from agentgym.trainers.distributed import World, init_world
 from agentgym.trainers.metrics import MetricsLogger, plot_learning_curve
 from agentgym.trainers.packing import pack_sequences, packed_inputs, packed_sequence_logprobs, unpack_logprobs
+from agentgym.trainers.seeding import mix_seed
 from agentgym.trajectory import Trajectory
 
 __all__ = ["GrpoTrainer"]
 
 logger = logging.getLogger(__name__)
 
-
-def _mix(*parts: int) -> int:
-    """A stable 62-bit seed from integers (Python's hash() is salted per process)."""
-    digest = hashlib.sha256(repr(parts).encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 62) - 1)
 
 
 class GrpoTrainer:
@@ -54,50 +48,14 @@ class GrpoTrainer:
     def __init__(self, config: GrpoConfig, *, world: World | None = None) -> None:
         self.config = config
         self.world = world or init_world(config.device)
-        self.suite = self._check_suite(config, config.suite, "suite", config.train_split, "train_split")
-        self.eval_suite = self._check_suite(config, config.eval_suite or config.suite,
-                                            "eval_suite" if config.eval_suite else "suite", config.eval_split, "eval_split")
-        self._check_model_dir("model", config.model, type(config).__name__)
+        self.suite, self.eval_suite = config.load_suites()
+        config.check_model_dir("model")
         if config.reference_model and config.reference_model != "initial":
-            self._check_model_dir("reference_model", config.reference_model, type(config).__name__)
+            config.check_model_dir("reference_model")
         self.output_dir = Path(config.output_dir)
         self.checkpoint_dir = self.output_dir / "checkpoints"
         self.train_tasks = self.suite.split(config.train_split)
         self.eval_tasks = self.eval_suite.split(config.eval_split)[: config.eval_tasks]
-
-    # ---- checks ------------------------------------------------------------------------------------
-    @staticmethod
-    def _check_suite(config: GrpoConfig, name: str, field: str, split: str, split_field: str) -> TaskSuite:
-        """Load a suite named by the config and check that its env is registered and it has ``split``."""
-        from agentgym.errors import TaskError
-
-        owner = type(config).__name__
-        try:
-            suite = load_suite(name)
-        except TaskError as exc:
-            raise ConfigError(f"{owner}.{field}: {exc}") from exc
-        import gymnasium as gym
-
-        import agentgym  # noqa: F401 - registers ids
-
-        if suite.env_id not in gym.registry:
-            raise ConfigError(f"{owner}.{field}: suite {suite.name!r} names env {suite.env_id!r}, which is not "
-                              f"registered.{did_you_mean(suite.env_id, list(gym.registry))}")
-        if split not in suite.splits:
-            hint = " (or set eval_suite to a suite that holds the held-out split)" if split_field == "eval_split" else ""
-            raise ConfigError(f"{owner}.{split_field}: suite {suite.name!r} has no split {split!r}; "
-                              f"it has {sorted(suite.splits)}{hint}.")
-        return suite
-
-    @staticmethod
-    def _check_model_dir(field_name: str, path: str, owner: str = "GrpoConfig") -> None:
-        if not Path(path).is_dir():
-            raise ConfigError(f"{owner}.{field_name}: model directory {path!r} does not exist. Build the tiny "
-                              "model with 'make quickstart' (or agentgym.models.tiny.build_tiny_model) or point to a "
-                              "Hugging Face model directory.")
-        if not (Path(path) / "config.json").is_file():
-            raise ConfigError(f"{owner}.{field_name}: {path!r} has no config.json; it is not a Hugging Face model "
-                              "directory (save one with model.save_pretrained).")
 
     # ---- setup -------------------------------------------------------------------------------------
     def _load(self, path: str | Path) -> tuple[Any, Any]:
@@ -216,7 +174,7 @@ class GrpoTrainer:
         chosen = []
         for k in range(step * cfg.tasks_per_step, (step + 1) * cfg.tasks_per_step):
             epoch, offset = divmod(k, n)
-            order = torch.randperm(n, generator=torch.Generator().manual_seed(_mix(cfg.seed, epoch)))
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(mix_seed(cfg.seed, epoch)))
             chosen.append(self.train_tasks[int(order[offset])])
         return chosen
 
@@ -224,11 +182,11 @@ class GrpoTrainer:
         """This rank's episode specs (``group_size`` per task; whole groups are sharded) and sampling."""
         cfg = self.config
         groups = self.world.shard(list(enumerate(self._tasks_for_step(step))))
-        specs = [EpisodeSpec(self.suite.env_id, task=task, seed=_mix(cfg.seed, step, k, g) % (2**31),
+        specs = [EpisodeSpec(self.suite.env_id, task=task, seed=mix_seed(cfg.seed, step, k, g) % (2**31),
                              group_id=f"{step}/{k}", env_kwargs=dict(self.suite.env_kwargs))
                  for k, task in groups for g in range(cfg.group_size)]
         sampling = SamplingParams(max_tokens=cfg.max_tokens_per_turn, temperature=cfg.temperature, top_p=cfg.top_p,
-                                  seed=_mix(cfg.seed, step, self.world.rank))
+                                  seed=mix_seed(cfg.seed, step, self.world.rank))
         return specs, sampling
 
     def _rollout(self, step: int) -> list[Trajectory]:
@@ -357,7 +315,7 @@ class GrpoTrainer:
         model.train()
         losses, clip_fracs, kls, norms = [], [], [], []
         for epoch in range(cfg.ppo_epochs):
-            order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(_mix(cfg.seed, step, epoch)))
+            order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(mix_seed(cfg.seed, step, epoch)))
             for chunk in order.chunk(cfg.mini_batches):
                 mini = batch.select(chunk.sort().values)
                 tokens, seqs = alg.loss_denominators(mini.loss_mask)
@@ -401,7 +359,7 @@ class GrpoTrainer:
         result: dict[str, Any] = {}
         if self.world.is_main:
             sampling = SamplingParams(max_tokens=cfg.max_tokens_per_turn, temperature=cfg.eval_temperature,
-                                      seed=_mix(cfg.seed, 999))
+                                      seed=mix_seed(cfg.seed, 999))
             specs = [EpisodeSpec(self.eval_suite.env_id, task=t, seed=i, env_kwargs=dict(self.eval_suite.env_kwargs))
                      for i, t in enumerate(self.eval_tasks)]
             started = time.perf_counter()

@@ -42,8 +42,9 @@ class Transition:
         state: Critic view of the state: the conversation so far as text (chat template included).
         action: The utterance text the policy produced.
         reward: The env's reward for this step.
-        next_state: Critic view of the next state (for the last turn: the state followed by the action,
-            since trajectories do not record the final observation).
+        next_state: Critic view of the next state; for the last turn, the state, the action and the final
+            observation (trajectory metadata ``final_prompt_token_ids``; older trajectories without it give
+            the state followed by the action).
         terminated: The episode reached an end state after this turn (no bootstrap).
         truncated: The episode was stopped from outside after this turn (turn or context limit: bootstrap).
         state_ids: The policy's exact prompt token ids for this turn (the actor samples from them).
@@ -105,11 +106,12 @@ def transitions_from_trajectory(trajectory: Trajectory, decode: Any, *, gamma: f
         running = rewards[i] + gamma * running
         returns[i] = running
     texts = [decode(c) for c in contexts]
+    final_ids = tuple(trajectory.metadata.get("final_prompt_token_ids") or ())
     out = []
     for i, turn in enumerate(turns):
         last = i == len(turns) - 1
         state_ids, action_ids = contexts[i], tuple(turn.action_token_ids or ())
-        next_text = decode(state_ids + action_ids) if last else texts[i + 1]
+        next_text = texts[i + 1] if not last else decode(state_ids + action_ids + final_ids)
         out.append(Transition(state=texts[i], action=turn.action, reward=rewards[i], next_state=next_text,
                               terminated=last and not truncated_end, truncated=last and truncated_end,
                               state_ids=state_ids, action_ids=action_ids, mc_return=returns[i],
