@@ -183,6 +183,34 @@ def test_shipped_configs_load_and_validate(name: str, cls: type) -> None:
     assert isinstance(config, cls)
 
 
+@pytest.mark.parametrize("name", ["archer_maze.yaml", "filtered_bc_maze.yaml", "archer_webshop_text.yaml"])
+def test_shipped_configs_train_through_the_cli(name: str, model_dir: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Each shipped config runs as written (suites, encoder, warm start, discount), only scaled down: the tiny
+    model, two iterations of two episodes, one step of each update, and two held-out tasks."""
+    from agentgym.cli import main
+
+    config = load_config(REPO / "configs" / name)
+    scale = {"model": str(model_dir), "output_dir": str(tmp_path / "run"), "device": "cpu", "iterations": 2,
+             "warmup_iterations": 1, "episodes_per_iteration": 2, "actor_steps": 1, "batch_size": 2,
+             "grad_accum_steps": 1, "eval_tasks": 2, "checkpoint_every": 1, "bc_demos": 4, "bc_steps": 1,
+             "tensorboard": False}
+    if isinstance(config, ArcherConfig):
+        scale["critic_steps"] = 1
+    args = ["train", str(REPO / "configs" / name)]
+    for key, value in scale.items():
+        args += ["--set", f"{key}={value}"]
+    assert main(args) == 0
+    assert "held-out success" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["trainer"] == config.trainer_name
+    assert summary["config"]["suite"] == config.suite and summary["config"]["eval_split"] == config.eval_split
+    assert (tmp_path / "run" / "checkpoints" / "step-000002").is_dir()
+    if isinstance(config, ArcherConfig):
+        assert summary["config"]["critic_encoder"] == config.critic_encoder
+        assert len(ReplayBuffer(tmp_path / "run" / "replay.jsonl")) > 0
+
+
 def test_config_checks_explain_the_fix(model_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="Did you mean 'critic_steps'"):
         ArcherConfig.from_dict({"model": "m", "suite": "games-maze", "critic_step": 3})
