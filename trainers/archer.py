@@ -47,7 +47,6 @@ __all__ = ["ArcherConfig", "ArcherTrainer", "OnlinePolicyConfig", "OnlineTrainer
 logger = logging.getLogger(__name__)
 
 
-
 # ---- configuration --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class OnlinePolicyConfig(TrainerConfig):

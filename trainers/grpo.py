@@ -38,7 +38,6 @@ __all__ = ["GrpoTrainer"]
 logger = logging.getLogger(__name__)
 
 
-
 class GrpoTrainer:
     """``GrpoTrainer(config).train()``; see the module docstring for the order of work.
 
