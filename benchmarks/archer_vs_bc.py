@@ -7,7 +7,7 @@ guess's worth shows only turns later; its held-out split is the test split's 10x
 split uses up every secret of the training range), so it measures transfer. On the maze (``--suite
 games-maze``) the default held-out split is ``validation``, new mazes of the training size, where training
 gains can show; ``--eval-split test`` measures transfer to 7x7 mazes. Maze episodes are long (about 600
-tokens), so its warm start alone takes about 40 minutes on one CPU core.
+tokens), so its warm start alone takes about 20 minutes on one CPU core.
 
     python benchmarks/archer_vs_bc.py                 # 3 seeds x 96 episodes per method (~15 min on 2 CPU cores)
     python benchmarks/archer_vs_bc.py --quick         # a smoke run (1 seed, 32 episodes)
