@@ -129,17 +129,7 @@ def test_critic_keeps_the_latest_tokens_of_long_states(model_dir: Path) -> None:
 # ---- updates -----------------------------------------------------------------------------------------
 def test_archer_updates_actor_critic_and_target(model_dir: Path, tmp_path: Path) -> None:
     cfg = ArcherConfig(**common(model_dir, tmp_path / "run", iterations=1, critic_steps=2, checkpoint_every=0))
-    trainer = ArcherTrainer(cfg)
-    trainer.metrics = type("M", (), {"log": lambda *a, **k: None})()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from agentgym.policies.hf import HFPolicy
-
-    trainer.model = AutoModelForCausalLM.from_pretrained(model_dir)
-    trainer.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    trainer.actor_optimizer = torch.optim.Adam(trainer.model.parameters(), lr=1e-3)
-    trainer.policy = HFPolicy(trainer.model, trainer.tokenizer)
-    trainer._setup_extra(None)
+    trainer = _bare_trainer(model_dir, cfg)
     actor0 = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     critic0 = {k: v.clone() for k, v in trainer.critic.state_dict().items()}
     target0 = {k: v.clone() for k, v in trainer.target_critic.state_dict().items()}
@@ -154,6 +144,48 @@ def test_archer_updates_actor_critic_and_target(model_dir: Path, tmp_path: Path)
     name = "q_heads.0.2.bias"
     t0, t1, online = target0[name], trainer.target_critic.state_dict()[name], trainer.critic.state_dict()[name]
     assert not torch.equal(t0, t1) and not torch.equal(t1, online)
+
+
+def _bare_trainer(model_dir: Path, cfg: ArcherConfig) -> ArcherTrainer:
+    """An ArcherTrainer with its actor, policy, critic and buffer built, without running ``train()``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentgym.policies.hf import HFPolicy
+
+    trainer = ArcherTrainer(cfg)
+    trainer.model = AutoModelForCausalLM.from_pretrained(model_dir)
+    trainer.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    trainer.actor_optimizer = torch.optim.Adam(trainer.model.parameters(), lr=1e-3)
+    trainer.policy = HFPolicy(trainer.model, trainer.tokenizer)
+    trainer._setup_extra(None)
+    return trainer
+
+
+def test_critic_learns_which_utterance_pays_and_the_advantage_follows(model_dir: Path, tmp_path: Path) -> None:
+    """TD learning on a one-step problem: from the same state, one answer ends the episode with reward 1 and
+    another with 0. After a few critic steps Q ranks them, the advantage the actor would get ranks them the
+    same way, and the logged explained variance against the buffer's returns is high."""
+    cfg = ArcherConfig(**common(model_dir, tmp_path / "run", critic_steps=20, critic_learning_rate=1e-3,
+                                batch_size=16, tau=0.5))
+    trainer = _bare_trainer(model_dir, cfg)
+    ids = tuple(trainer.tokenizer("What is 2 + 3?")["input_ids"])
+    state = "What is 2 + 3?"
+    paid = [Transition(state=state, action=answer, reward=reward, next_state=state + answer, terminated=True,
+                       truncated=False, state_ids=ids, action_ids=(1,), mc_return=reward, episode=f"e{k}")
+            for k, (answer, reward) in enumerate([("answer(5)", 1.0), ("answer(7)", 0.0)] * 8)]
+    trainer.replay.extend(paid)
+    before = trainer._critic_phase(0, torch.Generator().manual_seed(0))
+    stats = trainer._critic_phase(1, torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        q, v = trainer.critic([state, state], ["answer(5)", "answer(7)"])
+    right, wrong = q.min(dim=0).values.tolist()
+    assert right > 0.8 and wrong < 0.2, (right, wrong)
+    from agentgym.trainers.algorithms.archer import utterance_advantage
+
+    adv = utterance_advantage(q, v)
+    assert adv[0] > adv[1] + 0.5
+    assert stats["critic/explained_variance"] > 0.9 > before["critic/explained_variance"]
+    assert stats["critic/loss"] < before["critic/loss"]
 
 
 def test_filtered_bc_clones_only_top_episodes_and_skips_a_uniform_pool(model_dir: Path, tmp_path: Path) -> None:

@@ -3,6 +3,8 @@ and the project decision that TD targets bootstrap through truncation but stop a
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from agentgym.trainers.algorithms import discounted_returns
 from agentgym.trainers.algorithms.archer import (
     archer_actor_loss,
     archer_critic_loss,
+    explained_variance,
     filtered_bc_selection,
     polyak_update,
     td_targets,
@@ -119,6 +122,16 @@ def test_filtered_bc_binary_rewards_keep_only_successes_and_uniform_pool_is_skip
     assert keep.all()  # reference behaviour: plain BC on every sample
 
 
+def test_explained_variance_of_a_critic_against_returns() -> None:
+    returns = torch.tensor([0.0, 0.0, 1.0, 1.0])
+    assert explained_variance(returns.clone(), returns) == pytest.approx(1.0)
+    assert explained_variance(torch.full((4,), 0.5), returns) == pytest.approx(0.0)  # the mean explains nothing
+    assert explained_variance(returns + 3.0, returns) == pytest.approx(1.0)  # an offset is not spread
+    assert explained_variance(torch.tensor([0.1, 0.1, 0.9, 0.9]), returns) == pytest.approx(0.96)
+    assert explained_variance(1.0 - returns, returns) == pytest.approx(-3.0)  # worse than the mean
+    assert math.isnan(explained_variance(torch.tensor([0.2, 0.7]), torch.ones(2)))  # no spread: nothing to explain
+
+
 def test_bad_inputs_fail_with_config_error() -> None:
     with pytest.raises(ConfigError):
         td_targets(torch.zeros(3), torch.zeros(2), torch.zeros(3, dtype=torch.bool), gamma=0.9)
@@ -128,3 +141,5 @@ def test_bad_inputs_fail_with_config_error() -> None:
         archer_actor_loss(torch.zeros(2), torch.zeros(3, 4), torch.zeros(3, 4))
     with pytest.raises(ConfigError):
         utterance_advantage(torch.zeros(2, 3), torch.zeros(2, 4))
+    with pytest.raises(ConfigError):
+        explained_variance(torch.zeros(3), torch.zeros(4))

@@ -416,6 +416,7 @@ class ArcherTrainer(OnlineTrainerBase):
     def _critic_phase(self, iteration: int, generator: torch.Generator) -> dict[str, float]:
         cfg = self.config
         losses, norms, q_means, v_means = [], [], [], []
+        fitted, returns = [], []  # min(Q1, Q2) at buffer actions vs their Monte-Carlo returns (diagnostic)
         self.critic.train()
         params = [p for p in self.critic.parameters() if p.requires_grad]
         for step in range(cfg.critic_steps):
@@ -438,12 +439,15 @@ class ArcherTrainer(OnlineTrainerBase):
                 total += float(loss.detach())
                 q_means.append(float(q.detach().mean()))
                 v_means.append(float(v.detach().mean()))
+                fitted.append(q.detach().min(dim=0).values.cpu())
+                returns.append(torch.tensor([t.mc_return for t in b], dtype=torch.float32))
             norms.append(self._clip_and_step(params, self.critic_optimizer))
             alg.polyak_update(self.target_critic, self.critic, cfg.tau)
             losses.append(total)
         self.critic.eval()
         return {"critic/loss": sum(losses) / len(losses), "critic/grad_norm": sum(norms) / len(norms),
-                "critic/q_mean": sum(q_means) / len(q_means), "critic/v_mean": sum(v_means) / len(v_means)}
+                "critic/q_mean": sum(q_means) / len(q_means), "critic/v_mean": sum(v_means) / len(v_means),
+                "critic/explained_variance": alg.explained_variance(torch.cat(fitted), torch.cat(returns))}
 
     def _actor_phase(self, iteration: int, generator: torch.Generator) -> dict[str, float]:
         cfg = self.config
@@ -468,7 +472,7 @@ class ArcherTrainer(OnlineTrainerBase):
             norms.append(self._clip_and_step(params, self.actor_optimizer))
             losses.append(total)
         self.model.eval()
-        mean_adv = sum(advantages) / len(advantages)
+        adv = torch.tensor(advantages, dtype=torch.float64)
         return {"actor/loss": sum(losses) / len(losses), "actor/grad_norm": sum(norms) / len(norms),
-                "actor/advantage_mean": mean_adv,
-                "actor/advantage_abs": sum(abs(a) for a in advantages) / len(advantages)}
+                "actor/advantage_mean": float(adv.mean()), "actor/advantage_abs": float(adv.abs().mean()),
+                "actor/advantage_std": float(adv.std(unbiased=False))}

@@ -25,6 +25,7 @@ from ._common import check_mask, check_vector
 __all__ = [
     "archer_actor_loss",
     "archer_critic_loss",
+    "explained_variance",
     "filtered_bc_selection",
     "polyak_update",
     "td_targets",
@@ -104,6 +105,26 @@ def utterance_advantage(q: Tensor, v: Tensor) -> Tensor:
     if q.shape != v.shape or q.dim() not in (1, 2) or q.shape[0] < 1:
         raise ConfigError(f"q and v must both be [K] or [K, B] (K heads), got {tuple(q.shape)} and {tuple(v.shape)}.")
     return (q.min(dim=0).values - v.min(dim=0).values).detach()
+
+
+def explained_variance(predictions: Tensor, targets: Tensor) -> float:
+    """``1 - Var(targets - predictions) / Var(targets)``: how much of the targets' spread a critic explains.
+
+    A diagnostic, not part of any loss: 1 is a perfect fit, 0 is no better than predicting the mean, and
+    negative is worse than that. Returns ``nan`` when the targets have no spread (nothing to explain), so a
+    batch without any reward never reads as a perfect or a failed critic.
+
+    Args:
+        predictions: ``[B]`` critic values (e.g. ``min(Q1, Q2)`` at the buffer actions).
+        targets: ``[B]`` what they should predict (e.g. the Monte-Carlo returns stored in the buffer).
+    """
+    check_vector("predictions", predictions)
+    check_vector("targets", targets, predictions.shape[0])
+    y, p = targets.detach().double(), predictions.detach().double().to(targets.device)
+    spread = float(y.var(unbiased=False)) if y.numel() > 1 else 0.0
+    if spread <= 1e-12:
+        return float("nan")
+    return 1.0 - float((y - p).var(unbiased=False)) / spread
 
 
 def archer_actor_loss(advantages: Tensor, token_logprobs: Tensor, loss_mask: Tensor) -> Tensor:
