@@ -126,6 +126,28 @@ def test_critic_keeps_the_latest_tokens_of_long_states(model_dir: Path) -> None:
     assert q.shape == v.shape == (2, 3) and torch.isfinite(q).all()
 
 
+def test_policy_critic_reads_the_last_real_token_whatever_the_padding(model_dir: Path) -> None:
+    """A causal backbone has seen the whole text only at its last token: that is the pooled vector, and a
+    shorter text padded in a batch pools to exactly what it pools to alone."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentgym.trainers.critic import UtteranceCritic
+
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+    critic = UtteranceCritic.from_policy(model, tokenizer, max_tokens=64, pooling="last")
+    short, long = "3 + 4 = 7", "12 * 12 = 144 and then 144 - 44 = 100"
+    with torch.no_grad():
+        alone, batched = critic.encode([short]), critic.encode([short, long])
+        ids = critic.tokenizer([short], return_tensors="pt")["input_ids"]
+        direct = critic.encoder(input_ids=ids).last_hidden_state[0, -1]
+    assert torch.allclose(alone[0], batched[0], atol=1e-5) and torch.allclose(alone[0], direct, atol=1e-5)
+    assert UtteranceCritic.from_policy(model, tokenizer, max_tokens=64).pooling == "mean"  # the default
+    with pytest.raises(ConfigError, match="pooling"):
+        UtteranceCritic.from_policy(model, tokenizer, pooling="max")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="critic_pooling"):
+        ArcherConfig(model="m", suite="games-maze", critic_pooling="max")  # type: ignore[arg-type]
+
+
 # ---- updates -----------------------------------------------------------------------------------------
 def test_archer_updates_actor_critic_and_target(model_dir: Path, tmp_path: Path) -> None:
     cfg = ArcherConfig(**common(model_dir, tmp_path / "run", iterations=1, critic_steps=2, checkpoint_every=0))

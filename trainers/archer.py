@@ -123,6 +123,9 @@ class ArcherConfig(OnlinePolicyConfig):
     """Width of the Q/V head MLPs (None: the encoder's width)."""
     critic_max_tokens: int = 256
     """Tokens the critic reads per state or utterance (left truncation keeps the latest turns)."""
+    critic_pooling: Literal["mean", "last"] = "mean"
+    """How the critic turns token states into one vector: their mean, or the last real token (the only
+    position where a causal backbone such as ``critic_encoder: policy`` has read the whole text)."""
 
     trainer_name: ClassVar[str] = "archer"
 
@@ -141,6 +144,8 @@ class ArcherConfig(OnlinePolicyConfig):
             raise self._fail("critic_hidden_size", "must be >= 1 or null.")
         if self.critic_max_tokens < 8:
             raise self._fail("critic_max_tokens", f"must be >= 8, got {self.critic_max_tokens}.")
+        if self.critic_pooling not in ("mean", "last"):
+            raise self._fail("critic_pooling", f"must be mean or last, got {self.critic_pooling!r}.")
 
 
 # ---- shared trainer machinery --------------------------------------------------------------------------
@@ -362,7 +367,8 @@ class ArcherTrainer(OnlineTrainerBase):
         from agentgym.trainers.critic import UtteranceCritic
 
         cfg = self.config
-        kwargs = dict(hidden_size=cfg.critic_hidden_size, max_tokens=cfg.critic_max_tokens, device=cfg.device)
+        kwargs: dict[str, Any] = dict(hidden_size=cfg.critic_hidden_size, max_tokens=cfg.critic_max_tokens,
+                                      pooling=cfg.critic_pooling, device=cfg.device)
         if cfg.critic_encoder == "minilm":
             return UtteranceCritic.from_minilm(**kwargs)
         return UtteranceCritic.from_policy(self.model, self.tokenizer, **kwargs)

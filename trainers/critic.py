@@ -1,8 +1,12 @@
 """ArCHer's utterance-level critic: a text encoder with double Q and double V heads (spec 2.2).
 
 The state ``s`` (the conversation so far) and the action ``a`` (one whole utterance) are encoded
-separately, mean-pooled, and fed to ``Q_k([h_s; h_a])`` and ``V_k(h_s)`` MLPs. Long states are truncated
-on the left so the most recent turns are kept. Two encoders are offered, both offline:
+separately, pooled to one vector each, and fed to ``Q_k([h_s; h_a])`` and ``V_k(h_s)`` MLPs. Long states are
+truncated on the left so the most recent turns are kept. Pooling is the mean over tokens by default;
+``last`` reads the last real token instead, the one position where a causal backbone has seen the whole text
+(as reward models on decoder LMs do). On the maze buffer with the tiny backbone, neither pooling lets the critic
+predict held-out returns (see the README), so the default stays the mean. Two encoders are offered, both
+offline:
 
 * ``policy``: a copy of the policy's own transformer backbone (the built-in tiny model by default), starting
   from the policy's weights and trained with the heads; it reads the policy's tokenizer.
@@ -14,14 +18,17 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from agentgym.errors import ConfigError
 
-__all__ = ["UtteranceCritic"]
+__all__ = ["CriticPooling", "UtteranceCritic"]
+
+CriticPooling = Literal["mean", "last"]
+"""How token states become one vector: their mean, or the last real token's (for causal encoders)."""
 
 
 def _mlp(width_in: int, hidden: int) -> nn.Sequential:
@@ -37,14 +44,19 @@ class UtteranceCritic(nn.Module):
         tokenizer: Its tokenizer (a copy is made with left truncation and right padding).
         hidden_size: Width of the head MLPs (``None``: the encoder's width).
         max_tokens: Tokens kept per state or action (left truncation).
+        pooling: ``mean`` over the tokens, or the ``last`` real token (the one that has seen the whole text
+            in a causal encoder).
         device: Where the critic runs.
     """
 
     def __init__(self, encoder: nn.Module, tokenizer: Any, *, hidden_size: int | None = None, max_tokens: int = 256,
-                 device: str = "cpu") -> None:
+                 pooling: CriticPooling = "mean", device: str = "cpu") -> None:
         super().__init__()
         if max_tokens < 8:
             raise ConfigError(f"critic max_tokens must be >= 8, got {max_tokens}.")
+        if pooling not in ("mean", "last"):
+            raise ConfigError(f"critic pooling must be 'mean' or 'last', got {pooling!r}.")
+        self.pooling = pooling
         self.encoder = encoder
         self.tokenizer = copy.copy(tokenizer)
         self.tokenizer.truncation_side = "left"
@@ -79,7 +91,7 @@ class UtteranceCritic(nn.Module):
         return cls(encoder, tokenizer, **kwargs)
 
     def encode(self, texts: Sequence[str]) -> Tensor:
-        """``[B, H]`` mean-pooled embeddings of ``texts`` (left-truncated to ``max_tokens``)."""
+        """``[B, H]`` pooled embeddings of ``texts`` (left-truncated to ``max_tokens``)."""
         batch = self.tokenizer([t if t else " " for t in texts], padding=True, truncation=True,
                                max_length=self.max_tokens, return_tensors="pt", add_special_tokens=True)
         ids = batch["input_ids"].to(self.device_name)
@@ -87,6 +99,9 @@ class UtteranceCritic(nn.Module):
         if ids.shape[1] == 0 or bool((mask.sum(dim=1) == 0).any()):
             raise ConfigError("the critic tokenizer produced an empty sequence; check the critic encoder's tokenizer.")
         hidden = self.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        if self.pooling == "last":  # right padding: the last real token sits at length - 1
+            last = mask.sum(dim=1) - 1
+            return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
         m = mask.unsqueeze(-1).to(hidden.dtype)
         return (hidden * m).sum(dim=1) / m.sum(dim=1)
 
