@@ -19,8 +19,10 @@ same token view as trajectories collected in-process.
 Where it differs from ``vllm serve``, on purpose or for lack of need:
 
 * Log-probs are those :class:`HFPolicy` reports: of the temperature-scaled distribution the token was
-  drawn from (what trainers recompute). No alternatives are computed: completions give
-  ``top_logprobs: null`` and chat gives ``top_logprobs: []`` whatever number is asked for.
+  drawn from (what trainers recompute), and so are the alternatives (completions ``logprobs: k``, chat
+  ``top_logprobs: k``), which is what entropy-guided branching (ARPO) measures through a server. As in
+  vLLM, a completions position lists the k best tokens plus the sampled one when it is not among them;
+  chat lists exactly the k best.
 * Batches are static (a batch runs until its longest row ends) rather than continuous.
 * A seed makes a request reproducible when it runs in the same batch composition (HFPolicy seeds one
   generator per batch), e.g. a lone request; concurrent seeded requests still get independent samples.
@@ -511,6 +513,21 @@ class _Server:
                 self._token_text_cache[token_id] = text
         return text
 
+    def alternatives(self, gen: Generation, n: int, k: int, as_ids: bool) -> list[dict[str, float]]:
+        """Per generated position, ``{token text: log-prob}`` of the k best tokens (then the sampled one when it
+        is not among them), best first; a backend that cannot name them is a 500 that says so."""
+        if gen.top_logprobs is None or gen.top_token_ids is None or len(gen.top_logprobs) != n:
+            raise APIError(f"The model backend returned no top-{k} log-probs for this request; serve an HFPolicy "
+                           "(agentgym serve MODEL) or omit top log-probs.", status=500, code="no_top_logprobs",
+                           type="server_error")
+        rows = []
+        for values, ids in zip(gen.top_logprobs, gen.top_token_ids):
+            row: dict[str, float] = {}
+            for value, token in zip(values, ids):
+                row.setdefault(self.token_text(token, as_ids), float(value))  # two ids can decode alike: keep the best
+            rows.append(row)
+        return rows
+
     @staticmethod
     def apply_stop(text: str, stops: Sequence[str], include: bool) -> tuple[str, str | None]:
         """Cut the text at the first stop string (OpenAI drops it; vLLM keeps it on request)."""
@@ -524,7 +541,8 @@ class _Server:
         i, stop = best
         return (text[: i + len(stop)] if include else text[:i]), stop
 
-    async def generate(self, prompts: list[list[int]], s: _Sampling, max_tokens: list[int]) -> list[Generation]:
+    async def generate(self, prompts: list[list[int]], s: _Sampling, max_tokens: list[int],
+                       top_logprobs: int = 0) -> list[Generation]:
         # Sequences of one request share sampling params except max_tokens (context left differs per prompt).
         by_limit: dict[int, list[int]] = {}
         for i, m in enumerate(max_tokens):
@@ -532,7 +550,8 @@ class _Server:
         out: list[Generation | None] = [None] * len(prompts)
         calls = []
         for limit, indices in by_limit.items():
-            params = SamplingParams(max_tokens=limit, temperature=s.temperature, top_p=s.top_p, stop=s.stop, seed=s.seed)
+            params = SamplingParams(max_tokens=limit, temperature=s.temperature, top_p=s.top_p, stop=s.stop, seed=s.seed,
+                                    top_logprobs=top_logprobs)
             calls.append((indices, self.batcher.submit([prompts[i] for i in indices], params)))
         results = await asyncio.gather(*(c for _, c in calls))
         for (indices, _), gens in zip(calls, results):
@@ -591,7 +610,7 @@ class _Server:
         s = _parse_sampling(body, default_max_tokens=16)
         prompts = self.parse_prompts(body)
         max_tokens = [self.resolve_max_tokens(s.max_tokens, len(p), "prompt") for p in prompts]
-        gens = await self.generate(prompts, s, max_tokens)
+        gens = await self.generate(prompts, s, max_tokens, top_logprobs=logprobs or 0)
 
         choices = []
         for i, (prompt_ids, gen) in enumerate(zip(prompts, gens)):
@@ -608,7 +627,7 @@ class _Server:
                 choice["logprobs"] = {
                     "tokens": tokens,
                     "token_logprobs": [float(x) for x in gen.logprobs] if gen.logprobs is not None else [None] * len(ids),
-                    "top_logprobs": None,
+                    "top_logprobs": self.alternatives(gen, len(ids), logprobs, s.tokens_as_ids) if logprobs else None,
                     "text_offset": offsets,
                 }
             if s.return_token_ids:
@@ -667,7 +686,7 @@ class _Server:
         s = _parse_sampling(body, max_tokens_key=key, default_max_tokens=None)
         prompt_ids = self.render_chat(body)
         max_tokens = self.resolve_max_tokens(s.max_tokens, len(prompt_ids), "messages")
-        (gen,) = await self.generate([prompt_ids], s, [max_tokens])
+        (gen,) = await self.generate([prompt_ids], s, [max_tokens], top_logprobs=top_logprobs or 0)
 
         text, stop_reason = self.apply_stop(gen.text, s.stop, s.include_stop)
         ids = list(gen.token_ids or ())
@@ -677,11 +696,14 @@ class _Server:
         }
         if want_logprobs:
             lps = list(gen.logprobs) if gen.logprobs is not None else [None] * len(ids)
+            best = self.alternatives(gen, len(ids), top_logprobs, s.tokens_as_ids) if top_logprobs else None
             content = []
-            for t, lp in zip(ids, lps):
+            for pos, (t, lp) in enumerate(zip(ids, lps)):
                 tok = self.token_text(t, s.tokens_as_ids)
+                top = [] if best is None else [{"token": alt, "logprob": value, "bytes": list(alt.encode("utf-8"))}
+                                               for alt, value in list(best[pos].items())[:top_logprobs]]
                 content.append({"token": tok, "logprob": None if lp is None else float(lp),
-                                "bytes": list(tok.encode("utf-8")), "top_logprobs": []})
+                                "bytes": list(tok.encode("utf-8")), "top_logprobs": top})
             choice["logprobs"] = {"content": content}
         if s.return_token_ids:
             choice["token_ids"] = ids

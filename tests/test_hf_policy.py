@@ -143,18 +143,21 @@ def test_top_logprobs_are_the_k_best_plus_the_sampled_token_and_do_not_change_sa
     params = [SamplingParams(max_tokens=8, temperature=temperature, seed=5, top_logprobs=k) for k in (3, 0, 5)]
     gens = policy.generate(prompts[:3], params)
     assert [g.token_ids for g in gens] == [g.token_ids for g in plain[:3]]
-    assert gens[1].top_logprobs is None
+    assert gens[1].top_logprobs is None and gens[1].top_token_ids is None
     for prompt, gen, k in ((prompts[0], gens[0], 3), (prompts[2], gens[2], 5)):
         ids = list(prompt)
         assert len(gen.top_logprobs) == len(gen.token_ids)
-        for token, logprob, cands in zip(gen.token_ids, gen.logprobs, gen.top_logprobs):
+        assert len(gen.top_token_ids) == len(gen.token_ids)
+        for token, logprob, cands, cand_ids in zip(gen.token_ids, gen.logprobs, gen.top_logprobs, gen.top_token_ids):
             logp = torch.log_softmax(full_forward_logits(policy.model, ids) / temperature, -1)
             best = logp.topk(k).values.tolist()
             assert list(cands[:k]) == pytest.approx(best, abs=1e-4)
+            assert len(cand_ids) == len(cands) and len(set(cand_ids)) == len(cand_ids)
+            assert [float(logp[t]) for t in cand_ids] == pytest.approx(list(cands), abs=1e-4)  # ids name the values
             in_top = float(logp[token]) >= best[-1] - 1e-6
             assert len(cands) == (k if in_top else k + 1)
             if not in_top:
-                assert cands[-1] == pytest.approx(logprob, abs=1e-6)
+                assert cands[-1] == pytest.approx(logprob, abs=1e-6) and cand_ids[-1] == token
             ids.append(token)
 
 

@@ -103,7 +103,10 @@ def test_completions_token_ids_match_hf_policy(http: Any, hf_policy: Any) -> Non
     assert choice["text"] == expected.text
     assert choice["finish_reason"] == expected.finish_reason
     lp = choice["logprobs"]
-    assert lp["top_logprobs"] is None
+    # logprobs: 1 lists the best token per position, which under greedy decoding is the sampled one
+    assert all(len(alts) == 1 for alts in lp["top_logprobs"])
+    assert [v for alts in lp["top_logprobs"] for v in alts.values()] == pytest.approx(lp["token_logprobs"])
+    assert [list(alts) for alts in lp["top_logprobs"]] == [[t] for t in lp["tokens"]]
     assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["text_offset"]) == len(expected.token_ids)
     assert lp["token_logprobs"] == pytest.approx(list(expected.logprobs), abs=1e-4)
     assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"])
@@ -158,6 +161,30 @@ def test_stop_strings(http: Any, hf_policy: Any) -> None:
     assert dropped["finish_reason"] == kept["finish_reason"] == "stop"
     assert dropped["stop_reason"] == "22"
     assert dropped["token_ids"] == kept["token_ids"] and len(kept["token_ids"]) < len(full.token_ids)
+
+
+def test_top_logprobs_name_the_k_best_tokens_on_both_endpoints(http: Any, hf_policy: Any) -> None:
+    """The alternatives are HFPolicy's own top-k (values and tokens), best first: completions adds the sampled
+    token when it is outside the k (vLLM's convention), chat lists exactly k, and a client can rebuild
+    Generation.top_logprobs from either."""
+    prompt = _prompt_ids(hf_policy.tokenizer)
+    (expected,) = hf_policy.generate([prompt], SamplingParams(max_tokens=8, temperature=0, top_logprobs=3))
+    body = http.post("/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 3,
+                                           "return_tokens_as_token_ids": True}).json()
+    top = body["choices"][0]["logprobs"]["top_logprobs"]
+    assert len(top) == len(expected.token_ids)
+    for alts, values, ids in zip(top, expected.top_logprobs, expected.top_token_ids):
+        assert list(alts) == [f"token_id:{t}" for t in ids]
+        assert list(alts.values()) == pytest.approx(list(values), abs=1e-4)
+        assert list(alts.values()) == sorted(alts.values(), reverse=True)
+    messages = [{"role": "user", "content": "What is 2+2?"}]
+    chat = http.post("/chat/completions", json={"messages": messages, "max_tokens": 6, "temperature": 0.8, "seed": 3,
+                                                "logprobs": True, "top_logprobs": 2}).json()
+    for entry in chat["choices"][0]["logprobs"]["content"]:
+        alts = entry["top_logprobs"]
+        assert len(alts) == 2 and alts[0]["logprob"] >= alts[1]["logprob"]
+        assert all(a["bytes"] == list(a["token"].encode("utf-8")) for a in alts)
+        assert entry["logprob"] <= alts[0]["logprob"] + 1e-6  # nothing beats the best
 
 
 def test_chat_completions(http: Any, hf_policy: Any) -> None:
@@ -310,6 +337,53 @@ def test_chat_mode(server: Any, hf_policy: Any) -> None:
     assert plain.token_ids is None and plain.logprobs is None
     assert rich.token_ids == expected.token_ids
     assert rich.logprobs == pytest.approx(expected.logprobs, abs=1e-4)
+
+
+def test_policy_top_logprobs_over_http_equal_the_in_process_ones(server: Any, hf_policy: Any) -> None:
+    """ARPO's entropy through a server: OpenAIPolicy asks for the top-k alternatives and rebuilds exactly the
+    Generation.top_logprobs HFPolicy gives in process (ids too in completions mode, where tokens come as ids)."""
+    prompt = _prompt_ids(hf_policy.tokenizer, "Hi")
+    sampling = SamplingParams(max_tokens=8, temperature=1.0, seed=7, top_logprobs=3)
+    (expected,) = hf_policy.generate([prompt], sampling)
+    completions = OpenAIPolicy(server.base_url, MODEL, mode="completions", tokenizer=hf_policy.tokenizer)
+    (gen,) = asyncio.run(completions.act([GenerationRequest(messages=(), prompt_token_ids=tuple(prompt),
+                                                            sampling=sampling)]))
+    assert gen.token_ids == expected.token_ids
+    assert len(gen.top_logprobs) == len(expected.top_logprobs)
+    for got, want in zip(gen.top_logprobs, expected.top_logprobs):
+        assert got == pytest.approx(want, abs=1e-4)
+    assert gen.top_token_ids == expected.top_token_ids
+    chat = OpenAIPolicy(server.base_url, MODEL, tokenizer=hf_policy.tokenizer)
+    (reply,) = asyncio.run(chat.act([GenerationRequest(messages=({"role": "user", "content": "Hi"},),
+                                                       sampling=sampling)]))
+    assert reply.top_logprobs is not None and len(reply.top_logprobs) == len(reply.token_ids)
+    for values, own in zip(reply.top_logprobs, reply.logprobs):
+        assert 3 <= len(values) <= 4 and list(values[:3]) == sorted(values[:3], reverse=True)
+        assert own in values or own == pytest.approx(values[-1])
+    with pytest.raises(OpenAIServerError, match="top-3 log-probs"):
+        chat._alternatives(None, [], (), 3, 2, "/chat/completions")  # a server that ignores top_logprobs
+    completions.close()
+    chat.close()
+
+
+def test_arpo_branching_measures_entropy_through_the_server(server: Any, hf_policy: Any) -> None:
+    """Entropy-guided branching with an HTTP policy: every turn's segment entropy comes from the server's
+    top-k alternatives (it used to stop with 'neither top-k log-probs nor entropies')."""
+    from agentgym.branching import BranchingConfig, BranchingSampler
+    from agentgym.rollout import EpisodeSpec, RolloutConfig
+    from agentgym.suite import load_suite
+
+    policy = OpenAIPolicy(server.base_url, MODEL, mode="completions", tokenizer=hf_policy.tokenizer)
+    tasks = load_suite("games-calc").split("train")[:2]
+    specs = [EpisodeSpec("agentgym/Calculator-v0", task=t, seed=10 * k + g, group_id=f"g{k}")
+             for k, t in enumerate(tasks) for g in range(2)]
+    config = RolloutConfig(sampling=SamplingParams(max_tokens=12, seed=1), system_prompt="", max_context_tokens=400)
+    trajectories = BranchingSampler(policy, config, BranchingConfig(budget=2, initial_rollouts=1)).run(specs)
+    policy.close()
+    assert len(trajectories) == 4 and all(t.error is None for t in trajectories)
+    for t in trajectories:
+        entropy = t.metadata["segment_entropy"]
+        assert len(entropy) == len(t.turns) and all(isinstance(h, float) and 0.0 <= h <= 1.0 for h in entropy)
 
 
 def test_generation_failure_is_a_retried_500(hf_policy: Any) -> None:

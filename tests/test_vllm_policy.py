@@ -118,6 +118,7 @@ def test_completion_top_logprobs_keep_the_k_best_and_the_sampled_token():
     entries = [_entry(t5=-0.1, t6=-2.5, t7=-3.0), _entry(t5=-0.2, t6=-1.9, t9=-4.0)]
     gen = completion_to_generation(FakeCompletion("ab", [5, 9], entries, "length"), stop_ids=[EOS], top_logprobs=2)
     assert gen.top_logprobs == ((-0.1, -2.5), (-0.2, -1.9, -4.0))  # the sampled 9 is outside the top 2
+    assert gen.top_token_ids == ((5, 6), (5, 6, 9))
     assert completion_to_generation(FakeCompletion("ab", [5, 9], entries, "length"), stop_ids=[EOS]).top_logprobs is None
 
 

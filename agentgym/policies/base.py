@@ -83,6 +83,8 @@ class Generation:
         top_logprobs: When ``SamplingParams.top_logprobs = k > 0`` and the policy supports it: per generated
             position, the log-probs of the k most likely tokens in descending order, followed by the sampled
             token's log-prob when it is not among them (vLLM's convention). ``None`` otherwise.
+        top_token_ids: The token ids of ``top_logprobs``, entry for entry (what a server needs to name the
+            alternatives); ``None`` when the backend did not say which tokens they were.
     """
 
     text: str
@@ -91,6 +93,7 @@ class Generation:
     entropies: tuple[float, ...] | None = None
     finish_reason: str = "stop"
     top_logprobs: tuple[tuple[float, ...], ...] | None = None
+    top_token_ids: tuple[tuple[int, ...], ...] | None = None
 
 
 class Policy(abc.ABC):

@@ -256,7 +256,7 @@ class HFPolicy(InProcessTokenPolicy):
         # Top-k candidate log-probs per position, for rows that ask for them (entropy-based branching).
         top_k = min(max(p.top_logprobs for p in params), int(self.model.config.vocab_size))
         out_top = torch.zeros((batch, max_new, top_k), dtype=torch.float32, device=device) if top_k else None
-        out_top_has_sampled = torch.ones((batch, max_new), dtype=torch.bool, device=device) if top_k else None
+        out_top_ids = torch.zeros((batch, max_new, top_k), dtype=torch.long, device=device) if top_k else None
 
         # Stop strings are checked on decoded text, only for rows that have them.
         stop_strings = {i: p.stop for i, p in enumerate(params) if p.stop}
@@ -310,7 +310,7 @@ class HFPolicy(InProcessTokenPolicy):
                 if top_k:
                     top_values, top_index = logp.topk(top_k, dim=-1)
                     out_top[rows, t] = top_values
-                    out_top_has_sampled[rows, t] = (top_index == token[:, None]).any(-1)
+                    out_top_ids[rows, t] = top_index
                 num_generated[rows] += alive.long()
                 hit_stop = torch.isin(token, stop_ids) & alive
                 hit_len = (t + 1 >= max_tokens) & alive
@@ -339,7 +339,7 @@ class HFPolicy(InProcessTokenPolicy):
 
         top = None
         if top_k:
-            top = _top_logprobs(out_top, out_top_has_sampled, out_logprobs, [p.top_logprobs for p in params])
+            top = _top_logprobs(out_top, out_top_ids, out_logprobs, out_tokens, [p.top_logprobs for p in params])
         return self._collect(out_tokens, out_logprobs, out_entropy, num_generated, stopped, stop_strings, top)
 
     def _hit_stop_strings(
@@ -404,7 +404,8 @@ class HFPolicy(InProcessTokenPolicy):
                     logprobs=tuple(logprobs[i][:n]),
                     entropies=tuple(entropies[i][:n]),
                     finish_reason="stop" if stops[i] else "length",
-                    top_logprobs=None if top is None or top[i] is None else tuple(top[i][:n]),
+                    top_logprobs=None if top is None or top[i] is None else tuple(v for v, _ in top[i][:n]),
+                    top_token_ids=None if top is None or top[i] is None else tuple(t for _, t in top[i][:n]),
                 )
             )
         return results
@@ -414,26 +415,25 @@ class HFPolicy(InProcessTokenPolicy):
         self.model = None
 
 
-def _top_logprobs(values: Any, has_sampled: Any, sampled: Any, wanted: list[int]) -> list[list[tuple[float, ...]] | None]:
-    """Per row, per position: the row's k best log-probs, then the sampled token's when it is not among them.
+def _top_logprobs(values: Any, ids: Any, sampled: Any, sampled_ids: Any, wanted: list[int]) -> list[list[tuple[tuple[float, ...], tuple[int, ...]]] | None]:
+    """Per row, per position: the row's k best ``(log-probs, token ids)``, then the sampled token's when it is
+    not among them.
 
-    ``values`` holds the batch's largest k (the most any row asked for), so a row that asked for fewer
+    ``values``/``ids`` hold the batch's largest k (the most any row asked for), so a row that asked for fewer
     keeps a prefix; "sampled token among them" is judged against the row's own k.
     """
-    rows_values = values.tolist()
-    rows_in = has_sampled.tolist()
-    rows_sampled = sampled.tolist()
+    rows_values, rows_ids = values.tolist(), ids.tolist()
+    rows_sampled, rows_sampled_ids = sampled.tolist(), sampled_ids.tolist()
     width = values.shape[-1]
-    result: list[list[tuple[float, ...]] | None] = []
+    result: list[list[tuple[tuple[float, ...], tuple[int, ...]]] | None] = []
     for i, k in enumerate(wanted):
         if k == 0:
             result.append(None)
             continue
         row = []
         for pos, cands in enumerate(rows_values[i]):
-            own = cands[: min(k, width)]
-            lp = rows_sampled[i][pos]
-            inside = rows_in[i][pos] and (k >= width or lp >= own[-1])
-            row.append(tuple(own) if inside else tuple(own) + (lp,))
+            own, own_ids = tuple(cands[: min(k, width)]), tuple(rows_ids[i][pos][: min(k, width)])
+            lp, token = rows_sampled[i][pos], rows_sampled_ids[i][pos]
+            row.append((own, own_ids) if token in own_ids else (own + (lp,), own_ids + (token,)))
         result.append(row)
     return result

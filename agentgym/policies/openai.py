@@ -10,6 +10,11 @@ Two modes, because training and evaluation need different things:
   hosted APIs, and is what evaluation of closed models uses. Given a tokenizer, the policy also asks
   for token ids and log-probs (vLLM and ``agentgym serve`` return them) so the agent can keep a token view.
 
+In both modes ``SamplingParams.top_logprobs = k`` asks the server for the k best alternatives per token
+(``logprobs: k`` or ``top_logprobs: k``) and fills ``Generation.top_logprobs`` with them, the sampled token's
+log-prob appended when it is not among them, as HFPolicy and VLLMPolicy do: that is what ARPO's
+entropy-guided branching measures. A server that ignores the request is an error, not a silent guess.
+
 Requests of one :meth:`OpenAIPolicy.act` call are sent concurrently (the server batches them), bounded by
 ``max_concurrency``; transient failures (connection errors, timeouts, 429, 5xx) are retried with
 exponential backoff and jitter, while other 4xx errors fail at once with the server's message, because
@@ -377,7 +382,7 @@ class OpenAIPolicy(Policy):
     async def _complete(self, state: _LoopState, model: str, request: GenerationRequest) -> Generation:
         payload: dict[str, Any] = {
             "model": model, "prompt": prompt_token_ids(request, self.tokenizer), **self._sampling_fields(request.sampling),
-            "logprobs": 1, "return_token_ids": True, "return_tokens_as_token_ids": True,
+            "logprobs": max(1, request.sampling.top_logprobs), "return_token_ids": True, "return_tokens_as_token_ids": True,
         }
         if request.sampling.stop:
             payload["include_stop_str_in_output"] = True  # the Policy contract keeps the stop string
@@ -396,16 +401,26 @@ class OpenAIPolicy(Policy):
                 "agentgym serve); use mode='chat' for other servers."
             )
         lps = self._logprobs(logprobs.get("token_logprobs"), len(ids))
-        return Generation(text=text, token_ids=tuple(ids), logprobs=lps,
+        k = request.sampling.top_logprobs
+        top, top_ids = None, None
+        if k:
+            rows = logprobs.get("top_logprobs")
+            alternatives = [list(r.items()) if isinstance(r, Mapping) else None for r in rows] if isinstance(rows, list) else None
+            top, top_ids = self._alternatives(alternatives, logprobs.get("tokens"), lps, k, len(ids), "/completions")
+        return Generation(text=text, token_ids=tuple(ids), logprobs=lps, top_logprobs=top, top_token_ids=top_ids,
                           finish_reason=_finish_reason(choice.get("finish_reason")))
 
     async def _chat(self, state: _LoopState, model: str, request: GenerationRequest) -> Generation:
         payload: dict[str, Any] = {
             "model": model, "messages": [dict(m) for m in request.messages], **self._sampling_fields(request.sampling),
         }
+        k = request.sampling.top_logprobs
         if self.tokenizer is not None:
             payload["logprobs"] = True
             payload["return_token_ids"] = True
+        if k:
+            payload["logprobs"] = True
+            payload["top_logprobs"] = k
         payload.update(self.extra_body)
         body = await self._request(state, "POST", "/chat/completions", payload)
         choice = self._first_choice(body, "/chat/completions")
@@ -426,8 +441,45 @@ class OpenAIPolicy(Policy):
         elif self.tokenizer is not None:
             logger.warning("%s/chat/completions returned no token ids although a tokenizer is set; the agent needs "
                            "them (use mode='completions' or a server with return_token_ids).", self.base_url)
-        return Generation(text=text, token_ids=token_ids, logprobs=lps,
+        top, top_ids = None, None
+        if k:
+            content = (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), Mapping) else None
+            entries = [c if isinstance(c, Mapping) else {} for c in content] if isinstance(content, list) else []
+            alternatives = [[(a.get("token"), a.get("logprob")) for a in e["top_logprobs"] if isinstance(a, Mapping)]
+                            if isinstance(e.get("top_logprobs"), list) else None for e in entries] if entries else None
+            sampled = self._logprobs([e.get("logprob") for e in entries], len(entries))
+            top, top_ids = self._alternatives(alternatives, [e.get("token") for e in entries], sampled, k,
+                                              len(entries), "/chat/completions")
+        return Generation(text=text, token_ids=token_ids, logprobs=lps, top_logprobs=top, top_token_ids=top_ids,
                           finish_reason=_finish_reason(choice.get("finish_reason")))
+
+    def _alternatives(self, rows: list[list[tuple[Any, Any]] | None] | None, tokens: Any,
+                      sampled: tuple[float, ...] | None, k: int, n: int,
+                      path: str) -> tuple[tuple[tuple[float, ...], ...], tuple[tuple[int, ...], ...] | None]:
+        """``Generation.top_logprobs`` (and ``top_token_ids`` when the tokens are ``token_id:N``) from a
+        response's per-position alternatives: the k best, then the sampled token's when it is not among them."""
+        if (rows is None or len(rows) != n or any(r is None for r in rows) or sampled is None
+                or not isinstance(tokens, list) or len(tokens) != n):
+            raise OpenAIServerError(
+                f"{self.base_url}{path} returned no top-{k} log-probs for every generated token although they were "
+                "asked for (entropy-guided branching, ARPO, measures them). Use a server that returns them "
+                "(vLLM, agentgym serve) or set entropy_weight=0."
+            )
+        values_out: list[tuple[float, ...]] = []
+        ids_out: list[tuple[int, ...]] | None = []
+        for row, token, own in zip(rows, tokens, sampled):
+            ranked = sorted(((str(t), float(v)) for t, v in row if isinstance(v, (int, float))),
+                            key=lambda tv: tv[1], reverse=True)[:k]
+            names = [t for t, _ in ranked]
+            values = tuple(v for _, v in ranked)
+            # the sampled token is among the k when one has its name *and* its log-prob (two ids can share a text)
+            if not any(t == token and abs(v - own) <= 1e-5 * max(1.0, abs(own)) for t, v in ranked):
+                names.append(str(token))
+                values += (own,)
+            values_out.append(values)
+            ids = self._ids_from_tokens(names)
+            ids_out = None if ids is None or ids_out is None else [*ids_out, tuple(ids)]
+        return tuple(values_out), (tuple(ids_out) if ids_out is not None else None)
 
     def _first_choice(self, body: Any, path: str) -> Mapping[str, Any]:
         choices = body.get("choices") if isinstance(body, Mapping) else None

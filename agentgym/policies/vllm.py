@@ -193,6 +193,7 @@ def completion_to_generation(completion: Any, stop_ids: Iterable[int], top_logpr
     logprobs: list[float] = []
     entropies: list[float] = []
     top: list[tuple[float, ...]] = []
+    top_ids: list[tuple[int, ...]] = []
     for pos, (token, entry) in enumerate(zip(ids, entries)):
         if entry is None or token not in entry:
             raise AgentGymError(
@@ -205,6 +206,7 @@ def completion_to_generation(completion: Any, stop_ids: Iterable[int], top_logpr
             ranked = sorted(entry, key=lambda t: _logprob_value(entry[t]), reverse=True)[:top_logprobs]
             values = tuple(_logprob_value(entry[t]) for t in ranked)
             top.append(values if token in ranked else values + (logprobs[-1],))
+            top_ids.append(tuple(int(t) for t in ranked) if token in ranked else tuple(int(t) for t in ranked) + (token,))
     stopped = finish == "stop" or (bool(ids) and ids[-1] in stops)
     return Generation(
         text=completion.text,
@@ -213,6 +215,7 @@ def completion_to_generation(completion: Any, stop_ids: Iterable[int], top_logpr
         entropies=tuple(entropies),
         finish_reason="stop" if stopped else "length",
         top_logprobs=tuple(top) if top_logprobs else None,
+        top_token_ids=tuple(top_ids) if top_logprobs else None,
     )
 
 
