@@ -14,7 +14,8 @@ tokens), so its warm start alone takes about 20 minutes on one CPU core.
     python benchmarks/archer_vs_bc.py --suite games-maze --build-only   # the model configs/archer_maze.yaml uses
 
 Writes the curves to ``--out`` (default ``runs/archer_vs_bc.png``), the raw points to ``--out``'s ``.json``,
-and prints a table with each method's final held-out success and its ratio to filtered BC.
+and prints a table with each method's final held-out success, its ratio to filtered BC and, for ArCHer, the
+critic's explained variance (how much of the spread of the buffer's returns the critic predicts).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--evals", type=int, default=2, help="held-out evaluations after the start (evenly spaced)")
     p.add_argument("--eval-tasks", type=int, default=32, help="held-out tasks per evaluation")
     p.add_argument("--bc-steps", type=int, default=150, help="steps of the shared behaviour-cloning warm start")
+    p.add_argument("--critic-steps", type=int, default=4,
+                   help="ArCHer critic updates per iteration (16 transitions each; the reference runs 50 of 256)")
     p.add_argument("--workdir", default="runs/archer_vs_bc", help="where models and runs go")
     p.add_argument("--out", default="runs/archer_vs_bc.png", help="PNG of the curves")
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
@@ -53,6 +56,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.seeds, args.episodes, args.eval_tasks, args.bc_steps, args.episodes_per_iteration = 1, 32, 8, 30, 8
+    for name in ("seeds", "episodes", "episodes_per_iteration", "eval_tasks", "bc_steps", "critic_steps"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.evals < 0:
+        p.error(f"--evals must be >= 0, got {args.evals}")
     if args.episodes % args.episodes_per_iteration:
         p.error("--episodes must be a multiple of --episodes-per-iteration")
     from agentgym.errors import TaskError
@@ -124,7 +132,7 @@ def run_one(method: str, seed: int, model: Path, args: argparse.Namespace, workd
         if method == "archer":
             from agentgym.trainers.archer import ArcherConfig, ArcherTrainer
 
-            ArcherTrainer(ArcherConfig(**shared, **actor, critic_steps=4, critic_learning_rate=3e-4,
+            ArcherTrainer(ArcherConfig(**shared, **actor, critic_steps=args.critic_steps, critic_learning_rate=3e-4,
                                                      critic_max_tokens=128)).train()
         else:
             from agentgym.trainers.filtered_bc import FilteredBCConfig, FilteredBCTrainer
@@ -134,8 +142,13 @@ def run_one(method: str, seed: int, model: Path, args: argparse.Namespace, workd
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     curve = sorted({r["step"] * per_iter: r["eval/success_rate"] for r in records if "eval/success_rate" in r}.items())
     train = [r["train/success_rate"] for r in records if "train/success_rate" in r]
+    # how much of the spread of the buffer's Monte-Carlo returns the critic explains, over the last third of
+    # the run (ArCHer only): near 0 means its advantages carry no information about which utterance pays
+    fits = [r["critic/explained_variance"] for r in records if isinstance(r.get("critic/explained_variance"), float)]
+    late = fits[len(fits) * 2 // 3:]
     return {"method": method, "seed": seed, "curve": curve, "seconds": seconds,
-            "train_success_last": train[-1] if train else float("nan")}
+            "train_success_last": train[-1] if train else float("nan"),
+            "critic_explained_variance": statistics.mean(late) if late else None}
 
 
 def plot(results: list[dict[str, Any]], out: Path, title: str) -> None:
@@ -169,8 +182,8 @@ def plot(results: list[dict[str, Any]], out: Path, title: str) -> None:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    rows = ["| method | start | final (mean ± sd over seeds) | per seed | vs filtered BC | s/run |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| method | start | final (mean ± sd over seeds) | per seed | vs filtered BC | s/run | critic EV |",
+            "|---|---|---|---|---|---|---|"]
     finals: dict[str, list[float]] = {}
     for method in METHODS:
         runs = [r for r in results if r["method"] == method]
@@ -184,8 +197,10 @@ def table(results: list[dict[str, Any]]) -> str:
         start = statistics.mean(r["curve"][0][1] for r in runs)
         ratio = f"{mean / ref:.2f}x" if ref > 0 else "n/a"
         secs = statistics.mean(r["seconds"] for r in runs)
+        fits = [r["critic_explained_variance"] for r in runs if r.get("critic_explained_variance") is not None]
+        fit = f"{statistics.mean(fits):.3f}" if fits else "-"
         rows.append(f"| {method} | {start:.3f} | {mean:.3f} ± {sd:.3f} | {', '.join(f'{v:.3f}' for v in values)} "
-                    f"| {ratio} | {secs:.0f} |")
+                    f"| {ratio} | {secs:.0f} | {fit} |")
     return "\n".join(rows)
 
 

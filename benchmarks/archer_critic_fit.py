@@ -1,0 +1,181 @@
+"""Can ArCHer's critic tell good turns from bad ones? Its held-out fit against simple predictors.
+
+ArCHer's actor is only as good as its advantage ``min(Q) - min(V)``, so a critic that cannot predict
+returns gives the actor noise. This script takes the replay buffer an ArCHer run wrote (``replay.jsonl``:
+every turn with its Monte-Carlo return), holds out a fifth of the episodes, and trains the critic on the
+rest by direct regression onto those returns: the easiest target a critic can get (TD learning must also
+bootstrap its own estimates), so its held-out fit is an upper bound on what TD reaches with the same steps.
+Side by side, two predictors that read no text: the mean return at each turn index, and (on the maze) the
+mean return at each remaining shortest-path distance to the exit, parsed from the last grid of the state.
+All fits are explained variance on the held-out turns (1 = perfect, 0 = no better than the mean).
+
+    python benchmarks/archer_critic_fit.py --replay runs/archer_vs_bc_maze/archer/seed0/replay.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import statistics
+import sys
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+_GRID = re.compile(r"^#+\n(?:[#.@E]+\n)+#+$", re.MULTILINE)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--replay", required=True, help="replay.jsonl written by an ArCHer run")
+    p.add_argument("--model", help="policy model whose backbone the critic copies (--encoder policy; default: the "
+                                   "run's starting model, from the config.json beside the replay buffer)")
+    p.add_argument("--encoder", choices=("policy", "minilm"), default="policy", help="critic text encoder")
+    p.add_argument("--pooling", choices=("mean", "last"), default="mean", help="critic pooling")
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens the critic reads per state or utterance")
+    p.add_argument("--steps", type=int, default=400, help="critic regression steps")
+    p.add_argument("--batch-size", type=int, default=32, help="turns per step")
+    p.add_argument("--lr", type=float, default=3e-4, help="Adam learning rate of the critic")
+    p.add_argument("--evals", type=int, default=4, help="held-out evaluations along the way")
+    p.add_argument("--seed", type=int, default=0, help="seed of the episode split and the batches")
+    args = p.parse_args(argv)
+    if not Path(args.replay).is_file():
+        p.error(f"--replay {args.replay} does not exist; run an ArCHer config or benchmarks/archer_vs_bc.py first.")
+    run_config = Path(args.replay).with_name("config.json")
+    if args.model is None and run_config.is_file():
+        args.model = json.loads(run_config.read_text(encoding="utf-8")).get("model")
+    if args.encoder == "policy" and not (args.model and (Path(args.model) / "config.json").is_file()):
+        p.error("--encoder policy needs --model, a model directory with config.json (the run's starting model).")
+    for name in ("steps", "batch_size", "evals", "max_tokens"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not args.lr > 0:
+        p.error(f"--lr must be > 0, got {args.lr}")
+    return args
+
+
+def explained(predictions: Sequence[float], returns: Sequence[float]) -> float:
+    from agentgym.trainers.algorithms.archer import explained_variance
+
+    return explained_variance(torch.tensor(list(predictions)), torch.tensor(list(returns)))
+
+
+def tabulated(train: Sequence, key: Callable) -> Callable:
+    """Predict the mean return of the training turns that share ``key`` (the overall mean for unseen keys)."""
+    groups: dict = defaultdict(list)
+    for t in train:
+        groups[key(t)].append(t.mc_return)
+    overall = statistics.mean(t.mc_return for t in train)
+    return lambda t: statistics.mean(groups[key(t)]) if groups.get(key(t)) else overall
+
+
+def maze_distance(state: str) -> int | None:
+    """Shortest-path moves from ``@`` to ``E`` in the last maze grid of the state, or None without one."""
+    grids = _GRID.findall(state)
+    if not grids:
+        return None
+    rows = grids[-1].split("\n")
+    cells = {(r, c): ch for r, row in enumerate(rows) for c, ch in enumerate(row)}
+    start = next((rc for rc, ch in cells.items() if ch == "@"), None)
+    goal = next((rc for rc, ch in cells.items() if ch == "E"), None)
+    if start is None or goal is None:
+        return None
+    seen, queue = {start: 0}, deque([start])
+    while queue:
+        r, c = queue.popleft()
+        for nxt in ((r + 1, c), (r - 1, c), (r, c + 1), (r, c - 1)):
+            if cells.get(nxt, "#") != "#" and nxt not in seen:
+                seen[nxt] = seen[(r, c)] + 1
+                queue.append(nxt)
+    return seen[goal] // 2 if goal in seen else None  # the rendering puts a wall-or-gap cell between cells
+
+
+def build_critic(args: argparse.Namespace):  # noqa: ANN201 (returns UtteranceCritic)
+    from agentgym.trainers.critic import UtteranceCritic
+
+    if args.encoder == "minilm":
+        return UtteranceCritic.from_minilm(max_tokens=args.max_tokens, pooling=args.pooling)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(args.model, local_files_only=True)
+    return UtteranceCritic.from_policy(model, tokenizer, max_tokens=args.max_tokens, pooling=args.pooling)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from agentgym.trainers.replay import ReplayBuffer
+
+    torch.manual_seed(args.seed)
+    turns = list(ReplayBuffer(Path(args.replay)).items())
+    episodes = sorted({t.episode for t in turns})
+    if len(episodes) < 5:
+        sys.exit(f"{args.replay} holds {len(episodes)} episodes; at least 5 are needed for a held-out fifth.")
+    random.Random(args.seed).shuffle(episodes)
+    held = set(episodes[: len(episodes) // 5])
+    train = [t for t in turns if t.episode not in held]
+    test = [t for t in turns if t.episode in held]
+    returns = [t.mc_return for t in test]
+    sys.stdout.write(f"{len(turns)} turns of {len(episodes)} episodes; {len(test)} held-out turns of {len(held)} "
+                     f"episodes, {sum(r > 0 for r in returns) / len(returns):.0%} with a positive return\n")
+
+    rows: list[tuple[str, float]] = []
+    by_turn = tabulated(train, lambda t: t.turn)
+    rows.append(("mean return per turn index (reads no text)", explained([by_turn(t) for t in test], returns)))
+    if all(maze_distance(t.state) is not None for t in turns[:50]):
+        by_distance = tabulated(train, lambda t: maze_distance(t.state))
+        rows.append(("mean return per shortest-path distance to the exit (maze oracle)",
+                     explained([by_distance(t) for t in test], returns)))
+    text_free = len(rows)
+
+    critic = build_critic(args)
+    optimizer = torch.optim.Adam(critic.parameters(), lr=args.lr)
+    generator = torch.Generator().manual_seed(args.seed)
+    checkpoints = {round(args.steps * (i + 1) / args.evals) for i in range(args.evals)}
+    curve: list[tuple[int, float]] = []
+    started = time.perf_counter()
+    for step in range(1, args.steps + 1):
+        critic.train()
+        batch = [train[i] for i in torch.randint(len(train), (args.batch_size,), generator=generator).tolist()]
+        target = torch.tensor([t.mc_return for t in batch])
+        q, v = critic([t.state for t in batch], [t.action for t in batch])
+        loss = ((q - target) ** 2).mean() + ((v - target) ** 2).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if step in checkpoints:
+            critic.eval()
+            fitted: list[float] = []
+            with torch.no_grad():
+                for i in range(0, len(test), 64):
+                    chunk = test[i:i + 64]
+                    q, _ = critic([t.state for t in chunk], [t.action for t in chunk])
+                    fitted += q.min(dim=0).values.tolist()
+            curve.append((step, explained(fitted, returns)))
+            sys.stdout.write(f"critic step {step}: held-out EV {curve[-1][1]:.3f} "
+                             f"({time.perf_counter() - started:.0f} s)\n")
+            sys.stdout.flush()
+    label = f"critic ({args.encoder}, {args.pooling} pooling, {args.steps} x {args.batch_size} regression on returns)"
+    rows.append((label, curve[-1][1]))
+    rows.append((f"critic, best held-out EV along the way (step {max(curve, key=lambda c: c[1])[0]})",
+                 max(v for _, v in curve)))
+
+    reference = max(value for _, value in rows[:text_free])
+    sys.stdout.write("\n| predictor | held-out explained variance | ratio to the best text-free predictor |\n"
+                     "|---|---|---|\n")
+    for name, value in rows:
+        ratio = f"{value / reference:.2f}" if reference > 0 else "n/a"
+        sys.stdout.write(f"| {name} | {value:.3f} | {ratio} |\n")
+    out = Path(args.replay).with_name("critic_fit.json")
+    out.write_text(json.dumps({"args": vars(args), "rows": rows, "curve": curve}, indent=2))
+    sys.stdout.write(f"written {out}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
