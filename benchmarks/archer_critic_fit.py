@@ -9,7 +9,8 @@ Side by side, two predictors that read no text: the mean return at each turn ind
 mean return at each remaining shortest-path distance to the exit, parsed from the last grid of the state.
 All fits are explained variance on the held-out turns (1 = perfect, 0 = no better than the mean).
 
-    python benchmarks/archer_critic_fit.py --replay runs/archer_vs_bc_maze/archer/seed0/replay.jsonl
+    python benchmarks/archer_vs_bc.py --suite games-maze --methods archer      # writes the buffers
+    python benchmarks/archer_critic_fit.py --replay runs/archer_vs_bc/games-maze/archer/seed0/replay.jsonl
 """
 
 from __future__ import annotations

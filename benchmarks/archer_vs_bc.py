@@ -13,7 +13,9 @@ tokens), so its warm start alone takes about 20 minutes on one CPU core.
     python benchmarks/archer_vs_bc.py --quick         # a smoke run (1 seed, 32 episodes)
     python benchmarks/archer_vs_bc.py --suite games-maze --build-only   # the model configs/archer_maze.yaml uses
 
-Writes the curves to ``--out`` (default ``runs/archer_vs_bc.png``), the raw points to ``--out``'s ``.json``,
+Each run lives in ``WORKDIR/SUITE/METHOD/seedN`` (ArCHer's replay buffer there is what
+``benchmarks/archer_critic_fit.py`` reads). Writes the curves to ``--out`` (default
+``runs/archer_vs_bc.png``, or ``runs/archer_vs_bc_maze.png`` for the maze), the raw points to ``--out``'s ``.json``,
 and prints a table with each method's final held-out success, its ratio to filtered BC and, for ArCHer, the
 critic's explained variance (how much of the spread of the buffer's returns the critic predicts).
 """
@@ -48,7 +50,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--critic-steps", type=int, default=4,
                    help="ArCHer critic updates per iteration (16 transitions each; the reference runs 50 of 256)")
     p.add_argument("--workdir", default="runs/archer_vs_bc", help="where models and runs go")
-    p.add_argument("--out", default="runs/archer_vs_bc.png", help="PNG of the curves")
+    p.add_argument("--out", default=None,
+                   help="PNG of the curves (default: runs/archer_vs_bc.png for games-guess, runs/archer_vs_bc_maze.png "
+                        "for games-maze)")
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
     p.add_argument("--quick", action="store_true", help="1 seed, 32 episodes, 8 eval tasks, 30 BC steps")
     p.add_argument("--build-only", action="store_true",
@@ -70,6 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         splits = load_suite(args.suite).splits
     except TaskError as exc:
         p.error(str(exc))
+    if args.out is None:
+        short = args.suite.removeprefix("games-")
+        args.out = "runs/archer_vs_bc.png" if short == "guess" else f"runs/archer_vs_bc_{short}.png"
     if args.eval_split is None:
         args.eval_split = "validation" if "validation" in splits else "test"
     if args.eval_split not in splits or args.eval_split == "train":
@@ -112,7 +119,7 @@ def run_one(method: str, seed: int, model: Path, args: argparse.Namespace, workd
     per_iter = args.episodes_per_iteration
     iterations = args.episodes // per_iter
     eval_every = max(1, iterations // max(args.evals, 1))
-    out = workdir / method / f"seed{seed}"
+    out = workdir / args.suite / method / f"seed{seed}"
     shared = dict(model=str(model), suite=args.suite, eval_split=args.eval_split, output_dir=str(out),
                   system_prompt="", seed=seed,
                   eval_every=eval_every, eval_tasks=args.eval_tasks, checkpoint_every=0, tensorboard=False,
@@ -224,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         for method in methods:
             import shutil
 
-            shutil.rmtree(workdir / method / f"seed{seed}", ignore_errors=True)
+            shutil.rmtree(workdir / args.suite / method / f"seed{seed}", ignore_errors=True)
             r = run_one(method, seed, model, args, workdir)
             results.append(r)
             sys.stdout.write(f"{method:12s} seed {seed}: {r['curve']} ({r['seconds']:.0f} s)\n")

@@ -334,3 +334,46 @@ def test_sigkilled_run_resumes_replay_critic_target_and_actor(model_dir: Path, t
     assert _final_state(tmp_path / "killed") == _final_state(tmp_path / "straight")
     summary = json.loads((tmp_path / "killed" / "summary.json").read_text())
     assert "resumed_from" in summary and summary["episodes"] == 6 * 4
+
+
+# ---- benchmarks/archer_critic_fit.py --------------------------------------------------------------------
+def _critic_fit_module():  # noqa: ANN202
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("archer_critic_fit", REPO / "benchmarks" / "archer_critic_fit.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_critic_fit_oracle_reads_the_exact_path_length_off_the_rendered_maze() -> None:
+    from agentgym.envs.games.maze import Maze
+
+    fit = _critic_fit_module()
+    for seed in range(20):
+        maze = Maze(5, 5, seed)
+        start, goal = (seed % 5, 0), (4, 4 - seed % 3)
+        state = f"<|im_start|>user\nYou moved east.\n{maze.render(start, goal)}\nOpen directions: north.<|im_end|>"
+        earlier = maze.render(goal, start)  # only the last grid of a state counts
+        assert fit.maze_distance(earlier + "\n" + state) == len(maze.shortest_path(start, goal))
+    assert fit.maze_distance("no grid here") is None
+
+
+def test_critic_fit_runs_on_a_replay_buffer_and_explains_its_options(model_dir: Path, tmp_path: Path) -> None:
+    fit = _critic_fit_module()
+    run = tmp_path / "run"
+    run.mkdir()
+    buffer = ReplayBuffer(run / "replay.jsonl")
+    buffer.extend(Transition(state=f"What is {k} + {k}?" + " step" * turn, action=f"answer({2 * k})",
+                             reward=float(k % 2), next_state="", terminated=turn == 2, truncated=False,
+                             mc_return=float(k % 2) * 0.9 ** (2 - turn), episode=f"e{k}", turn=turn)
+                  for k in range(10) for turn in range(3))
+    (run / "config.json").write_text(json.dumps({"model": str(model_dir)}))
+    with pytest.raises(SystemExit):
+        fit.main(["--replay", str(run / "missing.jsonl")])
+    assert fit.main(["--replay", str(run / "replay.jsonl"), "--steps", "4", "--batch-size", "4", "--evals", "2"]) == 0
+    report = json.loads((run / "critic_fit.json").read_text())
+    assert report["args"]["model"] == str(model_dir)  # the run's starting model, read from its config.json
+    names = [name for name, _ in report["rows"]]
+    assert names[0].startswith("mean return per turn index") and not any("maze oracle" in n for n in names)
+    assert [step for step, _ in report["curve"]] == [2, 4]
