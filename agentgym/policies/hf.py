@@ -415,7 +415,11 @@ class HFPolicy(InProcessTokenPolicy):
         self.model = None
 
 
-def _top_logprobs(values: Any, ids: Any, sampled: Any, sampled_ids: Any, wanted: list[int]) -> list[list[tuple[tuple[float, ...], tuple[int, ...]]] | None]:
+_TopRow = list[tuple[tuple[float, ...], tuple[int, ...]]]
+"""One row's ``(log-probs, token ids)`` alternatives per generated position."""
+
+
+def _top_logprobs(values: Any, ids: Any, sampled: Any, sampled_ids: Any, wanted: list[int]) -> list[_TopRow | None]:
     """Per row, per position: the row's k best ``(log-probs, token ids)``, then the sampled token's when it is
     not among them.
 
@@ -425,7 +429,7 @@ def _top_logprobs(values: Any, ids: Any, sampled: Any, sampled_ids: Any, wanted:
     rows_values, rows_ids = values.tolist(), ids.tolist()
     rows_sampled, rows_sampled_ids = sampled.tolist(), sampled_ids.tolist()
     width = values.shape[-1]
-    result: list[list[tuple[tuple[float, ...], tuple[int, ...]]] | None] = []
+    result: list[_TopRow | None] = []
     for i, k in enumerate(wanted):
         if k == 0:
             result.append(None)

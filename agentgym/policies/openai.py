@@ -405,7 +405,9 @@ class OpenAIPolicy(Policy):
         top, top_ids = None, None
         if k:
             rows = logprobs.get("top_logprobs")
-            alternatives = [list(r.items()) if isinstance(r, Mapping) else None for r in rows] if isinstance(rows, list) else None
+            alternatives = None
+            if isinstance(rows, list):
+                alternatives = [list(r.items()) if isinstance(r, Mapping) else None for r in rows]
             top, top_ids = self._alternatives(alternatives, logprobs.get("tokens"), lps, k, len(ids), "/completions")
         return Generation(text=text, token_ids=tuple(ids), logprobs=lps, top_logprobs=top, top_token_ids=top_ids,
                           finish_reason=_finish_reason(choice.get("finish_reason")))
@@ -477,8 +479,11 @@ class OpenAIPolicy(Policy):
                 names.append(str(token))
                 values += (own,)
             values_out.append(values)
-            ids = self._ids_from_tokens(names)
-            ids_out = None if ids is None or ids_out is None else [*ids_out, tuple(ids)]
+            ids = self._ids_from_tokens(names) if ids_out is not None else None
+            if ids is None:
+                ids_out = None  # tokens came as text: the values are known, the ids are not
+            else:
+                ids_out.append(tuple(ids))
         return tuple(values_out), (tuple(ids_out) if ids_out is not None else None)
 
     def _first_choice(self, body: Any, path: str) -> Mapping[str, Any]:

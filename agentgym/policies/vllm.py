@@ -204,9 +204,10 @@ def completion_to_generation(completion: Any, stop_ids: Iterable[int], top_logpr
         entropies.append(entropy_from_top_logprobs(_logprob_value(v) for v in entry.values()))
         if top_logprobs:
             ranked = sorted(entry, key=lambda t: _logprob_value(entry[t]), reverse=True)[:top_logprobs]
-            values = tuple(_logprob_value(entry[t]) for t in ranked)
-            top.append(values if token in ranked else values + (logprobs[-1],))
-            top_ids.append(tuple(int(t) for t in ranked) if token in ranked else tuple(int(t) for t in ranked) + (token,))
+            if token not in ranked:
+                ranked.append(token)  # the sampled token's entry follows the k best (vLLM's convention)
+            top.append(tuple(_logprob_value(entry[t]) for t in ranked))
+            top_ids.append(tuple(int(t) for t in ranked))
     stopped = finish == "stop" or (bool(ids) and ids[-1] in stops)
     return Generation(
         text=completion.text,
