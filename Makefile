@@ -43,3 +43,4 @@ benchmarks: install
 	$(PYTHON) benchmarks/multi_agent.py
 	$(PYTHON) benchmarks/browser.py
 	$(PYTHON) benchmarks/retrieval.py
+	$(PYTHON) benchmarks/grader_accuracy.py

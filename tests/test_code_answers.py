@@ -116,14 +116,16 @@ def test_different_answers_are_rejected(predicted: str | None, gold: str) -> Non
     ("text", "expected"),
     [
         ("so \\boxed{\\frac{1}{2}}.", "\\frac{1}{2}"),
-        ("first \\boxed{1}, then \\boxed{2}", "2"),
+        ("first \\boxed{1}, then \\boxed{2}", "1 or 2"),  # two different answers: a hedge, graded wrong
+        ("\\boxed{2} so the answer is \\boxed{ 2 }", "2"),
         ("<answer> 42 </answer>", "42"),
         ("no final answer here", None),
         ("\\boxed{1} and \\boxed{\\frac{1}{2}", None),  # the last box is truncated
         ("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
         ("\\fbox{7}", "7"),
         ("\\boxed 42$ and more", "42"),
-        ("\\boxed{1} <answer>5</answer>", "5"),
+        ("\\boxed{1} <answer>5</answer>", "1 or 5"),
+        ("\\boxed{} is empty", ""),
         ("<answer>\\boxed{5}</answer>", "5"),
         ("<answer>5", None),
     ],

@@ -7,6 +7,10 @@ output is the next observation. The episode ends when the agent gives a final an
 ``final_answer(x)``), at the turn limit (truncated), on a void turn, or when the rollout engine's
 ``max_context_tokens`` is reached.
 
+The reward is :func:`~agentgym.envs.code_interpreter.answers.grade_answer` of the final answer: one value in
+the structure the task kind asks for, in any equivalent notation. Several different final answers in one reply
+or one code output (``\\boxed{5} ... \\boxed{6}``, ``final_answer`` called in a loop) are a hedge and score 0.
+
 Turn kinds follow SimpleTIR (spec section 6): a turn with a code block or a final answer is
 ``tool_call``/``answer``; a turn with neither is ``void`` and, by default, ends the episode. Code that
 raises is *not* void: the error comes back as feedback and the episode continues.
@@ -21,7 +25,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from agentgym.env import AgentEnv, ReferenceSolver
-from agentgym.envs.code_interpreter.answers import extract_final_answer
+from agentgym.envs.code_interpreter.answers import extract_final_answer, grade_answer
 from agentgym.errors import ConfigError, EnvCrashed, TaskError
 from agentgym.parsers import CompositeParser, HermesParser, ParsedAction, ToolCallParser
 from agentgym.suite import Task
@@ -174,14 +178,11 @@ class CodeInterpreterEnv(AgentEnv):
         return self._submit(answer)
 
     def _submit(self, answer: str) -> str:
-        from agentgym.envs.code_interpreter.tasks import score_answer
-
         assert self.task is not None
-        score = float(score_answer(self.task, answer))
-        success = score >= 1.0 - 1e-9
+        success = grade_answer(self.task, answer)  # the same function the labelled grading set checks
         self.add_reward("correct", 1.0 if success else 0.0)
         self.mark_answer()
-        self.finish(success=success, score=score, reason="answered")
+        self.finish(success=success, score=1.0 if success else 0.0, reason="answered")
         self._last_answer = answer
         return f"Final answer recorded: {answer}"
 

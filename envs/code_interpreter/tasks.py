@@ -4,12 +4,14 @@ Two task sources, both returning :class:`~agentgym.suite.Task` lists for ``TaskS
 
 * :func:`generate_tasks` draws problems from `reasoning-gym <https://github.com/open-thought/reasoning-gym>`_
   datasets (arithmetic, GSM-symbolic word problems, linear equations, fractions, primes, letter
-  counting, base conversion, CodeI/O). Every task carries the reasoning-gym entry (so the dataset's
-  own scorer can grade it) and ``reference_code``: a standalone Python program that *computes* the
-  answer from the problem's parameters and prints it exactly as reasoning-gym expects it.
+  counting, base conversion, CodeI/O). Every task carries the reasoning-gym entry (its metadata is
+  what the per-kind graders read: the variable, the reduced fraction, the prime factors, the target
+  base) and ``reference_code``: a standalone Python program that *computes* the answer from the
+  problem's parameters and prints it in the form reasoning-gym states it.
 * :func:`champ_tasks` loads the 270 problems of the CHAMP competition-math dataset.
 
-:func:`score_answer` grades a final answer (the content of ``\\boxed{...}``) for either source.
+:func:`agentgym.envs.code_interpreter.answers.grade_answer` grades a final answer for either source
+(reasoning-gym's own scorers are not used: they reject correct forms and accept hedged answers).
 
 Split hygiene: each split names its own reasoning-gym ``seed`` (reasoning-gym item ``i`` of a dataset
 is ``Random(seed + i)``, so seeds of different splits must lie far apart), and ``holdout`` partitions
@@ -29,15 +31,13 @@ import json
 import math
 import random
 import re
-import threading
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
 from agentgym.errors import DependencyNotInstalled, TaskError
 from agentgym.suite import Task
-from agentgym.envs.code_interpreter.answers import answers_equivalent
 
 __all__ = [
     "CHAMP_SIZE",
@@ -46,7 +46,6 @@ __all__ = [
     "codeio_sample_is_safe",
     "generate_tasks",
     "reference_code",
-    "score_answer",
 ]
 
 #: The reasoning-gym datasets this module knows how to write reference code for.
@@ -668,76 +667,3 @@ def champ_tasks(rng: random.Random, count: int = CHAMP_SIZE, *, version: str = "
         }
         tasks.append(Task(id=metadata["task_id"], prompt=p["text"], answer=answer, metadata=metadata))
     return tasks
-
-
-# ---- scoring ----------------------------------------------------------------------------------
-_SCORERS: dict[str, Callable[[str | None, dict[str, Any]], float]] = {}
-_SCORERS_LOCK = threading.Lock()
-
-
-def _rg_scorer(name: str) -> Callable[[str | None, dict[str, Any]], float]:
-    with _SCORERS_LOCK:
-        if name not in _SCORERS:
-            with contextlib.redirect_stdout(io.StringIO()):
-                _SCORERS[name] = _rg().get_score_answer_fn(name)
-        return _SCORERS[name]
-
-
-def _normalise(text: str) -> str:
-    return re.sub(r"\s+", "", text).lower().rstrip(".")
-
-
-def _json_close(predicted: str, gold: str, rel: float = 1e-9) -> bool:
-    """Whether two JSON texts hold the same structure with floats equal up to ``rel`` relative error."""
-    try:
-        a, b = json.loads(predicted), json.loads(gold)
-    except (ValueError, RecursionError):
-        return False
-
-    def close(x: Any, y: Any) -> bool:
-        if isinstance(x, bool) or isinstance(y, bool):
-            return x is y
-        if isinstance(x, (int, float)) and isinstance(y, (int, float)):
-            return math.isclose(x, y, rel_tol=rel, abs_tol=1e-12)
-        if isinstance(x, list) and isinstance(y, list):
-            return len(x) == len(y) and all(close(u, v) for u, v in zip(x, y))
-        if isinstance(x, dict) and isinstance(y, dict):
-            return x.keys() == y.keys() and all(close(x[k], y[k]) for k in x)
-        return x == y
-
-    return close(a, b)
-
-
-def score_answer(task: Task, predicted: str | None, *, strict: bool = False) -> float:
-    """Grade ``predicted`` (the final answer, e.g. the content of ``\\boxed{}``) against ``task``; in [0, 1].
-
-    reasoning-gym tasks use the dataset's own scorer, which gives partial credit to some wrong
-    answers (e.g. 0.01-0.1 for a well-formed wrong fraction, 0.5 for a non-prime factorisation with
-    the right product, JSON similarity for CodeI/O); ``strict=True`` maps every score below 1 to 0.
-    CHAMP tasks use ``answers_equivalent`` (symbolic equivalence) against every accepted form.
-    ``None``, empty input or any scorer error gives 0. Never raises.
-    """
-    try:
-        if predicted is None or not str(predicted).strip():
-            return 0.0
-        predicted = str(predicted).strip()
-        meta = task.metadata or {}
-        source = meta.get("source")
-        if source == "reasoning_gym":
-            score = float(_rg_scorer(meta["dataset"])(predicted, dict(meta["entry"])))
-            if score < 1.0 and meta["dataset"] == "codeio" and _json_close(predicted, str(task.answer)):
-                score = 1.0  # the same output up to float rounding (BLAS threads change the last digits)
-        elif source == "champ":
-            forms = list(meta.get("answer_alternatives") or []) or [str(task.answer)]
-            forms.append(str(meta.get("full_answer") or task.answer))
-            score = 1.0 if any(answers_equivalent(predicted, gold) for gold in dict.fromkeys(forms)) else 0.0
-        else:  # a user's own task: mathematical equivalence with its answer
-            score = 1.0 if task.answer is not None and answers_equivalent(predicted, str(task.answer)) else 0.0
-        if not math.isfinite(score):
-            return 0.0
-        score = min(1.0, max(0.0, score))
-        if strict:
-            return 1.0 if score >= 1.0 else 0.0
-        return score
-    except Exception:  # noqa: BLE001 - a grader must never crash an episode
-        return 0.0

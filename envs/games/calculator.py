@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 from agentgym.envs.games._common import games_parser, sample_one
+from agentgym.envs.games.grading import expected_answer, grade_answer
 
 from agentgym.env import AgentEnv, ReferenceSolver
 from agentgym.errors import TaskError
@@ -262,7 +263,7 @@ class CalculatorEnv(AgentEnv):
             value: The exact integer answer.
         """
         self.mark_answer()
-        correct = value == self._expected
+        correct = self.task is not None and grade_answer(self.task, value)  # what games.jsonl measures
         self.add_reward("success", 1.0 if correct else 0.0)
         self.finish(success=correct, reason="answered")
         if correct:
@@ -281,16 +282,10 @@ class CalculatorEnv(AgentEnv):
 
     def _begin_episode(self, task: Task) -> str:
         self._question = _expression_of(task)
-        if task.answer is not None:
-            try:
-                self._expected = int(task.answer)
-            except (TypeError, ValueError):
-                raise TaskError(f"Calculator task {task.id!r}: answer {task.answer!r} is not an integer.") from None
-        else:
-            try:
-                self._expected = evaluate(self._question)
-            except CalcError as exc:
-                raise TaskError(f"Calculator task {task.id!r} has no answer and {exc}") from None
+        try:
+            self._expected = expected_answer(task)
+        except CalcError as exc:
+            raise TaskError(f"Calculator task {task.id!r} has no answer and {exc}") from None
         return task.prompt
 
     def _task_instructions(self) -> str:
