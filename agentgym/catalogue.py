@@ -116,9 +116,10 @@ CATALOGUE: tuple[CatalogueEntry, ...] = (
         "gui",
     ),
     CatalogueEntry(
-        "agentgym/Search-v0",
+        "agentgym/Search-v1",
         "agentgym.envs.search.env:SearchEnv",
-        "Answer 1-3 hop questions over 11k real Wikipedia/fact documents with search(query, k), open(doc_id), answer(text).",
+        "Answer 1-3 hop questions over 11k real Wikipedia/fact documents with search(query, k), open(doc_id), answer(text); "
+        "hedged answers fail.",
         "search",
     ),
 )

@@ -265,7 +265,7 @@ def test_search_branch_replays_the_session_and_scores_each_sibling(tokenizer: An
 
     sampler = BranchingSampler(counting_policy(tokenizer, script), rollout_config(max_context_tokens=None),
                                BranchingConfig(budget=4, initial_rollouts=2, branch_probability=1.0, entropy_weight=0.0))
-    trajectories = sampler.run(group_specs("agentgym/Search-v0", [task], 4))
+    trajectories = sampler.run(group_specs("agentgym/Search-v1", [task], 4))
     pairs = check_tree(trajectories, 4)
     assert len(pairs) == 2 and sampler.stats["fork_replays"] == 2
     for parent, child in pairs:

@@ -1,4 +1,4 @@
-"""Search-v0: the contract (check_agent_env), tools, bad input, formats, rewards and the suites' solvability."""
+"""Search-v1: the contract (check_agent_env), tools, bad input, formats, rewards and the suites' solvability."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from agentgym.errors import ConfigError, DependencyNotInstalled
 from agentgym.suite import Task, load_suite
 
-ENV_ID = "agentgym/Search-v0"
+ENV_ID = "agentgym/Search-v1"
 
 
 def _search_data() -> bool:
@@ -59,7 +59,8 @@ def test_reset_shows_the_question_and_the_formats() -> None:
     obs, info = environment.reset(seed=0, options={"task": PERU})
     assert obs == "Question: What currency is used in the country whose capital is Lima?"
     assert [t["function"]["name"] for t in info["tools"]] == ["search", "open", "answer"]
-    for fragment in ("<tool_call>", "<search>", "<answer>", 'search("capital of Peru")'):
+    for fragment in ("<tool_call>", "<search>", "<answer>", 'search("capital of Peru")', "You have 8 turns.",
+                     "names more than one candidate"):
         assert fragment in info["instructions"]
     obs, _ = environment.reset(seed=7)  # no task: a question is generated from the seed
     assert obs.startswith("Question: ")
@@ -160,15 +161,14 @@ def test_search_r1_tags_search() -> None:
 def test_wrong_answer_reports_f1_and_ends_without_reward(env) -> None:
     obs, reward, terminated, _, info = env.step("<answer>Peruvian nuevo sol</answer>")
     assert (reward, terminated) == (0.0, True)
-    assert info["outcome"]["success"] is False and 0 < info["answer"]["f1"] < 1
+    assert info["outcome"]["success"] is False and 0 < info["answer"]["f1"] < 1 and info["answer"]["correct"] is False
     assert obs.startswith("Wrong: the expected answer was Sol")
 
 
-def test_f1_reward_and_turn_limit() -> None:
-    environment = gym.make(ENV_ID, reward="f1", max_turns=2)
-    environment.reset(seed=0, options={"task": PERU})
-    _, reward, *_ = environment.step("<answer>Peruvian nuevo sol</answer>")
-    assert 0 < reward < 1
+def test_f1_reward_is_refused_and_turn_limit() -> None:
+    with pytest.raises(ConfigError, match="padded with the gold's tokens"):
+        gym.make(ENV_ID, reward="f1")
+    environment = gym.make(ENV_ID, max_turns=2)
     environment.reset(seed=0, options={"task": PERU})
     environment.step(call("search", query="Peru"))
     _, _, terminated, truncated, info = environment.step(call("search", query="Lima"))
@@ -186,6 +186,7 @@ def test_bad_kwargs_say_the_fix() -> None:
         gym.make(ENV_ID, top_k=30)
     with pytest.raises(ConfigError, match="reward"):
         gym.make(ENV_ID, reward="exact")
+    assert gym.make(ENV_ID, reward="em").unwrapped.reward_metric == "grade"  # v0's name for the same decision
 
 
 def test_simulated_search_engine_in_the_env() -> None:
@@ -238,3 +239,50 @@ def test_suites_load_with_the_declared_sizes() -> None:
     assert (len(train.train), len(train.test), len(test.test)) == (2000, 200, 500)
     assert all(s.env_id == ENV_ID for s in (smoke, train, test))
     assert {t.metadata["hops"] for t in test.test} == {1, 2, 3}
+
+
+def test_outcome_reports_kind_type_and_answer_position_of_suite_tasks() -> None:
+    """Per-type success is visible in every outcome, so comparisons (chance 50 %) are reported apart."""
+    tasks = load_suite("search-test").test
+    comparison = next(t for t in tasks if t.metadata.get("options_named"))
+    environment = gym.make(ENV_ID, corpus="profiles")
+    environment.reset(seed=0, options={"task": comparison})
+    _, reward, _, _, info = environment.step(call("answer", text=" or ".join(comparison.metadata["options"])))
+    assert reward == 0.0 and info["outcome"]["success"] is False  # naming both options is a hedge
+    assert info["outcome"]["type"] == "comparison" and info["outcome"]["kind"] == comparison.metadata["kind"]
+    assert info["outcome"]["answer_position"] in ("first", "second")
+    single = next(t for t in tasks if t.metadata["type"] == "single-hop")
+    environment.reset(seed=0, options={"task": single})
+    _, reward, _, _, info = environment.step(call("answer", text=single.answer))
+    assert reward == 1.0 and info["outcome"]["type"] == "single-hop" and "answer_position" not in info["outcome"]
+
+
+def test_eval_summary_reports_success_per_question_type() -> None:
+    """summarize() splits success by outcome["type"], so comparisons are reported apart from the rest."""
+    from agentgym.rollout import run_reference_episode, summarize
+
+    tasks = load_suite("search-test").test
+    picked = [next(t for t in tasks if t.metadata["type"] == kind) for kind in ("comparison", "single-hop")]
+    environment = gym.make(ENV_ID, corpus="profiles")
+    trajectories = [run_reference_episode(environment, task, seed=0) for task in picked]
+    summary = summarize(trajectories)
+    assert summary["success_by_type"] == {"comparison": 1.0, "single-hop": 1.0}
+    assert all(t.outcome["kind"] == task.metadata["kind"] for t, task in zip(trajectories, picked, strict=True))
+
+
+def test_bm25_index_is_cached_atomically_and_reloaded(tmp_path) -> None:
+    """The index folder is built by agentgym.cache.build_once (complete marker, no temporaries) and reloads."""
+    from agentgym.envs.search.corpus import load_corpus
+    from agentgym.envs.search.index import clear_retriever_cache, corpus_retriever
+
+    corpus = load_corpus("profiles", cache_dir=tmp_path)
+    built = corpus_retriever("bm25", corpus, cache_dir=tmp_path)
+    folders = [p for p in (tmp_path / "search").iterdir() if p.name.startswith("index-")]
+    assert len(folders) == 1 and (folders[0] / ".agentgym-complete").is_file()
+    assert not [p for p in (tmp_path / "search").iterdir() if ".building-" in p.name]
+    clear_retriever_cache()
+    loaded = corpus_retriever("bm25", corpus, cache_dir=tmp_path)
+    assert loaded is not built
+    assert [h.doc_id for h in loaded.search("capital of Kazakhstan", 3)] == \
+        [h.doc_id for h in built.search("capital of Kazakhstan", 3)]
+    clear_retriever_cache()

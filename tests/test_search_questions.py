@@ -49,9 +49,11 @@ def test_corpus_build_is_deterministic_and_cached(tmp_path: Path) -> None:
         load_corpus,
     )
 
+    from agentgym.envs.search.corpus import CORPUS_VERSION
+
     first = load_corpus("profiles", cache_dir=tmp_path)
     assert corpus_cache_path("profiles", tmp_path).is_file()
-    assert "-v1-" in corpus_cache_path("profiles", tmp_path).name  # version in the cache key
+    assert f"-v{CORPUS_VERSION}-" in corpus_cache_path("profiles", tmp_path).name  # version in the cache key
     again = build_documents("profiles")
     assert [d.to_dict() for d in first] == [d.to_dict() for d in again]
     with pytest.raises(ConfigError, match="Did you mean 'profiles'"):
@@ -109,6 +111,101 @@ def test_generator_is_deterministic_balanced_and_checked() -> None:
         generate_questions(random.Random(0), 1, entities="dev")
 
 
+def test_corpus_cache_is_built_once_by_concurrent_processes(tmp_path: Path) -> None:
+    """Four processes loading the same uncached corpus at once: one complete file, no temporaries left."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; from agentgym.envs.search.corpus import load_corpus; "
+            "print(len(load_corpus('profiles', cache_dir=sys.argv[1])))")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
+             for _ in range(4)]
+    sizes = {p.communicate(timeout=300)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs) and len(sizes) == 1 and int(sizes.pop()) > 1000
+    entries = sorted(p.name for p in (tmp_path / "search").iterdir())
+    assert [e for e in entries if not e.startswith(".")] == [p.name for p in (tmp_path / "search").glob("corpus-*")]
+    assert len([e for e in entries if e.startswith("corpus-")]) == 1
+    assert not [e for e in entries if ".building-" in e]
+
+
+# ---- gold answers track the corpus ---------------------------------------------------------------------
+def test_kazakhstan_capital_is_what_the_corpus_says(corpus) -> None:
+    """countryinfo and GeoNames say Nur-Sultan; every summary says Astana, and Astana's says it was renamed."""
+    from agentgym.envs.search.questions import question_pool
+    from agentgym.envs.search.sources import load_world
+
+    kaz = load_world().countries["KAZ"]
+    assert (kaz.capital, kaz.capital_aliases, kaz.capital_reliable) == ("Astana", ("Nur-Sultan",), True)
+    assert "The capital of Kazakhstan is Astana." in corpus["country-kazakhstan"].text
+    assert "Astana is the capital of Kazakhstan." in corpus["city-astana-kz"].text
+    asked = [q for qs in question_pool("all").values() for q in qs if q.kind == "capital" and q.entities == ("KAZ",)]
+    assert len(asked) == 1 and asked[0].answer == "Astana" and set(asked[0].aliases) == {"Astana", "Nur-Sultan"}
+
+
+CAPITAL_KINDS = ("capital", "city_capital", "only_neighbour_capital", "common_neighbour_capital",
+                 "city_only_neighbour_capital", "capital_currency", "capital_language")
+
+
+def test_capital_golds_agree_with_every_summary_and_disputed_capitals_are_never_asked() -> None:
+    from agentgym.envs.search.questions import question_pool
+    from agentgym.envs.search.scoring import grade_against
+    from agentgym.envs.search.sources import capital_evidence, load_world, wiki_summaries
+
+    world, wiki = load_world(), wiki_summaries()
+    disputed = {c.code for c in world.countries.values() if not c.capital_reliable}
+    assert {"ZAF", "BOL", "MYS", "LKA", "YEM"} <= disputed  # a second "capital" or seat of government in the corpus
+    for country in world.countries.values():
+        if not country.capital_reliable:
+            continue
+        names = (country.capital, *country.capital_aliases)
+        evidence = capital_evidence(country.name, names, wiki)
+        assert evidence.confirms or evidence.stated is None, country  # stated in the corpus, or not at all
+    assert grade_against(capital_evidence("Kazakhstan", ("Nur-Sultan",), wiki).stated or "", ("Astana",))
+    for kind in CAPITAL_KINDS:
+        for question in question_pool("all")[kind]:
+            assert question.entities[-1] not in disputed, question  # the country whose capital is asked or named
+
+
+def test_every_gold_answer_appears_in_its_reference_passages(corpus) -> None:
+    """The answer (or an alias) is written in the gold documents of the reference path, for every question."""
+    from agentgym.envs.search.questions import question_pool
+    from agentgym.envs.search.scoring import normalize_answer
+
+    def compact(text: str) -> str:
+        return normalize_answer(text).replace(" ", "")
+
+    checked = 0
+    for kind, questions in question_pool("all").items():
+        for question in questions:
+            passages = compact(" ".join(corpus[g].text for hop in question.path for g in hop.gold))
+            assert any(compact(a) in passages for a in (question.answer, *question.aliases)), (kind, question)
+            checked += 1
+    assert checked > 10_000
+
+
+def test_comparisons_are_typed_balanced_and_capped_in_the_shipped_suites() -> None:
+    from agentgym.envs.search.questions import COMPARISON_SHARE, NAMED_OPTION_KINDS
+    from agentgym.suite import load_suite
+
+    for name in ("search-test", "search-train"):
+        for split, tasks in load_suite(name).splits.items():
+            assert all(t.metadata["type"] in {"single-hop", "bridge", "intersection", "comparison"} for t in tasks)
+            comparisons = [t for t in tasks if t.metadata["type"] == "comparison"]
+            assert 0 < len(comparisons) <= COMPARISON_SHARE * len(tasks), (name, split)
+            first = sum(t.metadata["answer_position"] == "first" for t in comparisons)
+            assert first * 2 == len(comparisons), (name, split, first, len(comparisons))
+            for t in comparisons:
+                named = t.metadata["kind"] in NAMED_OPTION_KINDS
+                assert t.answer in t.metadata["options"] and t.metadata["options_named"] is named
+                position = t.metadata["options"].index(t.answer)
+                assert t.metadata["answer_position"] == ("first", "second")[position]
+                if named:  # the options appear in the question in that order
+                    a, b = (t.prompt.index(o) for o in t.metadata["options"])
+                    assert a < b, t.prompt
+
+
 @pytest.mark.parametrize(("prediction", "answers", "em", "f1"), [
     ("Lima", ["Lima"], 1.0, 1.0),
     ("  the LIMA. ", ["Lima"], 1.0, 1.0),
@@ -123,3 +220,34 @@ def test_answer_scoring_is_squad_style(prediction: str, answers: list[str], em: 
 
     score = score_answer(prediction, answers)
     assert score.em == em and score.f1 == pytest.approx(f1)
+
+
+@pytest.mark.parametrize(("answer", "verdict"), [
+    ("Astana", True), ("the answer is Astana.", True), ("Nur-Sultan", True), ("nur sultan", True),
+    ("Astana (formerly Nur-Sultan)", True), ("Astana or Almaty", False), ("Almaty", False), ("Astana, Almaty", False),
+    ("Astana Almaty Bishkek", False), ("", False), ("   ", False), ("Astana, Kazakhstan", False),
+])
+def test_grade_answer_accepts_aliases_and_fails_hedges(answer: str, verdict: bool) -> None:
+    from agentgym.envs.search.scoring import grade_answer
+    from agentgym.suite import Task
+
+    task = Task("kaz", "What is the capital of Kazakhstan?", "Astana", {"aliases": ["Astana", "Nur-Sultan"]})
+    assert grade_answer(task, answer) is verdict
+
+
+def test_border_questions_only_use_borders_the_summaries_do_not_contradict() -> None:
+    """Botswana's summary names Zambia as a neighbour (the records list 3 land borders): never asked about."""
+    from agentgym.envs.search.questions import question_pool
+    from agentgym.envs.search.sources import load_world
+
+    world = load_world()
+    unreliable = {c.code for c in world.countries.values() if not c.borders_reliable}
+    assert {"BWA", "ZMB", "ALB", "MAR"} <= unreliable and len(unreliable) < 40
+    assert world.countries["HND"].borders_reliable  # its summary names exactly its 3 land neighbours
+    pool = question_pool("all")
+    for kind in ("border_count", "only_neighbour_capital", "only_neighbour_currency", "common_neighbour",
+                 "common_neighbour_capital", "common_neighbour_currency", "city_only_neighbour_capital"):
+        assert pool[kind], kind
+        for question in pool[kind]:
+            border_countries = question.entities if kind.startswith("common") else question.entities[:1]
+            assert not set(border_countries) & unreliable, question

@@ -1,4 +1,4 @@
-"""Search family: answer (multi-hop) questions by searching a real Wikipedia corpus (``agentgym/Search-v0``).
+"""Search family: answer (multi-hop) questions by searching a real Wikipedia corpus (``agentgym/Search-v1``).
 
 Modules: ``sources`` (read and reconcile the data packages), ``corpus`` (documents, cached on disk),
 ``questions`` (generated questions with reference search paths; the suites' generator), ``scoring`` (EM/F1),

@@ -9,7 +9,7 @@ every generated question is thus retrievable, while the 10,033 real summaries ac
 and as realistic distractors.
 
 Building is deterministic (sorted inputs, no randomness) and takes about a second; the result is cached as
-JSONL under ``~/.cache/agentgym/search`` with the corpus version and the data packages' versions in the
+JSONL under ``<cache root>/search`` (:func:`agentgym.cache.cache_root`) with the corpus version and the data packages' versions in the
 file name, so upgrading either rebuilds it.
 
 Corpora: ``full`` (Wikipedia + profiles, the default) and ``profiles`` (country and city profiles only: a
@@ -36,8 +36,9 @@ from agentgym.envs.search.sources import (
     the,
     wiki_summaries,
 )
-from agentgym.tools.retrieval.base import Document, atomic_write_text, default_cache_dir
+from agentgym.tools.retrieval.base import Document, default_cache_dir
 
+from agentgym.cache import build_once
 from agentgym.errors import ConfigError, did_you_mean
 
 __all__ = [
@@ -54,7 +55,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: Bump when document ids, texts or the selection of documents change.
-CORPUS_VERSION = 1
+#: 2: capitals as the Wikipedia summaries state them (Kazakhstan's is Astana, not Nur-Sultan).
+CORPUS_VERSION = 2
 CORPORA = ("full", "profiles")
 
 
@@ -212,20 +214,38 @@ def corpus_cache_path(name: str, cache_dir: Path | None = None) -> Path:
     return root / "search" / f"corpus-{name}-v{CORPUS_VERSION}-{corpus_fingerprint(name)}.jsonl"
 
 
+def _write_documents(path: Path, docs: Sequence[Document]) -> None:
+    path.write_text("\n".join(json.dumps(d.to_dict(), ensure_ascii=False) for d in docs) + "\n", encoding="utf-8")
+
+
 @lru_cache(maxsize=4)
 def _load_cached(name: str, cache_dir: str | None, use_cache: bool) -> Corpus:
     fingerprint = corpus_fingerprint(name)
+    if not use_cache:
+        return Corpus(name, build_documents(name), fingerprint)
     path = corpus_cache_path(name, Path(cache_dir) if cache_dir else None)
-    if use_cache and path.is_file():
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-            return Corpus(name, [Document.from_dict(json.loads(line)) for line in lines if line], fingerprint)
-        except (OSError, ValueError, KeyError) as exc:
-            logger.warning("rebuilding the %s corpus: its cache %s is unreadable (%s)", name, path, exc)
-    docs = build_documents(name)
-    if use_cache:
-        atomic_write_text(path, "\n".join(json.dumps(d.to_dict(), ensure_ascii=False) for d in docs) + "\n")
-    return Corpus(name, docs, fingerprint)
+    built: list[Document] = []
+
+    def build(tmp: Path) -> None:  # runs under the cache lock, into a temporary sibling renamed into place
+        built.extend(build_documents(name))
+        _write_documents(tmp, built)
+
+    try:
+        build_once(path, build, directory=False)
+    except OSError as exc:  # a read-only cache is not fatal: the corpus is in memory
+        logger.warning("could not cache the %s corpus in %s (%s)", name, path, exc)
+        return Corpus(name, built or build_documents(name), fingerprint)
+    if built:
+        return Corpus(name, built, fingerprint)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        return Corpus(name, [Document.from_dict(json.loads(line)) for line in lines if line], fingerprint)
+    except (OSError, ValueError, KeyError) as exc:  # corrupted by hand: rebuild it, under the lock again
+        logger.warning("rebuilding the %s corpus: its cache %s is unreadable (%s)", name, path, exc)
+        path.unlink(missing_ok=True)
+        docs = build_documents(name)
+        build_once(path, lambda tmp: _write_documents(tmp, docs), directory=False)
+        return Corpus(name, docs, fingerprint)
 
 
 def load_corpus(name: str = "full", *, cache_dir: str | Path | None = None, use_cache: bool = True) -> Corpus:

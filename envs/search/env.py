@@ -1,9 +1,13 @@
-"""Search-v0: answer (multi-hop) questions by searching a real Wikipedia corpus (Search-R1 / ZeroSearch style).
+"""Search-v1: answer (multi-hop) questions by searching a real Wikipedia corpus (Search-R1 / ZeroSearch style).
 
 The agent sees a question, calls ``search(query, k)`` to get numbered, titled snippets with document ids,
-may ``open(doc_id)`` to read a whole document, and ends the episode with ``answer(text)``. The reward is
-exact match after SQuAD normalisation against every accepted alias (F1 is reported in ``info["answer"]``
-and ``info["outcome"]``, and can be the reward instead with ``reward="f1"``). The retriever is chosen by
+may ``open(doc_id)`` to read a whole document, and ends the episode with ``answer(text)``. Success and the
+reward (1 or 0) are :func:`~agentgym.envs.search.scoring.grade_answer`: the answer must name the gold entity
+(an alias or an equivalent form) and nothing else, so hedges such as both options of a comparison fail.
+SQuAD EM and F1 are reported in ``info["answer"]`` and ``info["outcome"]`` but are never the reward (v0 could
+reward F1, which pays for answers padded with the gold's tokens). ``info["outcome"]`` also carries the
+question's ``kind`` and ``type`` so success can be reported per type (comparisons separately: a coin flip
+answers a named two-way comparison half the time). The retriever is chosen by
 kwargs (``bm25``, the default; ``dense``; ``hybrid``) or passed as an object, e.g. a
 :class:`~agentgym.tools.retrieval.SimulatedSearchEngine` whose documents a policy writes.
 
@@ -23,7 +27,7 @@ import numpy as np
 from agentgym.envs.search.corpus import Corpus, load_corpus
 from agentgym.envs.search.index import corpus_retriever
 from agentgym.envs.search.questions import ENTITY_GROUPS, generate_questions
-from agentgym.envs.search.scoring import AnswerScore, score_answer
+from agentgym.envs.search.scoring import AnswerScore, accepted_answers, grade_against, score_answer
 from agentgym.tools.retrieval import Document, RetrievalError, Retriever, tokenize
 
 from agentgym.env import AgentEnv, ReferenceSolver
@@ -40,7 +44,7 @@ from agentgym.toolset import ToolResult, ToolSet, tool
 
 __all__ = ["SearchEnv", "make_snippet"]
 
-_REWARDS = ("em", "f1")
+_REWARDS = ("grade",)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -73,7 +77,7 @@ def make_snippet(text: str, query: str, max_chars: int) -> str:
 
 
 class SearchEnv(AgentEnv):
-    """Answer a question with a search tool over a real corpus; reward = exact match of the answer.
+    """Answer a question with a search tool over a real corpus; reward = 1 when grade_answer accepts the answer.
 
     Args:
         max_turns: Turns before truncation (a 3-hop question needs 4: three searches and the answer).
@@ -89,7 +93,8 @@ class SearchEnv(AgentEnv):
         snippet_chars: Length of each result's snippet.
         max_query_chars: Longest accepted query.
         max_open_chars: Longest document text ``open`` shows (the rest is cut, and the cut is said).
-        reward: ``em`` (exact match, default) or ``f1`` (token F1 as a dense reward).
+        reward: ``grade`` (the only choice: :func:`~agentgym.envs.search.scoring.grade_answer`); ``em`` is taken
+            as ``grade``, and ``f1`` is refused because padding an answer with the gold's tokens earns F1.
         entities: Entity group of generated questions when no tasks are given: ``train``, ``test`` or ``all``.
         max_action_chars: See :class:`~agentgym.env.AgentEnv`.
         max_calls_per_turn: See :class:`~agentgym.env.AgentEnv`.
@@ -118,7 +123,7 @@ class SearchEnv(AgentEnv):
         snippet_chars: int = 300,
         max_query_chars: int = 500,
         max_open_chars: int = 4000,
-        reward: str = "em",
+        reward: str = "grade",
         entities: str = "all",
         max_action_chars: int = 20_000,
         max_calls_per_turn: int = 4,
@@ -129,8 +134,14 @@ class SearchEnv(AgentEnv):
         if snippet_chars < 40 or max_query_chars < 1 or max_open_chars < 100:
             raise ConfigError("snippet_chars must be >= 40, max_query_chars >= 1 and max_open_chars >= 100; got "
                               f"{snippet_chars}, {max_query_chars}, {max_open_chars}.")
+        if reward == "f1":
+            raise ConfigError("reward='f1' is no longer offered: token F1 rewards answers padded with the gold's "
+                              "tokens and hedges between candidates. Use the default reward (grade_answer); F1 is "
+                              "still reported in info['answer']['f1'].")
+        reward = "grade" if reward == "em" else reward
         if reward not in _REWARDS:
-            raise ConfigError(f"reward must be one of {_REWARDS}, got {reward!r}.{did_you_mean(str(reward), _REWARDS)}")
+            raise ConfigError(f"reward must be 'grade' (the default), got {reward!r}."
+                              f"{did_you_mean(str(reward), _REWARDS)}")
         if entities not in ENTITY_GROUPS:
             raise ConfigError(f"entities must be one of {ENTITY_GROUPS}, got {entities!r}.")
         self.top_k, self.max_k, self.snippet_chars = int(top_k), int(max_k), int(snippet_chars)
@@ -144,6 +155,7 @@ class SearchEnv(AgentEnv):
         self._last_results: list[Document] = []
         self._seen: dict[str, Document] = {}
         self._answer_score: AnswerScore | None = None
+        self._correct = False
         super().__init__(max_turns=max_turns, tasks=tasks, max_action_chars=max_action_chars,
                          max_calls_per_turn=max_calls_per_turn, render_mode=render_mode)
 
@@ -229,15 +241,14 @@ class SearchEnv(AgentEnv):
             text: The answer, e.g. "Lima".
         """
         self.mark_answer()
-        result = score_answer(text, self._answers)
-        self._answer_score = result
-        self.add_reward("answer", result.em if self.reward_metric == "em" else result.f1)
-        self.finish(success=result.em == 1.0, score=result.em if self.reward_metric == "em" else result.f1,
-                    reason="answered")
+        self._answer_score = score_answer(text, self._answers)  # reported only
+        self._correct = grade_against(text, self._answers)  # == grade_answer(task, text)
+        self.add_reward("answer", float(self._correct))
+        self.finish(success=self._correct, score=float(self._correct), reason="answered")
         expected = self._answers[0] if self._answers else "(none)"
-        if result.em == 1.0:
+        if self._correct:
             return f"Correct: {expected}."
-        return f"Wrong: the expected answer was {expected} (F1 {result.f1:.2f})."
+        return f"Wrong: the expected answer was {expected}."
 
     def _lookup(self, doc_id: str) -> Document | None:
         key = doc_id.strip().strip("[]").strip()
@@ -267,11 +278,9 @@ class SearchEnv(AgentEnv):
         return generate_questions(python_rng(rng), 1, entities=self.entities)[0]
 
     def _begin_episode(self, task: Task) -> str:
-        aliases = [str(a) for a in (task.metadata.get("aliases") or [])]
-        if task.answer is None and not aliases:
+        self._answers = accepted_answers(task)
+        if not self._answers:
             raise TaskError(f"Search task {task.id!r} has no answer and no metadata.aliases; give it at least one.")
-        answers = ([str(task.answer)] if task.answer is not None else []) + aliases
-        self._answers = tuple(dict.fromkeys(a for a in answers if a.strip()))
         self._question = task.prompt
         self._last_results, self._seen, self._answer_score = [], {}, None
         if hasattr(self.retriever, "set_context"):
@@ -283,17 +292,23 @@ class SearchEnv(AgentEnv):
             "Answer the question by searching a collection of encyclopedia documents. Questions may need several "
             "searches: find one fact, then search for the next. Call search with a few keywords to get numbered "
             "results (title, document id, snippet); call open with a document id to read the whole document. When "
-            "you know the answer, call answer with a short phrase (a name or a number); answering ends the episode "
-            f"and only an exact answer counts. You have {self.max_turns} turns."
+            "you know the answer, call answer with a short phrase (a name or a number); answering ends the episode, "
+            "and an answer that names more than one candidate (a list, or 'A or B') counts as wrong. "
+            f"You have {self.max_turns} turns."
         )
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         self._answer_score = None
         observation, reward, terminated, truncated, info = super().step(action)
         if self._answer_score is not None:
-            info["answer"] = self._answer_score.to_dict()
+            info["answer"] = {**self._answer_score.to_dict(), "correct": self._correct}
             if "outcome" in info:
                 info["outcome"].update(em=self._answer_score.em, f1=self._answer_score.f1)
+        if "outcome" in info and self.task is not None:
+            metadata = self.task.metadata
+            info["outcome"].update(kind=metadata.get("kind"), type=metadata.get("type"))
+            if metadata.get("answer_position"):
+                info["outcome"]["answer_position"] = metadata["answer_position"]
         return observation, reward, terminated, truncated, info
 
     # ---- solvers -------------------------------------------------------------------------------

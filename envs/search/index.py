@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shutil
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +28,7 @@ from agentgym.tools.retrieval import (
 from agentgym.tools.retrieval.base import INDEX_FORMAT
 from agentgym.tools.retrieval.text import ANALYZER_VERSION
 
+from agentgym.cache import build_once, file_lock
 from agentgym.errors import ConfigError
 
 __all__ = ["CORPUS_RETRIEVERS", "clear_retriever_cache", "corpus_retriever"]
@@ -62,19 +64,35 @@ def _build(name: str, corpus: Corpus, options: Mapping[str, Any], root: Path | N
         return retriever
     folder = _index_dir(root or default_cache_dir(), corpus, name,
                         f"{_options_key(options)}/analyzer{ANALYZER_VERSION}/format{INDEX_FORMAT}")
-    if (folder / "retriever.json").is_file():
+    built: list[Retriever] = []
+
+    def build(tmp: Path) -> None:  # under the cache lock, into a temporary sibling renamed into place
+        retriever = make_retriever(name, **dict(options))
+        retriever.index(list(corpus))
+        built.append(retriever)
+        retriever.save(tmp)
+
+    for attempt in range(2):
+        try:
+            build_once(folder, build)
+        except OSError as exc:  # a read-only cache is not fatal: the index is in memory
+            logger.warning("could not cache the %s index in %s (%s)", name, folder, exc)
+            break
+        if built:
+            return built[0]
         try:
             loaded = load_retriever(folder)
             if len(loaded) == len(corpus):
                 return loaded
         except (RetrievalError, OSError, ValueError) as exc:
             logger.warning("rebuilding the %s index: %s is unreadable (%s)", name, folder, exc)
+        if attempt == 0:  # unreadable or stale entry: remove it under the lock, then build once more
+            with file_lock(folder.parent / f".{folder.name}.lock"):
+                shutil.rmtree(folder, ignore_errors=True)
+    if built:
+        return built[0]
     retriever = make_retriever(name, **dict(options))
     retriever.index(list(corpus))
-    try:
-        retriever.save(folder)
-    except OSError as exc:  # a read-only cache is not fatal: the index is in memory
-        logger.warning("could not cache the %s index in %s (%s)", name, folder, exc)
     return retriever
 
 

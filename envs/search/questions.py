@@ -15,6 +15,14 @@ Kinds of questions (``hops`` = documents that must be chained):
   each), ``common_neighbour``, ``only_neighbour_capital``, ``only_neighbour_currency``
 * 3 hops: ``common_neighbour_capital``, ``common_neighbour_currency``, ``city_only_neighbour_capital``
 
+Question types (``metadata["type"]``), so results can be reported per type: ``single-hop``, ``bridge`` (find
+an entity, then a fact about it), ``intersection`` (the one country bordering two others, then maybe a
+fact about it) and ``comparison`` (which of two countries has more people or land). A comparison that names
+its two options (``compare_population``, ``compare_area``) can be answered by a coin flip half the time:
+the generator balances whether the first- or the second-named option wins (``metadata["answer_position"]``)
+and caps comparisons at :data:`COMPARISON_SHARE` of a draw, and the grader fails an answer that names both
+options (:func:`agentgym.envs.search.scoring.grade_answer`).
+
 Held-out entities: each country belongs to the ``train`` or ``test`` group by a hash of its ISO code (30 %
 test), a city to its country's group, and a question to a group only when *every* country it touches
 (named, bridged or answered) is in it, so no test question shares an entity with any train question.
@@ -46,20 +54,28 @@ from agentgym.errors import TaskError, did_you_mean
 from agentgym.suite import Task
 
 __all__ = [
+    "COMPARISON_SHARE",
     "ENTITY_GROUPS",
     "KINDS",
+    "NAMED_OPTION_KINDS",
     "Hop",
     "Question",
     "entity_group",
     "generate_questions",
     "question_pool",
+    "question_type",
 ]
 
 ENTITY_GROUPS = ("train", "test", "all")
 TEST_SHARE_PERCENT = 30
 _NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
                  "twelve", "thirteen", "fourteen", "fifteen", "sixteen")
-_MIN_RATIO = 1.5  # comparisons only between values this far apart (robust to the data's age)
+#: Comparisons only between values this far apart. The Wikipedia summaries state populations up to 1.54x
+#: off GeoNames' (Syria 26 M vs 16.9 M; measured over the 86 summaries that state one), so a ratio of 2 keeps
+#: every comparison's winner the same whichever source an agent reads.
+_MIN_RATIO = 2.0
+#: Largest share of a draw that comparisons may take (all comparison kinds together).
+COMPARISON_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -84,6 +100,8 @@ class Question:
     aliases: tuple[str, ...]
     path: tuple[Hop, ...]
     entities: tuple[str, ...]  # ISO alpha-3 codes of every country involved
+    #: For comparisons: the two candidate answers in the order the question names or implies them.
+    options: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "question", self.question[:1].upper() + self.question[1:])
@@ -92,15 +110,26 @@ class Question:
     def hops(self) -> int:
         return KINDS[self.kind][0]
 
+    @property
+    def type(self) -> str:
+        return question_type(self.kind)
+
+    @property
+    def answer_position(self) -> str | None:
+        """``first`` or ``second``: which of a comparison's options is the answer."""
+        if self.options is None:
+            return None
+        return "first" if self.options[0] == self.answer else "second"
+
     def to_task(self) -> Task:
         digest = hashlib.sha256(self.question.encode()).hexdigest()[:10]
-        return Task(
-            id=f"{self.kind}-{digest}",
-            prompt=self.question,
-            answer=self.answer,
-            metadata={"kind": self.kind, "hops": self.hops, "aliases": list(self.aliases),
-                      "path": [h.to_dict() for h in self.path], "entities": list(self.entities)},
-        )
+        metadata: dict[str, Any] = {"kind": self.kind, "type": self.type, "hops": self.hops,
+                                    "aliases": list(self.aliases), "path": [h.to_dict() for h in self.path],
+                                    "entities": list(self.entities)}
+        if self.options is not None:
+            metadata.update(options=list(self.options), answer_position=self.answer_position,
+                            options_named=self.kind in NAMED_OPTION_KINDS)
+        return Task(id=f"{self.kind}-{digest}", prompt=self.question, answer=self.answer, metadata=metadata)
 
 
 def entity_group(code: str) -> str:
@@ -122,10 +151,15 @@ def _capital_answers(c: Country) -> tuple[str, ...]:
     return (c.capital, *c.capital_aliases)
 
 
-def _currency_answers(c: Country) -> tuple[str, ...]:
+def _currency_answers(c: Country, world: World) -> tuple[str, ...]:
+    """The currency's name, its ISO 4217 code and the name qualified by its issuer ("Australian Dollar" for AUD,
+    also in Kiribati; the issuer is the country whose alpha-2 code starts the currency code, none for EUR or
+    XOF). Never the using country's demonym: "I-Kiribati Dollar" is no currency."""
     names = [c.currency, c.currency_code]
-    if c.demonym:
-        names.append(f"{c.demonym} {c.currency}")
+    issuer = next((x for x in world.countries.values() if x.alpha2 == c.currency_code[:2]), None)
+    if issuer is not None:  # "Australian Dollar", "Australia Dollar", "AU Dollar" (so "U.S. dollar" passes)
+        names += [f"{issuer.demonym} {c.currency}"] if issuer.demonym else []
+        names += [f"{issuer.name} {c.currency}", f"{issuer.alpha2} {c.currency}"]
     if c.currency_code in ("XOF", "XAF"):
         names.append("CFA franc")
     return tuple(names)
@@ -215,11 +249,13 @@ def _single_hop(world: World, gold: _Gold) -> Iterable[Question]:
             yield Question("capital", q, c.capital, _capital_answers(c), (_hop_capital(c, gold),), (c.code,))
         q = _pick(["What currency is used in {c}?", "What is the official currency of {c}?",
                    "Which currency do people pay with in {c}?"], f"currency/{c.code}").format(c=the(c.name))
-        yield Question("currency", q, c.currency, _currency_answers(c), (_hop_currency(c, gold),), (c.code,))
+        yield Question("currency", q, c.currency, _currency_answers(c, world), (_hop_currency(c, gold),), (c.code,))
         if _single_language(c):
             q = _pick(["What is the official language of {c}?", "Which language is the official language of {c}?"],
                       f"language/{c.code}").format(c=the(c.name))
             yield Question("language", q, c.languages[0], (c.languages[0],), (_hop_language(c, gold),), (c.code,))
+        if not c.borders_reliable:
+            continue
         n = len(c.neighbours)
         q = _pick(["How many countries share a land border with {c}?",
                    "With how many other countries does {c} share a land border?"], f"borders/{c.code}").format(c=the(c.name))
@@ -257,7 +293,7 @@ def _city_questions(world: World, gold: _Gold) -> Iterable[Question]:
             yield Question("city_capital", q, c.capital, _capital_answers(c), (find, _hop_capital(c, gold)), (c.code,))
         q = _pick(["What currency is used in the country where {x} is located?",
                    "Which currency would you pay with in {x}?"], f"city_currency/{city.geonameid}").format(x=city.name)
-        yield Question("city_currency", q, c.currency, _currency_answers(c), (find, _hop_currency(c, gold)), (c.code,))
+        yield Question("city_currency", q, c.currency, _currency_answers(c, world), (find, _hop_currency(c, gold)), (c.code,))
 
 
 def _capital_clue_questions(world: World, gold: _Gold) -> Iterable[Question]:
@@ -268,7 +304,7 @@ def _capital_clue_questions(world: World, gold: _Gold) -> Iterable[Question]:
         q = _pick(["What currency is used in the country whose capital is {x}?",
                    "{x} is the capital of a country. What is that country's currency?"],
                   f"capital_currency/{c.code}").format(x=c.capital)
-        yield Question("capital_currency", q, c.currency, _currency_answers(c), (find, _hop_currency(c, gold)), (c.code,))
+        yield Question("capital_currency", q, c.currency, _currency_answers(c, world), (find, _hop_currency(c, gold)), (c.code,))
         if _single_language(c):
             q = _pick(["What is the official language of the country whose capital is {x}?",
                        "{x} is a capital city. What is the official language of its country?"],
@@ -294,7 +330,7 @@ def _comparisons(world: World, gold: _Gold) -> Iterable[Question]:
                                     str(first.population)),
                                 Hop(f"population of the country {second.name}", gold.profile(second),
                                     str(second.population))),
-                               (first.code, second.code))
+                               (first.code, second.code), (first.name, second.name))
             hi, lo = max(a.area_km2, b.area_km2), min(a.area_km2, b.area_km2)
             if hi >= _MIN_RATIO * lo:
                 winner = a if a.area_km2 > b.area_km2 else b
@@ -304,7 +340,7 @@ def _comparisons(world: World, gold: _Gold) -> Iterable[Question]:
                                _country_answers(winner),
                                (Hop(f"area of {the(first.name)}", gold.profile(first), str(first.area_km2)),
                                 Hop(f"area of {the(second.name)}", gold.profile(second), str(second.area_km2))),
-                               (first.code, second.code))
+                               (first.code, second.code), (first.name, second.name))
 
 
 def _city_comparisons(world: World, gold: _Gold) -> Iterable[Question]:
@@ -322,11 +358,14 @@ def _city_comparisons(world: World, gold: _Gold) -> Iterable[Question]:
             path = (_hop_country_of_city(x, gold), _hop_country_of_city(y, gold),
                     Hop(f"population of the country {cx.name}", gold.profile(cx), str(cx.population)),
                     Hop(f"population of the country {cy.name}", gold.profile(cy), str(cy.population)))
-            yield Question("compare_city_countries", q, winner.name, _country_answers(winner), path, (cx.code, cy.code))
+            yield Question("compare_city_countries", q, winner.name, _country_answers(winner), path, (cx.code, cy.code),
+                           (cx.name, cy.name))
 
 
 def _neighbour_questions(world: World, gold: _Gold) -> Iterable[Question]:
     countries = list(world.countries.values())
+    countries = [c for c in countries if c.borders_reliable]  # borders the corpus states the same way
+    reliable = {c.code for c in countries}
     for a in countries:
         if len(a.neighbours) != 1:
             continue
@@ -341,12 +380,12 @@ def _neighbour_questions(world: World, gold: _Gold) -> Iterable[Question]:
         q = _pick(["{a} shares a land border with exactly one country. What currency does that country use?",
                    "What is the currency of the only country that shares a land border with {a}?"],
                   f"only_neighbour_currency/{a.code}").format(a=the(a.name))
-        yield Question("only_neighbour_currency", q, b.currency, _currency_answers(b), (find, _hop_currency(b, gold)),
+        yield Question("only_neighbour_currency", q, b.currency, _currency_answers(b, world), (find, _hop_currency(b, gold)),
                        (a.code, b.code))
     for i, a in enumerate(countries):
         for b in countries[i + 1:]:
             common = set(a.neighbours) & set(b.neighbours)
-            if len(common) != 1:
+            if len(common) != 1 or not common <= reliable:
                 continue
             c = world.countries[common.pop()]
             key = f"{a.code}/{b.code}"
@@ -366,10 +405,10 @@ def _neighbour_questions(world: World, gold: _Gold) -> Iterable[Question]:
                        "One country shares a land border with both {a} and {b}. What is its currency?"],
                       f"common_neighbour_currency/{key}")
             yield Question("common_neighbour_currency", q.format(a=the(a.name), b=the(b.name)), c.currency,
-                           _currency_answers(c), (*path, _hop_currency(c, gold)), entities)
+                           _currency_answers(c, world), (*path, _hop_currency(c, gold)), entities)
     for city in _question_cities(world):
         a = world.countries[city.country]
-        if len(a.neighbours) != 1:
+        if len(a.neighbours) != 1 or not a.borders_reliable:
             continue
         b = world.countries[a.neighbours[0]]
         if not _capital_ok(b):
@@ -407,6 +446,19 @@ KINDS: dict[str, tuple[int, str]] = {
 }
 
 
+#: Comparison kinds whose question names both candidate answers (a coin flip is right half the time).
+NAMED_OPTION_KINDS = frozenset({"compare_population", "compare_area"})
+_TYPES = {"comparison": ("compare_",), "intersection": ("common_neighbour",)}
+
+
+def question_type(kind: str) -> str:
+    """``single-hop``, ``bridge``, ``intersection`` or ``comparison``: the coarse type results are reported by."""
+    for name, prefixes in _TYPES.items():
+        if kind.startswith(prefixes):
+            return name
+    return "single-hop" if KINDS[kind][0] == 1 else "bridge"
+
+
 @lru_cache(maxsize=4)
 def question_pool(group: str = "all") -> dict[str, tuple[Question, ...]]:
     """Every question of every kind whose entities all lie in ``group`` (deterministic order, no duplicates)."""
@@ -441,7 +493,10 @@ def generate_questions(
 
     Kinds are taken in turn (in an order shuffled by ``rng``), each from its own shuffled pool, until
     ``count`` questions are drawn; a kind whose pool runs out drops out, so rare kinds (3-hop chains in
-    the smaller test group) appear as often as they can.
+    the smaller test group) appear as often as they can. Comparisons together take at most
+    :data:`COMPARISON_SHARE` of the draw (rounded down; at least one when only comparison kinds are allowed),
+    and each comparison drawn has its answer in whichever position (first- or second-named option) has won
+    less often so far, so always answering the first (or the second) option scores exactly or nearly 50 %.
 
     Args:
         rng: The only source of randomness (the suite seeds it per split).
@@ -459,21 +514,52 @@ def generate_questions(
     if not 1 <= min_hops <= max_hops:
         raise TaskError(f"Need 1 <= min_hops <= max_hops, got min_hops={min_hops}, max_hops={max_hops}.")
     pool = question_pool(entities)
-    queues: list[list[Question]] = []
+    queues: list[_Queue] = []
     for kind in chosen:
         if min_hops <= KINDS[kind][0] <= max_hops and pool[kind]:
-            items = list(pool[kind])
-            rng.shuffle(items)
-            queues.append(items)
-    available = sum(len(q) for q in queues)
+            queues.append(_Queue(kind, pool[kind], rng))
+    only_comparisons = all(q.comparison for q in queues)
+    comparison_cap = count if only_comparisons else int(count * COMPARISON_SHARE)
+    available = sum(len(q) if not q.comparison else 0 for q in queues)
+    available += min(comparison_cap, sum(len(q) for q in queues if q.comparison))
     if count > available:
         raise TaskError(f"Asked for {count} questions but entities={entities!r}, these kinds and hops give only "
-                        f"{available}; lower count or allow more kinds.")
+                        f"{available} (comparisons are capped at {COMPARISON_SHARE:.0%} of a draw); lower count or "
+                        "allow more kinds.")
     rng.shuffle(queues)
     drawn: list[Question] = []
+    wins = {"first": 0, "second": 0}
     while len(drawn) < count:
         for queue in queues:
-            if queue and len(drawn) < count:
-                drawn.append(queue.pop())
+            if len(drawn) >= count or not queue:
+                continue
+            if queue.comparison:
+                if sum(wins.values()) >= comparison_cap:
+                    continue
+                question = queue.pop(prefer=min(wins, key=lambda side: (wins[side], side)))
+                wins[question.answer_position or "first"] += 1
+            else:
+                question = queue.pop()
+            drawn.append(question)
     rng.shuffle(drawn)
     return [q.to_task() for q in drawn]
+
+
+class _Queue:
+    """One kind's shuffled questions; a comparison kind keeps first- and second-option winners apart."""
+
+    def __init__(self, kind: str, questions: Sequence[Question], rng: random.Random) -> None:
+        self.kind = kind
+        self.comparison = question_type(kind) == "comparison"
+        self.sides: dict[str, list[Question]] = {"first": [], "second": []}
+        for question in questions:
+            self.sides[question.answer_position or "first"].append(question)
+        for side in ("first", "second"):
+            rng.shuffle(self.sides[side])
+
+    def __len__(self) -> int:
+        return len(self.sides["first"]) + len(self.sides["second"])
+
+    def pop(self, prefer: str = "first") -> Question:
+        other = "second" if prefer == "first" else "first"
+        return (self.sides[prefer] or self.sides[other]).pop()

@@ -1,9 +1,16 @@
-"""Answer scoring: SQuAD-style normalisation, exact match over aliases, token F1 (best alias).
+"""Answer scoring: the success/reward decision (:func:`grade_answer`), and SQuAD EM/F1 as reported metrics.
 
 Normalisation lowercases, strips accents, punctuation and the articles a/an/the, and collapses
 whitespace, so "The Sol." matches "sol" and "Bogotá" matches "Bogota"; numbers lose their separators
-("31,989,256" -> "31989256"). Exact match is the reward; F1 is reported alongside for analysis and as an
-optional dense reward.
+("31,989,256" -> "31989256").
+
+:func:`grade_answer` decides success and reward, and nothing else does (the labelled set in
+``tests/data/grading/search.jsonl`` checks exactly this function). It accepts an answer only when every
+candidate it names is an accepted form of the gold answer: an alias, an alias wrapped in a stock phrase
+("The answer is Astana."), a count with its noun ("3 countries"), or several aliases of the same entity
+("Astana (Nur-Sultan)", "Sol (PEN)"). So it fails hedges ("Astana or Almaty", both options of a comparison,
+a list of capitals), whole passages, the question echoed back and gold tokens padded with others, which
+token F1 partly rewards: F1 is reported next to the verdict but is never the reward.
 """
 
 from __future__ import annotations
@@ -14,8 +21,21 @@ import unicodedata
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-__all__ = ["AnswerScore", "exact_match", "f1_score", "normalize_answer", "score_answer"]
+if TYPE_CHECKING:
+    from agentgym.suite import Task
+
+__all__ = [
+    "AnswerScore",
+    "accepted_answers",
+    "exact_match",
+    "f1_score",
+    "grade_answer",
+    "grade_against",
+    "normalize_answer",
+    "score_answer",
+]
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = set(string.punctuation) | {"\u2018", "\u2019", "\u201c", "\u201d", "\u2013", "\u2014", "\u00b7"}
@@ -65,3 +85,60 @@ def score_answer(prediction: str, answers: Iterable[str]) -> AnswerScore:
     matched = next((g for g in golds if exact_match(prediction, g)), None)
     best_f1 = max((f1_score(prediction, g) for g in golds), default=0.0)
     return AnswerScore(prediction, 1.0 if matched is not None else 0.0, 1.0 if matched is not None else best_f1, matched)
+
+
+# ---- the success/reward decision ----------------------------------------------------------------------
+#: Longest answer (in normalised tokens) that can pass: the longest alias has 8 tokens ("Saint Vincent and the
+#: Grenadines" style names plus a stock phrase); a passage or a list is far longer.
+MAX_ANSWER_TOKENS = 16
+#: Stock phrases around an answer that change nothing ("The answer is Lima.", "It's 3 countries").
+_LEADING = re.compile(r"^(?:(?:so |thus |therefore )?(?:my |the )?(?:final )?answer(?: is)?|it is|its|that is|thats)\s+")
+_COUNT_NOUN = re.compile(r"^(\S+) (?:other )?(?:countries|country|neighbours|neighbors|land borders|borders)$")
+#: Where an answer names several things: a list or an alternative ("A or B", "A, B", "A / B", "A (B)").
+#: Not "and": it is part of names ("Trinidad and Tobago"), and "A and B" fails anyway as it is no alias.
+_SEPARATORS = re.compile(r"\s*(?:[,;/|()\[\]]|\bor\b|\baka\b|\balso known as\b|\bformerly\b)\s*", re.IGNORECASE)
+
+
+def accepted_answers(task: Task) -> tuple[str, ...]:
+    """The task's answer and its ``metadata["aliases"]``, deduplicated, in order (what grading accepts)."""
+    answers = ([str(task.answer)] if task.answer is not None else []) + [
+        str(a) for a in (task.metadata.get("aliases") or [])]
+    return tuple(dict.fromkeys(a for a in answers if normalize_answer(a)))
+
+
+def _canonical(text: str) -> str:
+    """Normalised text without stock phrases or a count's noun: what is compared with the aliases.
+
+    Names lose their spaces too, since normalisation joins hyphenated names ("Nur-Sultan" -> "nursultan")
+    and a space-separated spelling ("Nur Sultan") is the same name; numbers keep them ("1 6" is not 16).
+    """
+    text = normalize_answer(text)
+    text = _LEADING.sub("", text)
+    match = _COUNT_NOUN.match(text)
+    text = match.group(1) if match else text
+    return text if any(ch.isdigit() for ch in text) else text.replace(" ", "")
+
+
+def grade_against(answer: str, answers: Iterable[str]) -> bool:
+    """True when ``answer`` names the gold entity and nothing else (see the module docstring)."""
+    golds = {_canonical(a) for a in answers} - {""}
+    text = str(answer)
+    if not golds or not normalize_answer(text) or len(normalize_answer(text).split()) > MAX_ANSWER_TOKENS:
+        return False
+    if _canonical(text) in golds:
+        return True
+    # Several names, each of which must be the gold entity: "Astana (Nur-Sultan)" passes, "Astana or Almaty"
+    # does not. Split the raw text (normalisation would drop the brackets and commas that separate names).
+    parts = [p for p in _SEPARATORS.split(text.strip().rstrip(".")) if p and normalize_answer(p)]
+    return len(parts) > 1 and all(_canonical(p) in golds for p in parts)
+
+
+def grade_answer(task: Task, answer: str) -> bool:
+    """The success and reward decision of ``agentgym/Search-v1`` for ``answer`` to ``task``.
+
+    Why a separate function from EM: the env, the labelled grading set and the reward-hacking battery must
+    judge with the very same code, and EM alone both rejects harmless forms ("The answer is Lima") and, with
+    a list of aliases, invites stuffing; this accepts equivalent forms and nothing that names a second
+    candidate.
+    """
+    return grade_against(answer, accepted_answers(task))

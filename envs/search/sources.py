@@ -12,6 +12,13 @@ currencies), so :func:`load_world` reconciles them conservatively: a land border
 sources list it; population, area and currency come from GeoNames (newer), capital, languages and region
 from countryinfo; a country whose two capitals disagree is kept, but never asked about its capital. Only
 sovereign or self-governing countries with a Wikipedia summary are kept (territories are not "countries").
+
+The records are then checked against the corpus text itself, because a gold answer the corpus contradicts
+rewards the wrong agent: a capital the Wikipedia summary states differently is replaced by the summary's
+(Kazakhstan: Astana, with Nur-Sultan kept as an alias because Astana's summary names it), a capital the
+corpus disputes (a second "legislative"/"administrative"/"de facto" capital or seat of government) is never
+asked, and a country whose summary lists land borders that differ from the reconciled ones (Botswana's names
+Zambia) is never asked about its borders.
 """
 
 from __future__ import annotations
@@ -29,9 +36,11 @@ from typing import Any
 from agentgym.errors import DependencyNotInstalled
 
 __all__ = [
+    "CapitalEvidence",
     "City",
     "Country",
     "World",
+    "capital_evidence",
     "load_world",
     "plain",
     "source_versions",
@@ -95,6 +104,9 @@ class Country:
     subregion: str
     demonym: str
     neighbours: tuple[str, ...] = field(default=())  # alpha-3 codes, sorted
+    #: False when the country's Wikipedia summary lists land borders that disagree with ``neighbours``
+    #: (Botswana's names Zambia; Albania's names Kosovo, not Serbia): no question relies on its borders then.
+    borders_reliable: bool = True
 
 
 @dataclass(frozen=True)
@@ -266,7 +278,9 @@ def load_world() -> World:
             other for other in countries
             if other != code and listed(ci_borders, code, other) and listed(geo_borders, code, other)
         )
-        reconciled[code] = _replace_neighbours(country, tuple(neighbours))
+        reconciled[code] = _reconcile_capital(_replace_neighbours(country, tuple(neighbours)), wiki)
+    patterns = _name_patterns(reconciled)
+    reconciled = {code: _reconcile_borders(country, patterns, wiki) for code, country in reconciled.items()}
     ordered = dict(sorted(reconciled.items(), key=lambda item: item[1].name))
 
     raw_cities = _geonames_file("cities15000.json")
@@ -325,3 +339,133 @@ def _replace_neighbours(country: Country, neighbours: tuple[str, ...]) -> Countr
     from dataclasses import replace
 
     return replace(country, neighbours=neighbours)
+
+
+# ---- capitals as the corpus states them ---------------------------------------------------------------
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+_NAME = r"(?P<x>[A-Z][\w'\u2019-]*(?:[ -](?:[A-Z][\w'\u2019-]*|de|del|es|al|la|le|of))*)"
+#: "The capital is Astana", "Its capital and largest city is Asunción", "hosts the capital, Brasília".
+_CAPITAL_IS = re.compile(rf"\b(?:[Tt]he|[Ii]ts|whose)(?: \w+){{0,2}}? capital(?: city)?(?: and (?:its )?largest city)?"
+                         rf"(?: is|,) {_NAME}")
+#: "Ankara is Turkey's capital", "Islamabad is the nation's capital".
+_IS_CAPITAL = re.compile(rf"{_NAME} is (?:the|its|[\w ]+'s) (?:\w+ )?capital\b")
+#: A second city called a capital of some kind, or a seat of government apart from the capital.
+_QUALIFIED_CAPITAL = re.compile(r"\b(?:legislative|administrative|executive|judicial|constitutional|de facto|political|"
+                                r"second)(?: and \w+)? capital\b|\bseat of government\b|\bgovernment seat\b",
+                                re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class CapitalEvidence:
+    """What the Wikipedia summaries say about a country's capital (see :func:`capital_evidence`)."""
+
+    stated: str | None  # the city the country's summary calls its capital, if it says so plainly
+    confirms: bool  # some summary states the records' capital (or an alias) as the capital
+    contested: bool  # the corpus also calls another city a (legislative, administrative, ...) capital
+
+
+@lru_cache(maxsize=1)
+def _capital_first_sentences() -> tuple[tuple[str, str], ...]:
+    """(title, first sentence) of every summary whose first sentence mentions a capital or seat of government."""
+    out = []
+    for title, record in wiki_summaries().items():
+        text = record["extract"]
+        if "capital" not in text and "seat of government" not in text:
+            continue
+        first = _SENTENCE_END.split(text, maxsplit=1)[0]
+        if "capital" in first or "seat of government" in first:
+            out.append((title, first))
+    return tuple(out)
+
+
+def _capital_sentences(country: str, wiki: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """Sentences that say something about ``country``'s capital: from its own summary, and the first sentence
+    of any summary that calls something a capital or seat of government "of <country>"."""
+    own = [s for s in _SENTENCE_END.split(wiki[country]["extract"])
+           if re.search(r"\bcapital\b|seat of government|government seat", s)]
+    of_country = re.compile(rf"\b(?:capital|seat of government)\b[^.;]*\bof (?:the )?{re.escape(country)}\b")
+    firsts = _capital_first_sentences() if wiki is wiki_summaries() else tuple(
+        (t, _SENTENCE_END.split(r["extract"], maxsplit=1)[0]) for t, r in wiki.items())
+    return own + [first for title, first in firsts if title != country and country in first and of_country.search(first)]
+
+
+def capital_evidence(country: str, names: tuple[str, ...], wiki: Mapping[str, Mapping[str, str]]) -> CapitalEvidence:
+    """Compare a capital from the records (``names``: the capital and its aliases) with the corpus text.
+
+    Why: the records and the summaries are not of the same date ("Nur-Sultan" in countryinfo and GeoNames,
+    "Astana" in the Wikipedia summary), and a gold answer the corpus contradicts rewards the wrong agent.
+    """
+    sentences = _capital_sentences(country, wiki)
+    own = [s for s in _SENTENCE_END.split(wiki[country]["extract"]) if re.search(r"\bcapital\b", s)]
+    stated = None
+    for sentence in own:
+        match = _CAPITAL_IS.search(sentence) or _IS_CAPITAL.search(sentence)
+        if match:
+            stated = match.group("x")
+            break
+    plain_names = [plain(n) for n in names if plain(n)]
+    confirms = any(re.search(rf"\b{re.escape(n)}\b", plain(s)) for s in sentences for n in plain_names)
+    contested = any(_QUALIFIED_CAPITAL.search(s) for s in sentences)
+    return CapitalEvidence(stated, confirms, contested)
+
+
+def _reconcile_capital(country: Country, wiki: Mapping[str, Mapping[str, str]]) -> Country:
+    """Make the capital the one the corpus states; never ask about a capital the corpus disputes.
+
+    * The country's summary names another city as its capital and no summary confirms the records' one
+      (Kazakhstan: "The capital is Astana"): the stated city becomes the capital, and the records' name stays
+      an accepted alias only when the stated city's own summary names it (Astana's says it was called
+      Nur-Sultan from 2019 to 2022); otherwise the old name is dropped.
+    * The corpus calls a second city a legislative, administrative, constitutional or de facto capital or
+      the seat of government (South Africa, Bolivia, Malaysia, Sri Lanka, Yemen, ...): the capital stays in
+      the profile but ``capital_reliable`` is false, so no question asks for it or names it as a clue.
+    """
+    from dataclasses import replace
+
+    names = (country.capital, *country.capital_aliases)
+    evidence = capital_evidence(country.name, names, wiki)
+    if evidence.stated and not evidence.confirms and plain(evidence.stated) not in {plain(n) for n in names}:
+        own = wiki.get(evidence.stated, {}).get("extract", "")
+        aliases = tuple(n for n in names if plain(n) and re.search(rf"\b{re.escape(plain(n))}\b", plain(own)))
+        return replace(country, capital=evidence.stated, capital_aliases=aliases,
+                       capital_reliable=country.capital_reliable and not evidence.contested)
+    if evidence.contested and country.capital_reliable:
+        return replace(country, capital_reliable=False)
+    return country
+
+
+def _name_patterns(countries: Mapping[str, Country]) -> list[tuple[str, re.Pattern[str]]]:
+    ordered = sorted(countries.values(), key=lambda c: -len(plain(c.name)))
+    return [(c.code, re.compile(rf" {re.escape(plain(c.name))} ")) for c in ordered]
+
+
+def _countries_named(text: str, patterns: list[tuple[str, re.Pattern[str]]]) -> set[str]:
+    """Codes of the countries ``text`` names, longest names first so "South Sudan" is not also "Sudan", and
+    not inside "Gulf of Guinea"-style water names."""
+    remaining = f" {re.sub(r'(gulf|bay|sea) of [a-z]+', ' ', plain(text))} "
+    found = set()
+    for code, pattern in patterns:
+        if pattern.search(remaining):
+            found.add(code)
+            remaining = pattern.sub("  ", remaining)
+    return found
+
+
+def _reconcile_borders(country: Country, patterns: list[tuple[str, re.Pattern[str]]],
+                       wiki: Mapping[str, Mapping[str, str]]) -> Country:
+    """Mark borders unreliable when the summary's border sentences disagree with the reconciled neighbours.
+
+    Disagreement: a sentence about land borders (not maritime ones) names a country that is not a neighbour,
+    or the summary names some bordering countries but leaves out one of ``neighbours``. A summary that says
+    nothing about borders leaves them reliable (the profile is then the only statement).
+    """
+    from dataclasses import replace
+
+    sentences = [s for s in _SENTENCE_END.split(wiki[country.name]["extract"]) if re.search(r"\bborder", s)]
+    land = [s for s in sentences if not re.search(r"maritime|sea border|across the", s, re.IGNORECASE)]
+    named = set().union(*(_countries_named(s, patterns) for s in land)) - {country.code} if land else set()
+    if not named:
+        return country
+    if named - set(country.neighbours) or set(country.neighbours) - named:
+        return replace(country, borders_reliable=False)
+    return country

@@ -215,12 +215,10 @@ class Retriever(abc.ABC):
 
 # ---- files ---------------------------------------------------------------------------------------
 def default_cache_dir() -> Path:
-    """Where corpora, indexes and embeddings are cached: ``$AGENTGYM_CACHE_DIR`` or ``~/.cache/agentgym``."""
-    root = os.environ.get("AGENTGYM_CACHE_DIR")
-    if root:
-        return Path(root).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "agentgym"
+    """Where corpora, indexes and embeddings are cached: the one root of :func:`agentgym.cache.cache_root`."""
+    from agentgym.cache import cache_root
+
+    return cache_root()
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
