@@ -16,6 +16,10 @@ session; baselines import it on every call, which is exactly their cost).
 
 Then throughput: calls/s of trivial code with 8 concurrent episodes (8 threads, 8 sessions), ours vs (b).
 
+Then episode start: ``reset()`` plus the first call of the next episode on the same pool, after an episode
+that imported numpy and wrote a file. This includes the host-side cleanup between episodes (kill every
+episode process from outside, empty /work, /tmp and /dev/shm, check the cgroup against its launch baseline).
+
 Target (issue 4): p50 under 5 ms for trivial code with full isolation, at least 5x faster than (b).
 
 Run: python benchmarks/sandbox_latency.py [--calls 400] [--baseline-calls 40]
@@ -94,9 +98,10 @@ def main() -> None:
     parser.add_argument("--baseline-calls", type=int, default=40, help="calls per round for each baseline")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
     parser.add_argument("--seconds", type=float, default=5.0, help="duration of each throughput run")
+    parser.add_argument("--episodes", type=int, default=100, help="episodes for the episode-start measurement")
     args = parser.parse_args()
-    if min(args.calls, args.baseline_calls, args.rounds) < 1 or args.seconds <= 0:
-        parser.error("--calls, --baseline-calls and --rounds must be >= 1 and --seconds > 0")
+    if min(args.calls, args.baseline_calls, args.rounds, args.episodes) < 1 or args.seconds <= 0:
+        parser.error("--calls, --baseline-calls, --rounds and --episodes must be >= 1 and --seconds > 0")
 
     bwrap_prefix = bwrap_python_c_prefix()
     samples: dict[tuple[str, str], list[float]] = {}
@@ -120,6 +125,16 @@ def main() -> None:
         assert session.run("print(x)").stdout == "1\n", "state did not persist across calls"
         session.close()
 
+        episode = pool.session()
+        episode_starts = []
+        for _ in range(args.episodes):
+            episode.run("import numpy as np\nopen('/tmp/scratch', 'w').write(str(np.arange(10)))")
+            start = time.perf_counter()
+            episode.reset()
+            episode.run("x = 1")
+            episode_starts.append(time.perf_counter() - start)
+        episode.close()
+
         pool.prewarm(8)
         ours_tput = throughput(lambda: (lambda s=pool.session(): s.run("x = 1")), 8, args.seconds)
         base_tput = throughput(lambda: (lambda: run_checked([*bwrap_prefix, "x = 1"])), 8, args.seconds)
@@ -140,6 +155,9 @@ def main() -> None:
     print(f"\n  8 concurrent episodes, trivial code: ours {ours_tput:,.0f} calls/s vs (b) {base_tput:,.1f} calls/s "
           f"-> {ours_tput / base_tput:.0f}x")
     print(f"  (stdev of ours trivial: {statistics.pstdev(samples[('trivial', 'ours')]) * 1000:.3f} ms)")
+    p50, p95, p99 = percentiles(episode_starts)
+    print(f"\n  episode start (host-side cleanup + fork + first call), {len(episode_starts)} episodes: "
+          f"p50 {p50:.2f} ms, p95 {p95:.2f} ms, p99 {p99:.2f} ms")
 
 
 if __name__ == "__main__":

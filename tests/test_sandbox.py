@@ -6,10 +6,16 @@ episode its sandbox (except for attacks on the sandbox parent, where a restart i
 
 from __future__ import annotations
 
+import json
 import os
+import random
+import secrets
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import textwrap
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +29,7 @@ from agentgym.tools.sandbox import (
     SandboxUnavailable,
 )
 from agentgym.tools.sandbox.backends import BwrapBackend, python_roots
+from agentgym.tools.sandbox.hostside import _start_ticks, descendants, parent_doubt, worker_prefix
 
 from agentgym.errors import ConfigError
 from tests.dockerd import docker_daemon
@@ -32,12 +39,27 @@ LIMITS = SandboxLimits(wall_timeout_s=5, cpu_timeout_s=3, memory_bytes=512 << 20
 
 
 def sandbox_processes() -> list[str]:
+    """This test process's sandbox processes (other processes on the machine may run sandboxes too)."""
+    mine = {str(pid) for pid in descendants(os.getpid())}
     out = subprocess.run(["ps", "-eww", "-o", "pid,stat,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "/opt/agentgym/zygote.py" in line and "ps -eo" not in line]
+    return [line for line in out.splitlines()
+            if "/opt/agentgym/zygote.py" in line and "ps -eo" not in line and line.split()[0] in mine]
+
+
+def default_pool_processes() -> set[str]:
+    """Processes of the process-wide default pools (envs and the hijack test use them; closed at exit)."""
+    from agentgym.tools.sandbox.pool import _DEFAULT_POOLS
+
+    pids: set[str] = set()
+    for shared in list(_DEFAULT_POOLS.values()):
+        for worker in list(shared._idle) + list(shared._busy):
+            if worker.launch is not None:
+                pids |= {str(p) for p in descendants(worker.launch.process.pid)}
+    return pids
 
 
 def ipc_dirs() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob(f"agentgym-sbx-{os.getpid()}-*")}
+    return {p.name for p in Path(tempfile.gettempdir()).glob(f"{worker_prefix()}-*")}
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +67,7 @@ def pool():
     others = {line.split()[0] for line in sandbox_processes()}  # other tests' pools (envs share a default pool)
     with SandboxPool(SandboxConfig(backend="bwrap", limits=LIMITS, max_workers=40)) as p:
         yield p
-    left = {line.split()[0] for line in sandbox_processes()} - others
+    left = {line.split()[0] for line in sandbox_processes()} - others - default_pool_processes()
     assert not left, f"sandbox processes left behind after close(): {sorted(left)}"
 
 
@@ -82,7 +104,9 @@ def test_dns_lookup_fails(pool):
 def test_writes_outside_the_work_dir_fail(pool, tmp_path):
     prefix = python_roots()[0]
     with pool.session() as py:
-        for target in ("/usr/evil", "/etc/evil", "/ipc/evil", f"{prefix}/evil", "/evil", str(tmp_path / "evil")):
+        # /dev is a tmpfs owned by the sandbox user: writable, it would be a place to park data across episodes.
+        for target in ("/usr/evil", "/etc/evil", "/ipc/evil", f"{prefix}/evil", "/evil", str(tmp_path / "evil"),
+                       "/dev/evil"):
             result = py.run(f"open({target!r}, 'w').write('x')")
             assert result.status == "error", (target, result)
             assert ("Read-only file system" in result.stderr or "Permission denied" in result.stderr
@@ -184,7 +208,318 @@ def test_setuid_and_mount_are_denied(pool):
                        "capture_output=True).returncode)")
         assert shell.stdout.strip() != "0", shell
         assert py.run("import os\nprint(os.getuid(), os.geteuid())").stdout == "65534 65534\n"
+        # Host sysctls (kernel.core_pattern would run a program as host root) are read-only.
+        sysctl = py.run("open('/proc/sys/vm/stat_interval', 'w').write(open('/proc/sys/vm/stat_interval').read())")
+        assert sysctl.status == "error" and ("Read-only" in sysctl.stderr or "Permission" in sysctl.stderr), sysctl
+        # Root-owned proc files that need no capability (physical page flags) are masked.
+        assert py.run("print(len(open('/proc/kpageflags', 'rb').read(64)))").stdout in ("", "0\n")
         assert_alive(py)
+
+
+# ---- the warm parent, descriptors, environment, carry-over between episodes ---------------------------
+
+# Episode code that keeps every descriptor it can get, attacks the warm parent (PID 1 of the sandbox), then
+# leaves a daemon behind that forges replies on every socket it holds or can reach, for as long as it lives.
+ATTACK = textwrap.dedent(r"""
+    import ctypes, errno, json, os, signal, socket, struct, time
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def call(fn, *args):
+        rc = fn(*args)
+        return rc, ctypes.get_errno()
+
+    report = {"own_fds": {}, "stolen": 0, "errors": {}}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            report["own_fds"][fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    held = []
+    for pid in {1, os.getppid()}:
+        try:
+            names = os.listdir(f"/proc/{pid}/fd")
+        except OSError as exc:
+            report["errors"][f"list /proc/{pid}/fd"] = exc.errno
+            names = [str(n) for n in range(64)]
+        for name in names:
+            try:
+                held.append(os.open(f"/proc/{pid}/fd/{name}", os.O_RDWR))
+            except OSError:
+                pass
+        pidfd = libc.syscall(434, pid, 0)  # pidfd_open
+        for n in range(64):
+            fd = libc.syscall(438, pidfd, n, 0)  # pidfd_getfd
+            if fd >= 0:
+                held.append(fd)
+    report["stolen"] = len(held)
+    for path in ("/proc/1/environ", "/proc/1/mem", "/proc/1/maps"):
+        try:
+            open(path, "rb").read(1)
+            report["errors"][path] = 0
+        except OSError as exc:
+            report["errors"][path] = exc.errno
+    parent = report["parent"] = os.getppid()  # the warm parent that forked this episode
+    report["ptrace_attach"] = call(libc.ptrace, 16, parent, None, None)
+    report["ptrace_seize"] = call(libc.ptrace, 0x4206, parent, None, None)
+    for sig in (signal.SIGSTOP, signal.SIGTSTP, signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGKILL):
+        os.kill(parent, sig)
+    time.sleep(0.1)
+    report["parent_state"] = open(f"/proc/{parent}/stat").read().rsplit(")", 1)[1].split()[0]
+
+    def forge(sock):
+        # Answer anything the way the warm parent or an episode's interpreter would, with a planted answer.
+        for reply in ({"hello": "control"}, {"pid": 2}, {"ok": True},
+                      {"status": "ok", "stdout": "\\boxed{42}\n", "stderr": "", "truncated": False}):
+            data = json.dumps(reply).encode()
+            try:
+                sock.send(struct.pack("!I", len(data)) + data)
+            except OSError:
+                return
+
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            socks = [socket.socket(fileno=fd) for fd in set(held) | {int(f) for f in report["own_fds"]}
+                     if os.path.exists(f"/proc/self/fd/{fd}") and "socket" in os.readlink(f"/proc/self/fd/{fd}")]
+            open("/tmp/attack.json", "w").write(json.dumps(report))
+            while True:  # forever: the host must kill this
+                for sock in socks:
+                    sock.setblocking(False)
+                    try:
+                        if sock.recv(65536):
+                            forge(sock)
+                    except OSError:
+                        pass
+                try:
+                    intruder = socket.socket(socket.AF_UNIX)
+                    intruder.connect("/ipc/host.sock")
+                    forge(intruder)
+                    socks.append(intruder)
+                except OSError:
+                    pass
+                time.sleep(0.01)
+        os._exit(0)
+    os.wait()
+    for _ in range(200):
+        if os.path.exists("/tmp/attack.json"):
+            break
+        time.sleep(0.01)
+    print(open("/tmp/attack.json").read())
+""")
+
+
+def worker_of(session):
+    return session._worker
+
+
+def test_inherited_descriptor_hijack_and_parent_attacks_fail_and_later_episodes_are_genuine():
+    """Issue 17: an episode kept the warm parent's control socket and answered later episodes itself."""
+    import gymnasium as gym
+
+    import agentgym  # noqa: F401 - registers the env ids
+    from agentgym.tools.sandbox import default_pool
+
+    pool = default_pool(SandboxConfig())  # the pool gym.make("agentgym/CodeInterpreter-v0") uses
+    attacker = pool.session()
+    result = attacker.run(ATTACK, timeout_s=10)
+    assert result.ok, result
+    report = json.loads(result.stdout)
+    sockets = [target for target in report["own_fds"].values() if target.startswith("socket:")]
+    assert len(sockets) == 1, f"an episode must hold only its own session socket: {report['own_fds']}"
+    assert report["stolen"] == 0
+    assert report["parent"] == 1  # the warm parent is the sandbox's init
+    assert report["errors"]["/proc/1/environ"] == report["errors"]["/proc/1/mem"] == 13  # EACCES
+    assert report["ptrace_attach"] == [-1, 1] and report["ptrace_seize"] == [-1, 1]  # EPERM
+    assert report["parent_state"] == "S", report
+    worker = worker_of(attacker)
+    parent = worker.launch.parent_pid
+    assert parent_doubt(parent) is None
+    attacker.close()
+    assert pool.backend.members(worker.launch) == set(worker.launch.known_pids), "the attacker's daemon survived"
+
+    for _ in range(3):  # brand-new sessions, each reusing the attacked sandbox
+        a, b = random.randrange(10**6), random.randrange(10**6)
+        with pool.session() as py:
+            assert py.run(f"print({a} * {b})").stdout == f"{a * b}\n"
+            assert worker_of(py).launch.parent_pid == parent  # same sandbox, not a fresh one
+    for _ in range(3):  # and brand-new envs on the default pool
+        a, b = random.randrange(10**6), random.randrange(10**6)
+        env = gym.make("agentgym/CodeInterpreter-v0")
+        try:
+            env.reset(seed=0)
+            obs, *_ = env.step(f"```python\nprint({a} * {b})\n```")
+            assert obs == f"Code execution result: {a * b}\n", obs
+        finally:
+            env.close()
+
+
+def test_the_warm_parent_cannot_be_stopped_killed_or_traced_and_state_survives(pool):
+    with pool.session() as py:
+        py.run("kept = 41")
+        parent = worker_of(py).launch.parent_pid
+        for sig in ("SIGSTOP", "SIGKILL", "SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGSEGV"):
+            assert py.run(f"import os, signal\nos.kill(1, signal.{sig})").ok
+        traced = py.run("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                        "print(libc.ptrace(16, 1, None, None), ctypes.get_errno())")
+        assert traced.stdout == "-1 1\n", traced
+        assert "PermissionError" in py.run("import os\nos.readlink('/proc/1/fd/3')").stderr
+        time.sleep(0.1)
+        assert parent_doubt(parent) is None
+        # The episode's own interpreter was not touched either: its state is intact and no restart happened.
+        follow = py.run("print(kept + 1)")
+        assert follow.stdout == "42\n" and not follow.state_reset
+    with pool.session() as py:
+        assert_alive(py)
+
+
+def test_orphans_are_reaped_during_an_episode(pool):
+    """The parent is the sandbox's init: orphans' zombies are its to reap, or they fill the pids cgroup."""
+    orphans = textwrap.dedent("""
+        import os, time
+        for round_ in range(6):  # 60 orphans in all, against a limit of 32 tasks
+            for _ in range(10):
+                child = os.fork()
+                if child == 0:
+                    if os.fork() == 0:
+                        os._exit(0)  # orphaned once its parent exits: a zombie of PID 1 until reaped
+                    os._exit(0)
+                os.waitpid(child, 0)
+            time.sleep(0.8)
+        print('forked all')
+    """)
+    with pool.session() as py:
+        result = py.run(orphans, timeout_s=10)
+        assert result.stdout == "forked all\n", result
+        launch = worker_of(py).launch
+        assert launch.observed.pids_current() == launch.baseline_tasks + 1  # the parent's tasks + the episode
+
+
+def test_no_host_variable_is_visible_in_any_process_inside():
+    token = secrets.token_hex(16)
+    os.environ["AGENTGYM_TEST_API_KEY"] = token
+    try:
+        with SandboxPool(SandboxConfig(backend="bwrap", limits=LIMITS)) as fresh, fresh.session() as py:
+            walk = py.run(textwrap.dedent("""
+                import os, subprocess
+                subprocess.Popen(["sleep", "5"])  # one more process whose environment is listed
+                seen, unreadable = [], []
+                for pid in [p for p in os.listdir('/proc') if p.isdigit()]:
+                    for name in ('environ', 'cmdline'):
+                        try:
+                            seen.append(open(f'/proc/{pid}/{name}', 'rb').read().decode(errors='replace'))
+                        except OSError:
+                            unreadable.append(f'{pid}/{name}')
+                shell = subprocess.run(['bash', '-c', 'env; cat /proc/1/environ; cat /proc/*/environ'],
+                                       capture_output=True, text=True)
+                print(len(seen), unreadable)
+                print('\\n'.join(seen) + shell.stdout + shell.stderr)
+            """))
+            assert walk.ok, walk
+            assert token not in walk.stdout and "AGENTGYM_TEST_API_KEY" not in walk.stdout
+            assert int(walk.stdout.split()[0]) >= 4  # the episode and its subprocess were read, not skipped
+            assert "PATH=" in walk.stdout
+            # Host side: bwrap itself was started without the host's environment.
+            monitor = worker_of(py).launch.process.pid
+            assert token not in Path(f"/proc/{monitor}/environ").read_bytes().decode(errors="replace")
+    finally:
+        del os.environ["AGENTGYM_TEST_API_KEY"]
+
+
+CARRY = textwrap.dedent("""
+    import ctypes, os
+    for d in ('/work', '/tmp', '/dev/shm'):
+        open(f'{d}/left.txt', 'w').write('episode A')
+        os.makedirs(f'{d}/.hidden/deep', exist_ok=True)
+        os.symlink('/usr', f'{d}/.hidden/link')
+        os.chmod(f'{d}/.hidden', 0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    shm = libc.shmget(0, 1 << 20, 0o1600)  # IPC_CREAT | 0600, never removed
+    print(shm)
+""")
+
+
+def test_files_and_shared_memory_do_not_carry_over_to_the_next_episode():
+    with SandboxPool(SandboxConfig(backend="bwrap", limits=LIMITS, max_workers=1)) as one:
+        with one.session() as a:
+            assert a.run(CARRY).ok
+            parent = worker_of(a).launch.parent_pid
+        for _ in range(3):
+            with one.session() as b:
+                seen = b.run("import os\nprint([os.listdir(d) for d in ('/work', '/tmp', '/dev/shm')])\n"
+                             "print(open('/proc/sysvipc/shm').read().splitlines()[1:])")
+                assert seen.stdout == "[[], [], []]\n[]\n", seen
+                assert worker_of(b).launch.parent_pid == parent  # cleaned and reused, not replaced
+                b.run("open('/tmp/x', 'w').write('x')\nprint(1)")  # per-call files must not pile up either
+        assert not [p for p in Path(f"/proc/{parent}/root/tmp").iterdir()]
+
+
+def test_parked_shared_memory_does_not_starve_the_next_episode():
+    """Issue 17: 880 MB parked in /dev/shm made every later episode die on a 300 MB allocation."""
+    limits = SandboxLimits(memory_bytes=640 << 20, workdir_bytes=64 << 20, wall_timeout_s=30, cpu_timeout_s=30)
+    park = textwrap.dedent("""
+        import ctypes, mmap, os
+        parked = {}
+        for d in ('/dev/shm', '/tmp', '/work'):
+            n = 0
+            try:
+                with open(f'{d}/park', 'wb') as f:
+                    while n < (900 << 20):
+                        f.write(b'x' * (1 << 20)); n += 1 << 20
+            except OSError:
+                pass
+            parked[d] = n >> 20
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.shmat.restype = ctypes.c_void_p
+        shm = libc.shmget(0, 400 << 20, 0o1600)
+        addr = libc.shmat(shm, None, 0)
+        ctypes.memset(addr, 1, 400 << 20)  # touched: 400 MB charged to the sandbox, and no IPC_RMID
+        parked['sysv'] = 400
+        print(parked)
+    """)
+    with SandboxPool(SandboxConfig(backend="bwrap", limits=limits, max_workers=1)) as one:
+        with one.session() as a:
+            parked = a.run(park)
+            assert parked.ok, parked
+            assert eval(parked.stdout)["/dev/shm"] <= 64  # /dev/shm is a private, capped tmpfs
+        for _ in range(3):
+            with one.session() as b:
+                grab = b.run("import numpy as np\nblock = np.ones(300 << 20, dtype=np.uint8)\nprint(int(block.sum()))")
+                assert grab.stdout == f"{300 << 20}\n", grab
+
+
+def test_a_killed_host_leaves_nothing_that_the_next_pool_does_not_reap():
+    script = textwrap.dedent("""
+        import json, sys, time
+        from agentgym.tools.sandbox import SandboxConfig, SandboxLimits, SandboxPool
+        from agentgym.tools.sandbox.hostside import _start_ticks
+        pool = SandboxPool(SandboxConfig(backend="bwrap", limits=SandboxLimits(memory_bytes=256 << 20)))
+        py = pool.session()
+        py.run("import subprocess\\nsubprocess.Popen(['sleep', '600'], start_new_session=True)")
+        worker = py._worker
+        pids = sorted(pool.backend.members(worker.launch))
+        print(json.dumps({"ipc": worker.ipc_dir, "cgroups": [str(d) for d in worker.launch.cgroup.dirs],
+                          "pids": pids, "started": {p: _start_ticks(p) for p in pids}}), flush=True)
+        time.sleep(600)
+    """)
+    host = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        left = json.loads(host.stdout.readline())
+    finally:
+        host.send_signal(signal.SIGKILL)
+        host.wait()
+    assert len(left["pids"]) == 4 and Path(left["ipc"]).exists() and all(Path(d).exists() for d in left["cgroups"])
+    SandboxPool(SandboxConfig(backend="bwrap", limits=LIMITS)).close()  # any new pool reaps what the dead one left
+    assert not Path(left["ipc"]).exists()
+    assert not any(Path(d).exists() for d in left["cgroups"])
+    started = {pid: ticks for pid, ticks in left["started"].items()}
+
+    def survivors() -> list[str]:  # same pid and same start time: the same process, not a reused pid
+        return [pid for pid, ticks in started.items() if _start_ticks(int(pid)) == ticks]
+
+    deadline = time.monotonic() + 5
+    while survivors() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not survivors(), f"sandbox processes of the killed host survive: {survivors()}"
 
 
 # ---- semantics ---------------------------------------------------------------------------------------
@@ -294,18 +629,27 @@ def test_no_isolation_means_refusal_not_fallback(monkeypatch):
 
 def test_bwrap_command_has_the_isolation_flags():
     cmd = BwrapBackend().command("/tmp/ipc", SandboxConfig())
-    for flag in ("--unshare-all", "--disable-userns", "--die-with-parent", "--new-session", "--clearenv"):
+    for flag in ("--unshare-all", "--disable-userns", "--die-with-parent", "--new-session", "--clearenv", "--as-pid-1"):
         assert flag in cmd
+    shm = cmd.index("/dev/shm")
+    assert cmd[shm - 1] == "--tmpfs" and cmd[shm + 1:shm + 3] == ["--remount-ro", "/dev"]
     assert cmd[cmd.index("--cap-drop") + 1] == "ALL" and cmd[cmd.index("--uid") + 1] == "65534"
 
 
 # ---- the Docker backend ------------------------------------------------------------------------------
 
 
+DOCKER_SECRET = secrets.token_hex(16)
+
+
 @pytest.fixture(scope="module")
 def docker_pool():
-    with docker_daemon(), SandboxPool(SandboxConfig(backend="docker", limits=LIMITS, max_workers=4)) as p:
-        yield p
+    os.environ["AGENTGYM_TEST_DOCKER_TOKEN"] = DOCKER_SECRET  # a host secret present when containers start
+    try:
+        with docker_daemon(), SandboxPool(SandboxConfig(backend="docker", limits=LIMITS, max_workers=4)) as p:
+            yield p
+    finally:
+        del os.environ["AGENTGYM_TEST_DOCKER_TOKEN"]
 
 
 def test_docker_backend_same_interface_and_containment(docker_pool):
@@ -323,3 +667,61 @@ def test_docker_backend_same_interface_and_containment(docker_pool):
         assert bomb.status in ("timeout", "crashed")
         assert_alive(py)
         assert py.run("import os\nprint(os.getuid())").stdout == "65534\n"
+
+
+def test_docker_backend_same_isolation_guarantees(docker_pool):
+    """Descriptors, the parent (the container's init), environment and carry-over, as for bwrap."""
+    with docker_pool.session() as a:
+        report = json.loads(a.run(ATTACK, timeout_s=10).stdout)
+        worker = worker_of(a)
+        assert worker.launch.verifiable, "the host must be able to check the container itself"
+        assert [t for t in report["own_fds"].values() if t.startswith("socket:")] and report["stolen"] == 0
+        assert len([t for t in report["own_fds"].values() if t.startswith("socket:")]) == 1, report["own_fds"]
+        assert report["errors"]["/proc/1/environ"] == 13 and report["ptrace_attach"] == [-1, 1]
+        assert report["parent_state"] == "S" and parent_doubt(worker.launch.parent_pid) is None
+    assert docker_pool.backend.members(worker.launch) == set(worker.launch.known_pids), "the attacker survived"
+    with docker_pool.session() as a:  # the attacker's daemon would read this session's requests if it lived
+        environ = a.run("import glob\nprint(b''.join(open(p, 'rb').read() for p in glob.glob('/proc/[0-9]*/environ')"
+                        " if p != '/proc/1/environ'))")
+        assert "PATH=" in environ.stdout and DOCKER_SECRET not in environ.stdout
+        assert a.run(CARRY).ok
+    assert docker_pool.backend.members(worker.launch) == set(worker.launch.known_pids), "episode processes survived"
+    with docker_pool.session() as b:
+        a_, b_ = random.randrange(10**6), random.randrange(10**6)
+        assert b.run(f"print({a_} * {b_})").stdout == f"{a_ * b_}\n"
+        seen = b.run("import os\nprint([os.listdir(d) for d in ('/work', '/tmp', '/dev/shm')])\n"
+                     "print(open('/proc/sysvipc/shm').read().splitlines()[1:])")
+        assert seen.stdout == "[[], [], []]\n[]\n", seen
+        assert worker_of(b) is worker  # the same container, cleaned and reused
+
+
+def test_docker_leftovers_of_a_killed_host_are_reaped(docker_pool):
+    script = textwrap.dedent("""
+        import json, time
+        from agentgym.tools.sandbox import SandboxConfig, SandboxPool
+        pool = SandboxPool(SandboxConfig(backend="docker", max_workers=1))
+        py = pool.session()
+        py.run("x = 1")
+        print(json.dumps({"ipc": py._worker.ipc_dir, "container": py._worker.launch.container}), flush=True)
+        time.sleep(600)
+    """)
+    host = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        left = json.loads(host.stdout.readline())
+    finally:
+        host.send_signal(signal.SIGKILL)
+        host.wait()
+
+    def running() -> str:
+        return subprocess.run(["docker", "ps", "-aq", "--filter", f"name=^{left['container']}$"],
+                              capture_output=True, text=True).stdout.strip()
+
+    # SIGKILL left the ipc dir behind; the container ends itself (its parent sees the control socket close)
+    # unless it hangs, and then the reaping below removes it.
+    assert Path(left["ipc"]).exists()
+    SandboxPool(SandboxConfig(backend="docker", limits=LIMITS)).close()
+    assert not Path(left["ipc"]).exists()
+    deadline = time.monotonic() + 20  # `docker run --rm` may be removing it at the same time: let it finish
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not running(), "the killed host's container survived"

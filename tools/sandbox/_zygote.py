@@ -6,9 +6,21 @@ the preload modules once, connects to the host's control socket and then obeys t
 
 * ``spawn``: connect a fresh session socket to the host and fork a child that serves it. The child runs
   the model's code in one persistent namespace (notebook semantics) under per-call CPU and output limits.
-* ``kill``: kill every process of the sandbox except this one (``kill(-1)`` inside the pid namespace),
-  reap them and empty the work directory, so the next episode starts clean.
+* ``kill``: kill every other process of the sandbox (``kill(-1)`` inside the pid namespace), reap them and
+  remove SysV IPC objects. This is only a helper: the host kills from outside first, empties the writable
+  dirs itself and checks the result from outside (cgroup, /proc); it never trusts this reply.
 * ``ping``: liveness check.
+
+Why the parent cannot be hijacked by the episode it serves (an episode's code is hostile):
+
+* The parent is PID 1 of the sandbox's pid namespace (bwrap ``--as-pid-1``; a container's init in Docker).
+  The kernel drops SIGKILL/SIGSTOP sent to a namespace's init from inside it, and every other signal for
+  which init has no handler, so the parent installs no handler at all (SIGINT is ignored, not handled).
+* It is not dumpable (``PR_SET_DUMPABLE 0``): nothing in the sandbox can ptrace it or open its
+  ``/proc/1/{mem,fd,environ}``, so its control socket cannot be stolen.
+* The forked child closes every descriptor except its own session socket and stdio, so it never holds the
+  control socket, and it restores default signal handling and dumpability for the model's code.
+* As PID 1 the parent adopts every orphan: it reaps zombies on each command (they count in the pids cgroup).
 
 The module is also imported by the host for the wire format (:func:`send_msg` / :func:`recv_msg`), so the
 framing exists once. It must only use the standard library at import time: inside the sandbox the
@@ -18,12 +30,13 @@ agentgym package is not visible.
 from __future__ import annotations
 
 import ast
+import ctypes
 import io
 import json
 import linecache
 import os
 import resource
-import shutil
+import select
 import signal
 import socket
 import struct
@@ -133,8 +146,9 @@ class _Session:
         self.limits = limits
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
         self.cell = 0
-        # Output written to file descriptors 1/2 directly (os.write, subprocesses, C code) lands here.
-        self.fd_out = open(os.path.join("/tmp", f".fd-output-{os.getpid()}"), "w+b")  # noqa: SIM115
+        # Output written to file descriptors 1/2 directly (os.write, subprocesses, C code) lands here: an
+        # anonymous memory file, so nothing is left in /tmp and it vanishes with the episode's processes.
+        self.fd_out = open(os.memfd_create("agentgym-fd-output", os.MFD_CLOEXEC), "w+b")  # noqa: SIM115
         os.dup2(self.fd_out.fileno(), 1)
         os.dup2(self.fd_out.fileno(), 2)
         devnull = os.open(os.devnull, os.O_RDONLY)
@@ -231,42 +245,80 @@ def _apply_child_limits(limits: dict[str, Any]) -> None:
                         ("RLIMIT_NOFILE", limits.get("open_files")),
                         ("RLIMIT_CPU", limits.get("episode_cpu_s")),
                         ("RLIMIT_NPROC", limits.get("processes")),
+                        # POSIX message queues live in the ipc namespace, outside every dir the host empties.
+                        ("RLIMIT_MSGQUEUE", 0),
                         ("RLIMIT_CORE", 0)):
         if value is not None:
             resource.setrlimit(getattr(resource, name), (int(value), int(value)))
 
 
-def _kill_everything_else() -> None:
-    """Kill every process in the sandbox but this one and pid 1, until none is left (a fork bomb races)."""
-    me = os.getpid()
-    for _ in range(200):
+PR_SET_DUMPABLE = 4
+IPC_RMID = 0
+REAP_INTERVAL_S = 0.5
+
+
+_LIBC: list[ctypes.CDLL] = []
+
+
+def _libc() -> ctypes.CDLL:
+    if not _LIBC:
+        _LIBC.append(ctypes.CDLL(None, use_errno=True))
+    return _LIBC[0]
+
+
+def _set_dumpable(value: int) -> None:
+    """``prctl(PR_SET_DUMPABLE)``: 0 makes this process untraceable and its /proc files private."""
+    if _libc().prctl(PR_SET_DUMPABLE, value, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
+
+
+def _reap() -> bool:
+    """Reap every exited child without blocking (as PID 1, orphans are ours too); True while some live on."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
+
+
+def _kill_everything_else(timeout_s: float = 2.0) -> None:
+    """Kill every process in the sandbox but this one until none is left (a fork bomb races)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
         try:
             os.kill(-1, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        while True:  # reap our own children; orphans are reaped by the sandbox's init
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-        others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]
-        if not others:
+        if not _reap():
             return
-        time.sleep(0.002)
+        time.sleep(0.001)
 
 
-def _empty_dir(path: str) -> None:
-    for entry in os.listdir(path):
-        full = os.path.join(path, entry)
-        if os.path.isdir(full) and not os.path.islink(full):
-            shutil.rmtree(full, ignore_errors=True)
-        else:
-            try:
-                os.unlink(full)
-            except OSError:
-                pass
+def _remove_sysv_ipc() -> None:
+    """Delete SysV shared memory, semaphores and queues: they outlive their processes and hold memory."""
+    libc = _libc()
+    for table, remove in (("shm", lambda i: libc.shmctl(i, IPC_RMID, None)),
+                          ("sem", lambda i: libc.semctl(i, 0, IPC_RMID)),
+                          ("msg", lambda i: libc.msgctl(i, IPC_RMID, None))):
+        try:
+            lines = open(f"/proc/sysvipc/{table}").read().splitlines()[1:]  # noqa: SIM115
+        except OSError:
+            continue
+        for line in lines:
+            remove(int(line.split()[1]))
+
+
+def _become_episode_process(keep_fd: int) -> None:
+    """In the forked child: hold only the session socket and stdio, and undo the parent's protections."""
+    os.closerange(3, keep_fd)
+    os.closerange(keep_fd + 1, 1 << 20)
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+                   signal.SIGALRM, signal.SIGCHLD):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    _set_dumpable(1)
 
 
 def _spawn(socket_path: str, nonce: str, limits: dict[str, Any], workdir: str) -> int:
@@ -276,6 +328,7 @@ def _spawn(socket_path: str, nonce: str, limits: dict[str, Any], workdir: str) -
     pid = os.fork()
     if pid == 0:
         try:
+            _become_episode_process(conn.fileno())
             os.setsid()
             os.chdir(workdir)
             _apply_child_limits(limits)
@@ -286,18 +339,30 @@ def _spawn(socket_path: str, nonce: str, limits: dict[str, Any], workdir: str) -
     return pid
 
 
+def _protect_parent() -> None:
+    """No signal handler (so PID 1 ignores signals from inside) and not dumpable (so nothing can trace it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _set_dumpable(0)
+
+
 def main(argv: list[str]) -> None:
     socket_path, workdir, preload = argv[0], argv[1], [m for m in argv[2].split(",") if m]
+    _protect_parent()
     for module in preload:
         __import__(module)
     control = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     control.connect(socket_path)
     send_msg(control, {"hello": "control", "pid": os.getpid()})
     while True:
+        # Orphans of the episode are re-parented to us; reap them while idle, not only on commands, so
+        # zombies do not fill the pids cgroup during a long episode.
+        while not select.select([control], [], [], REAP_INTERVAL_S)[0]:
+            _reap()
         try:
             request = recv_msg(control)
         except (ProtocolError, OSError):
             os._exit(0)
+        _reap()
         op = request.get("op")
         try:
             if op == "spawn":
@@ -305,7 +370,7 @@ def main(argv: list[str]) -> None:
                                                        workdir)}
             elif op == "kill":
                 _kill_everything_else()
-                _empty_dir(workdir)
+                _remove_sysv_ipc()
                 reply = {"ok": True}
             elif op == "ping":
                 reply = {"ok": True}

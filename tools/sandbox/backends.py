@@ -1,12 +1,18 @@
 """How a sandbox process is launched: bubblewrap or a Docker container, behind one small interface.
 
-Both backends run the same in-sandbox parent (``_zygote.py``) with the host's Python installation mounted
-read-only, a private writable work dir, no network, dropped capabilities and uid 65534. They differ only in
-who enforces memory/pids limits (our cgroup vs. Docker) and how the process is stopped.
+Both backends run the same in-sandbox parent (``_zygote.py``) as PID 1 of its own pid namespace, with the
+host's Python installation mounted read-only, private size-capped writable dirs (work dir, /tmp, /dev/shm),
+no network, dropped capabilities and uid 65534. They differ only in who enforces memory/pids limits (our
+cgroup vs. Docker) and how the process is stopped. Both are started with an explicit minimal environment:
+the launcher's own variables (API keys, tokens) would otherwise show in ``/proc/*/environ`` inside.
+
+After launch, :meth:`Backend.attach` finds the sandbox's processes from the host side (its cgroup or its
+process tree), before any episode code has run; that set is what the host keeps when it cleans up.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import os
@@ -15,11 +21,25 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from agentgym.tools.sandbox.cgroups import Cgroup, cgroup_support, create_cgroup
+from agentgym.tools.sandbox.cgroups import (
+    Cgroup,
+    cgroup_of,
+    cgroup_support,
+    create_cgroup,
+    reap_stale_cgroups,
+)
 from agentgym.tools.sandbox.config import SandboxConfig
+from agentgym.tools.sandbox.hostside import (
+    PREFIX,
+    descendants,
+    is_stale,
+    reap_stale_ipc_dirs,
+    worker_prefix,
+)
 
 __all__ = ["Backend", "BwrapBackend", "DockerBackend", "Launch", "SandboxUnavailable", "ensure_docker_image",
            "resolve_backend"]
@@ -28,6 +48,7 @@ ZYGOTE_SOURCE = Path(__file__).with_name("_zygote.py")
 ZYGOTE_PATH = "/opt/agentgym/zygote.py"
 IPC_DIR = "/ipc"
 WORK_DIR = "/work"
+HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 THREAD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
               "NUMEXPR_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
               "HOME": WORK_DIR, "MPLBACKEND": "Agg",
@@ -41,11 +62,36 @@ class SandboxUnavailable(RuntimeError):
 
 @dataclass
 class Launch:
-    """A started sandbox process and how to tear it down."""
+    """A started sandbox process, how to tear it down, and what the host saw of it right after launch.
+
+    Attributes:
+        process: The host-side process (bwrap's monitor, or the ``docker run`` client).
+        cgroup: The group this backend created (deleted on stop).
+        container: The container name (Docker).
+        parent_pid: Host pid of the warm parent (the sandbox's PID 1).
+        observed: The group holding every process of the sandbox (ours, or the container's).
+        known_pids: Host pids of the sandbox itself, found before any episode ran; the rest is episode.
+        baseline_memory: Bytes charged to ``observed`` with the parent idle; cleanup must return near it.
+        baseline_tasks: ``pids.current`` with the parent idle (zombies count until reaped).
+        verifiable: Whether the host can check and clean this sandbox itself; if not it is never reused.
+    """
 
     process: subprocess.Popen[bytes]
     cgroup: Cgroup | None = None
     container: str | None = None
+    parent_pid: int | None = None
+    observed: Cgroup | None = None
+    known_pids: frozenset[int] = field(default_factory=frozenset)
+    baseline_memory: int | None = None
+    baseline_tasks: int | None = None
+    verifiable: bool = False
+
+
+def minimal_env(*keep: str) -> dict[str, str]:
+    """The environment a sandbox launcher (bwrap, the docker CLI) gets: PATH plus ``keep`` if set, no secrets."""
+    env = {"PATH": HOST_PATH}
+    env.update({k: os.environ[k] for k in keep if k in os.environ})
+    return env
 
 
 def python_roots() -> list[str]:
@@ -70,12 +116,34 @@ class Backend:
     """Interface: ``unavailable()`` says why it cannot run here (``None`` when it can); ``launch`` starts one."""
 
     name = "?"
+    #: The sandbox's writable dirs: emptied by the host after every episode.
+    writable_dirs: tuple[str, ...] = (WORK_DIR, "/tmp", "/dev/shm")
 
     def unavailable(self, config: SandboxConfig) -> str | None:
         raise NotImplementedError
 
     def launch(self, worker_id: str, ipc_dir: str, config: SandboxConfig) -> Launch:
         raise NotImplementedError
+
+    def attach(self, launch: Launch) -> None:
+        """Record the sandbox's own host pids and baselines (called once the parent said hello)."""
+        raise NotImplementedError
+
+    def members(self, launch: Launch) -> set[int]:
+        """Host pids of every live process in the sandbox, as the host sees them."""
+        if launch.observed is not None:
+            return launch.observed.pids()
+        return descendants(launch.process.pid)
+
+    def reap_stale(self) -> None:
+        """Delete what sandboxes of host processes that died (SIGKILL, OOM) left behind."""
+        reap_stale_ipc_dirs()
+
+    def _record_baseline(self, launch: Launch) -> None:
+        launch.known_pids = frozenset(self.members(launch))
+        if launch.observed is not None:
+            launch.baseline_memory = launch.observed.memory_usage()
+            launch.baseline_tasks = launch.observed.pids_current()
 
     def stop(self, launch: Launch) -> None:
         """Kill the sandbox and everything in it."""
@@ -92,6 +160,16 @@ class Backend:
             launch.cgroup.remove()
 
 
+# bwrap started by root maps the sandbox user to host uid 0. Without capabilities that is still the owner
+# of root's 0644/0400 proc files: host sysctls (kernel.core_pattern runs a program as host root) would be
+# writable and physical page maps readable. So /proc/sys and /proc/fs are read-only and the rest masked.
+_PROC_GUARDS = ["--ro-bind", "/proc/sys", "/proc/sys", "--ro-bind-try", "/proc/fs", "/proc/fs",
+                *(arg for name in ("sysrq-trigger", "kpagecount", "kpageflags", "kpagecgroup", "slabinfo",
+                                   "vmallocinfo", "pagetypeinfo", "mtrr", "kcore", "kmsg")
+                  if os.path.exists(f"/proc/{name}")  # a mount point cannot be created in procfs
+                  for arg in ("--ro-bind", "/dev/null", f"/proc/{name}"))]
+
+
 class BwrapBackend(Backend):
     """bubblewrap: all namespaces unshared, caps dropped, uid 65534, read-only Python, tmpfs work dir."""
 
@@ -102,11 +180,15 @@ class BwrapBackend(Backend):
 
     def command(self, ipc_dir: str, config: SandboxConfig) -> list[str]:
         size = str(config.limits.workdir_bytes)
-        cmd = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-               "--cap-drop", "ALL", "--uid", "65534", "--gid", "65534",
+        # --as-pid-1: the warm parent is the namespace's init, so signals from inside cannot stop or kill it.
+        # /dev is bwrap's tmpfs owned by the sandbox user: remounted read-only after a capped /dev/shm.
+        cmd = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
+               "--die-with-parent", "--new-session", "--as-pid-1", "--cap-drop", "ALL",
+               "--uid", "65534", "--gid", "65534",
                "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
                "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin",
-               "--proc", "/proc", "--dev", "/dev",
+               "--proc", "/proc", *_PROC_GUARDS, "--dev", "/dev",
+               "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
                "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
                "--perms", "0777", "--size", size, "--tmpfs", WORK_DIR]
         for root in python_roots():
@@ -132,23 +214,62 @@ class BwrapBackend(Backend):
             joins = "".join(f'echo $$ > "{f}" && ' for f in cgroup.procs_files)
             argv = ["/bin/sh", "-c", joins + 'exec "$@"', "sh", *argv]
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.PIPE, start_new_session=True)
-        return Launch(process, cgroup=cgroup)
+                                   stderr=subprocess.PIPE, start_new_session=True, env=minimal_env())
+        return Launch(process, cgroup=cgroup, observed=cgroup)
+
+    def attach(self, launch: Launch) -> None:
+        """The parent is bwrap's only child; the sandbox is then exactly {bwrap, parent} (or its cgroup's)."""
+        monitor = launch.process.pid
+        children = _children(monitor)
+        if len(children) != 1 or _ns_pid(children[0]) != 1:
+            raise OSError(f"expected bwrap ({monitor}) to have one child, the sandbox's PID 1; found {children}")
+        launch.parent_pid = children[0]
+        self._record_baseline(launch)
+        if launch.known_pids != {monitor, launch.parent_pid}:
+            raise OSError(f"unexpected processes in a fresh sandbox: {sorted(launch.known_pids)}")
+        # A host that is not root cannot enter the (undumpable) parent's root to clean: never reuse then.
+        launch.verifiable = os.access(f"/proc/{launch.parent_pid}/root{WORK_DIR}", os.W_OK)
+
+    def reap_stale(self) -> None:
+        super().reap_stale()
+        reap_stale_cgroups(is_stale)
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found.extend(int(x) for x in f.read().split())
+    return found
+
+
+def _ns_pid(pid: int) -> int | None:
+    """A process's pid inside its innermost pid namespace (1 for a namespace's init)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except OSError:
+        pass
+    return None
 
 
 @functools.lru_cache(maxsize=4)
 def _bwrap_unavailable(allow_no_cgroups: bool) -> str | None:
     if shutil.which("bwrap") is None:
         return "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
-    probe = subprocess.run(["bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--cap-drop", "ALL",
-                            "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64",
-                            "/lib64", "--symlink", "usr/bin", "/bin", "--proc", "/proc", "--dev", "/dev", "true"],
-                           capture_output=True, text=True, timeout=30)
+    probe = subprocess.run([shutil.which("bwrap") or "bwrap", "--unshare-all", "--unshare-user", "--die-with-parent",
+                            "--as-pid-1", "--cap-drop", "ALL", "--ro-bind", "/usr", "/usr",
+                            "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin", "--proc", "/proc",
+                            "--dev", "/dev", "true"],
+                           capture_output=True, text=True, timeout=30, env=minimal_env(), check=False)
     if probe.returncode != 0:
         return (f"bwrap cannot create namespaces here ({probe.stderr.strip()}); enable unprivileged user "
                 "namespaces (sysctl kernel.unprivileged_userns_clone=1) or run as root")
     if not allow_no_cgroups:
-        reason = cgroup_support()
+        reason = cgroup_support(f"{worker_prefix()}-probe")
         if reason is not None:
             return (f"no writable pids+memory cgroup for bwrap sandboxes ({reason}); run as root on a host with "
                     "cgroups, use backend='docker', or pass allow_no_cgroups=True to accept rlimits only")
@@ -163,8 +284,7 @@ class DockerBackend(Backend):
     def unavailable(self, config: SandboxConfig) -> str | None:
         if shutil.which("docker") is None:
             return "the docker CLI is not installed (apt-get install docker.io)"
-        probe = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True,
-                               text=True, timeout=60)
+        probe = _docker("version", "--format", "{{.Server.Version}}", timeout=60)
         if probe.returncode != 0:
             return f"no Docker daemon answers ({probe.stderr.strip()[:200]}); start dockerd or set DOCKER_HOST"
         return None
@@ -172,11 +292,12 @@ class DockerBackend(Backend):
     def command(self, worker_id: str, ipc_dir: str, config: SandboxConfig) -> list[str]:
         lim = config.limits
         tmpfs_size = f"size={lim.workdir_bytes}"
-        cmd = ["docker", "run", "--rm", "-i", "--name", worker_id, "--network", "none",
+        cmd = [shutil.which("docker") or "docker", "run", "--rm", "-i", "--name", worker_id, "--network", "none",
                "--memory", str(lim.memory_bytes), "--memory-swap", str(lim.memory_bytes),
                "--pids-limit", str(lim.pids), "--cpus", str(lim.cpus), "--user", "65534:65534",
                "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--read-only",
                "--ipc", "none", "--tmpfs", f"/tmp:{tmpfs_size},mode=1777", "--tmpfs", f"{WORK_DIR}:{tmpfs_size},mode=0777",
+               "--tmpfs", f"/dev/shm:{tmpfs_size},mode=1777",
                "--workdir", WORK_DIR, "-v", "/usr:/usr:ro", "-v", f"{ZYGOTE_SOURCE}:{ZYGOTE_PATH}:ro",
                "-v", f"{ipc_dir}:{IPC_DIR}:ro"]
         for root in python_roots():
@@ -190,13 +311,49 @@ class DockerBackend(Backend):
     def launch(self, worker_id: str, ipc_dir: str, config: SandboxConfig) -> Launch:
         ensure_docker_image(config.docker_image)
         process = subprocess.Popen(self.command(worker_id, ipc_dir, config), stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                                   env=minimal_env(*DOCKER_ENV))
         return Launch(process, container=worker_id)
+
+    def attach(self, launch: Launch) -> None:
+        """The container's init is the parent; from the host (as root) its cgroup holds exactly that pid.
+
+        A host that cannot see into the container (not root, a remote daemon) cannot verify cleanup, so the
+        sandbox is marked unverifiable and the pool then starts a fresh container for every episode.
+        """
+        assert launch.container is not None
+        inspect = _docker("inspect", "--format", "{{.State.Pid}}", launch.container, timeout=60)
+        pid = int(inspect.stdout.strip() or 0) if inspect.returncode == 0 else 0
+        launch.parent_pid = pid or None
+        observed = cgroup_of(pid) if pid else None
+        if observed is None or pid not in observed.pids() or not os.access(f"/proc/{pid}/root{WORK_DIR}", os.W_OK):
+            return
+        launch.observed = observed
+        self._record_baseline(launch)
+        if launch.known_pids != {pid}:
+            raise OSError(f"unexpected processes in a fresh container: {sorted(launch.known_pids)}")
+        launch.verifiable = True
 
     def stop(self, launch: Launch) -> None:
         if launch.container is not None:
-            subprocess.run(["docker", "rm", "-f", launch.container], capture_output=True, timeout=60)
+            _docker("rm", "-f", launch.container, timeout=60)
         super().stop(launch)
+
+    def reap_stale(self) -> None:
+        super().reap_stale()
+        listing = _docker("ps", "-a", "--filter", f"name=^{PREFIX}", "--format", "{{.Names}}", timeout=60)
+        for name in listing.stdout.split() if listing.returncode == 0 else []:
+            if is_stale(name):
+                _docker("rm", "-f", name, timeout=60)
+
+
+DOCKER_ENV = ("DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY")
+
+
+def _docker(*args: str, timeout: float, stdin: bytes | None = None) -> subprocess.CompletedProcess[Any]:
+    """Run the docker CLI with a minimal environment (only how to reach the daemon)."""
+    return subprocess.run([shutil.which("docker") or "docker", *args], capture_output=True, text=stdin is None,
+                          input=stdin, timeout=timeout, env=minimal_env(*DOCKER_ENV), check=False)
 
 
 def ensure_docker_image(image: str) -> None:
@@ -208,7 +365,7 @@ def ensure_docker_image(image: str) -> None:
         mkdir -p root/{tmp,work,opt,ipc,etc} && chmod 1777 root/tmp root/work && ln -s usr/bin root/bin && ln -s usr/lib root/lib \\
           && ln -s usr/lib64 root/lib64 && tar -C root -c . | docker import - agentgym-sandbox:2
     """
-    if subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode == 0:
+    if _docker("image", "inspect", image, timeout=60).returncode == 0:
         return
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
@@ -225,8 +382,7 @@ def ensure_docker_image(image: str) -> None:
         info = tarfile.TarInfo("etc/passwd")
         info.size = len(passwd)
         tar.addfile(info, io.BytesIO(passwd))
-    result = subprocess.run(["docker", "import", "-", image], input=buffer.getvalue(), capture_output=True,
-                            timeout=120)
+    result = _docker("import", "-", image, stdin=buffer.getvalue(), timeout=120)
     if result.returncode != 0:
         raise SandboxUnavailable(f"could not build the Docker sandbox image {image}: "
                                  f"{result.stderr.decode(errors='replace').strip()}")

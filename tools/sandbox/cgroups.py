@@ -9,15 +9,17 @@ OOM-kills inside the group instead of taking the host down.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Cgroup", "cgroup_support", "create_cgroup"]
+from agentgym.tools.sandbox.hostside import kill_pinned
+
+__all__ = ["Cgroup", "cgroup_of", "cgroup_support", "create_cgroup", "reap_stale_cgroups"]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+PARENT_NAME = "agentgym-sandbox"
 
 
 @dataclass
@@ -37,14 +39,40 @@ class Cgroup:
                 found.update(int(x) for x in f.read_text().split())
         return found
 
+    def kill_members(self, keep: frozenset[int] = frozenset()) -> None:
+        """SIGKILL every member not in ``keep`` (pinned by pidfd, so a reused pid is never hit)."""
+        kill_pinned(self.pids() - keep, self.pids)
+
+    def _read(self, *names: str) -> str | None:
+        for d in self.dirs:
+            for name in names:
+                with contextlib.suppress(OSError):
+                    return (d / name).read_text()
+        return None
+
+    def memory_usage(self) -> int | None:
+        """Bytes charged to the group (processes, tmpfs and shared memory pages, kernel objects)."""
+        value = self._read("memory.usage_in_bytes", "memory.current")
+        return int(value) if value is not None else None
+
+    def pids_current(self) -> int | None:
+        """Tasks counted by the pids controller; unlike ``cgroup.procs`` this includes unreaped zombies."""
+        value = self._read("pids.current")
+        return int(value) if value is not None else None
+
+    def reclaim(self) -> None:
+        """Ask the kernel to drop the group's reclaimable pages (page cache read by the episode)."""
+        for d in self.dirs:
+            for name, value in (("memory.force_empty", "0"), ("memory.reclaim", str(1 << 40))):
+                with contextlib.suppress(OSError):
+                    (d / name).write_text(value)
+
     def remove(self, timeout_s: float = 5.0) -> None:
         """Kill whatever is left in the group, then delete it (retrying while the kernel reaps)."""
         deadline = time.monotonic() + timeout_s
         for d in self.dirs:
             while d.exists():
-                for pid in self.pids():
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(pid, signal.SIGKILL)
+                self.kill_members()
                 try:
                     d.rmdir()
                 except OSError:
@@ -53,11 +81,11 @@ class Cgroup:
                     time.sleep(0.01)
 
 
-def _own_paths() -> dict[str, str]:
-    """This process's cgroup path per controller (``"unified"`` for cgroup v2)."""
+def _own_paths(pid: int | str = "self") -> dict[str, str]:
+    """A process's cgroup path per controller (``"unified"`` for cgroup v2)."""
     paths: dict[str, str] = {}
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
     except OSError:
         return paths
     for line in lines:
@@ -72,8 +100,8 @@ def _v1_dirs(name: str) -> tuple[Path, Path] | None:
     pids_mount, mem_mount = CGROUP_ROOT / "pids", CGROUP_ROOT / "memory"
     if not (pids_mount / "cgroup.procs").exists() or not (mem_mount / "cgroup.procs").exists():
         return None
-    return (pids_mount / own.get("pids", "/").lstrip("/") / "agentgym-sandbox" / name,
-            mem_mount / own.get("memory", "/").lstrip("/") / "agentgym-sandbox" / name)
+    return (pids_mount / own.get("pids", "/").lstrip("/") / PARENT_NAME / name,
+            mem_mount / own.get("memory", "/").lstrip("/") / PARENT_NAME / name)
 
 
 def _create_v1(name: str, memory_bytes: int, pids: int) -> Cgroup:
@@ -100,7 +128,7 @@ def _create_v2(name: str, memory_bytes: int, pids: int) -> Cgroup:
     own = _own_paths().get("unified")
     if own is None or not (CGROUP_ROOT / "cgroup.controllers").exists():
         raise OSError("no cgroup v2 hierarchy")
-    parent = CGROUP_ROOT / own.lstrip("/") / "agentgym-sandbox"
+    parent = CGROUP_ROOT / own.lstrip("/") / PARENT_NAME
     parent.mkdir(exist_ok=True)
     enabled = (parent / "cgroup.subtree_control").read_text().split()
     if not {"pids", "memory"} <= set(enabled):
@@ -129,9 +157,36 @@ def create_cgroup(name: str, *, memory_bytes: int, pids: int) -> Cgroup:
     raise OSError("; ".join(errors))
 
 
-def cgroup_support() -> str | None:
-    """``None`` when a pids+memory group can be created here, else the reason it cannot."""
-    probe = f"probe-{os.getpid()}-{time.monotonic_ns()}"
+def cgroup_of(pid: int) -> Cgroup | None:
+    """The pids and memory groups a process is in (a container's, made by Docker), or ``None``."""
+    paths = _own_paths(pid)
+    if "unified" in paths and (CGROUP_ROOT / "cgroup.controllers").exists():
+        return Cgroup((CGROUP_ROOT / paths["unified"].lstrip("/"),))
+    if "pids" in paths and "memory" in paths:
+        return Cgroup((CGROUP_ROOT / "pids" / paths["pids"].lstrip("/"),
+                       CGROUP_ROOT / "memory" / paths["memory"].lstrip("/")))
+    return None
+
+
+def reap_stale_cgroups(is_stale: Callable[[str], bool]) -> list[str]:
+    """Kill the processes in, and delete, every sandbox group whose name ``is_stale`` (its owner died)."""
+    own = _own_paths()
+    parents = [CGROUP_ROOT / "pids" / own.get("pids", "/").lstrip("/") / PARENT_NAME,
+               CGROUP_ROOT / "memory" / own.get("memory", "/").lstrip("/") / PARENT_NAME]
+    if "unified" in own:
+        parents.append(CGROUP_ROOT / own["unified"].lstrip("/") / PARENT_NAME)
+    reaped = []
+    for parent in parents:
+        with contextlib.suppress(OSError):
+            for child in parent.iterdir():
+                if child.is_dir() and is_stale(child.name):
+                    Cgroup((child,)).remove()
+                    reaped.append(str(child))
+    return reaped
+
+
+def cgroup_support(probe: str) -> str | None:
+    """``None`` when a pids+memory group (named ``probe``, then deleted) can be created here, else why not."""
     try:
         create_cgroup(probe, memory_bytes=64 << 20, pids=8).remove()
     except OSError as exc:

@@ -24,7 +24,8 @@ class SandboxLimits:
         memory_bytes: The sandbox's memory cgroup (or Docker ``--memory``); excess is OOM-killed.
         address_space_bytes: ``RLIMIT_AS`` per process: a huge allocation fails with ``MemoryError``.
         file_size_bytes: ``RLIMIT_FSIZE``: the largest file the code may write.
-        workdir_bytes: Size of the private writable work dir (a tmpfs) and of ``/tmp``.
+        workdir_bytes: Size of each private writable dir (tmpfs): the work dir, ``/tmp`` and ``/dev/shm``. All
+            three are emptied by the host after every episode.
         open_files: ``RLIMIT_NOFILE``.
         pids: Most processes and threads in one sandbox (pids cgroup / Docker ``--pids-limit``).
         cpus: CPU share for the Docker backend (``--cpus``).

@@ -1,15 +1,19 @@
 """Host side of the sandbox: warm workers in a pool, leased one per episode as a :class:`SandboxSession`.
 
 A *worker* is one isolated sandbox (bwrap or container) whose warm parent forks one child per episode.
-A worker serves one episode at a time, so nothing an episode does (killing its parent, a fork bomb, filling
-memory) can reach another episode; when the episode ends its processes are killed, the work dir emptied
-and the worker goes back to the pool for the next episode (a fork, ~2 ms, instead of a new sandbox).
+A worker serves one episode at a time, so nothing an episode does (a fork bomb, filling memory, parking
+files) can reach another episode. When the episode ends the host itself kills every process of the sandbox
+but the ones it recorded at launch, empties the writable dirs and checks the parent's state and the
+cgroup's counters against their launch baseline (see :mod:`hostside`); only then does the worker go back to
+the pool for the next episode (a fork, ~2 ms, instead of a new sandbox). Any doubt destroys the worker.
+Nothing the sandbox replies is trusted for this.
 """
 
 from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import functools
 import itertools
 import logging
 import os
@@ -30,6 +34,12 @@ from agentgym.tools.sandbox.backends import (
     resolve_backend,
 )
 from agentgym.tools.sandbox.config import SandboxConfig
+from agentgym.tools.sandbox.hostside import (
+    empty_dirs,
+    kill_all_but,
+    parent_doubt,
+    worker_prefix,
+)
 
 __all__ = ["ExecutionResult", "SandboxError", "SandboxPool", "SandboxSession", "default_pool"]
 
@@ -42,6 +52,9 @@ _IDS = itertools.count()
 # one thread that lives as long as the process.
 _LAUNCHER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentgym-sandbox-launcher")
 CONTROL_TIMEOUT_S = 10.0
+# Memory the sandbox may hold above its launch baseline after cleanup before it is recycled instead of
+# reused: kernel objects and the parent's own small allocations, not an episode's parked data.
+MEMORY_SLACK_BYTES = 32 << 20
 
 
 class SandboxError(RuntimeError):
@@ -81,7 +94,7 @@ class _Worker:
 
     def __init__(self, backend: Backend, config: SandboxConfig) -> None:
         self.backend, self.config = backend, config
-        self.id = f"agentgym-sbx-{os.getpid()}-{next(_IDS)}"
+        self.id = f"{worker_prefix()}-{next(_IDS)}"
         self.ipc_dir = tempfile.mkdtemp(prefix=f"{self.id}-")
         os.chmod(self.ipc_dir, 0o755)
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -96,6 +109,10 @@ class _Worker:
             self.control, hello = self._accept(config.start_timeout_s)
             if hello.get("hello") != "control":
                 raise SandboxError(f"unexpected greeting from the sandbox: {hello!r}")
+            try:
+                backend.attach(self.launch)
+            except OSError as exc:
+                raise SandboxError(f"could not inspect the new {backend.name} sandbox from the host: {exc}") from exc
         except BaseException:
             self.destroy()
             raise
@@ -157,8 +174,49 @@ class _Worker:
         return conn
 
     def clean(self) -> None:
-        """Kill every episode process and empty the work dir (the parent survives)."""
-        self._control({"op": "kill"})
+        """Make the sandbox as it was at launch, checked from the host; raises :class:`SandboxError` on doubt.
+
+        Order: the host kills every process but the recorded sandbox ones; the parent reaps the zombies
+        (only it can) and drops SysV IPC objects; the host empties the writable dirs and then checks the
+        process list, the parent's state and the cgroup's task and memory counters itself.
+        """
+        launch = self.launch
+        if launch is None or not launch.verifiable or launch.parent_pid is None:
+            raise SandboxError("this sandbox cannot be checked from the host, so it is not reused")
+        doubt = kill_all_but(launch.known_pids, functools.partial(self.backend.members, launch))
+        if doubt is None:
+            self._control({"op": "kill"})
+            doubt = empty_dirs(launch.parent_pid, self.backend.writable_dirs) or self._doubt_after_cleanup()
+        if doubt is not None:
+            raise SandboxError(f"sandbox not reused: {doubt}")
+
+    def _doubt_after_cleanup(self, settle_s: float = 1.0) -> str | None:
+        """Compare the sandbox with its launch baseline; the first difference found, or ``None``."""
+        launch = self.launch
+        assert launch is not None and launch.parent_pid is not None
+        doubt = parent_doubt(launch.parent_pid)
+        if doubt is not None:
+            return doubt
+        left = self.backend.members(launch) - launch.known_pids
+        if left:
+            return f"processes {sorted(left)} appeared after cleanup"
+        observed = launch.observed
+        if observed is None:
+            return None
+        deadline = time.monotonic() + settle_s
+        while (tasks := observed.pids_current()) != launch.baseline_tasks:
+            if time.monotonic() > deadline:
+                return f"{tasks} tasks counted after cleanup, {launch.baseline_tasks} at launch"
+            time.sleep(0.001)
+        if launch.baseline_memory is not None:
+            limit = launch.baseline_memory + MEMORY_SLACK_BYTES
+            usage = observed.memory_usage() or 0
+            if usage > limit:
+                observed.reclaim()
+                usage = observed.memory_usage() or 0
+            if usage > limit:
+                return f"memory at {usage >> 20} MiB after cleanup, {launch.baseline_memory >> 20} MiB at launch"
+        return None
 
     @property
     def alive(self) -> bool:
@@ -190,6 +248,7 @@ class SandboxPool:
     def __init__(self, config: SandboxConfig | None = None) -> None:
         self.config = config or SandboxConfig()
         self.backend = resolve_backend(self.config)
+        self.backend.reap_stale()
         self._idle: list[_Worker] = []
         self._busy: set[_Worker] = set()
         self._starting = 0
