@@ -1,11 +1,16 @@
 """SWE episodes: setup time and run_tests time per sandbox backend, against a naive per-episode baseline.
 
-* ``bwrap`` / ``docker``: ``SWEEnv.reset`` (lease a warm sandbox, copy the pristine repo from the read-only
-  mount into the work dir, write the buggy file, hide the failing tests, commit a git baseline) and one
-  ``run_tests`` call on a visible test file (pytest in a subprocess inside the sandbox).
+* ``bwrap`` / ``docker``: ``SWEEnv.reset`` (lease a warm sandbox, send it the buggy repo without the hidden
+  tests and write it into the work dir, commit a git baseline), one
+  ``run_tests`` call on a visible test file (pytest in a subprocess inside the sandbox), then the reference
+  fix and ``submit``: grading (stage and diff the agent's tree, then in a fresh sandbox session rebuild the
+  buggy tree, apply the patch, restore everything but package source modules, run FAIL_TO_PASS, PASS_TO_PASS
+  and the visible tests under ``python -I``). The visible-tests baseline of each task is measured once per
+  process (in the warm-up episodes); its cost is reported separately as "first grade".
 * ``naive``: what a simple harness does per episode: copy the repo to a temp dir, write the buggy file and
   create a fresh virtualenv (``python -m venv --system-site-packages``, so pytest is there), then run the
-  same test file with that venv's python. No isolation at all.
+  same test file with that venv's python; its "grade" runs FAIL_TO_PASS + PASS_TO_PASS in place in that
+  same tree (no isolation at all: a conftest.py the agent wrote would be loaded).
 
 Docker is measured when a daemon answers (``DOCKER_HOST``); otherwise its rows are skipped with a note.
 
@@ -29,7 +34,7 @@ from agentgym.tasks.swe.builder import SweTaskSpec
 from agentgym.tasks.swe.libraries import fetch_library, get_library
 
 
-def naive_episode(spec: SweTaskSpec, test_file: str) -> tuple[float, float]:
+def naive_episode(spec: SweTaskSpec, test_file: str) -> tuple[float, float, float]:
     lib = get_library(spec.library)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="naive-swe-") as tmp:
@@ -39,14 +44,18 @@ def naive_episode(spec: SweTaskSpec, test_file: str) -> tuple[float, float]:
             (repo / path).write_text(text, encoding="utf-8")
         subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(Path(tmp) / "venv")], check=True)
         setup = time.perf_counter() - start
-        start = time.perf_counter()
-        subprocess.run([str(Path(tmp) / "venv" / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        "-o", "addopts=", test_file], cwd=repo, capture_output=True, check=False,
-                       env={"PYTHONPATH": lib.python_path, "PATH": "/usr/bin:/bin"})
-        return setup, time.perf_counter() - start
+        python = str(Path(tmp) / "venv" / "bin" / "python")
+        timings = []
+        for args in ([test_file], [*spec.fail_to_pass, *spec.pass_to_pass]):
+            start = time.perf_counter()
+            subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *args],
+                           cwd=repo, capture_output=True, check=False,
+                           env={"PYTHONPATH": lib.python_path, "PATH": "/usr/bin:/bin"})
+            timings.append(time.perf_counter() - start)
+        return setup, timings[0], timings[1]
 
 
-def env_episode(env: SWEEnv, task, test_file: str) -> tuple[float, float]:
+def env_episode(env: SWEEnv, task, test_file: str) -> tuple[float, float, float]:
     start = time.perf_counter()
     env.reset(options={"task": task})
     setup = time.perf_counter() - start
@@ -54,7 +63,13 @@ def env_episode(env: SWEEnv, task, test_file: str) -> tuple[float, float]:
     obs = env.step(f'run_tests("{test_file}")')[0]
     if "passed" not in obs and "failed" not in obs:
         raise SystemExit(f"run_tests did not run: {obs[:300]}")
-    return setup, time.perf_counter() - start
+    run = time.perf_counter() - start
+    env.step(env.unwrapped.reference_solver()(obs))
+    start = time.perf_counter()
+    _, reward, _, _, info = env.step("submit()")
+    if reward != 1.0:
+        raise SystemExit(f"the reference fix did not grade as solved: {info['turn'].get('grading')}")
+    return setup, run, time.perf_counter() - start
 
 
 def docker_available() -> bool:
@@ -72,12 +87,13 @@ def main() -> None:
     plan = [(tasks[i % len(tasks)], SweTaskSpec.from_dict(tasks[i % len(tasks)].metadata["spec"]))
             for i in range(args.episodes)]
     backends = ["bwrap"] + (["docker"] if docker_available() else [])
-    results: dict[str, list[tuple[float, float]]] = {b: [] for b in [*backends, "naive"]}
+    results: dict[str, list[tuple[float, float, float]]] = {b: [] for b in [*backends, "naive"]}
+    first: dict[str, list[float]] = {b: [] for b in backends}
     envs = {b: SWEEnv(backend=b) for b in backends}
     try:
-        for backend, env in envs.items():  # warm-up: first sandbox per library, image builds
+        for backend, env in envs.items():  # warm-up: first sandbox per library, image builds, visible baselines
             for task, spec in plan[: len(tasks)]:
-                env_episode(env, task, spec.visible_tests[0])
+                first[backend].append(env_episode(env, task, spec.visible_tests[0])[2])
         for task, spec in plan:  # interleaved so background load hits every method alike
             for backend, env in envs.items():
                 results[backend].append(env_episode(env, task, spec.visible_tests[0]))
@@ -87,13 +103,16 @@ def main() -> None:
             env.close()
 
     print(f"\nSWE episode costs over {args.episodes} smoke episodes (median seconds)")
-    print(f"  {'method':<8} {'setup p50':>10} {'setup max':>10} {'run_tests p50':>14}")
+    print(f"  {'method':<8} {'setup p50':>10} {'setup max':>10} {'run_tests p50':>14} {'grade p50':>10} "
+          f"{'grade max':>10} {'first grade p50':>16}")
     for method, values in results.items():
-        setups, runs = [s for s, _ in values], [r for _, r in values]
-        print(f"  {method:<8} {statistics.median(setups):>10.3f} {max(setups):>10.3f} {statistics.median(runs):>14.3f}")
-    naive_setup = statistics.median(s for s, _ in results["naive"])
+        setups, runs, grades = ([v[i] for v in values] for i in range(3))
+        first_grade = f"{statistics.median(first[method]):>16.3f}" if first.get(method) else f"{'-':>16}"
+        print(f"  {method:<8} {statistics.median(setups):>10.3f} {max(setups):>10.3f} {statistics.median(runs):>14.3f} "
+              f"{statistics.median(grades):>10.3f} {max(grades):>10.3f} {first_grade}")
+    naive_setup = statistics.median(v[0] for v in results["naive"])
     for backend in backends:
-        ours = statistics.median(s for s, _ in results[backend])
+        ours = statistics.median(v[0] for v in results[backend])
         print(f"  setup: {backend} is {naive_setup / ours:.1f}x faster than the naive copy + venv")
     if "docker" not in backends:
         print("  (docker rows skipped: no Docker daemon answers; start dockerd or set DOCKER_HOST)")

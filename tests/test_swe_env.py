@@ -17,6 +17,7 @@ from agentgym.tasks.swe.builder import load_specs
 from agentgym.tasks.swe.libraries import LIBRARIES, fetch_library
 from agentgym.tasks.swe.mutations import apply_mutation, candidate_mutations
 from tests.dockerd import docker_daemon
+from tests.test_swe_reward_hacking import FORGE_HOOK
 
 
 def call(name: str, **arguments: object) -> str:
@@ -79,6 +80,9 @@ def test_smoke_suite_validates_on_bwrap(smoke):
             assert traj.outcome["success"] and traj.turns[-1].reward == 1.0, (task.id, traj.outcome)
             assert traj.turns[-1].info["patch"].startswith("diff --git")
             assert traj.turns[-1].info["channels"]["outcome"] == OUTCOME_REWARDS["tests_pass"]
+            grading = traj.turns[-1].info["grading"]
+            assert grading["regressions"] == [] and grading["ignored_paths"] == []
+            assert grading["graded_paths"] == [task.metadata["spec"]["mutation"]["file"]]
             env.reset(options={"task": task})
             _, reward, terminated, _, info = env.step("submit()")
             assert terminated and reward == 0.0 and not info["outcome"]["success"], task.id
@@ -180,6 +184,10 @@ def test_smoke_suite_validates_on_docker(smoke, docker_host):
             env.reset(options={"task": task})
             _, reward, _, _, info = env.step("submit()")
             assert reward == 0.0 and not info["outcome"]["success"]
+        env.reset(options={"task": smoke.test[0]})  # grading in a clean container ignores a forging conftest
+        env.step(call("create", path="conftest.py", text=FORGE_HOOK))
+        _, reward, _, _, info = env.step("submit()")
+        assert reward == 0.0 and info["turn"]["grading"]["ignored_paths"] == ["conftest.py"]
         env.reset(options={"task": smoke.test[0]})
         probe = "import socket\nsocket.getaddrinfo('pypi.org', 443)"
         assert "gaierror" in env.step(call("bash", command=f"python -c {shlex.quote(probe)}"))[0]

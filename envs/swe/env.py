@@ -3,15 +3,25 @@
 Each episode gets a fresh copy of the buggy repository in its own sandbox (bubblewrap or a Docker
 container; no network, resource limits). The tests that reveal the bug are hidden; the agent reads the
 statement, explores with ``bash``/``view``, edits with ``str_replace``/``create``, runs the visible tests
-with ``run_tests`` and finally calls ``submit``. Grading puts every pristine test file back (so editing or
-deleting tests cannot help), runs the hidden FAIL_TO_PASS and the PASS_TO_PASS tests, and rewards the
-fraction of FAIL_TO_PASS that pass; success needs all of both.
+with ``run_tests`` and finally calls ``submit``.
 
-Reward channels for gated accumulation (G-RA, spec section 5) are reported in ``info["turn"]["channels"]``
-on every step: ``tool_validity`` (+1 per tool call that ran, -1 per malformed or failing one),
-``test_runs``, and on the last step ``outcome`` (the project's r_high table: no submit 0.0, empty patch
-0.1, patch failing tests 0.5, all tests pass 1.0), ``patch_submitted`` and ``f2p_fraction``. The final patch
-(``git diff`` against the buggy baseline) is stored in ``info["turn"]["patch"]`` of the submit step.
+Grading measures the fix and nothing else. ``submit`` stages everything (``git add -A``: untracked files too)
+and diffs against the baseline commit; that exact text is ``info["turn"]["patch"]`` and is what is graded, in
+a *fresh* sandbox session the agent never touched: the pristine buggy tree is rebuilt, the patch applied, and
+only changes to source modules under the library's package directory are kept (every other path, e.g.
+conftest files, pytest/tox/setup.cfg/pyproject settings, ``sitecustomize``/``usercustomize``, ``.pth`` files,
+plugin modules, tests, is put back from the pristine tree and listed as ignored). pytest then runs under
+``python -I`` with a grader-chosen environment and reports per-test outcomes through a descriptor and a
+random key the tested code never sees; a test with no report counts as failed, and a report of "passed" for
+a test whose call raised counts as failed and "tampered" (see :func:`agentgym.tasks.swe.workspace.grade_code`).
+
+Score: with f = passing FAIL_TO_PASS / all FAIL_TO_PASS and G the guarded tests (PASS_TO_PASS plus every
+visible test that passes on the buggy tree), reward = score = f * (1 - regressions / |G|); success = f == 1 and
+no regressions. Reward channels for gated accumulation (G-RA, spec section 5) are reported in
+``info["turn"]["channels"]`` on every step: ``tool_validity`` (+1 per tool call that ran, -1 per malformed or
+failing one), ``test_runs``, and on the last step ``outcome`` (the project's r_high table: no submit 0.0, no
+graded change 0.1, a graded change that fails 0.5, success 1.0), ``patch_submitted`` and ``f2p_fraction``.
+``info["turn"]["grading"]`` holds the details (regressions by id, graded and ignored paths, tampered reports).
 """
 
 from __future__ import annotations
@@ -29,10 +39,11 @@ from agentgym.parsers import CompositeParser, FunctionCallParser, HermesParser, 
 from agentgym.suite import Task
 from agentgym.toolset import ToolResult, ToolSet, tool
 
-__all__ = ["OUTCOME_REWARDS", "SWEEnv", "resolve_repo_path"]
+__all__ = ["OUTCOME_REWARDS", "SWEEnv", "resolve_repo_path", "score_submission"]
 
 OUTCOME_REWARDS = {"no_submit": 0.0, "empty_patch": 0.1, "tests_fail": 0.5, "tests_pass": 1.0}
 MAX_EDIT_CHARS = 200_000
+MAX_PATCH_BYTES = 1 << 20
 MAX_PATH_CHARS = 1024
 VIEW_MAX_LINES = 400
 
@@ -98,6 +109,9 @@ class SWEEnv(AgentEnv):
         self.max_output_chars = max_output_chars
         self._suite_name = suite
         self._session: Any = None
+        self._base_commit = "HEAD"
+        self._patch: str | None = None
+        self._grading: dict[str, Any] | None = None
         self._spec: Any = None
         self._library: Any = None
         super().__init__(max_turns=max_turns, tasks=tasks, max_action_chars=max_action_chars, max_calls_per_turn=4,
@@ -240,37 +254,68 @@ print("\\n[" + _status + "]")
     @tool
     def submit(self) -> ToolResult:
         """Submit your fix: the hidden tests are run and the episode ends."""
-        from agentgym.tasks.swe.workspace import REPO, collect_results, run_tests_code
-
         if not self._ensure_repo():
-            self._finish_submission("", {}, "the repository was deleted")
-            return ToolResult("Submitted, but the repository was gone: nothing to grade.")
-        patch = self._run(f'''
-import subprocess
-_d = subprocess.run(["git", "diff", "--no-color", "HEAD"], cwd={REPO!r}, capture_output=True, text=True)
-print(_d.stdout, end="")
-''', 60)
-        ids = [*self._spec.fail_to_pass, *self._spec.pass_to_pass]
-        code = run_tests_code(self._library, ids, timeout_s=self.test_timeout_s, restore_tests=True)
-        _, results = collect_results(self._run(code, self.test_timeout_s))
-        return ToolResult(self._finish_submission(patch, dict(results.get("outcomes") or {}), ""))
+            return ToolResult(self._finish_submission("", None, "the repository was deleted: nothing to grade"))
+        patch, problem = self._extract_patch()
+        if problem or not patch.strip():
+            return ToolResult(self._finish_submission("", None, problem))
+        return ToolResult(self._finish_submission(patch, self._grade(patch), ""))
 
-    def _finish_submission(self, patch: str, outcomes: dict[str, str], problem: str) -> str:
-        spec = self._spec
-        f2p = sum(outcomes.get(t) == "passed" for t in spec.fail_to_pass)
-        p2p = sum(outcomes.get(t) == "passed" for t in spec.pass_to_pass)
-        fraction = f2p / len(spec.fail_to_pass)
-        success = f2p == len(spec.fail_to_pass) and p2p == len(spec.pass_to_pass)
-        non_empty = bool(patch.strip())
-        outcome = OUTCOME_REWARDS["tests_pass" if success else "tests_fail" if non_empty else "empty_patch"]
-        self.add_reward("tests", fraction)
-        self._channels.update({"outcome": outcome, "patch_submitted": float(non_empty), "f2p_fraction": fraction})
-        self._patch = patch
+    def _extract_patch(self) -> tuple[str, str]:
+        """The agent's whole change (untracked files included) against the baseline commit, or a problem."""
+        from agentgym.tasks.swe.workspace import parse_json_reply, patch_code
+
+        reply = parse_json_reply(self._run(patch_code(self._base_commit, max_bytes=MAX_PATCH_BYTES), 90)) or {}
+        patch = reply.get("patch")
+        if isinstance(patch, str):
+            return patch, ""
+        return "", str(reply.get("error") or "could not compute the patch")
+
+    def _grade(self, patch: str) -> dict[str, Any]:
+        """Apply ``patch`` to the pristine buggy tree in a fresh sandbox session and run the hidden tests there.
+
+        The agent's own sandbox is never used for grading: anything it left there (conftest files, settings,
+        ``.pth`` files, processes) cannot touch the run. See :func:`agentgym.tasks.swe.workspace.grade_code`.
+        """
+        from agentgym.tasks.swe.libraries import fetch_library
+        from agentgym.tasks.swe.workspace import grade_code, parse_json_reply, tree_payload
+        from agentgym.tools.sandbox import SandboxError
+
+        spec, lib = self._spec, self._library
+        visible_pass = _known_visible_pass(spec)
+        files = spec.buggy_files(fetch_library(spec.library))
+        guard_files = list(spec.visible_tests) if visible_pass is None or visible_pass else []
+        code = grade_code(lib, files, spec.hidden_tests, patch, [*spec.fail_to_pass, *spec.pass_to_pass, *guard_files],
+                          baseline_args=list(spec.visible_tests) if visible_pass is None else [],
+                          timeout_s=self.test_timeout_s, pristine_tree=tree_payload(fetch_library(spec.library)))
+        try:
+            with self._session.pool.session() as grader:
+                result = grader.run(code, timeout_s=2 * self.test_timeout_s + 60, cpu_s=2 * self.test_timeout_s + 60,
+                                    max_output=16 << 20)
+        except SandboxError as exc:
+            raise EnvCrashed(f"the grading sandbox failed: {exc}") from exc
+        reply = parse_json_reply(result.stdout) if result.status == "ok" else None
+        if reply is None:
+            last = (result.stderr.strip().splitlines() or [result.status])[-1]
+            return {"applied": False, "problem": f"grading crashed ({result.status}): {last[-300:]}"}
+        if reply.get("baseline") is not None:
+            visible_pass = _VISIBLE_PASS.setdefault(_spec_key(spec), tuple(reply["baseline"]))
+        reply["visible_pass"] = list(visible_pass or ())
+        return reply
+
+    def _finish_submission(self, patch: str, graded: dict[str, Any] | None, problem: str) -> str:
+        """Score a submission (formula in the module docstring) and end the episode."""
+        grading = score_submission(self._spec, graded or {}, problem)
+        success = grading["success"]
+        tier = "tests_pass" if success else "tests_fail" if grading["graded_paths"] else "empty_patch"
+        outcome = OUTCOME_REWARDS[tier]
+        self.add_reward("tests", grading["reward"])
+        self._channels.update({"outcome": outcome, "patch_submitted": float(bool(grading["graded_paths"])),
+                               "f2p_fraction": grading["f2p_passed"] / grading["f2p_total"]})
+        self._patch, self._grading = patch, grading
         self.mark_answer()
-        self.finish(success=success, score=fraction, reason="solved" if success else "answered")
-        return (f"Submitted. Hidden tests: {f2p}/{len(spec.fail_to_pass)} of the failing tests now pass, "
-                f"{p2p}/{len(spec.pass_to_pass)} of the other checked tests pass."
-                + (f" ({problem})" if problem else ""))
+        self.finish(success=success, score=grading["reward"], reason="solved" if success else "answered")
+        return _submission_message(grading, self._library.package_dir)
 
     def _ensure_repo(self) -> bool:
         from agentgym.tasks.swe.workspace import REPO
@@ -292,9 +337,9 @@ print(_d.stdout, end="")
         return pool[int(rng.integers(len(pool)))]
 
     def _begin_episode(self, task: Task) -> str:
-        from agentgym.tasks.swe.builder import SweTaskSpec, sandbox_config_for
+        from agentgym.tasks.swe.builder import SweTaskSpec
         from agentgym.tasks.swe.libraries import fetch_library, get_library
-        from agentgym.tasks.swe.workspace import setup_code
+        from agentgym.tasks.swe.workspace import setup_code, tree_payload
         from agentgym.tools.sandbox import default_pool
 
         spec_data = task.metadata.get("spec")
@@ -307,13 +352,17 @@ print(_d.stdout, end="")
                             f"{self._library.key} is pinned; rebuild tasks with `agentgym tasks build swe`.")
         if self._session is not None:
             self._session.close()
-        pool = default_pool(sandbox_config_for(self._spec.library, backend=self.backend))
+        pool = default_pool(_episode_sandbox_config(self._spec.library, self.backend))
         self._session = pool.session()
         self._channels: dict[str, float] = {}
         self._patch: str | None = None
+        self._grading: dict[str, Any] | None = None
         files = self._spec.buggy_files(fetch_library(self._spec.library))
-        if self._run(setup_code(self._library, files, self._spec.hidden_tests), 120).strip() != "ready":
+        tree = tree_payload(fetch_library(self._spec.library), files, drop=self._spec.hidden_tests)
+        ready = self._run(setup_code(self._library, files, self._spec.hidden_tests, tree=tree), 120).split()
+        if len(ready) != 2 or ready[0] != "ready":
             raise EnvCrashed("the repository could not be prepared in the sandbox")
+        self._base_commit = ready[1]
         return (f"{self._spec.statement}\n\nThe repository ({self._library.key}) is at the current directory. "
                 f"Visible test files: {', '.join(self._spec.visible_tests[:12])}"
                 + (" ..." if len(self._spec.visible_tests) > 12 else ""))
@@ -328,6 +377,8 @@ print(_d.stdout, end="")
         turn_info["channels"] = dict(self._channels)
         if self._patch is not None:
             turn_info["patch"] = self._patch
+        if self._grading is not None:
+            turn_info["grading"] = dict(self._grading)
         return observation, kind
 
     def _task_instructions(self) -> str:
@@ -359,6 +410,90 @@ print(_d.stdout, end="")
             self._session.close()
             self._session = None
         super().close()
+
+
+_VISIBLE_PASS: dict[str, tuple[str, ...]] = {}
+
+
+def _episode_sandbox_config(library: str, backend: str) -> Any:
+    """The library's sandbox settings without the pristine tree: episodes are sent their files instead.
+
+    A mounted (or baked-in) pristine tree would let the agent read the unmutated source and the hidden tests;
+    grading sessions come from the same pool and are sent the pristine tree they need.
+    """
+    import dataclasses
+
+    from agentgym.tasks.swe.builder import sandbox_config_for
+    from agentgym.tasks.swe.images import BASE_IMAGE
+
+    return dataclasses.replace(sandbox_config_for(library, backend=backend), mounts=(), docker_image=BASE_IMAGE)
+
+
+def _spec_key(spec: Any) -> str:
+    import json
+
+    return json.dumps([spec.id, spec.library, spec.version, spec.mutation.to_dict()], sort_keys=True)
+
+
+def _known_visible_pass(spec: Any) -> tuple[str, ...] | None:
+    """Visible tests that pass on the buggy tree: from the spec when it has them, else measured once per process."""
+    stored = getattr(spec, "visible_pass", None)
+    if stored is None:
+        stored = spec.extra.get("visible_pass")
+    if stored is not None:
+        return tuple(stored)
+    return _VISIBLE_PASS.get(_spec_key(spec))
+
+
+def score_submission(spec: Any, graded: dict[str, Any], problem: str = "") -> dict[str, Any]:
+    """Turn a grader reply into the episode's grading record (what ``info["turn"]["grading"]`` shows).
+
+    With f = passing FAIL_TO_PASS / all FAIL_TO_PASS and G = PASS_TO_PASS plus the visible tests that pass on
+    the buggy tree: reward = f * (1 - regressions / |G|); success = f == 1, no regression and no problem.
+    A test with no reported outcome counts as failed.
+    """
+    outcomes: dict[str, str] = dict(graded.get("outcomes") or {})
+    problem = problem or str(graded.get("problem") or "")
+    applied = bool(graded.get("applied"))
+    ran = applied and not graded.get("skipped")
+    f2p = sum(outcomes.get(t) == "passed" for t in spec.fail_to_pass)
+    guarded = list(dict.fromkeys([*spec.pass_to_pass, *graded.get("visible_pass", ())]))
+    regressions = [t for t in guarded if outcomes.get(t) != "passed"] if ran else []
+    kept = 1.0 - len(regressions) / len(guarded) if guarded else 1.0
+    return {"applied": applied, "tests_ran": ran, "f2p_passed": f2p, "f2p_total": len(spec.fail_to_pass),
+            "regressions": regressions, "guarded_total": len(guarded),
+            "graded_paths": list(graded.get("graded") or []), "ignored_paths": list(graded.get("ignored") or []),
+            "tampered": list(graded.get("tampered") or []), "problem": problem,
+            "reward": f2p / len(spec.fail_to_pass) * kept,
+            "success": applied and f2p == len(spec.fail_to_pass) and not regressions and not problem,
+            "seconds": graded.get("grade_s")}
+
+
+def _submission_message(grading: dict[str, Any], package_dir: str) -> str:
+    """What the agent reads after submit: counts, regressions and ignored paths, never the hidden tests' output."""
+    if not grading["applied"]:
+        return ("Submitted, but nothing was graded: "
+                + (grading["problem"] or "the patch is empty (no change to the repository)") + ".")
+    lines = [f"Submitted. Hidden tests: {grading['f2p_passed']}/{grading['f2p_total']} of the failing tests now pass."]
+    regressions = grading["regressions"]
+    if not grading["tests_ran"]:
+        lines.append("The patch changes no source module of the library, so the tree is the buggy one.")
+    elif regressions:
+        shown = ", ".join(regressions[:10]) + (f" and {len(regressions) - 10} more" if len(regressions) > 10 else "")
+        lines.append(f"{len(regressions)} of {grading['guarded_total']} tests that passed before now fail: {shown}.")
+    elif grading["guarded_total"]:
+        lines.append(f"No regressions in {grading['guarded_total']} tests that passed before.")
+    ignored = grading["ignored_paths"]
+    if ignored:
+        shown = ", ".join(ignored[:10]) + (f" and {len(ignored) - 10} more" if len(ignored) > 10 else "")
+        lines.append(f"Ignored changes to: {shown} (only source modules under {package_dir}/ are graded; tests, "
+                     "conftest files and settings are restored from the original repository).")
+    if grading["tampered"]:
+        lines.append(f"{len(grading['tampered'])} test report(s) disagreed with what the test raised; "
+                     "counted as failed.")
+    if grading["problem"]:
+        lines.append(f"Problem: {grading['problem']}.")
+    return " ".join(lines)
 
 
 def _hermes(name: str, arguments: dict[str, Any]) -> str:
