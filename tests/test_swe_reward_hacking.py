@@ -227,3 +227,25 @@ def test_regressions_block_success_and_cut_the_reward(env, task):
     assert any("test_dicttoolz.py::test_merge" in t for t in grading["regressions"]), grading
     assert 0.0 < reward < 1.0 and reward == pytest.approx(1 - len(grading["regressions"]) / grading["guarded_total"])
     assert "now fail" in obs
+
+
+def test_an_installed_copy_of_the_library_is_hidden_from_the_sandbox():
+    """The host's site-packages are mounted read-only; tabulate comes installed with reasoning-gym, and an agent
+    on a tabulate task could read its unmutated upstream source there. The episode's sandbox shows it empty."""
+    import importlib.util
+    import os
+
+    from agentgym.envs.swe.env import _episode_sandbox_config, installed_copies
+    from agentgym.tools.sandbox import SandboxPool
+
+    spec = importlib.util.find_spec("tabulate")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("tabulate is not installed as a package on the host (nothing to hide)")
+    host_dir = os.path.realpath(spec.submodule_search_locations[0])
+    assert installed_copies("tabulate") == (host_dir,)
+    assert os.listdir(host_dir), "the host copy should be non-empty for this test to mean anything"
+    with SandboxPool(_episode_sandbox_config("tabulate", "bwrap")) as pool, pool.session() as py:
+        listing = py.run(f"import os; print(os.listdir({host_dir!r}))")
+        assert listing.ok and listing.stdout.strip() == "[]", listing
+        imported = py.run("import tabulate; print(getattr(tabulate, 'tabulate', None))")
+        assert imported.stdout.strip() == "None", imported

@@ -426,7 +426,32 @@ def _episode_sandbox_config(library: str, backend: str) -> Any:
     from agentgym.tasks.swe.builder import sandbox_config_for
     from agentgym.tasks.swe.images import BASE_IMAGE
 
-    return dataclasses.replace(sandbox_config_for(library, backend=backend), mounts=(), docker_image=BASE_IMAGE)
+    return dataclasses.replace(sandbox_config_for(library, backend=backend), mounts=(), docker_image=BASE_IMAGE,
+                               hidden_paths=installed_copies(library))
+
+
+def installed_copies(library: str) -> tuple[str, ...]:
+    """Where the host's Python has its own copy of ``library`` installed (found without importing it).
+
+    The host's site-packages are mounted read-only into every sandbox, so an installed copy (tabulate comes
+    with reasoning-gym) would hand the agent the upstream source of the very code it is asked to fix; the
+    sandbox shows these paths empty instead.
+    """
+    import importlib.util
+    import os
+
+    from agentgym.tasks.swe.libraries import get_library
+
+    name = os.path.basename(get_library(library).package_dir.rstrip("/"))
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return ()
+    if spec is None:
+        return ()
+    if spec.submodule_search_locations:
+        return tuple(sorted(os.path.realpath(p) for p in spec.submodule_search_locations))
+    return (os.path.realpath(spec.origin),) if spec.origin and os.path.exists(spec.origin) else ()
 
 
 def _spec_key(spec: Any) -> str:

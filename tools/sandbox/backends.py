@@ -195,6 +195,11 @@ class BwrapBackend(Backend):
             cmd += ["--ro-bind", root, root]
         for host_path, target in config.mounts:
             cmd += ["--ro-bind", host_path, target]
+        for path in config.hidden_paths:
+            if os.path.isdir(path):
+                cmd += ["--size", "4096", "--tmpfs", path, "--remount-ro", path]
+            elif os.path.exists(path):
+                cmd += ["--ro-bind", "/dev/null", path]
         cmd += ["--ro-bind", str(ZYGOTE_SOURCE), ZYGOTE_PATH, "--ro-bind", ipc_dir, IPC_DIR,
                 "--remount-ro", "/", "--chdir", WORK_DIR, "--clearenv"]
         for key, value in THREAD_ENV.items():
@@ -304,6 +309,11 @@ class DockerBackend(Backend):
             cmd += ["-v", f"{root}:{root}:ro"]
         for host_path, target in config.mounts:
             cmd += ["-v", f"{host_path}:{target}:ro"]
+        for path in config.hidden_paths:
+            if os.path.isdir(path):
+                cmd += ["--tmpfs", f"{path}:ro,size=4k"]
+            elif os.path.exists(path):
+                cmd += ["-v", f"/dev/null:{path}:ro"]
         for key, value in THREAD_ENV.items():
             cmd += ["-e", f"{key}={value}"]
         return cmd + [config.docker_image] + _zygote_argv(config.preload)

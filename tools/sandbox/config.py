@@ -78,6 +78,10 @@ class SandboxConfig:
         mounts: Extra read-only mounts ``(host_path, sandbox_path)``, e.g. a pristine repository that each
             episode copies into its work dir (the SWE env). Sandbox paths must be absolute and may not
             shadow the sandbox's own directories.
+        hidden_paths: Host paths inside the mounted Python installation that the sandbox must see as empty (a
+            directory) or as an empty file. Why: the host's site-packages are mounted read-only, so a package
+            installed there (tabulate comes with reasoning-gym) would hand an SWE agent the unmutated upstream
+            source of the library it is asked to fix.
     """
 
     backend: str = "auto"
@@ -88,6 +92,7 @@ class SandboxConfig:
     docker_image: str = "agentgym-sandbox:2"
     allow_no_cgroups: bool = False
     mounts: tuple[tuple[str, str], ...] = ()
+    hidden_paths: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -108,6 +113,11 @@ class SandboxConfig:
                     or any(mount[1].startswith(r + "/") for r in reserved if r != "/opt")):
                 raise ConfigError(f"SandboxConfig.mounts entries must be (host_path, absolute sandbox path) "
                                   f"outside {', '.join(reserved)}; got {mount!r}. Use e.g. /opt/data.")
+        if isinstance(self.hidden_paths, str) or not all(
+                isinstance(p, str) and p.startswith("/") and p.rstrip("/") not in ("", *reserved)
+                for p in self.hidden_paths):
+            raise ConfigError(f"SandboxConfig.hidden_paths must be a tuple of absolute host paths (not a sandbox "
+                              f"directory such as {', '.join(reserved)}); got {self.hidden_paths!r}.")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> SandboxConfig:
