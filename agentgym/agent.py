@@ -15,6 +15,7 @@ from typing import Any
 
 from agentgym.errors import AgentGymError
 from agentgym.policies.base import Generation, GenerationRequest, SamplingParams
+from agentgym.trajectory import utf8_safe
 
 __all__ = ["ChatAgent"]
 
@@ -48,7 +49,8 @@ class ChatAgent:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
     def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
+        # A tokenizer cannot take lone surrogates (sandbox output, model text): the model sees them as "\udXXX".
+        return list(self.tokenizer.encode(utf8_safe(text), add_special_tokens=False)) if text else []
 
     def _glue(self) -> tuple[str, str, str]:
         """(assistant close, observation prefix, observation suffix) as the template renders them."""

@@ -51,12 +51,14 @@ from agentgym.env import fork_env
 from agentgym.errors import AgentGymError, ConfigError
 from agentgym.policies.base import Generation, Policy, SamplingParams
 from agentgym.rollout import (
+    EnvExecutor,
     EpisodeSpec,
     RolloutConfig,
     _close_quietly,
     _EnvPool,
     _text_of,
     call_env,
+    episode_outcome,
     final_state,
     make_turn,
     turn_sampling,
@@ -223,7 +225,7 @@ class BranchingSampler:
         run_id = uuid.uuid4().hex[:8]
         started = time.perf_counter()
         pool = _EnvPool()
-        executor = concurrent.futures.ThreadPoolExecutor(self.rollout.env_workers, thread_name_prefix="agentgym-branch")
+        executor = EnvExecutor(self.rollout.env_workers, name="agentgym-branch")  # daemon threads: a hang never blocks exit
         rngs = [np.random.default_rng([cfg.seed, g]) for g in range(len(groups))]
         created: list[list[_Live]] = [[] for _ in groups]
         fresh_used = [0] * len(groups)
@@ -399,7 +401,7 @@ class BranchingSampler:
             live.observation = _text_of(next_obs)
             live.agent.add_observation(live.observation)
             if terminated or truncated:
-                live.outcome = dict(info.get("outcome") or {})
+                live.outcome = episode_outcome(info, truncated)  # a TimeLimit truncation is max_turns
                 live.healthy = live.outcome.get("end_reason") != "error"
                 live.done = True
         except TimeoutError:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import logging
 import os
 import shutil
@@ -26,24 +27,29 @@ log = logging.getLogger(__name__)
 CACHE_ENV = "AGENTGYM_CACHE_DIR"
 _LEGACY_ENV = "AGENTGYM_CACHE"
 _COMPLETE = ".agentgym-complete"
+_warned_legacy = False
 
 
 def cache_root() -> Path:
     """``$AGENTGYM_CACHE_DIR``, else ``$XDG_CACHE_HOME/agentgym``, else ``~/.cache/agentgym``.
 
     The older SWE-only variable ``AGENTGYM_CACHE`` is still honoured when ``AGENTGYM_CACHE_DIR`` is unset, with
-    a warning that names its replacement, so existing set-ups keep their downloads.
+    a warning (once per process) that names its replacement, so existing set-ups keep their downloads. The
+    path is made absolute, so subprocesses started in another directory agree on it.
     """
+    global _warned_legacy
     root = os.environ.get(CACHE_ENV)
     if root:
-        return Path(root).expanduser()
+        return Path(root).expanduser().absolute()
     legacy = os.environ.get(_LEGACY_ENV)
     if legacy:
-        log.warning("%s is deprecated; set %s=%s instead (one cache root for every family).",
-                    _LEGACY_ENV, CACHE_ENV, legacy)
-        return Path(legacy).expanduser()
+        if not _warned_legacy:
+            _warned_legacy = True
+            log.warning("%s is deprecated; set %s=%s instead (one cache root for every family).",
+                        _LEGACY_ENV, CACHE_ENV, legacy)
+        return Path(legacy).expanduser().absolute()
     xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "agentgym"
+    return (Path(xdg).expanduser().absolute() if xdg else Path.home() / ".cache") / "agentgym"
 
 
 @contextlib.contextmanager
@@ -62,8 +68,16 @@ def file_lock(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _is_complete(target: Path) -> bool:
-    return (target / _COMPLETE).exists() if target.is_dir() else target.is_file()
+def _is_complete(target: Path, directory: bool) -> bool:
+    return (target / _COMPLETE).is_file() if directory else target.is_file()
+
+
+def _remove(path: Path) -> None:
+    """Delete a file, a link or a whole tree, whichever ``path`` is."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def build_once(target: Path, build: Callable[[Path], None], *, directory: bool = True) -> Path:
@@ -78,18 +92,19 @@ def build_once(target: Path, build: Callable[[Path], None], *, directory: bool =
             single file.
 
     A failed or killed build leaves no entry behind: the next caller starts over. Temporaries left by a
-    builder that was killed are removed by the next builder (they are recognisable by their prefix).
+    builder that was killed are removed by the next builder (they are recognisable by their prefix), and its
+    lock dies with it (``flock``). A complete entry is never modified, so it is safe to read without a lock.
     """
     target = Path(target)
-    if _is_complete(target):
+    if _is_complete(target, directory):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(target.parent / f".{target.name}.lock"):
-        if _is_complete(target):
+        if _is_complete(target, directory):
             return target
         prefix = f".{target.name}.building-"
-        for stale in target.parent.glob(prefix + "*"):  # from a builder killed mid-way; we hold the lock
-            shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
+        for stale in target.parent.glob(glob.escape(prefix) + "*"):  # from a builder killed mid-way
+            _remove(stale)
         if directory:
             tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
         else:
@@ -101,12 +116,12 @@ def build_once(target: Path, build: Callable[[Path], None], *, directory: bool =
             if directory:
                 (tmp / _COMPLETE).write_text("ok\n")
                 os.chmod(tmp, 0o755)  # mkdtemp makes 0700; caches are read by sandboxes (uid 65534) too
-                if target.exists():  # an incomplete entry from an older, non-atomic version
-                    shutil.rmtree(target)
             else:
                 os.chmod(tmp, 0o644)
+            if target.exists() or target.is_symlink():  # an incomplete entry from an older, non-atomic version
+                _remove(target)
             os.replace(tmp, target)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+            _remove(tmp)
             raise
     return target

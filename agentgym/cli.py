@@ -127,27 +127,71 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     sampling = SamplingParams(max_tokens=max_tokens, temperature=args.temperature, seed=args.seed)
     config = RolloutConfig(max_in_flight=args.max_in_flight, sampling=sampling, progress=not args.no_progress,
                            system_prompt=system_prompt)
-    policy = make_policy(args.policy)
     out_dir = Path(args.out or f"runs/eval-{suite.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    specs = episodes_for_suite(suite, args.split, group_size=args.group_size, seed=args.seed, limit=args.limit)
+    run = {"suite": suite.name, "split": args.split, "policy": args.policy, "seed": args.seed,
+           "group_size": args.group_size}
+    previous = _prepare_run_dir(out_dir, run, resume=args.resume, overwrite=args.overwrite)
+    done = {(t.task_id, t.seed) for t in previous}
+    specs = [s for s in episodes_for_suite(suite, args.split, group_size=args.group_size, seed=args.seed,
+                                           limit=args.limit)
+             if (s.task.id if s.task is not None else "", s.seed) not in done]
+    console = Console()
+    if previous:
+        console.print(f"resuming {out_dir}: {len(previous)} episodes already done, {len(specs)} to run")
+    policy = make_policy(args.policy)
     started = time.perf_counter()
     try:
         with TrajectoryWriter(out_dir / "trajectories.jsonl") as writer:
-            trajectories = RolloutEngine(policy, config).run(specs, writer=writer)
+            trajectories = previous + RolloutEngine(policy, config).run(specs, writer=writer)
     finally:
         policy.close()
     summary = summarize(trajectories)
+    summary["write_failures"] = writer.failed
     summary["wall_s"] = time.perf_counter() - started
     summary.update({"suite": suite.name, "split": args.split, "policy": args.policy})
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     title = f"{suite.name} [{args.split}] with {args.policy}"
     write_html_report(out_dir / "report.html", summary, trajectories, title)
-    console = Console()
     console.print(render_summary_table(summary, title=title))
     console.print(f"trajectories: {out_dir / 'trajectories.jsonl'}\nsummary: {out_dir / 'summary.json'}\n"
                   f"report: {out_dir / 'report.html'}")
     return 0
+
+
+_RUN_FILES = ("trajectories.jsonl", "trajectories.errors.jsonl", "summary.json", "report.html", "run.json")
+
+
+def _prepare_run_dir(out_dir: Path, run: dict[str, Any], *, resume: bool, overwrite: bool) -> list[Any]:
+    """Make ``out_dir`` ready for an eval run and return the trajectories a resumed run already has.
+
+    Appending to an existing run silently duplicated its episodes, so a non-empty directory is refused unless
+    the user says what they want: ``--resume`` (keep what is there, run the rest; only with the same suite,
+    split, policy, seed and group size) or ``--overwrite`` (delete the previous run's files, nothing else).
+    """
+    from agentgym.storage import read_trajectories
+
+    existing = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
+    if existing and not (resume or overwrite):
+        shown = ", ".join(existing[:5]) + (", ..." if len(existing) > 5 else "")
+        raise ConfigError(
+            f"{out_dir} is not empty ({shown}). Pass --resume to run only the episodes missing from its "
+            "trajectories.jsonl, --overwrite to replace its results, or choose a new --out directory."
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run_file = out_dir / "run.json"
+    if overwrite:
+        for name in _RUN_FILES:
+            (out_dir / name).unlink(missing_ok=True)
+    elif resume and run_file.is_file():
+        before = json.loads(run_file.read_text(encoding="utf-8"))
+        changed = {k: (before.get(k), v) for k, v in run.items() if before.get(k) != v}
+        if changed:
+            detail = "; ".join(f"{k}: {old!r} then, {new!r} now" for k, (old, new) in changed.items())
+            raise ConfigError(f"--resume needs the same settings as the run in {out_dir} ({detail}). Use them, "
+                              "or --overwrite to start that run again.")
+    run_file.write_text(json.dumps(run, indent=2), encoding="utf-8")
+    trajectories = out_dir / "trajectories.jsonl"
+    return list(read_trajectories(trajectories)) if resume and trajectories.is_file() else []
 
 
 def _trainer_for(config: Any) -> tuple[Any, str]:
@@ -208,24 +252,30 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _cmd_view(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     from agentgym.storage import read_trajectories
+    from agentgym.trajectory import utf8_safe
 
     path = Path(args.path)
     if not path.is_file():
         raise ConfigError(f"No trajectory file at {path}; pass the trajectories.jsonl written by 'agentgym eval'.")
     console = Console()
+
+    def shown(text: str) -> str:  # model text is neither rich markup nor always valid UTF-8
+        return escape(utf8_safe(text))
+
     for i, traj in enumerate(read_trajectories(path)):
         if args.limit is not None and i >= args.limit:
             break
-        console.rule(f"{traj.env_id} {traj.task_id} seed={traj.seed} success={traj.success} ({traj.end_reason})")
+        console.rule(shown(f"{traj.env_id} {traj.task_id} seed={traj.seed} success={traj.success} ({traj.end_reason})"))
         for turn in traj.turns:
-            console.print(f"[cyan]observation[/cyan] {turn.observation}", markup=True, highlight=False)
-            console.print(f"[yellow]action[/yellow] ({turn.kind}) {turn.action}", markup=True, highlight=False)
+            console.print(f"[cyan]observation[/cyan] {shown(turn.observation)}", markup=True, highlight=False)
+            console.print(f"[yellow]action[/yellow] ({turn.kind}) {shown(turn.action)}", markup=True, highlight=False)
         if traj.final_observation is not None:
-            console.print(f"[cyan]final observation[/cyan] {traj.final_observation}", markup=True, highlight=False)
+            console.print(f"[cyan]final observation[/cyan] {shown(traj.final_observation)}", markup=True, highlight=False)
         if traj.error:
-            console.print(f"[red]error[/red] {traj.error}", markup=True)
+            console.print(f"[red]error[/red] {shown(traj.error)}", markup=True)
     return 0
 
 
@@ -280,7 +330,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="system prompt (default: the one the model was trained with, else the env's instructions)")
     p.add_argument("--temperature", type=_non_negative_float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="output directory (default runs/eval-SUITE-TIME)")
+    p.add_argument("--out", default=None, help="output directory (default runs/eval-SUITE-TIME); must be new or "
+                   "empty unless --resume or --overwrite")
+    existing = p.add_mutually_exclusive_group()
+    existing.add_argument("--resume", action="store_true",
+                          help="continue the run in --out: skip (task, sample) pairs it already holds")
+    existing.add_argument("--overwrite", action="store_true", help="delete the results of the run in --out first")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_eval)
 

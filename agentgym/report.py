@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentgym.trajectory import Trajectory
+from agentgym.trajectory import Trajectory, utf8_safe
 
 __all__ = ["render_summary_table", "write_html_report"]
 
@@ -62,5 +62,5 @@ def write_html_report(path: str | Path, summary: Mapping[str, Any], trajectories
 <style>body{{font-family:sans-serif;max-width:1000px;margin:auto}} pre{{white-space:pre-wrap;background:#f6f6f6;padding:6px}}
 .ok summary{{color:#176f2c}} .fail summary{{color:#a31515}} .err{{color:#a31515}} table td{{padding:2px 10px}}</style>
 </head><body><h1>{html.escape(title)}</h1><table>{rows}</table><h2>Episodes</h2>{''.join(episodes)}</body></html>"""
-    path.write_text(page, encoding="utf-8")
+    path.write_text(utf8_safe(page), encoding="utf-8")  # model text may hold lone surrogates
     return path

@@ -7,7 +7,16 @@ as soon as the policy has a free slot. Episodes therefore pipeline: while some w
 others generate, and no turn waits for the slowest episode of a synchronous batch.
 
 An env that raises or hangs ends only its own episode (``end_reason="error"``); finished trajectories
-are streamed to JSONL as they complete, so a crash of the whole process loses no finished episode.
+are streamed to JSONL as they complete, so a crash of the whole process loses no finished episode, and a
+trajectory that cannot be written is counted (``stats["write_failures"]``) without costing the others.
+
+The step timeout counts only the time an env call runs, never the time it waited for a free worker. Env
+calls run on :class:`EnvExecutor`'s daemon threads: a call that runs past the timeout ends its episode,
+its env is abandoned (closed from another thread, never reused), a fresh worker takes the stuck one's
+place, and a call that never returns cannot keep the process from exiting (``ThreadPoolExecutor`` joins
+its threads at exit). Sandboxed code has its own, shorter limit inside the sandbox, so a stuck sandbox
+call still comes back; only in-process Python that never returns leaves a thread behind, and that thread
+holds nothing but its abandoned env.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
+import queue
 import threading
 import time
 import traceback
@@ -32,8 +42,8 @@ from agentgym.storage import TrajectoryWriter
 from agentgym.suite import Task, TaskSuite
 from agentgym.trajectory import Trajectory, Turn, jsonable
 
-__all__ = ["EpisodeSpec", "PolicyBatcher", "RolloutConfig", "RolloutEngine", "episodes_for_suite",
-           "run_reference_episode", "summarize"]
+__all__ = ["EnvExecutor", "EpisodeSpec", "PolicyBatcher", "RolloutConfig", "RolloutEngine", "call_env",
+           "episode_outcome", "episodes_for_suite", "run_reference_episode", "summarize"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +55,9 @@ class RolloutConfig:
     Attributes:
         max_in_flight: Episodes running at once.
         sampling: Sampling parameters for every turn.
-        step_timeout_s: An env ``reset``/``step`` taking longer ends its episode with ``error``.
-        env_workers: Threads that run env ``reset``/``step`` calls.
+        step_timeout_s: An env ``reset``/``step`` running longer ends its episode with ``error`` (the time
+            counts from when the call starts running, not from when it was queued for a worker).
+        env_workers: Threads that run env ``reset``/``step`` calls (daemon threads, see :class:`EnvExecutor`).
         max_context_tokens: When the prompt plus ``sampling.max_tokens`` would exceed this, the episode ends
             with ``context_limit`` (token-level policies only).
         system_prompt: Replaces the env's instructions as the system prompt (``None`` keeps them).
@@ -207,6 +218,84 @@ class PolicyBatcher:
             self.wakeup.set()
 
 
+class EnvExecutor(concurrent.futures.Executor):
+    """Runs env calls on a fixed number of daemon threads, replacing a thread stuck in a timed-out call.
+
+    Why not ``ThreadPoolExecutor``: Python joins its worker threads at interpreter exit, so a single env step
+    that never returns keeps the whole process alive after the rollout has ended. Daemon threads are not
+    joined; a stuck one is left behind with its abandoned env, and :meth:`replace_stuck_worker` starts
+    another so the pool keeps its capacity. (Threads, not processes: envs hold sandboxes, browsers and
+    sockets that cannot be moved to a child process, and their slow parts already run in one.)
+    """
+
+    def __init__(self, workers: int, name: str = "agentgym-env") -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._name = name
+        self._threads: list[threading.Thread] = []
+        self._stuck: set[threading.Thread] = set()
+        self._closed = False
+        for _ in range(workers):
+            self._spawn()
+
+    def _spawn(self) -> None:
+        thread = threading.Thread(target=self._work, name=f"{self._name}-{len(self._threads)}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("EnvExecutor is shut down; env calls cannot be scheduled after the rollout ended.")
+            future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            self._queue.put((future, fn, args, kwargs))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            future, fn, args, kwargs = item
+            del item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args, **kwargs))
+                except BaseException as exc:  # noqa: BLE001 - delivered to the waiting episode
+                    future.set_exception(exc)
+            del future, fn, args, kwargs
+            with self._lock:
+                if threading.current_thread() in self._stuck:  # it was replaced while stuck: keep the count
+                    self._stuck.discard(threading.current_thread())
+                    return
+
+    def replace_stuck_worker(self, thread: threading.Thread) -> None:
+        """``thread`` runs a call that is past its timeout: start a replacement; ``thread`` exits when it returns."""
+        with self._lock:
+            if self._closed or thread in self._stuck or thread not in self._threads:
+                return
+            self._stuck.add(thread)
+            self._spawn()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._closed = True
+            if cancel_futures:
+                while True:
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is not None:
+                        item[0].cancel()
+            for _ in self._threads:
+                self._queue.put(None)
+        if wait:  # a stuck thread may never return; it is a daemon and is not waited for
+            for thread in self._threads:
+                if thread not in self._stuck:
+                    thread.join()
+
+
 class _EnvPool:
     """Reuses idle envs per (env_id, kwargs) so browsers and sandboxes are not rebuilt every episode."""
 
@@ -300,7 +389,8 @@ class RolloutEngine:
         batcher = PolicyBatcher(self.policy, self.config.batch_window_s, self.config.deterministic)
         batcher.start()
         pool = _EnvPool()
-        executor = concurrent.futures.ThreadPoolExecutor(self.config.env_workers, thread_name_prefix="agentgym-env")
+        executor = EnvExecutor(self.config.env_workers)
+        write_failures = 0
         limiter = asyncio.Semaphore(self.config.max_in_flight)
         progress = _Progress(len(episodes), enabled=self.config.progress)
         started = time.perf_counter()
@@ -314,7 +404,13 @@ class RolloutEngine:
                     batcher.episode_finished()
             results[index] = traj
             if writer is not None:
-                await asyncio.get_running_loop().run_in_executor(executor, writer.write, traj)
+                nonlocal write_failures
+                try:
+                    if not await asyncio.to_thread(writer.write, traj):
+                        write_failures += 1  # kept in the writer's errors file
+                except Exception:  # noqa: BLE001 - e.g. disk full: this trajectory is returned, the rest go on
+                    write_failures += 1
+                    logger.exception("writing trajectory %s to %s failed", traj.traj_id, writer.path)
             if on_trajectory is not None:
                 on_trajectory(traj)
             progress.advance(traj)
@@ -326,8 +422,14 @@ class RolloutEngine:
             await batcher.stop()
             pool.close()
             executor.shutdown(wait=False, cancel_futures=True)
-        self.stats = {"policy_calls": batcher.calls, "episodes": len(episodes), "wall_s": time.perf_counter() - started}
-        return [r for r in results if r is not None]
+        finished = [r for r in results if r is not None]
+        errors = [t for t in finished if t.end_reason == "error"]
+        self.stats = {"policy_calls": batcher.calls, "episodes": len(episodes), "errors": len(errors),
+                      "write_failures": write_failures, "wall_s": time.perf_counter() - started}
+        if errors:  # trainers drop these episodes: say so, with a reason, instead of training on less silently
+            logger.warning("%d of %d episodes ended with end_reason='error' (first: %s)", len(errors),
+                           len(finished), errors[0].error)
+        return finished
 
     async def _call_env(self, executor: concurrent.futures.Executor, fn: Callable[..., Any], *args: Any,
                         inline: bool = False, **kwargs: Any) -> Any:
@@ -378,11 +480,12 @@ class RolloutEngine:
                 observation = next_obs
                 agent.add_observation(_text_of(next_obs))
                 if terminated or truncated:
-                    outcome = dict(step_info.get("outcome") or {})
+                    outcome = episode_outcome(step_info, truncated)
                     healthy = outcome.get("end_reason") != "error"
                     break
         except TimeoutError:
-            error = f"env call exceeded step_timeout_s={cfg.step_timeout_s}"
+            error = (f"env call exceeded step_timeout_s={cfg.step_timeout_s} (counted from when it started running; "
+                     "raise RolloutConfig.step_timeout_s if the env is slow but healthy)")
         except Exception as exc:  # noqa: BLE001 - an episode's failure must not end the others
             error = f"{type(exc).__name__}: {exc}"
             logger.debug("episode %s failed:\n%s", episode_id, traceback.format_exc())
@@ -416,11 +519,58 @@ def turn_sampling(sampling: SamplingParams, episode_index: int, turn: int) -> Sa
 
 async def call_env(executor: concurrent.futures.Executor, timeout_s: float, fn: Callable[..., Any], *args: Any,
                    inline: bool = False, **kwargs: Any) -> Any:
-    """Run an env call in a worker thread under ``timeout_s`` (inline for ``cheap_steps`` envs)."""
+    """Run an env call in a worker thread, inline for ``cheap_steps`` envs.
+
+    ``timeout_s`` counts from the moment a worker starts the call: time spent queued behind other episodes'
+    env calls is the engine's business, not the env's, and must not turn a healthy slow env into an error.
+
+    Raises:
+        TimeoutError: The call ran longer than ``timeout_s`` (its worker is replaced, see :class:`EnvExecutor`).
+    """
     if inline:
         return fn(*args, **kwargs)
     loop = asyncio.get_running_loop()
-    return await asyncio.wait_for(loop.run_in_executor(executor, lambda: fn(*args, **kwargs)), timeout=timeout_s)
+    started: asyncio.Future[tuple[float, threading.Thread]] = loop.create_future()
+
+    def job() -> Any:
+        try:
+            loop.call_soon_threadsafe(_resolve, started, (time.monotonic(), threading.current_thread()))
+        except RuntimeError:  # the event loop is gone: the rollout ended while this call was queued
+            return None
+        return fn(*args, **kwargs)
+
+    done = loop.run_in_executor(executor, job)
+    await asyncio.wait((started, done), return_when=asyncio.FIRST_COMPLETED)
+    if not done.done():
+        start, thread = started.result()
+        remaining = start + timeout_s - time.monotonic()
+        try:
+            await asyncio.wait_for(asyncio.shield(done), timeout=max(remaining, 0.0))
+        except TimeoutError:
+            done.cancel()
+            if isinstance(executor, EnvExecutor):
+                executor.replace_stuck_worker(thread)
+            raise
+    started.cancel()
+    return done.result()
+
+
+def _resolve(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def episode_outcome(step_info: Mapping[str, Any], truncated: bool) -> dict[str, Any]:
+    """The outcome of an episode that just ended, from the last step's ``info``.
+
+    A wrapper can end an episode the env itself did not end: Gymnasium's ``TimeLimit`` (from
+    ``gym.make(id, max_episode_steps=N)``) returns ``truncated=True`` with no ``info["outcome"]``. That is a
+    truncation, not an infrastructure error: ``max_turns`` with success False and score 0.
+    """
+    outcome = dict(step_info.get("outcome") or {})
+    if not outcome and truncated:
+        outcome = {"success": False, "score": 0.0, "end_reason": "max_turns"}
+    return outcome
 
 
 def make_turn(observation: str, generation: Generation, reward: float, step_info: Mapping[str, Any],
@@ -501,9 +651,13 @@ def summarize(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
     if n == 0:
         return {"episodes": 0}
     ends: dict[str, int] = defaultdict(int)
+    by_type: dict[str, list[bool]] = defaultdict(list)  # outcome["type"], e.g. search comparisons (chance 50 %)
     for t in trajectories:
         ends[t.end_reason] += 1
-    return {
+        if t.outcome.get("type"):
+            by_type[str(t.outcome["type"])].append(t.success)
+    extra = {"success_by_type": {k: sum(v) / len(v) for k, v in sorted(by_type.items())}} if by_type else {}
+    return extra | {
         "episodes": n,
         "success_rate": sum(t.success for t in trajectories) / n,
         "mean_score": sum(t.score for t in trajectories) / n,
@@ -530,7 +684,7 @@ def run_reference_episode(env: Any, task: Task, seed: int | None = None) -> Traj
                           info=jsonable(step_info["turn"])))
         observation = next_obs
         if terminated or truncated:
-            outcome = dict(step_info.get("outcome", {}))
+            outcome = episode_outcome(step_info, truncated)
             break
     env_id = env.spec.id if getattr(env, "spec", None) is not None else type(env.unwrapped).__name__
     return Trajectory(

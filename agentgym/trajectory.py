@@ -16,11 +16,24 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["END_REASONS", "SCHEMA_VERSION", "TURN_KINDS", "TokenView", "Trajectory", "Turn", "jsonable"]
+__all__ = ["END_REASONS", "SCHEMA_VERSION", "TURN_KINDS", "TokenView", "Trajectory", "Turn", "jsonable", "utf8_safe"]
 
 SCHEMA_VERSION = 1
 TURN_KINDS = ("tool_call", "answer", "void", "invalid")
 END_REASONS = ("answered", "solved", "failed", "max_turns", "context_limit", "error")
+
+
+def utf8_safe(text: str) -> str:
+    """``text`` with every lone surrogate (``"\\ud800"``) written as the six characters ``\\ud800``.
+
+    Why: model output and sandbox stdout can hold lone surrogates, which no UTF-8 sink (a terminal, an HTML
+    file, Arrow/Parquet) accepts. Stored trajectories keep the exact string; this is for display and export.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def jsonable(value: Any) -> Any:
@@ -88,14 +101,15 @@ class Turn:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Turn:
-        def tup(key: str) -> tuple[Any, ...] | None:
-            return None if d.get(key) is None else tuple(d[key])
+        def tup(key: str, kind: type) -> tuple[Any, ...] | None:
+            # float("-inf") reads back the non-finite log-probs that jsonable stored as strings
+            return None if d.get(key) is None else tuple(kind(v) for v in d[key])
 
         return cls(
             observation=d["observation"], action=d["action"], reward=float(d.get("reward", 0.0)),
-            info=d.get("info") or {}, prompt_token_ids=tup("prompt_token_ids"),
-            action_token_ids=tup("action_token_ids"), action_logprobs=tup("action_logprobs"),
-            action_entropies=tup("action_entropies"), finish_reason=d.get("finish_reason"),
+            info=d.get("info") or {}, prompt_token_ids=tup("prompt_token_ids", int),
+            action_token_ids=tup("action_token_ids", int), action_logprobs=tup("action_logprobs", float),
+            action_entropies=tup("action_entropies", float), finish_reason=d.get("finish_reason"),
         )
 
 

@@ -70,3 +70,53 @@ def test_play_in_the_terminal() -> None:
     result = _run("play", "agentgym/GuessNumber-v0", "--seed", "3", stdin="hello\nguess(50)\n:q\n")
     assert result.returncode == 0, result.stderr
     assert "[void]" in result.stdout and "[tool_call]" in result.stdout and "bye" in result.stdout
+
+
+def _eval(out_dir: Path, *extra: str, limit: int = 2) -> int:
+    return main(["eval", "--suite", "games-maze", "--policy", "reference", "--limit", str(limit), "--out", str(out_dir),
+                 "--no-progress", *extra])
+
+
+def _episodes(out_dir: Path) -> list[tuple[str, int | None]]:
+    from agentgym.storage import read_trajectories
+
+    return [(t.task_id, t.seed) for t in read_trajectories(out_dir / "trajectories.jsonl")]
+
+
+def test_eval_refuses_an_existing_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out_dir = tmp_path / "run"
+    assert _eval(out_dir) == 0
+    before = (out_dir / "trajectories.jsonl").read_bytes()
+    assert _eval(out_dir) == 2
+    err = capsys.readouterr().err
+    assert "not empty" in err and "--resume" in err and "--overwrite" in err
+    assert (out_dir / "trajectories.jsonl").read_bytes() == before, "a refused run must not touch the old one"
+    result = _run("eval", "--suite", "games-maze", "--policy", "reference", "--out", str(out_dir), "--resume",
+                  "--overwrite")
+    assert result.returncode == 2 and "not allowed with argument" in result.stderr
+
+
+def test_eval_resume_runs_only_missing_episodes(tmp_path: Path) -> None:
+    out_dir = tmp_path / "run"
+    assert _eval(out_dir, limit=2) == 0
+    first = _episodes(out_dir)
+    with (out_dir / "trajectories.jsonl").open("ab") as fh:  # the first run was killed mid-write
+        fh.write(b'{"schema_version": 1, "env_id": "agentgym/Ma')
+    assert _eval(out_dir, "--resume", limit=4) == 0
+    episodes = _episodes(out_dir)
+    assert episodes[:2] == first and len(episodes) == 4 and len(set(episodes)) == 4, episodes
+    summary = json.loads((out_dir / "summary.json").read_text())
+    assert summary["episodes"] == 4 and summary["success_rate"] == 1.0
+    assert _eval(out_dir, "--resume", limit=4) == 0 and len(_episodes(out_dir)) == 4, "nothing left to run"
+    assert main(["eval", "--suite", "games-maze", "--policy", "reference", "--limit", "4", "--out", str(out_dir),
+                 "--no-progress", "--resume", "--seed", "7"]) == 2, "a different seed is a different run"
+
+
+def test_eval_overwrite_replaces_the_previous_results(tmp_path: Path) -> None:
+    out_dir = tmp_path / "run"
+    assert _eval(out_dir, limit=3) == 0
+    (out_dir / "notes.txt").write_text("mine")
+    assert _eval(out_dir, "--overwrite", limit=1) == 0
+    assert len(_episodes(out_dir)) == 1
+    assert json.loads((out_dir / "summary.json").read_text())["episodes"] == 1
+    assert (out_dir / "notes.txt").read_text() == "mine", "--overwrite deletes only the run's own files"

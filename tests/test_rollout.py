@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 
 from agentgym.errors import ConfigError
 from agentgym.policies import Generation, GenerationRequest, Policy, ScriptedPolicy
 from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, summarize
 from agentgym.storage import TrajectoryWriter, read_trajectories
+from tests.envs_for_tests import EchoEnv
+
+REPO = Path(__file__).resolve().parent.parent
 
 ECHO = '<tool_call>{"name": "echo", "arguments": {"text": "hi"}}</tool_call>'
 STOP = '<tool_call>{"name": "stop", "arguments": {}}</tool_call>'
@@ -92,3 +100,97 @@ def test_rollout_config_validation() -> None:
         RolloutConfig(max_in_flight=0)
     with pytest.raises(ConfigError, match="step_timeout_s"):
         RolloutConfig(step_timeout_s=0)
+
+
+class SleepyEnv(EchoEnv):
+    """Echo env whose every step sleeps ``delay_s`` (a slow but healthy tool) or, with ``hang``, never returns."""
+
+    def __init__(self, delay_s: float = 0.0, hang: bool = False, **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(**kwargs)
+        self.delay_s = delay_s
+        self.hang = hang
+
+    def step(self, action):  # type: ignore[no-untyped-def]
+        if self.hang:
+            threading.Event().wait()
+        time.sleep(self.delay_s)
+        return super().step(action)
+
+
+if "agentgym-test/Sleepy-v0" not in gym.registry:
+    gym.register(id="agentgym-test/Sleepy-v0", entry_point=SleepyEnv)
+
+
+def test_step_timeout_counts_only_execution_not_queueing() -> None:
+    # 2 workers, 2 slow (0.8 s per step) and 4 faster (0.3 s) episodes of 2 steps, timeout 1 s: calls wait
+    # behind each other for well over 1 s (timing from submission, all 6 came back "error"), but no single
+    # call runs for 1 s, so none may error.
+    specs = [EpisodeSpec("agentgym-test/Sleepy-v0", seed=i, env_kwargs={"delay_s": 0.8 if i < 2 else 0.3})
+             for i in range(6)]
+    config = RolloutConfig(max_in_flight=6, env_workers=2, step_timeout_s=1.0)
+    engine = RolloutEngine(ScriptedPolicy([ECHO, STOP]), config)
+    start = time.perf_counter()
+    trajectories = engine.run(specs)
+    elapsed = time.perf_counter() - start
+    assert [t.end_reason for t in trajectories] == ["answered"] * 6, [t.error for t in trajectories]
+    assert elapsed > 2.5, "the steps really ran (5.6 s of sleeping on 2 workers)"
+    assert engine.stats["errors"] == 0
+
+
+def test_hanging_step_ends_its_episode_and_a_new_worker_takes_over(caplog: pytest.LogCaptureFixture) -> None:
+    # One worker only: the hanging step holds it forever, yet the other episodes still finish promptly.
+    specs = [EpisodeSpec("agentgym-test/Sleepy-v0", seed=0, env_kwargs={"hang": True})]
+    specs += [EpisodeSpec("agentgym-test/Sleepy-v0", seed=i) for i in range(1, 4)]
+    engine = RolloutEngine(ScriptedPolicy([STOP]), RolloutConfig(env_workers=1, step_timeout_s=0.5))
+    start = time.perf_counter()
+    trajectories = engine.run(specs)
+    assert time.perf_counter() - start < 10
+    assert [t.end_reason for t in trajectories] == ["error", "answered", "answered", "answered"]
+    assert "step_timeout_s=0.5" in (trajectories[0].error or "")
+    assert engine.stats["errors"] == 1
+    assert "1 of 4 episodes ended with end_reason='error'" in caplog.text, "trainers drop these: it must show"
+
+
+def test_a_step_that_never_returns_does_not_keep_the_process_alive(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(REPO)!r})
+        import tests.conftest, tests.test_rollout
+        from agentgym.policies import ScriptedPolicy
+        from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
+        specs = [EpisodeSpec("agentgym-test/Sleepy-v0", seed=0, env_kwargs={{"hang": True}})]
+        out = RolloutEngine(ScriptedPolicy(["x"]), RolloutConfig(step_timeout_s=0.3)).run(specs)
+        print(out[0].end_reason)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "error"
+
+
+def test_gymnasium_time_limit_is_a_truncation_not_an_error() -> None:
+    # gym.make(id, max_episode_steps=2) wraps the env in Gymnasium's TimeLimit, which truncates before the
+    # env's own max_turns and adds no outcome: the engine must call that max_turns, with an outcome.
+    specs = [EpisodeSpec("agentgym-test/Echo-v0", seed=0, env_kwargs={"max_turns": 10, "max_episode_steps": 2}),
+             EpisodeSpec("agentgym/GuessNumber-v0", seed=0, env_kwargs={"max_episode_steps": 2})]
+    trajectories = RolloutEngine(ScriptedPolicy([ECHO])).run(specs)
+    for t in trajectories:
+        assert t.end_reason == "max_turns" and t.error is None, (t.env_id, t.end_reason, t.error)
+        assert t.outcome == {"success": False, "score": 0.0, "end_reason": "max_turns"} and len(t.turns) == 2
+    assert summarize(trajectories)["errors"] == 0
+
+
+def test_reference_episode_under_a_time_limit_is_a_truncation() -> None:
+    from agentgym.rollout import run_reference_episode
+    from agentgym.suite import load_suite
+
+    task = load_suite("games-maze").split("test")[0]
+    env = gym.make("agentgym/Maze-v0", max_episode_steps=1)
+    try:
+        trajectory = run_reference_episode(env, task, seed=0)
+    finally:
+        env.close()
+    assert trajectory.end_reason in ("max_turns", "solved", "answered")
+    if len(trajectory.turns) == 1 and not trajectory.success:
+        assert trajectory.end_reason == "max_turns"

@@ -270,7 +270,8 @@ class OnlineTrainerBase:
     def _log(self, step: int, metrics: dict[str, Any]) -> None:
         self.metrics.log(step, metrics)
         shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()
-                 if k in ("train/success_rate", "eval/success_rate", "critic/loss", "actor/loss", "time/step_s")}
+                 if k in ("train/success_rate", "eval/success_rate", "critic/loss", "actor/loss", "time/step_s",
+                          "train/errors")}  # errored episodes are dropped from the update: show how many
         logger.info("iteration %d %s", step, shown)
 
     # ---- data --------------------------------------------------------------------------------------

@@ -72,7 +72,8 @@ class GrpoTrainer:
         if self.world.is_main:
             self.metrics.log(step, metrics)
             shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()
-                     if k in ("train/success_rate", "eval/success_rate", "train/loss", "bc/loss", "time/step_s")}
+                     if k in ("train/success_rate", "eval/success_rate", "train/loss", "bc/loss", "time/step_s",
+                              "train/errors")}  # errored episodes are dropped from the update: show how many
             logger.info("step %d %s", step, shown)
 
     # ---- the run -----------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from typing import Any
 from agentgym.agent import ChatAgent
 from agentgym.errors import ConfigError
 from agentgym.policies.base import Policy, SamplingParams
-from agentgym.rollout import PolicyBatcher
+from agentgym.rollout import EnvExecutor, PolicyBatcher, call_env
 from agentgym.storage import TrajectoryWriter
 from agentgym.trajectory import Trajectory, Turn, jsonable
 
@@ -186,7 +186,7 @@ class MultiAgentRolloutEngine:
         batchers = {id(p): PolicyBatcher(p, self.config.batch_window_s) for p in self._all_policies()}
         for batcher in batchers.values():
             batcher.start()
-        executor = concurrent.futures.ThreadPoolExecutor(self.config.env_workers, thread_name_prefix="agentgym-ma-env")
+        executor = EnvExecutor(self.config.env_workers, name="agentgym-ma-env")  # daemon threads: a hang never blocks exit
         limiter = asyncio.Semaphore(self.config.max_in_flight)
         results: list[MultiAgentEpisode | None] = [None] * len(episodes)
         started = time.perf_counter()
@@ -213,11 +213,8 @@ class MultiAgentRolloutEngine:
 
     async def _call(self, executor: concurrent.futures.Executor, inline: bool, fn: Callable[..., Any], *args: Any,
                     **kwargs: Any) -> Any:
-        if inline:
-            return fn(*args, **kwargs)
-        loop = asyncio.get_running_loop()
-        return await asyncio.wait_for(loop.run_in_executor(executor, lambda: fn(*args, **kwargs)),
-                                      timeout=self.config.step_timeout_s)
+        # the timeout counts only the call's own run time, not time queued behind other episodes
+        return await call_env(executor, self.config.step_timeout_s, fn, *args, inline=inline, **kwargs)
 
     def _system_prompt(self, env: Any, agent: str) -> str:
         role = self.config.role_prompts.get(agent)

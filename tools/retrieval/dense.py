@@ -5,13 +5,13 @@ at run time; we load it with plain ``transformers`` and mean-pool (what sentence
 model) to avoid the heavier library. Encoding is the expensive part (about 100 documents/s on two CPU
 cores with bfloat16, 5x slower in float32), so document embeddings are cached on disk under a key made of
 the model, the precision and a hash of every indexed text: a changed corpus or model never reuses stale
-vectors, and an unchanged one is encoded once per machine.
+vectors, and an unchanged one is encoded once per machine: :func:`agentgym.cache.build_once` lets exactly one
+of several processes indexing the same corpus at once encode it, while the others wait and load the file.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import threading
@@ -31,6 +31,7 @@ from agentgym.tools.retrieval.base import (
     default_cache_dir,
 )
 
+from agentgym.cache import build_once
 from agentgym.errors import ConfigError, DependencyNotInstalled
 
 __all__ = ["DenseRetriever", "SentenceEncoder", "default_model_dir"]
@@ -178,7 +179,8 @@ class DenseRetriever(Retriever):
         batch_size: Documents per forward pass while indexing.
         dtype: Encoder precision: ``auto``, ``float32`` or ``bfloat16``.
         device: ``cpu`` or ``cuda``.
-        cache_dir: Where document embeddings are cached (default ``~/.cache/agentgym/embeddings``);
+        cache_dir: Where document embeddings are cached (default ``embeddings/`` under
+            :func:`agentgym.cache.cache_root`, i.e. ``$AGENTGYM_CACHE_DIR``);
             ``None`` uses the default, ``False`` disables the cache.
         progress: Show a progress bar while encoding many documents.
     """
@@ -217,24 +219,37 @@ class DenseRetriever(Retriever):
 
     def embed_documents(self, docs: Sequence[Document]) -> np.ndarray:
         """Document embeddings, from the disk cache when this exact text set was encoded before."""
+        path = self._cache_path(docs)
+        if path is None:
+            return self._encode(docs)
+        fresh: list[np.ndarray] = []
+
+        def build(tmp: Path) -> None:
+            fresh.append(self._encode(docs))
+            with tmp.open("wb") as fh:  # a file object: np.save(path) would append ".npy" to the name
+                np.save(fh, fresh[-1], allow_pickle=False)
+
+        build_once(path, build, directory=False)
+        if fresh:
+            return fresh[-1]
+        try:
+            vectors = np.load(path, allow_pickle=False)
+            if vectors.shape[0] == len(docs):
+                self.last_cache_hit, self.last_encode_s = True, 0.0
+                return vectors
+        except (OSError, ValueError):
+            pass
+        logger.warning("embedding cache %s is unreadable or stale; encoding again", path)
+        path.unlink(missing_ok=True)
+        build_once(path, build, directory=False)
+        return fresh[-1] if fresh else np.load(path, allow_pickle=False)
+
+    def _encode(self, docs: Sequence[Document]) -> np.ndarray:
         import time
 
-        path = self._cache_path(docs)
-        if path is not None and path.is_file():
-            try:
-                vectors = np.load(path, allow_pickle=False)
-                if vectors.shape[0] == len(docs):
-                    self.last_cache_hit, self.last_encode_s = True, 0.0
-                    return vectors
-            except (OSError, ValueError):
-                logger.warning("ignoring unreadable embedding cache %s", path)
         start = time.perf_counter()
         vectors = self.encoder.encode([d.indexed_text() for d in docs], progress=self.progress)
         self.last_cache_hit, self.last_encode_s = False, time.perf_counter() - start
-        if path is not None:
-            buffer = io.BytesIO()
-            np.save(buffer, vectors, allow_pickle=False)
-            atomic_write_bytes(path, buffer.getvalue())
         return vectors
 
     def index(self, docs: Sequence[Document]) -> None:
