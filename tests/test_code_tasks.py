@@ -215,3 +215,24 @@ def test_champ_sample_and_scoring(champ) -> None:
         assert not grade_answer(task, "123456789")
         assert not grade_answer(task, None)
     assert grade_answer(by_id["P_Combinatorics_2"], "C(10, 5)")  # every accepted form counts
+
+
+def test_generating_tasks_from_several_threads_leaves_stdout_alone():
+    """Envs are built in a rollout's worker threads; generation swaps sys.stdout while reasoning-gym prints, and
+    two threads doing it at once used to leave a StringIO in place for good (every later print vanished)."""
+    import random
+    import sys
+    import threading
+
+    from agentgym.envs.code_interpreter.tasks import generate_tasks
+
+    real_stdout, real_stderr = sys.stdout, sys.stderr
+    results: list[int] = []
+    threads = [threading.Thread(target=lambda i=i: results.append(len(generate_tasks(random.Random(i), 18, seed=1000 * i))))
+               for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [18] * 4
+    assert sys.stdout is real_stdout and sys.stderr is real_stderr

@@ -31,6 +31,7 @@ import json
 import math
 import random
 import re
+import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
@@ -110,6 +111,20 @@ def generate_tasks(
             a given input; the reference runs the function) and/or ``"input"`` (find an input giving
             an output; reasoning-gym only accepts its own input verbatim, so the reference is literal).
     """
+    with _GENERATION_LOCK:
+        return _generate_tasks(rng, count, seed=seed, datasets=datasets, configs=configs, holdout=holdout,
+                               holdout_every=holdout_every, codeio_modes=codeio_modes)
+
+
+# Generation swaps the process-wide sys.stdout/sys.stderr (reasoning-gym prints while building items) and
+# runs CodeI/O samples; two threads doing it at once (envs built in a rollout's worker threads) left sys.stdout
+# replaced for good and tripped CPython 3.11's AST constructor. One generation at a time per process.
+_GENERATION_LOCK = threading.RLock()
+
+
+def _generate_tasks(rng: random.Random, count: int, *, seed: int, datasets: Sequence[str],
+                    configs: Mapping[str, Mapping[str, Any]] | None, holdout: str | None, holdout_every: int,
+                    codeio_modes: Sequence[str]) -> list[Task]:
     datasets = list(datasets)
     unknown = [d for d in datasets if d not in DATASETS]
     if not datasets or unknown:
