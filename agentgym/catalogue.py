@@ -50,7 +50,7 @@ CATALOGUE: tuple[CatalogueEntry, ...] = (
         "games",
     ),
     CatalogueEntry(
-        "agentgym/CodeInterpreter-v0",
+        "agentgym/CodeInterpreter-v1",
         "agentgym.envs.code_interpreter.env:CodeInterpreterEnv",
         "Solve math/algorithmic problems by running Python in a sandbox (SimpleTIR style); answer in \\boxed{}.",
         "code_interpreter",

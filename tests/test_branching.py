@@ -199,7 +199,7 @@ def test_code_interpreter_branch_shares_the_sandbox_state_and_diverges_after(tok
     sampler = BranchingSampler(counting_policy(tokenizer, script), rollout_config(),
                                BranchingConfig(budget=3, initial_rollouts=1, branch_probability=1.0, entropy_weight=0.0))
     kwargs = {"max_turns": 6}
-    trajectories = sampler.run(group_specs("agentgym/CodeInterpreter-v0", [task], 3, kwargs))
+    trajectories = sampler.run(group_specs("agentgym/CodeInterpreter-v1", [task], 3, kwargs))
     pairs = check_tree(trajectories, 3)
     assert sampler.stats["fork_replays"] == 2 and sampler.stats["fork_copies"] == 0
     root, first, second = trajectories

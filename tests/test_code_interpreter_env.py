@@ -1,4 +1,4 @@
-"""CodeInterpreter-v0: SimpleTIR turn semantics, persistent sandboxed state, suites solvable end to end."""
+"""CodeInterpreter-v1: SimpleTIR turn semantics, persistent sandboxed state, suites solvable end to end."""
 
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def test_bad_settings_say_how_to_fix():
 def test_no_isolation_refuses(monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     with pytest.raises(SandboxUnavailable, match="dockerd|Docker"):
-        gym.make("agentgym/CodeInterpreter-v0", sandbox={"backend": "docker"})
+        gym.make("agentgym/CodeInterpreter-v1", sandbox={"backend": "docker"})
 
 
 def test_sandbox_infrastructure_failure_ends_with_error():

@@ -1,4 +1,4 @@
-"""Reward-hacking battery: the exploits a policy would find against CodeInterpreter-v0 and Calculator-v0, each
+"""Reward-hacking battery: the exploits a policy would find against CodeInterpreter-v1 and Calculator-v0, each
 scored 0.
 
 Three layers, because a policy can attack each: the grader (hedged, echoed, signed, structurally wrong answers

@@ -319,7 +319,7 @@ def test_inherited_descriptor_hijack_and_parent_attacks_fail_and_later_episodes_
     import agentgym  # noqa: F401 - registers the env ids
     from agentgym.tools.sandbox import default_pool
 
-    pool = default_pool(SandboxConfig())  # the pool gym.make("agentgym/CodeInterpreter-v0") uses
+    pool = default_pool(SandboxConfig())  # the pool gym.make("agentgym/CodeInterpreter-v1") uses
     attacker = pool.session()
     result = attacker.run(ATTACK, timeout_s=10)
     assert result.ok, result
@@ -344,7 +344,7 @@ def test_inherited_descriptor_hijack_and_parent_attacks_fail_and_later_episodes_
             assert worker_of(py).launch.parent_pid == parent  # same sandbox, not a fresh one
     for _ in range(3):  # and brand-new envs on the default pool
         a, b = random.randrange(10**6), random.randrange(10**6)
-        env = gym.make("agentgym/CodeInterpreter-v0")
+        env = gym.make("agentgym/CodeInterpreter-v1")
         try:
             env.reset(seed=0)
             obs, *_ = env.step(f"```python\nprint({a} * {b})\n```")

@@ -147,7 +147,7 @@ def test_print_lone_surrogate_in_a_real_sandbox_episode(tmp_path: Path) -> None:
     # (max_episode_steps=1) then truncates, which must read as max_turns, not error.
     code = json.dumps({"name": "python", "arguments": {"code": "print('\\ud800 x')"}})
     policy = ScriptedPolicy([f"<tool_call>{code}</tool_call>"])
-    specs = [EpisodeSpec("agentgym/CodeInterpreter-v0", seed=i, env_kwargs={"max_episode_steps": 1}) for i in range(2)]
+    specs = [EpisodeSpec("agentgym/CodeInterpreter-v1", seed=i, env_kwargs={"max_episode_steps": 1}) for i in range(2)]
     path = tmp_path / "t.jsonl"
     with TrajectoryWriter(path) as writer:
         # One episode at a time: building CodeInterpreter tasks in two threads at once trips CPython 3.11.7's

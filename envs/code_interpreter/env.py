@@ -1,4 +1,4 @@
-"""CodeInterpreter-v0: solve problems by reasoning in text and running Python (SimpleTIR style).
+"""CodeInterpreter-v1: solve problems by reasoning in text and running Python (SimpleTIR style).
 
 Each turn the agent writes text and at most one fenced Python block; the block runs in the episode's
 sandboxed interpreter (state persists across turns, numpy and sympy are preloaded) and the interpreter's
