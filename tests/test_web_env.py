@@ -95,6 +95,10 @@ def test_webshop_reward_counts_attributes_options_price_and_type():
     unrelated = next(catalogue.get(i) for i in range(2, 500) if not set(catalogue.get(i).title.lower().split())
                      & set(product.title.lower().split()) and catalogue.get(i).aisle != product.aisle)
     assert score_item(unrelated, {}, 0.0, **goal).r_type == 0.0
+    unchosen = score_item(product, {}, product.price({}), **goal)  # the right product, no option picked
+    assert unchosen.options_matched == 0 and unchosen.total == pytest.approx((n - len(choice)) / n)
+    elsewhere = score_item(product, {"size": choice["pack"], "pack": choice["size"]}, product.price(choice), **goal)
+    assert elsewhere.options_matched == 0  # a value counts only under its own option kind
     assert order_score([full, wrong]) == pytest.approx(0.5)  # buying extra items does not pay
     assert order_score([]) == 0.0
 
@@ -146,13 +150,13 @@ def test_a_partial_order_scores_below_one_and_answer_ends(tasks):
         goal = Goal.from_task(tasks[0])
         env.reset(options={"task": tasks[0]})
         obs, *_ = env.step(f'goto("/product/{goal.product_id}")')
-        obs, *_ = env.step(f'click("{ref_in(obs, "Add to cart")}")')  # default options, not all the wanted ones
+        obs, *_ = env.step(f'click("{ref_in(obs, "Add to cart")}")')  # no option chosen
         obs, *_ = env.step(f'click("{ref_in(obs, "Proceed to checkout")}")')
         _, reward, terminated, _, info = env.step(f'click("{ref_in(obs, "Place order")}")')
         product = load_catalogue().get(goal.product_id)
-        expected = env.unwrapped._app.score_order(
-            Order(1, (CartLine(goal.product_id, product.default_choice(), product.price(product.default_choice())),)),
-            goal)[0]
+        unchosen = Order(1, (CartLine(goal.product_id, {}, product.price({})),))
+        expected = env.unwrapped._app.score_order(unchosen, goal)[0]
+        assert expected < 1.0
         assert terminated and reward == pytest.approx(expected) and info["outcome"]["score"] == reward
         assert info["outcome"]["success"] == (expected == 1.0)
         env.reset(options={"task": tasks[0]})
@@ -250,6 +254,32 @@ def test_killing_the_browser_ends_only_that_episode(tasks):
     finally:
         env.close()
         bystander.close()
+
+
+@needs_browser
+def test_a_stopped_browser_ends_the_episode_quickly_and_the_next_reset_gets_a_fresh_one(tasks):
+    """A SIGSTOPped Chromium never answers CDP; the step used to hang until the 30 s watchdog."""
+    env = gym.make("agentgym/WebShop-v0")
+    pool = env.unwrapped._pool
+    try:
+        env.reset(options={"task": tasks[0]})
+        pid = pool.browser_pid()
+        os.kill(pid, signal.SIGSTOP)
+        started = time.monotonic()
+        obs, reward, terminated, truncated, info = env.step('scroll("down")')
+        assert time.monotonic() - started < 5
+        assert terminated and not truncated and reward == 0 and "stopped" in obs
+        assert info["outcome"] == {"success": False, "score": 0.0, "end_reason": "error"}
+        _, info = play(env, tasks[1])  # a fresh browser, not the frozen one
+        assert info["outcome"]["success"] and pool.browser_pid() not in (None, pid)
+        pid = pool.browser_pid()
+        os.kill(pid, signal.SIGSTOP)  # frozen between episodes: reset replaces it at once
+        started = time.monotonic()
+        _, info = play(env, tasks[2])
+        assert info["outcome"]["success"] and pool.browser_pid() not in (None, pid)
+        assert time.monotonic() - started < 15
+    finally:
+        env.close()
 
 
 @needs_browser

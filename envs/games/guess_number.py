@@ -43,15 +43,31 @@ def generate_tasks(rng: random.Random, count: int, *, low: int = 1, high: int = 
     size = high - low + 1
     if count > size:
         raise TaskError(f"Asked for {count} distinct secrets but [{low}, {high}] holds only {size}; widen the range.")
+    drawn = rng.sample(range(low, high + 1), count)
     return [
         Task(
-            id=f"{low}-{high}-{secret}",
+            id=task_id,
             prompt=f"I am thinking of an integer between {low} and {high} (inclusive). Find it.",
             answer=secret,
             metadata={"low": low, "high": high, "secret": secret},
         )
-        for secret in rng.sample(range(low, high + 1), count)
+        for secret, task_id in zip(drawn, _opaque_ids(rng, low, high, count), strict=True)
     ]
+
+
+def _opaque_ids(rng: random.Random, low: int, high: int, count: int) -> list[str]:
+    """Task ids that say nothing about the secrets.
+
+    The id reaches the policy (``info["task_id"]``) and the CLI prints it, so it must not be the secret nor
+    any function of it (a hash of a secret from 100 values is brute-forced in microseconds). The ids are
+    drawn after the secrets from the same seeded RNG: deterministic per suite, independent of the secrets.
+    """
+    ids: list[str] = []
+    while len(ids) < count:
+        task_id = f"guess-{low}-{high}-{rng.getrandbits(48):012x}"
+        if task_id not in ids:
+            ids.append(task_id)
+    return ids
 
 
 class GuessNumberEnv(AgentEnv):
@@ -64,7 +80,9 @@ class GuessNumberEnv(AgentEnv):
         low: Range of generated secrets (lower end).
         high: Range of generated secrets (upper end).
         max_action_chars: See :class:`~agentgym.env.AgentEnv`.
-        max_calls_per_turn: See :class:`~agentgym.env.AgentEnv`.
+        max_calls_per_turn: See :class:`~agentgym.env.AgentEnv`. 1 by default: the game is one guess per turn,
+            and a reply holding many guesses would otherwise search 4x faster than the turn budget assumes
+            (only the first call runs, the observation says the rest were ignored).
         render_mode: ``"ansi"`` or ``None``.
     """
 
@@ -81,7 +99,7 @@ class GuessNumberEnv(AgentEnv):
         low: int = 1,
         high: int = 100,
         max_action_chars: int = 20_000,
-        max_calls_per_turn: int = 4,
+        max_calls_per_turn: int = 1,
         render_mode: str | None = None,
     ) -> None:
         self._task_params: dict[str, Any] = {"low": low, "high": high}

@@ -219,7 +219,8 @@ class MiniWoBEnv(AgentEnv):
 
     # ---- episodes ----------------------------------------------------------------------------------------------------
     def _sample_task(self, rng: np.random.Generator) -> Task:
-        return make_task(self.task_id, int(rng.integers(0, 2**31 - 1)))
+        seed = int(rng.integers(0, 2**31 - 1))
+        return make_task(self.task_id, seed, tag=f"{int(rng.integers(0, 2**40)):010x}")
 
     def _begin_episode(self, task: Task) -> Any:  # type: ignore[override]
         page_task = str(task.metadata.get("task", self.task_id))

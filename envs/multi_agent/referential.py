@@ -80,12 +80,13 @@ def generate_tasks(rng: random.Random, count: int, *, candidates: int = 4, seat:
     """
     if seat not in _AGENTS:
         raise TaskError(f"seat must be one of {list(_AGENTS)}, got {seat!r}.")
-    tasks = []
-    for i, setup in enumerate(generate_setups(rng, count, candidates=candidates)):
-        target = _name(setup["objects"][setup["target"]])
-        tasks.append(Task(id=f"{target.replace(' ', '-')}-{i}", prompt=f"Referential game as {seat}.",
-                          answer=target, metadata={"setup": setup, "seat": seat}))
-    return tasks
+    setups = generate_setups(rng, count, candidates=candidates)
+    # The id reaches the learner (info["task_id"]); as the listener it must not name the target, so ids are
+    # random draws taken after the setups (same setups as before, deterministic per seed).
+    ids = [f"ref-{i}-{rng.getrandbits(32):08x}" for i in range(count)]
+    return [Task(id=task_id, prompt=f"Referential game as {seat}.", answer=_name(setup["objects"][setup["target"]]),
+                 metadata={"setup": setup, "seat": seat})
+            for task_id, setup in zip(ids, setups, strict=True)]
 
 
 def _mentioned(text: str) -> set[str]:

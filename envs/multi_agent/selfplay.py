@@ -250,8 +250,10 @@ class ChessVsStockfishEnv(SelfPlay):
     """Chess against Stockfish (UCI subprocess): the learner plays White or Black, drawn per episode.
 
     Args:
-        skill_level: Stockfish skill, 0 (weakest, the default) to 20.
-        depth: Search depth (capped at ``1 + skill_level`` below full strength, as in Stockfish).
+        skill_level: Stockfish's ``Skill Level``, 0 (weakest, the default) to 20; each level searches to the depth
+            Stockfish's own skill rule picks at (``1 + skill_level``), so levels play as in Stockfish.
+        depth: Search depth at level 20 only (``None``: ``stockfish.FULL_STRENGTH_DEPTH``); see
+            :class:`~agentgym.envs.multi_agent.stockfish.StockfishConfig`.
         deterministic: Reproduce Stockfish's skill rule with the episode RNG (see ``stockfish.py``).
         stockfish_path: The binary (default: ``$AGENTGYM_STOCKFISH``, PATH, /usr/games/stockfish).
         reference_depth: Depth of the full-strength Stockfish that plays the reference solution.
@@ -266,7 +268,7 @@ class ChessVsStockfishEnv(SelfPlay):
 
     description: ClassVar[str] = "Chess against Stockfish (skill 0 by default) as White or Black: move(\"e2e4\")."
 
-    def __init__(self, *, skill_level: int = 0, depth: int | None = 1, deterministic: bool = True,
+    def __init__(self, *, skill_level: int = 0, depth: int | None = None, deterministic: bool = True,
                  stockfish_path: str | None = None, reference_depth: int = 6, learner: str | None = None,
                  max_turns: int = 150, invalid_action_penalty: float = 0.1, max_invalid_actions: int | None = 3,
                  tasks: Sequence[Task] | None = None, max_action_chars: int = 20_000,

@@ -3,13 +3,21 @@
 Stockfish is GPL software, so it is never linked or imported: agentgym talks to the ``stockfish`` binary
 through pipes with the UCI protocol, like any chess GUI does.
 
-Strength is configurable. Stockfish's own ``Skill Level`` picks among its best four moves with a random
-number generator seeded from the clock, so two runs of the same game differ. Episodes must be replayable
-from their seed (branching rollouts replay them), so by default (``deterministic=True``) the client
-reproduces Stockfish's skill rule itself: it searches to depth ``1 + skill_level`` with ``MultiPV 4``
-(exactly what Stockfish does when a skill level is set) and applies Stockfish's move-picking formula
-(``Skill::pick_best`` of Stockfish 15) with the caller's RNG, after ``ucinewgame`` so no hash state leaks
-between searches. ``deterministic=False`` sends ``Skill Level`` to the engine instead.
+Strength is configurable, and ``skill_level`` means what Stockfish's own ``Skill Level`` option means.
+Below 20, Stockfish searches with ``MultiPV 4`` and, when its iterative deepening reaches depth
+``1 + skill_level``, picks one of those four moves with a weakness-scaled random push (``Skill::pick_best``);
+deeper iterations do not change that pick. So a level needs a search of at least ``1 + skill_level`` plies:
+a shallower limit (the old default ``depth=1``) makes Stockfish pick from a depth-1 search at every level and
+flattens all levels into one. The client therefore searches each level to exactly the depth its skill rule
+uses, and refuses a ``depth`` below it. At level 20 (no skill rule) ``depth`` is the search depth, by
+default :data:`FULL_STRENGTH_DEPTH`.
+
+Stockfish draws the skill push from a clock-seeded RNG, so two runs of the same game differ. Episodes must
+be replayable from their seed (branching rollouts replay them), so by default (``deterministic=True``) the
+client reproduces the skill rule itself: it searches to depth ``1 + skill_level`` with ``MultiPV 4`` and
+applies Stockfish 15's ``pick_best`` formula with the caller's RNG, after ``ucinewgame`` so no hash state
+leaks between searches. ``deterministic=False`` sends ``Skill Level`` to the engine instead (and searches to
+the same depth, so the engine reaches its pick point).
 
 A process that dies or stops answering is restarted and the search retried; when restarts are used up
 the client raises :class:`~agentgym.errors.EnvCrashed`, which ends the episode with ``end_reason="error"``.
@@ -33,12 +41,21 @@ import numpy as np
 
 from agentgym.errors import AgentGymError, ConfigError, EnvCrashed
 
-__all__ = ["NoLegalMove", "StockfishConfig", "StockfishEngine", "find_stockfish", "pick_skill_move"]
+__all__ = ["FULL_STRENGTH_DEPTH", "NoLegalMove", "StockfishConfig", "StockfishEngine", "find_stockfish",
+           "pick_skill_move", "skill_depth"]
 
 logger = logging.getLogger(__name__)
 
 _INSTALL_HINT = "Install it with 'apt-get install stockfish' (Debian/Ubuntu put it in /usr/games) or set AGENTGYM_STOCKFISH."
 _MATE_CP = 100_000
+#: Search depth at skill level 20 when no ``depth`` is given: one ply deeper than level 19 picks at, so the
+#: top level is never weaker than the one below it.
+FULL_STRENGTH_DEPTH = 21
+
+
+def skill_depth(skill_level: int) -> int:
+    """The depth at which Stockfish's skill rule picks its move at ``skill_level`` < 20 (``Skill::time_to_pick``)."""
+    return 1 + skill_level
 
 
 def find_stockfish(path: str | None = None) -> str:
@@ -62,9 +79,10 @@ class StockfishConfig:
 
     Attributes:
         path: The binary; ``None`` searches ``$AGENTGYM_STOCKFISH``, PATH and /usr/games.
-        skill_level: 0 (weakest) to 20 (full strength).
-        depth: Search depth limit; with ``skill_level < 20`` the depth is at most ``1 + skill_level``, as in
-            Stockfish itself. ``None`` leaves only the other limits.
+        skill_level: 0 (weakest) to 20 (full strength), as Stockfish's ``Skill Level`` option.
+        depth: Search depth at level 20 (``None``: :data:`FULL_STRENGTH_DEPTH`). Below 20 the depth is the
+            level's own, ``1 + skill_level``; a ``depth`` below that would cap the level and is refused, a
+            larger one changes nothing (Stockfish's pick is made at ``1 + skill_level``).
         nodes: Node limit per search (deterministic), or ``None``.
         movetime_ms: Time per move (not reproducible; only used when set), or ``None``.
         deterministic: Reproduce the skill rule with the caller's RNG (see the module docstring) instead of
@@ -77,7 +95,7 @@ class StockfishConfig:
 
     path: str | None = None
     skill_level: int = 0
-    depth: int | None = 1
+    depth: int | None = None
     nodes: int | None = None
     movetime_ms: int | None = None
     deterministic: bool = True
@@ -93,8 +111,15 @@ class StockfishConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be >= 1 or None, got {value}.")
-        if self.depth is None and self.nodes is None and self.movetime_ms is None and self.skill_level == 20:
-            raise ConfigError("Set at least one of depth, nodes or movetime_ms, or the search never ends.")
+        if self.skill_level < 20 and self.depth is not None and self.depth < skill_depth(self.skill_level):
+            raise ConfigError(
+                f"depth={self.depth} would cap Skill Level {self.skill_level}: Stockfish picks its move at depth "
+                f"{skill_depth(self.skill_level)} at that level. Leave depth=None (the level's own depth) or lower "
+                "skill_level for a weaker engine."
+            )
+        if self.skill_level < 20 and (self.nodes is not None or self.movetime_ms is not None):
+            raise ConfigError("nodes and movetime_ms can stop a search before Stockfish's skill rule picks its move "
+                              "(at depth 1 + skill_level); use them only with skill_level=20.")
         if self.threads < 1 or self.hash_mb < 1:
             raise ConfigError(f"threads and hash_mb must be >= 1, got {self.threads} and {self.hash_mb}.")
         if self.timeout_s <= 0 or self.max_restarts < 0:
@@ -104,11 +129,15 @@ class StockfishConfig:
                               "use depth or nodes, or set deterministic=False.")
 
     def effective_depth(self) -> int | None:
-        """The depth searched: Stockfish stops a skill-limited search at depth ``1 + skill_level``."""
-        if self.skill_level >= 20:
-            return self.depth
-        cap = 1 + self.skill_level
-        return cap if self.depth is None else min(self.depth, cap)
+        """The depth searched: the skill rule's pick depth below level 20, else ``depth`` or the default.
+
+        ``None`` at level 20 only when ``nodes`` or ``movetime_ms`` bound the search instead.
+        """
+        if self.skill_level < 20:
+            return skill_depth(self.skill_level)
+        if self.depth is None and (self.nodes is not None or self.movetime_ms is not None):
+            return None
+        return FULL_STRENGTH_DEPTH if self.depth is None else self.depth
 
 
 class NoLegalMove(AgentGymError):
@@ -303,7 +332,7 @@ class StockfishEngine:
         if full_strength_depth is not None:
             limits.append(f"depth {full_strength_depth}")
         else:
-            depth = cfg.effective_depth() if cfg.deterministic else cfg.depth
+            depth = cfg.effective_depth()
             if depth is not None:
                 limits.append(f"depth {depth}")
             if cfg.nodes is not None:

@@ -230,9 +230,8 @@ class ShopApp:
         if query:
             parts.append(f'<p><a href="{_e(_search_href(query, 1))}">Back to results</a></p>')
         parts.append(f"<h1>{_e(product.title)}</h1>")
-        chosen = ", ".join(choice[k] for k in product.options)
-        parts.append(f"<p>Price: ${product.price(choice):.2f} for {_e(chosen)} (choose options, then Update "
-                     "price to see theirs)</p>")
+        parts.append(f"<p>Price: ${product.price(choice):.2f} for {_e(_options_text(product, choice))} (choose "
+                     "options, then Update price to see theirs)</p>")
         parts.append(f"<p>Rating {product.rating} out of 5. Department {_e(product.department)}, "
                      f"aisle {_e(product.aisle)}.</p>")
         parts.append("<h2>Features</h2><ul>" + "".join(f"<li>{_e(f)}</li>" for f in product.features) + "</ul>")
@@ -241,8 +240,12 @@ class ShopApp:
             parts.append(f'<input type="hidden" name="q" value="{_e(query)}">')
         parts.append(f'<input type="hidden" name="product_id" value="{product_id}">')
         for kind, values in product.options.items():
-            opts = "".join(
-                f'<option value="{_e(v)}"{" selected" if v == choice[kind] else ""}>{_e(v)}</option>' for v in values
+            # A blank first entry: an option counts only when the shopper picked it (WebShop's rule), and a
+            # drop-down that starts on a real value would pick it for them.
+            blank = f'<option value=""{"" if kind in choice else " selected"}>Choose {_e(kind)}</option>'
+            opts = blank + "".join(
+                f'<option value="{_e(v)}"{" selected" if v == choice.get(kind) else ""}>{_e(v)}</option>'
+                for v in values
             )
             parts.append(f'<select name="{kind}" aria-label="{kind.capitalize()}">{opts}</select> ')
         parts.append('<button type="submit">Update price</button> '
@@ -274,7 +277,7 @@ class ShopApp:
         items = []
         for index, line in enumerate(lines):
             product = self.catalogue.get(line.product_id)
-            options = ", ".join(line.choice[k] for k in product.options)
+            options = _options_text(product, line.choice)
             remove = (f'<form method="post" action="/cart/remove"><input type="hidden" name="line" value="{index}">'
                       '<button type="submit">Remove</button></form>') if removable else ""
             items.append(f"<li>{_e(product.title)} ({_e(options)}) ${line.price:.2f}{remove}</li>")
@@ -347,12 +350,20 @@ def _search_form(query: str) -> str:
 
 
 def _choice_from(request: Request, product: Product) -> dict[str, str]:
-    choice = product.default_choice()
+    """The options the request actually chose; kinds left blank (or given a value the product lacks) are absent.
+
+    The reward counts only chosen options, so nothing here may fill in a default.
+    """
+    choice: dict[str, str] = {}
     for kind, values in product.options.items():
         wanted = request.arg(kind)
         if wanted in values:
             choice[kind] = wanted
     return choice
+
+
+def _options_text(product: Product, choice: Mapping[str, str]) -> str:
+    return ", ".join(choice.get(kind, f"no {kind} chosen") for kind in product.options)
 
 
 def _page(title: str, content: str, session: ShopSession | None, *, status: int = 200) -> Response:

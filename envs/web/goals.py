@@ -8,6 +8,9 @@ dollars"); any product that satisfies everything scores 1, not only the target.
 Test tasks use every fifth product (by id) and train tasks the others, so held-out tasks ask for products
 the agent never bought in training. Every goal's target is found on the first results page when its
 instruction's product name is searched, so every task is solvable through the UI.
+
+Task ids (``shop-<index>-<random hex>``) say nothing about the goal: the id reaches the policy in
+``info["task_id"]``, and a target product id there would let it open ``/product/<id>`` without searching.
 """
 
 from __future__ import annotations
@@ -140,13 +143,13 @@ def generate_tasks(rng: random.Random, count: int, *, holdout: Literal["exclude"
         pool = [pid for pid in pool if catalogue.get(pid).department in wanted]
     if not pool:
         raise TaskError("No product matches the task filters; relax 'departments' or 'holdout'.")
-    tasks: list[Task] = []
+    goals: list[Goal] = []
     seen: set[int] = set()
     attempts = 0
-    while len(tasks) < count:
+    while len(goals) < count:
         attempts += 1
         if attempts > 50 * count + 1000:
-            raise TaskError(f"Could only make {len(tasks)} of {count} solvable tasks; ask for fewer.")
+            raise TaskError(f"Could only make {len(goals)} of {count} solvable tasks; ask for fewer.")
         product_id = pool[rng.randrange(len(pool))]
         if product_id in seen:
             continue
@@ -154,6 +157,9 @@ def generate_tasks(rng: random.Random, count: int, *, holdout: Literal["exclude"
         if product_id not in index.search(product.title.lower(), limit=RESULTS_PER_PAGE):
             continue
         seen.add(product_id)
-        goal = make_goal(product, rng)
-        tasks.append(Task(id=f"shop-{product_id}", prompt=goal.instruction, answer=None, metadata=goal.to_metadata()))
-    return tasks
+        goals.append(make_goal(product, rng))
+    # The id reaches the policy (info["task_id"]): naming the target product would let it open
+    # /product/<id> without searching, so ids are random draws taken after the goals (goals are unchanged).
+    return [Task(id=f"shop-{i}-{rng.getrandbits(32):08x}", prompt=goal.instruction, answer=None,
+                 metadata=goal.to_metadata())
+            for i, goal in enumerate(goals)]

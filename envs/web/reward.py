@@ -7,7 +7,15 @@ WebShop (Yao et al., 2022, ``web_agent_site/engine/goal.py``) scores a purchase 
 
 where ``r_type`` checks the bought thing is the right kind of product: 1.0 when the query, the category or
 enough of the title's nouns match, 0.5 when only a little of the title matches, 0.1 below 10 % overlap and
-0.0 with no overlap. Success is a full match (``r == 1``). WebShop matched attributes and options with
+0.0 with no overlap. Success is a full match (``r == 1``).
+
+``n_matched_options`` counts only options the shopper chose: a goal option whose kind was left on the product
+page's blank "Choose ..." entry scores 0 even when the product's first value happens to be the wanted one
+(WebShop's ``get_option_reward`` compares the goal with ``purchased_options``, the options clicked). Filling
+in defaults let the right product bought with no option chosen score 1.0 on 2 of 20 tasks.
+
+A placed order is scored by :func:`order_score`: its best item's ``r`` divided by the number of items in the
+order (WebShop buys one item; buying several must not pay). WebShop matched attributes and options with
 fuzzy string ratios and title nouns with spaCy; our attributes and options come from a closed vocabulary,
 so exact matching is the same test without those dependencies, and title nouns are approximated by the
 title's content words.
@@ -74,8 +82,8 @@ def score_item(product: Product, choice: Mapping[str, str], price: float, *, goa
         r_type = 1.0
     title_lower = product.title.lower()
     attributes = sum(1 for f in goal_features if f in product.features or f in title_lower)
-    chosen = {str(v).lower() for v in choice.values()}
-    options = sum(1 for v in goal_options.values() if str(v).lower() in chosen)
+    options = sum(1 for kind, wanted in goal_options.items()
+                  if str(choice.get(kind, "")).lower() == str(wanted).lower())  # unchosen kinds are absent: 0
     return ItemScore(r_type, attributes, len(goal_features), options, len(goal_options), price <= price_upper + 1e-9)
 
 

@@ -14,6 +14,12 @@ Why this shape:
 * **Crashes are contained.** A killed browser, a crashed renderer or an operation that hangs past the
   watchdog marks only the affected leases broken: their current step raises :class:`BrowserCrashed` (the
   episode ends with ``end_reason="error"``), and the next ``start`` relaunches the browser if needed.
+* **A dead or stopped browser is seen in about a second, not at the watchdog.** A CDP call to a frozen
+  (SIGSTOPped) Chromium never answers, so waiting for it means waiting the whole watchdog. While a call
+  is pending the pool checks, every :data:`LIVENESS_POLL_S`, the state of the processes it launched (the
+  browser and its renderers, read from ``/proc``): one that is gone, a zombie or stopped ends the call at
+  once with :class:`BrowserCrashed`, and a stopped one is killed so that the next ``start`` launches a
+  fresh browser instead of hanging on the frozen one.
 * **Nothing leaves 127.0.0.1.** Every context routes every request through the :class:`UrlGuard` of the
   episode (refused requests are aborted and reported), checks the first hop of redirects before the
   browser follows them, blocks service workers, and, as a second wall, the browser sends all
@@ -28,7 +34,9 @@ import concurrent.futures
 import io
 import logging
 import os
+import signal
 import threading
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -60,6 +68,9 @@ Viewport = tuple[int, int]
 _CRASH_MARKERS = ("Target crashed", "has been closed", "Browser closed", "Connection closed", "Target closed",
                   "browser has disconnected", "Page crashed")
 MAX_REDIRECT_HOPS = 10
+#: How often a pending browser call checks that the pool's Chromium processes still run (first check after
+#: this long, so quick calls never pay for it).
+LIVENESS_POLL_S = 0.5
 _DEAD_PROXY = "http://127.0.0.1:9"  # the discard port: nothing listens, so proxied requests fail at once
 
 
@@ -84,14 +95,17 @@ class _LoopThread:
         self.loop.run_forever()
 
     def run(self, coro: Awaitable[T], timeout: float) -> T:
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("BrowserPool methods must not be called from the pool's own event loop thread.")
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+        future = self.submit(coro)
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise
+
+    def submit(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("BrowserPool methods must not be called from the pool's own event loop thread.")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
 
     def stop(self) -> None:
         if self.loop.is_running():
@@ -148,6 +162,8 @@ class BrowserPool:
         self._playwright: Any = None
         self._browser: Any = None
         self._browser_lock: asyncio.Lock | None = None
+        self._browser_pids: dict[int, int] = {}  # id(browser) -> pid of the Chromium process we launched
+        self._launching = 0  # launches in progress (the watchdog waits for them)
         self._idle: dict[Viewport, list[_Lease]] = {}
         self._leases: set[_Lease] = set()
         self._closed = False
@@ -177,17 +193,7 @@ class BrowserPool:
 
     def browser_pid(self) -> int | None:
         """Process id of this pool's Chromium (the browser process, not its renderers), or None if none runs."""
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                    argv = fh.read().split(b"\x00")
-            except OSError:
-                continue
-            if self._marker.encode() in argv and not any(a.startswith(b"--type=") for a in argv):
-                return int(entry)
-        return None
+        return next(iter(self._marked_pids()), None)
 
     def close(self) -> None:
         """Close every context, the browser and Playwright; idempotent."""
@@ -224,14 +230,51 @@ class BrowserPool:
             if asyncio.iscoroutine(coro):
                 coro.close()
             raise BrowserCrashed("the browser pool is closed")
-        try:
-            return self._loop.run(coro, timeout=self.config.watchdog_s)
-        except concurrent.futures.TimeoutError:
-            reason = f"the browser did not answer within {self.config.watchdog_s:g} s (hung)"
+        future = self._loop.submit(coro)
+        deadline = time.monotonic() + self.config.watchdog_s
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                return future.result(max(0.0, min(LIVENESS_POLL_S, remaining)))
+            except concurrent.futures.TimeoutError:
+                pass
+            if self._launching:  # Chromium starting up (slow on a loaded machine) is not a hung browser
+                deadline = max(deadline, time.monotonic() + self.config.watchdog_s)
+                continue
+            browser = lease.browser if lease is not None else self._browser
+            problem = self._process_problem(browser) if browser is not None else None
+            if problem is None and time.monotonic() < deadline:
+                continue
+            future.cancel()
+            reason = problem or f"the browser did not answer within {self.config.watchdog_s:g} s (hung)"
             if lease is not None:
-                lease.broken = reason
+                lease.broken = lease.broken or reason
+            if browser is not None and problem is not None:
+                self._drop_browser_leases(browser, reason)
             self.stats["crashes"] += 1
             raise BrowserCrashed(reason) from None
+
+    def _process_problem(self, browser: Any) -> str | None:
+        """Why ``browser``'s processes cannot answer (gone, zombie, stopped), or None if they all run.
+
+        A stopped process is killed here (the pool launched it): a frozen Chromium would otherwise stay
+        connected and hang every later call, including the next episode's ``start``. A stopped renderer is
+        killed too but is not this call's problem by itself: its pages get Chromium's crash event, which
+        ends exactly the episodes that used it (a renderer may serve another env's page).
+        """
+        pid = self._browser_pids.get(id(browser))
+        if pid is None:
+            return None
+        state = _process_state(pid)
+        if state is None or state in "ZX":
+            return "the browser process died"
+        if state in "Tt":
+            _kill_quietly(pid)
+            return f"the browser process (pid {pid}) was stopped (SIGSTOP) and did not answer; it was killed"
+        for child in _descendants(pid):
+            if (_process_state(child) or "") in "Tt" and _process_state(child) is not None:
+                _kill_quietly(child)
+        return None
 
     def _is_crash(self, lease: _Lease, exc: BaseException) -> bool:
         message = str(exc)
@@ -252,7 +295,8 @@ class BrowserPool:
         if self._browser_lock is None:
             self._browser_lock = asyncio.Lock()
         async with self._browser_lock:
-            if self._browser is not None and self._browser.is_connected():
+            if (self._browser is not None and self._browser.is_connected()
+                    and self._process_problem(self._browser) is None):
                 return self._browser
             if self._browser is not None:  # it died: forget its idle contexts
                 self._drop_browser_leases(self._browser, "the browser process died")
@@ -300,7 +344,32 @@ class BrowserPool:
         if self.config.block_non_loopback:
             # Loopback bypasses proxies implicitly; everything else goes to a port where nothing listens.
             kwargs["proxy"] = {"server": _DEAD_PROXY, "bypass": "127.0.0.1,localhost,[::1]"}
-        return await self._playwright.chromium.launch(**kwargs)
+        before = set(self._marked_pids())
+        self._launching += 1
+        try:  # bounded by Playwright's own launch timeout (30 s), not by the watchdog
+            browser = await self._playwright.chromium.launch(**kwargs)
+        finally:
+            self._launching -= 1
+        new = [pid for pid in self._marked_pids() if pid not in before]
+        if len(new) == 1:  # else (a race with another launch) the browser is watched only by the watchdog
+            self._browser_pids[id(browser)] = new[0]
+            browser.on("disconnected", lambda b: self._browser_pids.pop(id(b), None))
+        return browser
+
+    def _marked_pids(self) -> list[int]:
+        """Pids of the Chromium browser processes (not renderers) this pool launched."""
+        pids = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    argv = fh.read().split(b"\x00")
+            except OSError:
+                continue
+            if self._marker.encode() in argv and not any(a.startswith(b"--type=") for a in argv):
+                pids.append(int(entry))
+        return pids
 
     async def _stop_playwright(self) -> None:
         if self._playwright is not None:
@@ -776,6 +845,45 @@ class BrowserSession:
             await mouse.up()
 
         self._do(act)
+
+
+def _process_state(pid: int) -> str | None:
+    """The one-letter state of ``pid`` from ``/proc/PID/stat`` (R, S, T, Z, ...), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    return fields[0] if fields else None
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Chromium's zygotes, renderers, GPU and utility processes)."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children", encoding="ascii") as fh:
+                    children = [int(c) for c in fh.read().split()]
+            except (OSError, ValueError):
+                continue
+            found.extend(children)
+            todo.extend(children)
+    return found
+
+
+def _kill_quietly(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
 
 
 def _path_of(url: str) -> str:
