@@ -98,13 +98,13 @@ CATALOGUE: tuple[CatalogueEntry, ...] = (
         "multi_agent",
     ),
     CatalogueEntry(
-        "agentgym/WebShop-v0",
+        "agentgym/WebShop-v1",
         "agentgym.envs.web.env:WebShopEnv",
         'Buy what a WebShop-style instruction asks in a local grocery shop, in a real Chromium driven through accessibility snapshots.',
         "web",
     ),
     CatalogueEntry(
-        "agentgym/WebShop-text-v0",
+        "agentgym/WebShop-text-v1",
         "agentgym.envs.web.env:WebShopTextEnv",
         'The same shop rendered as the same accessibility snapshots without a browser, for fast RL.',
         "web",

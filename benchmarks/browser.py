@@ -1,6 +1,6 @@
 """Browser env cost: our pooled contexts against launching a fresh browser per episode, in one run.
 
-Episodes are real WebShop-v0 episodes played by the reference solver (search, open the product, set
+Episodes are real WebShop-v1 episodes played by the reference solver (search, open the product, set
 2-3 options, add to cart, check out, place the order: 8-9 actions, each followed by an accessibility
 snapshot), with 1 and with 4 envs stepping concurrently from threads (as the rollout engine does).
 
@@ -8,7 +8,7 @@ snapshot), with 1 and with 4 envs stepping concurrently from threads (as the rol
   (``BrowserPool(isolation="context")``, the default).
 * ``fresh browser``: a new Chromium process for every episode, closed after it
   (``BrowserPool(isolation="browser")``): the usual way of getting a clean browser per episode.
-* ``text fallback``: ``WebShop-text-v0``, the same pages rendered without a browser, in one thread.
+* ``text fallback``: ``WebShop-text-v1``, the same pages rendered without a browser, in one thread.
 
 Reported: reset time (p50/p95), per-action latency (``env.step``: action + snapshot; p50/p95) and
 actions/s over the whole run (resets included).
@@ -126,7 +126,7 @@ def main() -> None:
             rows.append(run(setting, contexts, args.episodes, tasks, config))
     rows.append(run_text(args.text_episodes, tasks))
 
-    print(f"\nWebShop-v0 episodes with the reference solver on {os.cpu_count()} cores (times in ms)")
+    print(f"\nWebShop-v1 episodes with the reference solver on {os.cpu_count()} cores (times in ms)")
     header = (f"  {'setting':<16} {'envs':>4} {'episodes':>8} {'solved':>6} {'reset p50':>9} {'reset p95':>9} "
               f"{'step p50':>8} {'step p95':>8} {'actions/s':>9} {'launches':>8}")
     print(header + "\n  " + "-" * (len(header) - 2))

@@ -29,7 +29,7 @@ except (BrowserUnavailable, ImportError):
     HAVE_BROWSER = False
 needs_browser = pytest.mark.skipif(not HAVE_BROWSER, reason="needs Chromium (apt-get install chromium) and playwright")
 
-for _id, _entry in (("agentgym/WebShop-text-v0", "agentgym.envs.web.env:WebShopTextEnv"),
+for _id, _entry in (("agentgym/WebShop-text-v1", "agentgym.envs.web.env:WebShopTextEnv"),
                     ("agentgym/MiniWoB-v0", "agentgym.envs.gui.env:MiniWoBEnv"),
                     ("agentgym/GuessNumber-v0", "agentgym.envs.games.guess_number:GuessNumberEnv")):
     if _id not in gym.registry:
@@ -49,7 +49,7 @@ def shop_tasks() -> list[Task]:
 
 @pytest.fixture()
 def shop():
-    env = gym.make("agentgym/WebShop-text-v0", max_turns=40)
+    env = gym.make("agentgym/WebShop-text-v1", max_turns=40)
     yield env
     env.close()
 

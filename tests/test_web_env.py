@@ -1,4 +1,4 @@
-"""WebShop-v0 (real Chromium) and WebShop-text-v0: contract, reward, solvability, parity, crashes, screenshots."""
+"""WebShop-v1 (real Chromium) and WebShop-text-v1: contract, reward, solvability, parity, crashes, screenshots."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from agentgym.tools.browser.config import find_chromium
 from agentgym.suite import load_suite
 from agentgym.testing import check_agent_env
 
-for _id, _entry in (("agentgym/WebShop-v0", "agentgym.envs.web.env:WebShopEnv"),
-                    ("agentgym/WebShop-text-v0", "agentgym.envs.web.env:WebShopTextEnv")):
+for _id, _entry in (("agentgym/WebShop-v1", "agentgym.envs.web.env:WebShopEnv"),
+                    ("agentgym/WebShop-text-v1", "agentgym.envs.web.env:WebShopTextEnv")):
     if _id not in gym.registry:
         gym.register(id=_id, entry_point=_entry)
 
@@ -125,11 +125,11 @@ def test_app_sessions_orders_and_error_pages():
 
 # ---- the text shop -------------------------------------------------------------------------------------------
 def test_text_env_passes_the_env_contract():
-    check_agent_env("agentgym/WebShop-text-v0", fuzz_examples=30)
+    check_agent_env("agentgym/WebShop-text-v1", fuzz_examples=30)
 
 
 def test_text_env_reference_solver_buys_the_right_thing(tasks):
-    env = gym.make("agentgym/WebShop-text-v0")
+    env = gym.make("agentgym/WebShop-text-v1")
     try:
         for task in tasks:
             _, info = play(env, task)
@@ -145,7 +145,7 @@ def ref_in(observation: str, text: str) -> str:
 
 
 def test_a_partial_order_scores_below_one_and_answer_ends(tasks):
-    env = gym.make("agentgym/WebShop-text-v0")
+    env = gym.make("agentgym/WebShop-text-v1")
     try:
         goal = Goal.from_task(tasks[0])
         env.reset(options={"task": tasks[0]})
@@ -168,7 +168,7 @@ def test_a_partial_order_scores_below_one_and_answer_ends(tasks):
 
 
 def test_text_env_is_fast(tasks):
-    env = gym.make("agentgym/WebShop-text-v0")
+    env = gym.make("agentgym/WebShop-text-v1")
     try:
         play(env, tasks[0])
         started, steps = time.perf_counter(), 0
@@ -183,7 +183,7 @@ def test_text_env_is_fast(tasks):
 # ---- the real browser ------------------------------------------------------------------------------------------
 @needs_browser
 def test_browser_env_passes_the_env_contract():
-    check_agent_env("agentgym/WebShop-v0", fuzz_examples=12)
+    check_agent_env("agentgym/WebShop-v1", fuzz_examples=12)
 
 
 @needs_browser
@@ -194,7 +194,7 @@ def test_web_smoke_suite_is_solved_through_the_real_browser():
 
 @needs_browser
 def test_text_and_browser_observations_are_identical(tasks):
-    browser, text = gym.make("agentgym/WebShop-v0", max_turns=60), gym.make("agentgym/WebShop-text-v0", max_turns=60)
+    browser, text = gym.make("agentgym/WebShop-v1", max_turns=60), gym.make("agentgym/WebShop-text-v1", max_turns=60)
     detours = ['goto("/cart")', 'goto("/checkout")', 'goto("/nope")', 'goto("http://example.invalid/")', 'goto("/")',
                'type("e10", "milk: \\"2%\\" #1 -", submit=True)', 'click("e99")', 'type("e8", "x")',
                'select("e10", "x")', 'scroll("down")', 'click("e15")', 'back()', 'back()', 'click("e10")',
@@ -212,7 +212,7 @@ def test_text_and_browser_observations_are_identical(tasks):
 
 @needs_browser
 def test_navigation_outside_the_shop_is_refused(tasks):
-    env = gym.make("agentgym/WebShop-v0")
+    env = gym.make("agentgym/WebShop-v1")
     try:
         env.reset(options={"task": tasks[0]})
         for url in ("http://example.invalid/", "https://127.0.0.1/", "http://localhost:1/", "file:///etc/passwd",
@@ -226,8 +226,8 @@ def test_navigation_outside_the_shop_is_refused(tasks):
 
 @needs_browser
 def test_killing_the_browser_ends_only_that_episode(tasks):
-    env = gym.make("agentgym/WebShop-v0")
-    bystander = gym.make("agentgym/WebShop-text-v0")
+    env = gym.make("agentgym/WebShop-v1")
+    bystander = gym.make("agentgym/WebShop-text-v1")
     try:
         env.reset(options={"task": tasks[0]})
         bystander.reset(options={"task": tasks[1]})
@@ -259,7 +259,7 @@ def test_killing_the_browser_ends_only_that_episode(tasks):
 @needs_browser
 def test_a_stopped_browser_ends_the_episode_quickly_and_the_next_reset_gets_a_fresh_one(tasks):
     """A SIGSTOPped Chromium never answers CDP; the step used to hang until the 30 s watchdog."""
-    env = gym.make("agentgym/WebShop-v0")
+    env = gym.make("agentgym/WebShop-v1")
     pool = env.unwrapped._pool
     try:
         env.reset(options={"task": tasks[0]})
@@ -286,7 +286,7 @@ def test_a_stopped_browser_ends_the_episode_quickly_and_the_next_reset_gets_a_fr
 def test_screenshots_look_right(tasks, tmp_path):
     from PIL import Image
 
-    env = gym.make("agentgym/WebShop-v0", screenshot=True, viewport=(800, 600))
+    env = gym.make("agentgym/WebShop-v1", screenshot=True, viewport=(800, 600))
     try:
         obs, _ = env.reset(options={"task": tasks[0]})
         assert env.observation_space.contains(obs)

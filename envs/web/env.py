@@ -1,8 +1,8 @@
-"""WebShop-v0 (real Chromium) and WebShop-text-v0 (in-process text browser): buy what the instruction asks.
+"""WebShop-v1 (real Chromium) and WebShop-text-v1 (in-process text browser): buy what the instruction asks.
 
 Both envs run the same shop app, the same tools, the same reference solver and the same reward; they differ
-only in the browser. ``WebShop-v0`` drives the system Chromium through the shared :class:`BrowserPool`
-(the app is served on 127.0.0.1 by a background HTTP server); ``WebShop-text-v0`` renders the very same
+only in the browser. ``WebShop-v1`` drives the system Chromium through the shared :class:`BrowserPool`
+(the app is served on 127.0.0.1 by a background HTTP server); ``WebShop-text-v1`` renders the very same
 pages with :class:`TextBrowser` in a few milliseconds, for RL on many episodes. Observations are the page's
 accessibility snapshot in Playwright's format in both, so a policy trained on one runs on the other.
 
