@@ -161,7 +161,7 @@ class SWEEnv(AgentEnv):
 import os, signal, subprocess
 _p = subprocess.Popen(["bash", "-c", {command!r}], cwd={REPO!r}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                       stdin=subprocess.DEVNULL, start_new_session=True,
-                      env=dict(os.environ, PYTHONPATH={self._library.python_path!r}, PYTHONDONTWRITEBYTECODE="1"))
+                      env=dict(os.environ, PYTHONPATH={":".join([self._library.python_path, *self._library.test_path])!r}, PYTHONDONTWRITEBYTECODE="1"))
 try:
     _out, _ = _p.communicate(timeout={self.command_timeout_s!r})
     _status = "exit code " + str(_p.returncode)
@@ -426,7 +426,10 @@ def _episode_sandbox_config(library: str, backend: str) -> Any:
     from agentgym.tasks.swe.builder import sandbox_config_for
     from agentgym.tasks.swe.images import BASE_IMAGE
 
-    return dataclasses.replace(sandbox_config_for(library, backend=backend), mounts=(), docker_image=BASE_IMAGE,
+    from agentgym.tasks.swe.libraries import DEPS_MOUNT
+
+    config = sandbox_config_for(library, backend=backend)  # only the test-only dependencies stay mounted
+    return dataclasses.replace(config, mounts=tuple(m for m in config.mounts if m[1] == DEPS_MOUNT), docker_image=BASE_IMAGE,
                                hidden_paths=installed_copies(library))
 
 
@@ -490,8 +493,7 @@ def score_submission(spec: Any, graded: dict[str, Any], problem: str = "") -> di
             "graded_paths": list(graded.get("graded") or []), "ignored_paths": list(graded.get("ignored") or []),
             "tampered": list(graded.get("tampered") or []), "problem": problem,
             "reward": f2p / len(spec.fail_to_pass) * kept,
-            "success": applied and f2p == len(spec.fail_to_pass) and not regressions and not problem,
-            "seconds": graded.get("grade_s")}
+            "success": applied and f2p == len(spec.fail_to_pass) and not regressions and not problem}
 
 
 def _submission_message(grading: dict[str, Any], package_dir: str) -> str:
