@@ -284,6 +284,10 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
     if args.family != "swe":
         raise AgentGymError(f"No task builder for {args.family!r}; available: swe.")
     from agentgym.tasks.swe import builder
+    from agentgym.tasks.swe.libraries import load_library_file
+
+    for declared in args.library_file or ():  # libraries a user declares, see agentgym.tasks.swe.libraries
+        load_library_file(declared)
 
     if args.action == "build":
         out = Path(args.out or builder.DATA_FILE)
@@ -358,6 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["build", "verify"])
     p.add_argument("family", help="task family; 'swe' builds SWE tasks from pinned PyPI libraries")
     p.add_argument("--libraries", nargs="+", default=None, help="only these libraries (default: all pinned)")
+    p.add_argument("--library-file", action="append", default=None,
+                   help="TOML file declaring more libraries ([[library]] tables; also $AGENTGYM_SWE_LIBRARIES)")
     p.add_argument("--per-library", type=_positive_int, default=45, help="tasks to keep per library")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=_positive_int, default=2, help="sandboxes running tests at once")

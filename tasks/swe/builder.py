@@ -23,13 +23,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentgym.errors import TaskError
-from agentgym.tasks.swe.libraries import LIBRARIES, Library, fetch_library, get_library
+from agentgym.tasks.swe.libraries import (
+    DEPS_MOUNT,
+    LIBRARIES,
+    Library,
+    fetch_library,
+    get_library,
+    test_deps,
+)
 from agentgym.tasks.swe.mutations import Mutation, apply_mutation, candidate_mutations
-from agentgym.tasks.swe.workspace import PRISTINE, collect_results, run_tests_code, setup_code
+from agentgym.tasks.swe.workspace import (
+    PRISTINE,
+    collect_results,
+    run_tests_code,
+    setup_code,
+)
 
-__all__ = ["DATA_FILE", "SweTaskSpec", "build_tasks", "load_specs", "sandbox_config_for", "test_files_for",
-           "verify_tasks"]
+from agentgym.errors import TaskError
+
+__all__ = ["DATA_FILE", "SweTaskSpec", "build_tasks", "load_specs", "sandbox_config_for", "statement_for",
+           "test_files_for", "verify_tasks", "write_specs"]
 
 DATA_FILE = Path(__file__).resolve().parent.parent / "data" / "swe_tasks.jsonl"
 MAX_PASS_TO_PASS = 25
@@ -52,13 +65,17 @@ class SweTaskSpec:
     statement: str
     split: str
     extra: dict[str, Any] = field(default_factory=dict)
+    visible_pass: tuple[str, ...] | None = None
+    """Visible tests that pass on the buggy tree, measured at build time (None: not measured; graders then
+    measure it themselves). Optional so that task files written before it existed still load."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "library": self.library, "version": self.version, "sha256": self.sha256,
                 "mutation": self.mutation.to_dict(), "fail_to_pass": list(self.fail_to_pass),
                 "pass_to_pass": list(self.pass_to_pass), "hidden_tests": list(self.hidden_tests),
                 "visible_tests": list(self.visible_tests), "statement": self.statement, "split": self.split,
-                **({"extra": self.extra} if self.extra else {})}
+                **({"extra": self.extra} if self.extra else {}),
+                **({"visible_pass": list(self.visible_pass)} if self.visible_pass is not None else {})}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SweTaskSpec:
@@ -66,7 +83,8 @@ class SweTaskSpec:
                    mutation=Mutation.from_dict(data["mutation"]), fail_to_pass=tuple(data["fail_to_pass"]),
                    pass_to_pass=tuple(data["pass_to_pass"]), hidden_tests=tuple(data["hidden_tests"]),
                    visible_tests=tuple(data.get("visible_tests", ())), statement=data["statement"],
-                   split=data["split"], extra=dict(data.get("extra") or {}))
+                   split=data["split"], extra=dict(data.get("extra") or {}),
+                   visible_pass=tuple(data["visible_pass"]) if data.get("visible_pass") is not None else None)
 
     def buggy_files(self, pristine: Path) -> dict[str, str]:
         """The files that differ from the pristine tree, with their buggy text."""
@@ -82,10 +100,10 @@ def load_specs(path: Path | str = DATA_FILE) -> list[SweTaskSpec]:
 
 
 def sandbox_config_for(library: str, *, backend: str = "auto", **limits: Any) -> Any:
-    """Sandbox settings for one library: its pristine tree mounted read-only, room for pytest runs."""
+    """Sandbox settings for one library: its pristine tree and test-only dependencies mounted read-only."""
     from agentgym.tools.sandbox import SandboxConfig, SandboxLimits
 
-    lib = get_library(library)
+    get_library(library)  # an unknown name fails here, with the list of known ones
     defaults = {"wall_timeout_s": 120.0, "cpu_timeout_s": 120.0, "memory_bytes": 2048 << 20,
                 "workdir_bytes": 256 << 20, "file_size_bytes": 64 << 20, "pids": 128, "episode_cpu_s": 3600}
     image = "agentgym-sandbox:2"
@@ -93,9 +111,11 @@ def sandbox_config_for(library: str, *, backend: str = "auto", **limits: Any) ->
         from agentgym.tasks.swe.images import ensure_library_image
 
         image = ensure_library_image(library)
+    deps = test_deps(library)
+    mounts = (((str(fetch_library(library)), PRISTINE),) if backend != "docker" else ()) \
+        + (((str(deps), DEPS_MOUNT),) if deps is not None else ())
     return SandboxConfig(backend=backend, limits=SandboxLimits(**{**defaults, **limits}), preload=(),
-                         mounts=((str(fetch_library(library)), PRISTINE),) if backend != "docker" else (),
-                         docker_image=image, max_workers=16)
+                         mounts=mounts, docker_image=image, max_workers=16)
 
 
 def test_files_for(lib: Library, pristine: Path, module_file: str) -> list[str]:
@@ -113,18 +133,46 @@ def _split_for(lib: str, file: str, function: str) -> str:
 
 
 _ASSERTION_LINE = re.compile(r"^E\s+(.*)$", re.MULTILINE)
+_FILE_LINE = re.compile(r"[\w./\\-]*\.py:\d+(?::\d+)?:?")
 
 
-def _statement(lib: Library, test_id: str, output: str, failing: int) -> str:
-    """A bug report written from what the failing test printed."""
-    errors = [line for line in _ASSERTION_LINE.findall(output) if line.strip()][:12]
-    where = re.findall(r"^(\S+\.py:\d+): ", output, re.MULTILINE)
-    detail = "\n".join(errors) if errors else output.strip()[-1200:]
-    test_name = test_id.split("::")[-1]
-    return (f"A test of {lib.name} {lib.version} fails: `{test_name}`"
-            + (f" ({where[-1]})" if where else "") + ".\n\nWhat it reports:\n```\n" + detail[:2000]
+def _scrub(text: str, mutation: Mutation) -> str:
+    """``text`` without source locations or the mutated file's and function's names (they point at the bug).
+
+    What stays is the behaviour: the assertion, the values, the exception type and message.
+    """
+    text = _FILE_LINE.sub("<file>", text)
+    path = mutation.file
+    for name in (path, Path(path).name, path[:-3].replace("/", ".")):
+        text = re.sub(rf"(?<![\w/.]){re.escape(name)}(?![\w])", "<module>", text)
+    for name in {mutation.function, *_distinctive_names(mutation.function)}:
+        text = re.sub(rf"(?<![\w]){re.escape(name)}(?![\w])", "<function>", text)
+    return text
+
+
+def _distinctive_names(function: str) -> list[str]:
+    """The parts of a qualified function name that identify it (not dunders, not short common words)."""
+    last = function.split(".")[-1]
+    return [] if last.startswith("__") or len(last) < 4 else [last]
+
+
+def statement_for(lib: Library, test_id: str, report: str, failing: int, mutation: Mutation) -> str:
+    """A bug report that describes the symptom: the failing test's name and what it reported, scrubbed.
+
+    Never the location: no ``file.py:123`` (not even a test file's, whose traceback line sits next to the
+    call that breaks) and no name of the mutated file or function, so the agent has to debug to find it.
+    """
+    test_name = _scrub(test_id.split("::")[-1], mutation)
+    detail = _scrub(report, mutation).strip() or "(no message)"
+    return (f"A test of {lib.name} {lib.version} fails: `{test_name}`.\n\nWhat it reports:\n```\n" + detail[:2000]
             + f"\n```\n\n{failing} test(s) fail in total. Find the bug in the library's code (not in the tests) "
             "and fix it; the failing tests are hidden from you, but the other tests are available.")
+
+
+def _statement(lib: Library, test_id: str, output: str, failing: int, mutation: Mutation) -> str:
+    """A bug report written from what the failing test printed (its ``E`` lines)."""
+    errors = [line for line in _ASSERTION_LINE.findall(output) if line.strip()][:12]
+    return statement_for(lib, test_id, "\n".join(errors) if errors else output.strip()[-1200:], failing, mutation)
 
 
 class _Runner:
@@ -245,11 +293,13 @@ def _validate_candidate(runner: _Runner, m: Mutation, passing: set[str], max_fai
     hidden = sorted({t.split("::")[0] for t in failing})
     output, _ = runner.run({m.file: buggy}, [], [failing[0]])
     visible = [f for f in test_files_for(lib, pristine, "") if f not in hidden]
+    _, seen = runner.run({m.file: buggy}, hidden, visible) if visible else ("", {})
     digest = hashlib.sha1(json.dumps(m.to_dict(), sort_keys=True).encode()).hexdigest()[:10]
     return SweTaskSpec(id=f"{lib.name}-{digest}", library=lib.name, version=lib.version, sha256=lib.sha256,
                        mutation=m, fail_to_pass=tuple(failing), pass_to_pass=tuple(sorted(p2p)),
                        hidden_tests=tuple(hidden), visible_tests=tuple(visible),
-                       statement=_statement(lib, failing[0], output, len(failing)),
+                       visible_pass=tuple(sorted(t for t, o in seen.items() if o == "passed")),
+                       statement=_statement(lib, failing[0], output, len(failing), m),
                        split=_split_for(lib.name, m.file, m.function))
 
 

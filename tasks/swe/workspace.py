@@ -154,7 +154,7 @@ shutil.copytree(os.path.join({PRISTINE!r}, {lib.test_dir!r}), {lib.test_dir!r}, 
     return f'''
 import json, os, shutil, subprocess, sys
 os.chdir({REPO!r}){restore}
-_env = dict(os.environ, PYTHONPATH=os.pathsep.join([{lib.python_path!r}, "/tmp"]), AGENTGYM_RESULTS="/tmp/results.json",
+_env = dict(os.environ, PYTHONPATH=os.pathsep.join([{lib.python_path!r}, *{list(lib.test_path)!r}, "/tmp"]), AGENTGYM_RESULTS="/tmp/results.json",
             PYTHONDONTWRITEBYTECODE="1")
 if os.path.exists("/tmp/results.json"):
     os.remove("/tmp/results.json")
@@ -419,9 +419,10 @@ def run_pytest(args):
     key = secrets.token_hex(16)
     fd = os.open(os.path.join(tmp, "outcomes"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     log = open(os.path.join(tmp, "log"), "w+b")
-    sys_path = list(dict.fromkeys([REPO, os.path.normpath(os.path.join(REPO, C["python_path"]))]))
+    own = [os.path.normpath(os.path.join(REPO, C["python_path"])), *C["test_path"]]  # test_path: test-only deps
+    sys_path = list(dict.fromkeys([REPO, *own]))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PYTEST"))}
-    env.update(PYTHONPATH=sys_path[-1], PYTHONDONTWRITEBYTECODE="1")  # for subprocesses the tests start
+    env.update(PYTHONPATH=os.pathsep.join(own), PYTHONDONTWRITEBYTECODE="1")  # for subprocesses the tests start
     argv = ["-q", "-p", "no:cacheprovider", "-o", "addopts=", "--rootdir", REPO, "--confcutdir", REPO,
             "--tb=short", *args]
     settings = {"key": key, "fd": fd, "argv": argv, "path": sys_path}
@@ -551,6 +552,7 @@ def grade_code(lib: Library, files: Mapping[str, str], hidden_tests: Sequence[st
               "pristine_tree": dict(pristine_tree or {}), "files": dict(files), "hidden": list(hidden_tests),
               "patch": patch, "args": list(test_args), "baseline_args": list(baseline_args),
               "package_dir": lib.package_dir, "test_dir": lib.test_dir, "python_path": lib.python_path,
+              "test_path": list(lib.test_path),
               "timeout_s": float(timeout_s), "boot": _BOOT_SOURCE, "git_env": GIT_ENV, "mark": RESULT_MARK}
     return f"import json\nC = json.loads({json.dumps(config)!r})\n{_WRITE_TREE}\n" + _GRADE_SOURCE
 
