@@ -56,7 +56,7 @@ CATALOGUE: tuple[CatalogueEntry, ...] = (
         "code_interpreter",
     ),
     CatalogueEntry(
-        "agentgym/SWE-v0",
+        "agentgym/SWE-v1",
         "agentgym.envs.swe.env:SWEEnv",
         "Fix a bug injected into a real Python library; graded by its hidden tests (bash, view, str_replace, submit).",
         "swe",

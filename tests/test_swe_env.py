@@ -1,4 +1,4 @@
-"""SWE-v0: real bugs in real libraries, graded by hidden tests, on the bwrap and Docker backends."""
+"""SWE-v1: real bugs in real libraries, graded by hidden tests, on the bwrap and Docker backends."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SWE-v0: fix a real bug in a real library, inside a sandbox (SWE-Gym / SWE-smith style).
+"""SWE-v1: fix a real bug in a real library, inside a sandbox (SWE-Gym / SWE-smith style).
 
 Each episode gets a fresh copy of the buggy repository in its own sandbox (bubblewrap or a Docker
 container; no network, resource limits). The tests that reveal the bug are hidden; the agent reads the
