@@ -367,6 +367,19 @@ def _run_fuzz(env_id: str, env_kwargs: Mapping[str, Any], seed: int, examples: i
         env.close()
 
 
+def _sweep_malformed(env_id: str, env_kwargs: Mapping[str, Any], seed: int) -> None:
+    """Every fixed malformed action, once, in order: the fuzz below is random, so it may miss one of them."""
+    env = _make(env_id, env_kwargs)
+    try:
+        env.reset(seed=seed)
+        for action in _MALFORMED:
+            _, _, terminated, truncated, _ = _safe_step(env_id, env, action)
+            if terminated or truncated:
+                env.reset()
+    finally:
+        env.close()
+
+
 def _check_close(env_id: str, env_kwargs: Mapping[str, Any]) -> None:
     env = _make(env_id, env_kwargs)
     env.reset(seed=0)
@@ -390,7 +403,7 @@ def check_agent_env(
     Runs, in order: Gymnasium's ``check_env`` on the unwrapped env (its warnings are re-emitted as
     ``UserWarning``), a determinism replay (two fresh envs, same seed, the reference solver's actions
     plus garbage, identical JSON transcripts), for forkable envs a fork check (a copy taken mid-episode
-    answers the rest of the episode exactly like the original, which the copy's steps leave untouched), a Hypothesis fuzz of garbage action sequences (every step
+    answers the rest of the episode exactly like the original, which the copy's steps leave untouched), every fixed malformed action once, a Hypothesis fuzz of garbage action sequences (every step
     returns a valid observation, a finite reward, bool flags, a known turn kind, and an outcome once the
     episode ends), and a double ``close()``.
 
@@ -408,6 +421,7 @@ def check_agent_env(
     _run_gymnasium_checker(env_id, kwargs)
     _check_determinism(env_id, kwargs, seed)
     _check_fork(env_id, kwargs, seed)
+    _sweep_malformed(env_id, kwargs, seed)
     if fuzz_examples > 0:
         _run_fuzz(env_id, kwargs, seed, fuzz_examples)
     _check_close(env_id, kwargs)
