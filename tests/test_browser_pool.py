@@ -34,16 +34,8 @@ from agentgym.tools.browser.snapshot import (
     yaml_escape_key,
     yaml_escape_value,
 )
+from tests.browsers import HAVE_BROWSER, needs_browser
 
-try:
-    find_chromium()
-    import playwright  # noqa: F401
-
-    HAVE_BROWSER = True
-except (BrowserUnavailable, ImportError):
-    HAVE_BROWSER = False
-
-needs_browser = pytest.mark.skipif(not HAVE_BROWSER, reason="needs Chromium (apt-get install chromium) and playwright")
 
 EXTERNAL = "http://example.invalid"
 

@@ -14,20 +14,11 @@ from agentgym.envs.games.guess_number import GuessNumberEnv
 from agentgym.envs.web.app import SESSION_COOKIE, Request, ShopApp
 from agentgym.envs.web.catalogue import load_catalogue
 from agentgym.envs.web.goals import Goal, generate_tasks
-from agentgym.tools.browser import BrowserUnavailable
-from agentgym.tools.browser.config import find_chromium
 
 from agentgym.errors import AgentGymError
 from agentgym.suite import Task
+from tests.browsers import HAVE_BROWSER, needs_browser
 
-try:
-    find_chromium()
-    import playwright  # noqa: F401
-
-    HAVE_BROWSER = True
-except (BrowserUnavailable, ImportError):
-    HAVE_BROWSER = False
-needs_browser = pytest.mark.skipif(not HAVE_BROWSER, reason="needs Chromium (apt-get install chromium) and playwright")
 
 for _id, _entry in (("agentgym/WebShop-text-v1", "agentgym.envs.web.env:WebShopTextEnv"),
                     ("agentgym/MiniWoB-v0", "agentgym.envs.gui.env:MiniWoBEnv"),

@@ -8,24 +8,15 @@ import pytest
 from agentgym.envs.gui.miniwob import native_screen, task_ids, task_path
 from agentgym.envs.gui.solvers import SOLVABLE_TASKS
 from agentgym.envs.gui.tasks import generate_tasks, make_task
-from agentgym.tools.browser import BrowserUnavailable
-from agentgym.tools.browser.config import find_chromium
 
 from agentgym.errors import TaskError
 from agentgym.suite import load_suite
 from agentgym.testing import check_agent_env
+from tests.browsers import HAVE_BROWSER, needs_browser
 
 if "agentgym/MiniWoB-v0" not in gym.registry:
     gym.register(id="agentgym/MiniWoB-v0", entry_point="agentgym.envs.gui.env:MiniWoBEnv")
 
-try:
-    find_chromium()
-    import playwright  # noqa: F401
-
-    HAVE_BROWSER = True
-except (BrowserUnavailable, ImportError):
-    HAVE_BROWSER = False
-needs_browser = pytest.mark.skipif(not HAVE_BROWSER, reason="needs Chromium (apt-get install chromium) and playwright")
 
 
 @pytest.fixture(scope="module")

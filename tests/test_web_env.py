@@ -15,25 +15,16 @@ from agentgym.envs.web.catalogue import load_catalogue
 from agentgym.envs.web.goals import RESULTS_PER_PAGE, Goal, generate_tasks
 from agentgym.envs.web.reward import order_score, score_item
 from agentgym.envs.web.search import default_index
-from agentgym.tools.browser import BrowserUnavailable
-from agentgym.tools.browser.config import find_chromium
 
 from agentgym.suite import load_suite
 from agentgym.testing import check_agent_env
+from tests.browsers import needs_browser
 
 for _id, _entry in (("agentgym/WebShop-v1", "agentgym.envs.web.env:WebShopEnv"),
                     ("agentgym/WebShop-text-v1", "agentgym.envs.web.env:WebShopTextEnv")):
     if _id not in gym.registry:
         gym.register(id=_id, entry_point=_entry)
 
-try:
-    find_chromium()
-    import playwright  # noqa: F401
-
-    HAVE_BROWSER = True
-except (BrowserUnavailable, ImportError):
-    HAVE_BROWSER = False
-needs_browser = pytest.mark.skipif(not HAVE_BROWSER, reason="needs Chromium (apt-get install chromium) and playwright")
 
 
 @pytest.fixture(scope="module")
