@@ -85,6 +85,9 @@ class Generation:
             token's log-prob when it is not among them (vLLM's convention). ``None`` otherwise.
         top_token_ids: The token ids of ``top_logprobs``, entry for entry (what a server needs to name the
             alternatives); ``None`` when the backend did not say which tokens they were.
+        prompt_token_ids: The prompt ids the backend actually conditioned on, when it reports them (a chat
+            server re-renders the conversation itself; vLLM's ``return_token_ids``). The agent compares them
+            with its own rendering and never records action ids sampled from a different prompt.
     """
 
     text: str
@@ -94,6 +97,7 @@ class Generation:
     finish_reason: str = "stop"
     top_logprobs: tuple[tuple[float, ...], ...] | None = None
     top_token_ids: tuple[tuple[int, ...], ...] | None = None
+    prompt_token_ids: tuple[int, ...] | None = None
 
 
 class Policy(abc.ABC):
