@@ -127,20 +127,21 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     sampling = SamplingParams(max_tokens=max_tokens, temperature=args.temperature, seed=args.seed)
     config = RolloutConfig(max_in_flight=args.max_in_flight, sampling=sampling, progress=not args.no_progress,
                            system_prompt=system_prompt)
-    out_dir = Path(args.out or f"runs/eval-{suite.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out_dir = Path(args.out) if args.out else _new_default_out_dir(suite.name)
     run = {"suite": suite.name, "split": args.split, "policy": args.policy, "seed": args.seed,
            "group_size": args.group_size}
-    previous = _prepare_run_dir(out_dir, run, resume=args.resume, overwrite=args.overwrite)
-    done = {(t.task_id, t.seed) for t in previous}
-    specs = [s for s in episodes_for_suite(suite, args.split, group_size=args.group_size, seed=args.seed,
-                                           limit=args.limit)
-             if (s.task.id if s.task is not None else "", s.seed) not in done]
-    console = Console()
-    if previous:
-        console.print(f"resuming {out_dir}: {len(previous)} episodes already done, {len(specs)} to run")
+    # The policy loads first: a bad --policy must not leave a half-made run directory behind.
     policy = make_policy(args.policy)
     started = time.perf_counter()
     try:
+        previous = _prepare_run_dir(out_dir, run, resume=args.resume, overwrite=args.overwrite)
+        done = {(t.task_id, t.seed) for t in previous}
+        specs = [s for s in episodes_for_suite(suite, args.split, group_size=args.group_size, seed=args.seed,
+                                               limit=args.limit)
+                 if (s.task.id if s.task is not None else "", s.seed) not in done]
+        console = Console()
+        if previous:
+            console.print(f"resuming {out_dir}: {len(previous)} episodes already done, {len(specs)} to run")
         with TrajectoryWriter(out_dir / "trajectories.jsonl") as writer:
             trajectories = previous + RolloutEngine(policy, config).run(specs, writer=writer)
     finally:
@@ -156,6 +157,16 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     console.print(f"trajectories: {out_dir / 'trajectories.jsonl'}\nsummary: {out_dir / 'summary.json'}\n"
                   f"report: {out_dir / 'report.html'}")
     return 0
+
+
+def _new_default_out_dir(suite_name: str) -> Path:
+    """``runs/eval-SUITE-TIME``, with ``-2``, ``-3``... when runs started in the same second already made it."""
+    base = Path(f"runs/eval-{suite_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    candidate, n = base, 1
+    while candidate.exists():
+        n += 1
+        candidate = base.with_name(f"{base.name}-{n}")
+    return candidate
 
 
 _RUN_FILES = ("trajectories.jsonl", "trajectories.errors.jsonl", "summary.json", "report.html", "run.json")

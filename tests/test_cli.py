@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,10 @@ from agentgym.cli import main
 
 
 def _run(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "agentgym.cli", *args], input=stdin, capture_output=True,
-                          text=True, timeout=120)
+    """The CLI in a fresh working directory, so default ``runs/...`` outputs never land in the repository."""
+    with tempfile.TemporaryDirectory() as cwd:
+        return subprocess.run([sys.executable, "-m", "agentgym.cli", *args], input=stdin, capture_output=True,
+                              text=True, timeout=120, cwd=cwd)
 
 
 def test_list_prints_every_id(capsys: pytest.CaptureFixture[str]) -> None:
@@ -57,6 +60,23 @@ def test_bad_arguments_exit_2_with_a_fix(args: list[str], message: str) -> None:
     result = _run(*args)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_bad_policy_leaves_no_run_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", "--suite", "games-calc", "--policy", "hf:/no/such/dir", "--no-progress"]) == 2
+    assert not (tmp_path / "runs").exists()
+
+
+def test_default_out_dirs_of_runs_in_the_same_second_differ(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentgym import cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli.time, "strftime", lambda _fmt: "20261124-050000")
+    first = cli._new_default_out_dir("games-calc")
+    first.mkdir(parents=True)
+    second = cli._new_default_out_dir("games-calc")
+    assert first != second and second.name == f"{first.name}-2"
 
 
 @pytest.mark.parametrize("args", [["eval", "--suite", "games-calc", "--policy", "reference", "--limit", "0"],
