@@ -62,6 +62,9 @@ class RolloutConfig:
             with ``context_limit`` (token-level policies only).
         system_prompt: Replaces the env's instructions as the system prompt (``None`` keeps them).
         observation_role: Chat role of observations after the first (``user`` or ``tool``).
+        template_tools: ``auto`` passes the env's ``info["tools"]`` to the chat template (``tools=``, each
+            family's native tool format; templates without tools ignore them); ``never`` leaves tools to the
+            system prompt text only.
         batch_window_s: How long the batcher waits for more requests before sending a batch.
         deterministic: Send a policy batch only when every running episode waits for the policy, in
             episode order, and give each request its own seed derived from ``sampling.seed``, the episode
@@ -77,6 +80,7 @@ class RolloutConfig:
     max_context_tokens: int | None = None
     system_prompt: str | None = None
     observation_role: str = "user"
+    template_tools: str = "auto"
     batch_window_s: float = 0.002
     deterministic: bool = False
     progress: bool = False
@@ -95,6 +99,8 @@ class RolloutConfig:
             )
         if self.observation_role not in ("user", "tool"):
             raise ConfigError(f"observation_role must be 'user' or 'tool', got {self.observation_role!r}.")
+        if self.template_tools not in ("auto", "never"):
+            raise ConfigError(f"template_tools must be 'auto' or 'never', got {self.template_tools!r}.")
 
 
 @dataclass(frozen=True)
@@ -429,6 +435,11 @@ class RolloutEngine:
         if errors:  # trainers drop these episodes: say so, with a reason, instead of training on less silently
             logger.warning("%d of %d episodes ended with end_reason='error' (first: %s)", len(errors),
                            len(finished), errors[0].error)
+        forks = sum(int(t.metadata.get("template_forks", 0)) for t in finished)
+        mismatches = sum(int(t.metadata.get("prompt_mismatches", 0)) for t in finished)
+        if forks or mismatches:  # once per run: the linear sequence is what was trained on, the render differs
+            logger.info("chat template: %d turn(s) differ from a fresh render (template forks); %d action(s) sampled "
+                        "from another prompt kept text without ids", forks, mismatches)
         return finished
 
     async def _call_env(self, executor: concurrent.futures.Executor, fn: Callable[..., Any], *args: Any,
@@ -459,7 +470,9 @@ class RolloutEngine:
             task_id = info.get("task_id", task_id)
             self.policy.begin_episode(episode_id, env)
             agent = ChatAgent(self.policy.tokenizer, system_prompt=cfg.system_prompt, observation_role=cfg.observation_role)
-            agent.start(str(info.get("instructions", "")), _text_of(observation))
+            # The env's tool schemas reach the chat template (its native tool format); templates without tools ignore them.
+            tools = info.get("tools") if cfg.template_tools == "auto" else None
+            agent.start(str(info.get("instructions", "")), _text_of(observation), tools=tools or None)
             while True:
                 if (
                     cfg.max_context_tokens is not None and self.policy.tokenizer is not None
@@ -595,6 +608,10 @@ def final_state(agent: ChatAgent, observation: str) -> dict[str, Any]:
     out: dict[str, Any] = {"final_observation": observation}
     if agent.tokenizer is not None:
         out["final_prompt_token_ids"] = list(agent.pending_prompt_ids)
+        # Turns where a fresh template render differs from the linear sampled sequence, and actions sampled
+        # from a prompt other than the agent's (their ids are not recorded): see ChatAgent.
+        out["template_forks"] = agent.template_forks
+        out["prompt_mismatches"] = agent.prompt_mismatches
     return out
 
 
@@ -666,6 +683,8 @@ def summarize(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
         "mean_action_tokens": sum(t.num_action_tokens for t in trajectories) / n,
         "errors": ends.get("error", 0),
         "end_reasons": dict(ends),
+        "template_forks": sum(int(t.metadata.get("template_forks", 0)) for t in trajectories),
+        "prompt_mismatches": sum(int(t.metadata.get("prompt_mismatches", 0)) for t in trajectories),
         "mean_episode_s": sum(float(t.timing.get("wall_s", 0.0)) for t in trajectories) / n,
     }
 
