@@ -8,7 +8,15 @@ Two modes, because training and evaluation need different things:
   accepts token-id prompts (vLLM, ``agentgym serve``).
 * ``chat``: messages go to ``/v1/chat/completions`` and text comes back; works with any server, including
   hosted APIs, and is what evaluation of closed models uses. Given a tokenizer, the policy also asks
-  for token ids and log-probs (vLLM and ``agentgym serve`` return them) so the agent can keep a token view.
+  for token ids and log-probs (``return_token_ids``: vLLM >= 0.10.2 and ``agentgym serve`` return them)
+  so the agent can keep a token view. The server renders the conversation with *its* chat template, so
+  the sampled ids are only trainable if that rendering equals the agent's: the policy puts the server's
+  ``prompt_token_ids`` into :attr:`Generation.prompt_token_ids` and counts in :attr:`OpenAIPolicy.stats`
+  how often they differ from the request's (``prompt_checked`` / ``prompt_mismatches``); the ChatAgent
+  keeps a mismatched turn's text but never records its ids. A server that reports no prompt ids cannot
+  be checked: the policy then returns no token ids at all (``prompt_unverified`` counts them, and a
+  tokenising agent stops with an error) rather than ids that only look trainable. Training runs should
+  use ``completions`` mode, where the server conditions on the agent's own ids.
 
 In both modes ``SamplingParams.top_logprobs = k`` asks the server for the k best alternatives per token
 (``logprobs: k`` or ``top_logprobs: k``) and fills ``Generation.top_logprobs`` with them, the sampled token's
@@ -234,6 +242,10 @@ class OpenAIPolicy(Policy):
         # continues as soon as *its* reply arrives instead of waiting for a whole batch.
         self.max_batch_size = 1
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
+        # Chat mode with a tokenizer: how many replies had their prompt checked against the server's
+        # rendering, how many differed (their ids are not trainable) and how many could not be checked.
+        self.stats: dict[str, int] = {"prompt_checked": 0, "prompt_mismatches": 0, "prompt_unverified": 0}
+        self._warned: set[str] = set()
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -435,7 +447,15 @@ class OpenAIPolicy(Policy):
         ids = choice.get("token_ids")
         token_ids: tuple[int, ...] | None = None
         lps: tuple[float, ...] | None = None
-        if self.tokenizer is not None and isinstance(ids, list) and all(isinstance(t, int) for t in ids):
+        server_prompt = self._server_prompt_ids(body, choice) if self.tokenizer is not None else None
+        if self.tokenizer is not None and isinstance(ids, list) and server_prompt is None:
+            self.stats["prompt_unverified"] += 1
+            self._warn_once("unverified", "%s/chat/completions reported no prompt_token_ids, so the token ids of its "
+                            "replies cannot be checked against the agent's prompt and are not returned. Use "
+                            "mode='completions' (the server then conditions on the agent's own ids) or a server "
+                            "with return_token_ids (vLLM >= 0.10.2, agentgym serve).", self.base_url)
+        elif self.tokenizer is not None and isinstance(ids, list) and all(isinstance(t, int) for t in ids):
+            self._check_prompt(request, server_prompt)
             token_ids = tuple(ids)
             content = (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), Mapping) else None
             if isinstance(content, list):
@@ -453,7 +473,36 @@ class OpenAIPolicy(Policy):
             top, top_ids = self._alternatives(alternatives, [e.get("token") for e in entries], sampled, k,
                                               len(entries), "/chat/completions")
         return Generation(text=text, token_ids=token_ids, logprobs=lps, top_logprobs=top, top_token_ids=top_ids,
-                          finish_reason=_finish_reason(choice.get("finish_reason")))
+                          finish_reason=_finish_reason(choice.get("finish_reason")),
+                          prompt_token_ids=server_prompt if token_ids is not None else None)
+
+    @staticmethod
+    def _server_prompt_ids(body: Any, choice: Mapping[str, Any]) -> tuple[int, ...] | None:
+        """The prompt ids the chat server conditioned on (top level in vLLM and agentgym serve, per choice in
+        some versions), or ``None`` when it did not report them."""
+        for holder in (body, choice):
+            ids = holder.get("prompt_token_ids") if isinstance(holder, Mapping) else None
+            if isinstance(ids, list) and ids and all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                return tuple(ids)
+        return None
+
+    def _check_prompt(self, request: GenerationRequest, server_prompt: tuple[int, ...]) -> None:
+        """Count whether the server's rendering of the conversation is the agent's (the ids are trainable)."""
+        expected = prompt_token_ids(request, self.tokenizer)
+        self.stats["prompt_checked"] += 1
+        if tuple(expected) == server_prompt:
+            return
+        self.stats["prompt_mismatches"] += 1
+        self._warn_once("mismatch", "%s/chat/completions rendered the conversation differently from the agent "
+                        "(%d server prompt ids vs %d); replies sampled from another prompt are kept as text but their "
+                        "ids are not trainable (OpenAIPolicy.stats['prompt_mismatches'] counts them). Use "
+                        "mode='completions' to send the agent's exact ids, or give the agent the server's "
+                        "tokenizer and chat template.", self.base_url, len(server_prompt), len(expected))
+
+    def _warn_once(self, key: str, message: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(message, *args)
 
     def _alternatives(self, rows: list[list[tuple[Any, Any]] | None] | None, tokens: Any,
                       sampled: tuple[float, ...] | None, k: int, n: int,
