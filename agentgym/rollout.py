@@ -60,7 +60,8 @@ class RolloutConfig:
         env_workers: Threads that run env ``reset``/``step`` calls (daemon threads, see :class:`EnvExecutor`).
         max_context_tokens: When the prompt plus ``sampling.max_tokens`` would exceed this, the episode ends
             with ``context_limit`` (token-level policies only).
-        system_prompt: Replaces the env's instructions as the system prompt (``None`` keeps them).
+        system_prompt: Replaces the env's instructions as the system prompt. ``None`` uses the policy's
+            ``default_system_prompt`` (the prompt a trained model was trained with), else the env's instructions.
         observation_role: Chat role of observations after the first (``user`` or ``tool``).
         template_tools: ``auto`` passes the env's ``info["tools"]`` to the chat template (``tools=``, each
             family's native tool format; templates without tools ignore them); ``never`` leaves tools to the
@@ -469,7 +470,8 @@ class RolloutEngine:
             timing["env_s"] += time.perf_counter() - te
             task_id = info.get("task_id", task_id)
             self.policy.begin_episode(episode_id, env)
-            agent = ChatAgent(self.policy.tokenizer, system_prompt=cfg.system_prompt, observation_role=cfg.observation_role)
+            system_prompt = cfg.system_prompt if cfg.system_prompt is not None else self.policy.default_system_prompt
+            agent = ChatAgent(self.policy.tokenizer, system_prompt=system_prompt, observation_role=cfg.observation_role)
             # The env's tool schemas reach the chat template (its native tool format); templates without tools ignore them.
             tools = info.get("tools") if cfg.template_tools == "auto" else None
             agent.start(str(info.get("instructions", "")), _text_of(observation), tools=tools or None)

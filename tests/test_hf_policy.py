@@ -304,3 +304,26 @@ def test_bad_arguments_raise_config_errors(policy, prompts):
     with pytest.raises(ConfigError, match="dtype"):
         HFPolicy(policy.model, policy.tokenizer, dtype="float33")
     assert policy.generate([], SamplingParams()) == []
+
+
+def test_from_pretrained_brings_the_trained_system_prompt_to_rollouts(model_dir, tmp_path):
+    """The README's plain RolloutEngine snippet must roll out with the prompt the model was trained with."""
+    import shutil
+
+    from agentgym.policies.rollout_defaults import save_rollout_defaults
+    from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
+
+    trained = shutil.copytree(model_dir, tmp_path / "trained")
+    save_rollout_defaults(trained, system_prompt="Answer with calc(...).", max_tokens=8, suite="games-calc")
+    policy = HFPolicy.from_pretrained(trained)
+    assert policy.default_system_prompt == "Answer with calc(...)."
+    assert HFPolicy.from_pretrained(model_dir).default_system_prompt is None
+    config = RolloutConfig(sampling=SamplingParams(max_tokens=4, temperature=0.0), progress=False)
+
+    def first_prompt(config: RolloutConfig) -> str:
+        (trajectory,) = RolloutEngine(policy, config).run([EpisodeSpec("agentgym/Calculator-v0", seed=0)])
+        return policy.tokenizer.decode(trajectory.token_view().input_ids)
+
+    assert "Answer with calc(...)." in first_prompt(config)
+    explicit = RolloutConfig(sampling=config.sampling, progress=False, system_prompt="Explicit wins.")
+    assert "Explicit wins." in first_prompt(explicit) and "Answer with calc" not in first_prompt(explicit)

@@ -110,9 +110,13 @@ class Policy(abc.ABC):
         max_batch_size: Most requests the engine puts in one ``act`` call.
         max_concurrency: Most ``act`` calls the engine keeps in flight at once (1 for an in-process model
             that uses all cores; more for a server that batches on its own).
+        default_system_prompt: The system prompt the model was trained with (read from the ``agentgym.json``
+            its trainer saved), used by the rollout engine when ``RolloutConfig.system_prompt`` is ``None``;
+            ``None`` keeps each env's instructions. A model evaluated with a prompt it never saw scores 0.
     """
 
     name: str = "policy"
+    default_system_prompt: str | None = None
     tokenizer: Any = None
     max_batch_size: int = 64
     max_concurrency: int = 1

@@ -168,7 +168,12 @@ class HFPolicy(InProcessTokenPolicy):
             model = transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
             tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
         kwargs.setdefault("name", directory.name)
-        return cls(model, tokenizer, **kwargs)
+        policy = cls(model, tokenizer, **kwargs)
+        # The trainer's system prompt travels with the model, so a plain RolloutEngine reproduces its training.
+        from agentgym.policies.rollout_defaults import load_rollout_defaults
+
+        policy.default_system_prompt = load_rollout_defaults(directory).get("system_prompt")
+        return policy
 
     # ---- Policy API (act() and prompt_ids() come from InProcessTokenPolicy) -------------------------
     def generate(

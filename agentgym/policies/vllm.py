@@ -328,6 +328,9 @@ class VLLMPolicy(InProcessTokenPolicy):
         self.tokenizer = tokenizer
         self.model_dir = directory
         self.name = name or directory.name
+        from agentgym.policies.rollout_defaults import load_rollout_defaults
+
+        self.default_system_prompt = load_rollout_defaults(directory).get("system_prompt")
         self.max_batch_size = max_batch_size
         self.max_concurrency = 1
         self.entropy_top_k = entropy_top_k
