@@ -327,3 +327,17 @@ def test_from_pretrained_brings_the_trained_system_prompt_to_rollouts(model_dir,
     assert "Answer with calc(...)." in first_prompt(config)
     explicit = RolloutConfig(sampling=config.sampling, progress=False, system_prompt="Explicit wins.")
     assert "Explicit wins." in first_prompt(explicit) and "Answer with calc" not in first_prompt(explicit)
+
+
+def test_cancelled_rows_stop_and_leave_the_others_untouched(policy, prompts):
+    import threading
+
+    greedy = SamplingParams(max_tokens=24, temperature=0.0)
+    alone = policy.generate(prompts[:2], greedy)
+    gone = threading.Event()
+    gone.set()
+    out = policy.generate(prompts[:2], greedy, cancelled=[gone, None])
+    assert out[0].finish_reason == "abort" and len(out[0].token_ids) == 1
+    assert out[1].token_ids == alone[1].token_ids and out[1].finish_reason == alone[1].finish_reason
+    with pytest.raises(ConfigError, match="one per prompt"):
+        policy.generate(prompts[:2], greedy, cancelled=[None])

@@ -79,7 +79,7 @@ class Generation:
         token_ids: Sampled ids, including the token that ended the turn (EOS / end-of-turn).
         logprobs: Log-probs of the sampled ids under the sampling distribution.
         entropies: Entropy of the sampling distribution at each step.
-        finish_reason: ``stop`` or ``length``.
+        finish_reason: ``stop``, ``length``, or ``abort`` (a caller cancelled the row, e.g. its client left).
         top_logprobs: When ``SamplingParams.top_logprobs = k > 0`` and the policy supports it: per generated
             position, the log-probs of the k most likely tokens in descending order, followed by the sampled
             token's log-prob when it is not among them (vLLM's convention). ``None`` otherwise.

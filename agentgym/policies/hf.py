@@ -180,6 +180,8 @@ class HFPolicy(InProcessTokenPolicy):
         self,
         prompts: Sequence[Sequence[int]],
         sampling: Sequence[SamplingParams] | SamplingParams,
+        *,
+        cancelled: Sequence[threading.Event | None] | None = None,
     ) -> list[Generation]:
         """Continue each prompt; the synchronous core of :meth:`act`, also used directly by trainers.
 
@@ -196,6 +198,10 @@ class HFPolicy(InProcessTokenPolicy):
         Args:
             prompts: Prompt token ids, one sequence per row (each non-empty).
             sampling: One :class:`SamplingParams` for all rows or one per row.
+            cancelled: Optional, one event per prompt (or ``None``). A row whose event is set stops at the
+                next decoding step with ``finish_reason="abort"`` and what it generated so far; a batch whose
+                rows are all finished or cancelled ends at once. A server sets them when clients disconnect,
+                so abandoned requests stop costing compute.
 
         Returns:
             One :class:`Generation` per prompt, in order.
@@ -207,20 +213,28 @@ class HFPolicy(InProcessTokenPolicy):
         if self.model is None:
             raise AgentGymError("This HFPolicy was closed; create a new one (HFPolicy.from_pretrained(path)).")
         rows, params = self.check_generate_inputs(prompts, sampling)
+        if cancelled is not None and len(cancelled) != len(rows):
+            raise ConfigError(f"Got {len(cancelled)} cancel events for {len(rows)} prompts; pass one per prompt "
+                              "(None for rows that cannot be cancelled).")
+        events = list(cancelled) if cancelled is not None else [None] * len(rows)
         results: list[Generation | None] = [None] * len(rows)
         # Batches of similar length waste less compute on padding.
         order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
         with self._lock:
             for start in range(0, len(order), self.max_batch_size):
                 chunk = order[start:start + self.max_batch_size]
-                outputs = self._generate_batch([rows[i] for i in chunk], [params[i] for i in chunk])
+                outputs = self._generate_batch([rows[i] for i in chunk], [params[i] for i in chunk],
+                                               [events[i] for i in chunk])
                 for i, out in zip(chunk, outputs):
                     results[i] = out
         return [r for r in results if r is not None]
 
     # ---- the decoding loop -----------------------------------------------------------------------
-    def _generate_batch(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
+    def _generate_batch(self, prompts: list[list[int]], params: list[SamplingParams],
+                        events: list[threading.Event | None] | None = None) -> list[Generation]:
         torch = self._torch
+        watched = [(i, e) for i, e in enumerate(events or ()) if e is not None]
+        aborted: set[int] = set()
         device = self.device
         batch = len(prompts)
         lengths = [len(p) for p in prompts]
@@ -323,6 +337,11 @@ class HFPolicy(InProcessTokenPolicy):
                     hit_stop |= self._hit_stop_strings(token, rows, alive & ~hit_stop, stop_strings, stop_ids_so_far)
                 stopped[rows[hit_stop]] = True
                 done = done | hit_stop | hit_len
+                if watched:
+                    newly = {i for i, e in watched if e.is_set() and i not in aborted}
+                    if newly:
+                        aborted |= newly
+                        done = done | torch.isin(rows, torch.tensor(sorted(newly), device=device))
                 num_done = int(done.sum())  # the one host sync per step
                 if num_done == done.numel():
                     break
@@ -345,7 +364,8 @@ class HFPolicy(InProcessTokenPolicy):
         top = None
         if top_k:
             top = _top_logprobs(out_top, out_top_ids, out_logprobs, out_tokens, [p.top_logprobs for p in params])
-        return self._collect(out_tokens, out_logprobs, out_entropy, num_generated, stopped, stop_strings, top)
+        return self._collect(out_tokens, out_logprobs, out_entropy, num_generated, stopped, stop_strings, top,
+                             aborted)
 
     def _hit_stop_strings(
         self,
@@ -388,6 +408,7 @@ class HFPolicy(InProcessTokenPolicy):
         stopped: Any,
         stop_strings: dict[int, tuple[str, ...]],
         top: list[list[tuple[float, ...]] | None] | None = None,
+        aborted: set[int] = frozenset(),
     ) -> list[Generation]:
         tokens = out_tokens.tolist()
         logprobs = out_logprobs.tolist()
@@ -408,7 +429,7 @@ class HFPolicy(InProcessTokenPolicy):
                     token_ids=tuple(ids),
                     logprobs=tuple(logprobs[i][:n]),
                     entropies=tuple(entropies[i][:n]),
-                    finish_reason="stop" if stops[i] else "length",
+                    finish_reason="stop" if stops[i] else "abort" if i in aborted else "length",
                     top_logprobs=None if top is None or top[i] is None else tuple(v for v, _ in top[i][:n]),
                     top_token_ids=None if top is None or top[i] is None else tuple(t for _, t in top[i][:n]),
                 )
