@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from agentgym.trainers.logprobs import DEFAULT_CHUNK_SIZE, token_logprobs
 from agentgym.trajectory import Trajectory
 
 __all__ = ["TrainingBatch", "build_batch", "sequence_logprobs"]
@@ -81,16 +82,17 @@ def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float] 
 
 
 def sequence_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                      temperature: float = 1.0) -> torch.Tensor:
+                      temperature: float = 1.0, chunk_size: int | None = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
     """``[N, L]`` log-prob of each token given the ones before it (position 0 gets 0).
 
     Computed in float32 at the sampling temperature, so that with an unchanged model it matches what
-    the sampler recorded.
+    the sampler recorded. ``chunk_size`` token positions go through ``lm_head`` at a time, so at most
+    ``chunk_size x V`` float32 logits exist at once, in backward too (see :mod:`agentgym.trainers.logprobs`);
+    ``None`` computes the full ``[N, L, V]`` logits (same values, much more memory at large vocabularies).
+
+    Raises:
+        ConfigError: if ``chunk_size`` is not a positive int or ``None``.
     """
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).logits
-    logits = logits[:, :-1].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    return torch.cat([torch.zeros_like(logp[:, :1]), logp], dim=1)
+    return token_logprobs(model, input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          temperature=temperature, chunk_size=chunk_size)

@@ -34,6 +34,7 @@ import torch
 
 from agentgym.errors import ConfigError
 from agentgym.trainers.batch import TrainingBatch
+from agentgym.trainers.logprobs import DEFAULT_CHUNK_SIZE, token_logprobs
 
 __all__ = ["pack_sequences", "packed_inputs", "packed_sequence_logprobs", "unpack_logprobs"]
 
@@ -168,23 +169,23 @@ def packed_inputs(batch: TrainingBatch, bins: Sequence[Sequence[int]], *, width:
     return out
 
 
-def packed_sequence_logprobs(model: Any, inputs: dict[str, torch.Tensor], temperature: float = 1.0) -> torch.Tensor:
+def packed_sequence_logprobs(model: Any, inputs: dict[str, torch.Tensor], temperature: float = 1.0,
+                             chunk_size: int | None = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
     """``[B, T]`` log-prob of each packed token given the earlier tokens of its own sequence.
 
     The packed counterpart of :func:`agentgym.trainers.batch.sequence_logprobs`: float32 at the sampling
     temperature, 0 at the first token of every sequence (whose "previous" position belongs to another
-    sequence) and on padding.
+    sequence) and on padding; ``chunk_size`` bounds the logits alive at once in the same way.
+
+    Raises:
+        ConfigError: if ``chunk_size`` is not a positive int or ``None``.
     """
     device = next(model.parameters()).device
     input_ids = inputs["input_ids"].to(device)
-    logits = model(input_ids=input_ids, attention_mask=inputs["attention_mask"].to(device),
-                   position_ids=inputs["position_ids"].to(device), use_cache=False).logits
-    logits = logits[:, :-1].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    logp = torch.cat([torch.zeros_like(logp[:, :1]), logp], dim=1)
-    keep = (inputs["position_ids"].to(device) > 0) & (inputs["seq_index"].to(device) >= 0)
+    position_ids = inputs["position_ids"].to(device)
+    logp = token_logprobs(model, input_ids, attention_mask=inputs["attention_mask"].to(device),
+                          position_ids=position_ids, temperature=temperature, chunk_size=chunk_size)
+    keep = (position_ids > 0) & (inputs["seq_index"].to(device) >= 0)
     return torch.where(keep, logp, torch.zeros_like(logp))
 
 
