@@ -7,21 +7,39 @@ log-prob and the entropy of the distribution it was drawn from, computed exactly
 cost a second forward pass. The loop here is plain batched decoding with a KV cache: prompts are left
 padded (attention mask plus explicit position ids, so padding changes nothing), rows that finish are
 dropped from the batch and its cache, and all per-token work is done with tensor ops over the batch.
+
+Across the turns of an episode the KV cache is kept (:mod:`agentgym.policies.kv_cache`): a request that
+carries an ``episode_id`` reuses the longest prefix of its prompt whose keys and values an earlier turn
+computed, so each turn runs only its new tokens. Rows of one batch then have cached parts of different
+lengths and suffixes of different lengths: each row's cache is left padded to the longest one and its
+suffix is left padded too, so the padding sits between the cached part and the suffix. The attention mask
+hides both gaps and position ids come from the mask, so every row sees exactly its own tokens at their own
+positions, as if its whole prompt had been computed in one pass.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import inspect
+import logging
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from agentgym.errors import AgentGymError, ConfigError, DependencyNotInstalled
-from agentgym.policies.base import Generation, InProcessTokenPolicy, SamplingParams
+from agentgym.policies.base import (
+    Generation,
+    GenerationRequest,
+    InProcessTokenPolicy,
+    SamplingParams,
+)
+from agentgym.policies.kv_cache import CachedPrefix, EpisodeKVCache
 
 __all__ = ["HFPolicy"]
+
+logger = logging.getLogger(__name__)
 
 _IM_END = "<|im_end|>"
 
@@ -69,9 +87,14 @@ class HFPolicy(InProcessTokenPolicy):
             of similar length.
         dtype: Optional torch dtype (or its name, e.g. ``"bfloat16"``) to cast the model to.
         name: Shown in eval tables and stored in trajectories (default: the model's path or class).
+        kv_cache_episodes: Most episodes whose KV cache is kept between turns (least recently used ones are
+            dropped first); 0 turns reuse across turns off. Requests reach the cache through their
+            ``episode_id`` (the rollout engine sets it; ``generate(..., episode_ids=...)`` for direct calls).
+        kv_cache_tokens: Most tokens kept over all episodes together: memory is this times the model's KV bytes
+            per token (2 x layers x kv_heads x head_dim x dtype size); 0 turns reuse off.
 
     Raises:
-        ConfigError: If ``max_batch_size`` or ``dtype`` is invalid.
+        ConfigError: If ``max_batch_size``, ``dtype`` or a KV-cache limit is invalid.
     """
 
     max_concurrency: int = 1
@@ -85,6 +108,8 @@ class HFPolicy(InProcessTokenPolicy):
         max_batch_size: int = 64,
         dtype: Any = None,
         name: str | None = None,
+        kv_cache_episodes: int = 64,
+        kv_cache_tokens: int = 65536,
     ) -> None:
         torch = _import_torch()
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
@@ -118,6 +143,9 @@ class HFPolicy(InProcessTokenPolicy):
             params = {}
         self._keep_last_logits = "logits_to_keep" in params
         self._lock = threading.Lock()
+        self.kv_cache = EpisodeKVCache(kv_cache_episodes, kv_cache_tokens)
+        self._kv_reusable: bool | None = None  # unknown until a forward pass shows the model's cache type
+        self._kv_weights: tuple[int, int, int] | None = None  # the weights the cached keys and values came from
 
     @staticmethod
     def _find_stop_ids(tokenizer: Any, model: Any) -> list[int]:
@@ -142,24 +170,19 @@ class HFPolicy(InProcessTokenPolicy):
         """Load a model directory (e.g. one written by :func:`agentgym.models.build_tiny_model`).
 
         Args:
-            path: A local Hugging Face model directory (with ``config.json`` and tokenizer files).
-                Nothing is downloaded: hub ids are refused.
+            path: A local Hugging Face model directory (with ``config.json`` and tokenizer files), or a Hub id
+                (``org/name[@revision]``) already in the local Hugging Face cache (``HF_HOME``/``HF_HUB_CACHE``).
+                Nothing is downloaded.
             **kwargs: Passed to :class:`HFPolicy` (``device``, ``max_batch_size``, ``dtype``, ``name``).
 
         Raises:
-            ConfigError: If ``path`` is not a local model directory.
+            ConfigError: If ``path`` is neither a local model directory nor a cached Hub id (the message says
+                how to get it).
         """
-        directory = Path(path)
-        if not directory.is_dir():
-            raise ConfigError(
-                f"Model directory {str(path)!r} does not exist. Pass a local directory saved with save_pretrained "
-                "(build one with agentgym.models.build_tiny_model(path))."
-            )
-        if not (directory / "config.json").is_file():
-            raise ConfigError(
-                f"{str(path)!r} has no config.json, so it is not a Hugging Face model directory. Point at the "
-                "directory that save_pretrained wrote (it holds config.json, the weights and the tokenizer)."
-            )
+        from agentgym.models.loading import is_hub_id, resolve_model_dir
+
+        directory = resolve_model_dir(path)
+        hub_name = str(path) if is_hub_id(path) and not Path(str(path)).is_dir() else None
         transformers = _import_transformers()
         _import_torch()
         from agentgym.models.tiny import _quiet_progress_bars
@@ -167,7 +190,7 @@ class HFPolicy(InProcessTokenPolicy):
         with _quiet_progress_bars():
             model = transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
             tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
-        kwargs.setdefault("name", directory.name)
+        kwargs.setdefault("name", hub_name or directory.name)  # a Hub snapshot's directory name is a commit hash
         policy = cls(model, tokenizer, **kwargs)
         # The trainer's system prompt travels with the model, so a plain RolloutEngine reproduces its training.
         from agentgym.policies.rollout_defaults import load_rollout_defaults
@@ -175,13 +198,30 @@ class HFPolicy(InProcessTokenPolicy):
         policy.default_system_prompt = load_rollout_defaults(directory).get("system_prompt")
         return policy
 
-    # ---- Policy API (act() and prompt_ids() come from InProcessTokenPolicy) -------------------------
+    # ---- Policy API (prompt_ids() comes from InProcessTokenPolicy) ----------------------------------
+    async def act(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        """Like :meth:`InProcessTokenPolicy.act`, passing each request's ``episode_id`` on for KV-cache reuse."""
+        if not requests:
+            return []
+        prompts = [self.prompt_ids(r) for r in requests]
+        return await asyncio.to_thread(self.generate, prompts, [r.sampling for r in requests],
+                                       episode_ids=[r.episode_id for r in requests])
+
+    def begin_episode(self, episode_id: str, env: Any) -> None:
+        """A new episode never inherits a stale cache entry under a reused id."""
+        self.kv_cache.drop(episode_id)
+
+    def end_episode(self, episode_id: str) -> None:
+        """Free the episode's KV cache."""
+        self.kv_cache.drop(episode_id)
+
     def generate(
         self,
         prompts: Sequence[Sequence[int]],
         sampling: Sequence[SamplingParams] | SamplingParams,
         *,
         cancelled: Sequence[threading.Event | None] | None = None,
+        episode_ids: Sequence[str] | None = None,
     ) -> list[Generation]:
         """Continue each prompt; the synchronous core of :meth:`act`, also used directly by trainers.
 
@@ -202,6 +242,11 @@ class HFPolicy(InProcessTokenPolicy):
                 next decoding step with ``finish_reason="abort"`` and what it generated so far; a batch whose
                 rows are all finished or cancelled ends at once. A server sets them when clients disconnect,
                 so abandoned requests stop costing compute.
+            episode_ids: Optional, one per prompt (``""`` for none). A row with an id reuses the keys and values
+                that earlier calls computed for the longest prefix of its prompt that they cover token for
+                token, and leaves its own (prompt plus sampled tokens) for the next turn. Results equal those
+                of recomputing up to float rounding. Without ids (trainers scoring unrelated prompts) nothing
+                is cached. :meth:`end_episode` frees an episode's entry.
 
         Returns:
             One :class:`Generation` per prompt, in order.
@@ -216,39 +261,74 @@ class HFPolicy(InProcessTokenPolicy):
         if cancelled is not None and len(cancelled) != len(rows):
             raise ConfigError(f"Got {len(cancelled)} cancel events for {len(rows)} prompts; pass one per prompt "
                               "(None for rows that cannot be cancelled).")
+        if episode_ids is not None and len(episode_ids) != len(rows):
+            raise ConfigError(f"Got {len(episode_ids)} episode ids for {len(rows)} prompts; pass one per prompt "
+                              "('' for rows outside any episode).")
         events = list(cancelled) if cancelled is not None else [None] * len(rows)
+        episodes = [str(e or "") for e in episode_ids] if episode_ids is not None else [""] * len(rows)
+        if not self.kv_cache.enabled or self._kv_reusable is False:
+            episodes = [""] * len(rows)
         results: list[Generation | None] = [None] * len(rows)
-        # Batches of similar length waste less compute on padding.
+        # Batches of similar length waste less compute on padding. The order does not depend on what is cached,
+        # so a seeded batch samples the same tokens with and without cache reuse.
         order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
-        with self._lock:
-            for start in range(0, len(order), self.max_batch_size):
-                chunk = order[start:start + self.max_batch_size]
-                outputs = self._generate_batch([rows[i] for i in chunk], [params[i] for i in chunk],
-                                               [events[i] for i in chunk])
-                for i, out in zip(chunk, outputs):
-                    results[i] = out
+        self.kv_cache.begin_generation(episodes)
+        try:
+            with self._lock:
+                if any(episodes):
+                    weights = self._weights_version()
+                    if weights != self._kv_weights:  # keys and values of other weights would give other results
+                        self.kv_cache.clear()
+                        self._kv_weights = weights
+                for start in range(0, len(order), self.max_batch_size):
+                    chunk = order[start:start + self.max_batch_size]
+                    outputs = self._generate_batch([rows[i] for i in chunk], [params[i] for i in chunk],
+                                                   [events[i] for i in chunk], [episodes[i] for i in chunk])
+                    for i, out in zip(chunk, outputs):
+                        results[i] = out
+        finally:
+            self.kv_cache.end_generation(episodes)
         return [r for r in results if r is not None]
 
     # ---- the decoding loop -----------------------------------------------------------------------
     def _generate_batch(self, prompts: list[list[int]], params: list[SamplingParams],
-                        events: list[threading.Event | None] | None = None) -> list[Generation]:
+                        events: list[threading.Event | None] | None = None,
+                        episodes: list[str] | None = None) -> list[Generation]:
         torch = self._torch
         watched = [(i, e) for i, e in enumerate(events or ()) if e is not None]
         aborted: set[int] = set()
         device = self.device
         batch = len(prompts)
         lengths = [len(p) for p in prompts]
-        width = max(lengths)
         max_new = max(p.max_tokens for p in params)
         pad = self._pad_id
+        episodes = episodes or [""] * batch
+        keeping = any(episodes)
 
-        input_ids = torch.tensor([[pad] * (width - n) + p for p, n in zip(prompts, lengths)], device=device)
-        # One mask for the whole run: prompt part left padded, generated part all ones.
+        # Row i reuses cached[i] tokens of its episode's cache and runs its suffix. Columns of the batch:
+        # [left pad | cached part] (cached_width) then [middle pad | suffix] (suffix_width) then generated ones.
+        found = [self.kv_cache.lookup(e, p) if e else (0, None) for e, p in zip(episodes, prompts)]
+        suffix_width = max(n - c for n, (c, _) in zip(lengths, found))
+        # Never wider than recomputing: a row whose suffix is long (a new episode) sets suffix_width anyway, so other
+        # rows may compute more of their prompt at no extra cost instead of widening every later decoding step.
+        cached_width = min(max(c for c, _ in found), max(lengths) - suffix_width)
+        found = [(min(c, cached_width), entry) if min(c, cached_width) else (0, None) for c, entry in found]
+        cached = [c for c, _ in found]
+        suffixes = [n - c for n, c in zip(lengths, cached)]
+        width = cached_width + suffix_width
+        if keeping:
+            self.kv_cache.record_use([p for p, e in zip(prompts, episodes) if e],
+                                     [c for c, e in zip(cached, episodes) if e])
+        input_ids = torch.tensor([[pad] * (suffix_width - s) + p[c:] for p, c, s in zip(prompts, cached, suffixes)],
+                                 device=device)
+        # One mask for the whole run: the two gaps are 0, cached, suffix and generated parts are 1.
         full_mask = torch.ones((batch, width + max_new), dtype=torch.long, device=device)
-        for i, n in enumerate(lengths):
-            if n < width:
-                full_mask[i, : width - n] = 0
-        position_ids = (full_mask[:, :width].cumsum(-1) - 1).clamp_(min=0)
+        for i, (c, s) in enumerate(zip(cached, suffixes)):
+            if c < cached_width:
+                full_mask[i, : cached_width - c] = 0
+            if s < suffix_width:
+                full_mask[i, cached_width: width - s] = 0
+        position_ids = (full_mask[:, :width].cumsum(-1) - 1).clamp_(min=0)[:, cached_width:]
         next_pos = torch.tensor(lengths, dtype=torch.long, device=device)
 
         temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
@@ -285,7 +365,7 @@ class HFPolicy(InProcessTokenPolicy):
         rows = torch.arange(batch, device=device)
         done = torch.zeros(batch, dtype=torch.bool, device=device)
         mask = full_mask
-        past = None
+        past = self._batch_cache(found, cached_width) if cached_width else None
         step_input = input_ids
         step_pos = position_ids
         total = width
@@ -354,18 +434,81 @@ class HFPolicy(InProcessTokenPolicy):
                 # make every later step cheaper, and batching the removals bounds the copying.
                 if num_done and num_done * 8 >= done.numel() and hasattr(past, "batch_select_indices"):
                     keep = (~done).nonzero().squeeze(-1)
+                    if keeping:
+                        self._keep_caches(past, done.nonzero().squeeze(-1).tolist(), rows, mask, width, t, prompts,
+                                          out_tokens, num_generated, episodes)
                     past.batch_select_indices(keep)
                     rows, done = rows[keep], done[keep]
                     step_input, step_pos, next_pos = step_input[keep], step_pos[keep], next_pos[keep]
                     mask, scale, greedy, top_p, use_top_p, max_tokens = (
                         mask[keep], scale[keep], greedy[keep], top_p[keep], use_top_p[keep], max_tokens[keep]
                     )
+            if keeping:
+                self._keep_caches(past, list(range(len(rows))), rows, mask, width, t, prompts, out_tokens,
+                                  num_generated, episodes)
 
         top = None
         if top_k:
             top = _top_logprobs(out_top, out_top_ids, out_logprobs, out_tokens, [p.top_logprobs for p in params])
         return self._collect(out_tokens, out_logprobs, out_entropy, num_generated, stopped, stop_strings, top,
                              aborted)
+
+    # ---- KV-cache reuse across turns -----------------------------------------------------------------
+    def _weights_version(self) -> tuple[int, int, int]:
+        """Changes whenever the weights may have: another model object, parameters added or removed (an adapter),
+        or any in-place update (an optimizer step, ``load_state_dict``), which bumps a tensor's version counter."""
+        params = list(self.model.parameters())
+        return id(self.model), len(params), sum(p._version for p in params)
+
+    def _batch_cache(self, found: list[tuple[int, CachedPrefix | None]], cached_width: int) -> Any:
+        """A ``DynamicCache`` holding each row's reused prefix, left padded to ``cached_width`` (zeros, masked)."""
+        from transformers.cache_utils import DynamicCache
+
+        first = next(entry for c, entry in found if c)
+        cache = DynamicCache(config=getattr(self.model, "config", None))
+        with self._torch.inference_mode():  # the stored tensors are inference tensors, made in the decoding loop
+            for layer_idx, (k0, v0) in enumerate(first.layers):
+                keys = k0.new_zeros((len(found), k0.shape[0], cached_width, k0.shape[2]))
+                values = v0.new_zeros((len(found), v0.shape[0], cached_width, v0.shape[2]))
+                for i, (c, entry) in enumerate(found):
+                    if c:
+                        k, v = entry.layers[layer_idx]
+                        keys[i, :, cached_width - c:] = k[:, :c]
+                        values[i, :, cached_width - c:] = v[:, :c]
+                cache.update(keys, values, layer_idx)
+        return cache
+
+    def _keep_caches(self, past: Any, positions: list[int], rows: Any, mask: Any, width: int, step: int,
+                     prompts: list[list[int]], out_tokens: Any, num_generated: Any, episodes: list[str]) -> None:
+        """Store, for the rows at ``positions`` of the live batch, the keys and values of their prompt and sampled
+        tokens without the padding columns, for the next turn of their episodes.
+
+        After the forward pass of step ``step`` the cache holds ``width + step`` columns; a row's j-th sampled
+        token was fed at step j + 1, so the first ``min(n, step)`` of its n sampled tokens are covered (the last
+        one usually is not: nothing was fed after it).
+        """
+        layers = _plain_dynamic_layers(past)
+        if layers is None:
+            if self._kv_reusable is None:
+                logger.info("%s: this model's KV cache is not a plain DynamicCache (sliding window, hybrid or "
+                            "quantized layers); turns of an episode are recomputed.", self.name)
+            self._kv_reusable = False
+            self.kv_cache.clear()
+            return
+        self._kv_reusable = True
+        counts = num_generated.tolist()
+        for pos in positions:
+            row = int(rows[pos])
+            if not episodes[row]:
+                continue
+            k = min(counts[row], step)
+            cols = mask[pos, :width].nonzero().squeeze(-1)
+            if cols.numel() != len(prompts[row]):  # pragma: no cover - the mask always covers the prompt exactly
+                continue
+            cols = self._torch.cat([cols, self._torch.arange(width, width + k, device=cols.device)])
+            ids = tuple(prompts[row]) + tuple(out_tokens[row, :k].tolist())
+            kv = tuple((layer.keys[pos][:, cols], layer.values[pos][:, cols]) for layer in layers)
+            self.kv_cache.store(episodes[row], CachedPrefix(ids, kv))
 
     def _hit_stop_strings(
         self,
@@ -437,8 +580,26 @@ class HFPolicy(InProcessTokenPolicy):
         return results
 
     def close(self) -> None:
-        """Drop the model reference so its memory can be freed."""
+        """Drop the model reference and the cached keys and values so their memory can be freed."""
         self.model = None
+        self.kv_cache.clear()
+
+
+def _plain_dynamic_layers(past: Any) -> list[Any] | None:
+    """The layers of ``past`` when each is a plain full-attention ``DynamicLayer`` holding ``[batch, heads, length,
+    dim]`` keys and values (what prefix reuse can slice and rebuild), else ``None``."""
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:  # pragma: no cover - older transformers
+        return None
+    layers = getattr(past, "layers", None)
+    if not layers:
+        return None
+    for layer in layers:
+        keys = getattr(layer, "keys", None)
+        if type(layer) is not DynamicLayer or keys is None or keys.dim() != 4:
+            return None
+    return list(layers)
 
 
 _TopRow = list[tuple[tuple[float, ...], tuple[int, ...]]]

@@ -1,0 +1,170 @@
+"""Per-episode KV caches kept between the turns of multi-turn episodes (used by :class:`~agentgym.policies.HFPolicy`).
+
+Why: turn t's prompt is turn t-1's prompt, the tokens sampled then and the observation glue, so all but a short
+suffix was already run through the model. Keeping each episode's keys and values after a turn lets the next turn
+compute only the new suffix. Reuse is by verified prefix, never by trust: an entry records the exact token ids its
+keys and values cover, and a prompt reuses only the longest cached prefix equal to it token for token (a template
+that re-renders history, a branch or a retried turn falls back to recomputing what differs).
+
+Memory is bounded by a least-recently-used limit on episodes and on cached tokens; the rollout engine frees an
+episode's entry when the episode ends (``Policy.end_episode``). This module only stores tensors: building batched
+caches from entries and harvesting them after decoding is the policy's job.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentgym.errors import ConfigError
+
+__all__ = ["CachedPrefix", "EpisodeKVCache"]
+
+
+@dataclass(frozen=True)
+class CachedPrefix:
+    """Keys and values of one episode's tokens.
+
+    Attributes:
+        ids: The token ids the tensors cover, in order (position ``i`` of every tensor is token ``ids[i]``).
+        layers: Per layer ``(keys, values)``, each ``[kv_heads, len(ids), head_dim]``.
+    """
+
+    ids: tuple[int, ...]
+    layers: tuple[tuple[Any, Any], ...]
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Number of leading tokens ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    if tuple(a[:n]) == tuple(b[:n]):  # the usual case (a prompt extends the cached ids), compared at C speed
+        return n
+    lo, hi = 0, n  # the first mismatch lies in [lo, hi): bisect on slice equality, still at C speed
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if tuple(a[lo:mid]) == tuple(b[lo:mid]):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _check_limit(name: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{name} must be an integer >= 0 (0 turns KV-cache reuse across turns off), got {value!r}.")
+    return value
+
+
+class EpisodeKVCache:
+    """A thread-safe LRU store of :class:`CachedPrefix` entries keyed by episode id.
+
+    Args:
+        max_episodes: Most episodes kept; 0 disables the store.
+        max_tokens: Most tokens kept over all episodes together (memory is this times the model's KV bytes per
+            token); an entry longer than this is not kept. 0 disables the store.
+
+    Attributes:
+        stats: Counters since creation, as :meth:`record_use` and :meth:`store` saw them: ``hits`` / ``misses``
+            (rows with an episode id that did / did not reuse a prefix), their ``prompt_tokens`` and
+            ``reused_tokens``, ``evictions``, ``too_long`` (entries over the token limit).
+
+    Raises:
+        ConfigError: If a limit is not an integer >= 0.
+    """
+
+    def __init__(self, max_episodes: int, max_tokens: int) -> None:
+        self.max_episodes = _check_limit("kv_cache_episodes", max_episodes)
+        self.max_tokens = _check_limit("kv_cache_tokens", max_tokens)
+        self._entries: OrderedDict[str, CachedPrefix] = OrderedDict()
+        self._tokens = 0
+        self._lock = threading.Lock()
+        # Episodes with a generation in flight, and those of them that ended meanwhile: their results must not
+        # bring back an entry that end_episode freed.
+        self._in_flight: Counter[str] = Counter()
+        self._ended: set[str] = set()
+        self.stats: Counter[str] = Counter()
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_episodes > 0 and self.max_tokens > 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens held over all entries."""
+        return self._tokens
+
+    def lookup(self, episode_id: str, prompt: Sequence[int]) -> tuple[int, CachedPrefix | None]:
+        """How many leading tokens of ``prompt`` the episode's entry covers, and the entry (``0, None`` if none).
+
+        At most ``len(prompt) - 1`` tokens are reused: the last prompt token must run through the model to give
+        the logits of the first sampled token.
+        """
+        if not episode_id or not self.enabled:
+            return 0, None
+        with self._lock:
+            entry = self._entries.get(episode_id)
+            if entry is not None:
+                self._entries.move_to_end(episode_id)
+        reused = 0 if entry is None else min(common_prefix_length(entry.ids, prompt), len(prompt) - 1)
+        return (reused, entry) if reused else (0, None)
+
+    def record_use(self, prompts: Sequence[Sequence[int]], reused: Sequence[int]) -> None:
+        """Count what a batch actually reused (the policy may reuse less than :meth:`lookup` offered)."""
+        with self._lock:
+            for prompt, n in zip(prompts, reused):
+                self.stats["hits" if n else "misses"] += 1
+                self.stats["prompt_tokens"] += len(prompt)
+                self.stats["reused_tokens"] += n
+
+    def store(self, episode_id: str, entry: CachedPrefix) -> None:
+        """Keep ``entry`` as the episode's cache (replacing the old one), then evict least recently used ones."""
+        if not episode_id or not self.enabled:
+            return
+        size = len(entry.ids)
+        with self._lock:
+            if episode_id in self._ended:
+                return
+            old = self._entries.pop(episode_id, None)
+            if old is not None:
+                self._tokens -= len(old.ids)
+            if size > self.max_tokens:
+                self.stats["too_long"] += 1
+                return
+            self._entries[episode_id] = entry
+            self._tokens += size
+            while len(self._entries) > self.max_episodes or self._tokens > self.max_tokens:
+                _, evicted = self._entries.popitem(last=False)
+                self._tokens -= len(evicted.ids)
+                self.stats["evictions"] += 1
+
+    def drop(self, episode_id: str) -> None:
+        """Free the episode's entry; results of a generation still in flight for it are not kept either."""
+        with self._lock:
+            old = self._entries.pop(episode_id, None)
+            if old is not None:
+                self._tokens -= len(old.ids)
+            if episode_id in self._in_flight:
+                self._ended.add(episode_id)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._tokens = 0
+
+    def begin_generation(self, episode_ids: Sequence[str]) -> None:
+        """Mark episodes as having a generation in flight (pair with :meth:`end_generation`)."""
+        with self._lock:
+            self._in_flight.update(e for e in episode_ids if e)
+
+    def end_generation(self, episode_ids: Sequence[str]) -> None:
+        with self._lock:
+            self._in_flight.subtract(e for e in episode_ids if e)
+            for e in [e for e, n in self._in_flight.items() if n <= 0]:
+                del self._in_flight[e]
+                self._ended.discard(e)
