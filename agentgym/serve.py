@@ -16,20 +16,44 @@ Completion token ids include the EOS / end-of-turn token when the model ended wi
 :class:`~agentgym.policies.hf.HFPolicy` returns), so trajectories collected through the server have the
 same token view as trajectories collected in-process.
 
+Beyond the core endpoints it speaks what agent frameworks send to ``vllm serve``: SSE streaming with
+``stream_options.include_usage``, ``n > 1``, Hermes tool-call parsing into ``message.tool_calls`` (the
+``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` format of vLLM's ``hermes`` parser), the vLLM
+sampling extras ``stop_token_ids``, ``ignore_eos`` and ``skip_special_tokens``, and ``/tokenize``,
+``/detokenize`` and a Prometheus ``/metrics``. Sampling numbers are checked per request (NaN, infinity,
+strings are a 400 for that request alone), a client that disconnects cancels its rows in the running batch
+(:meth:`HFPolicy.generate`'s ``cancelled`` events), and chat templates and tokenisation run in a small thread
+pool so that a huge body never stalls the event loop.
+
 Where it differs from ``vllm serve``, on purpose or for lack of need:
 
 * Log-probs are those :class:`HFPolicy` reports: of the temperature-scaled distribution the token was
   drawn from (what trainers recompute), and so are the alternatives (completions ``logprobs: k``, chat
   ``top_logprobs: k``), which is what entropy-guided branching (ARPO) measures through a server. As in
   vLLM, a completions position lists the k best tokens plus the sampled one when it is not among them;
-  chat lists exactly the k best.
+  chat lists exactly k.
 * Batches are static (a batch runs until its longest row ends) rather than continuous.
+* Streaming is not token by token as the model runs: a request's generation finishes first (its batch is
+  static anyway), then it is sent as one SSE chunk per token, decoded incrementally so a multi-byte
+  character never splits, and the deltas join to exactly the non-streamed text. With tool parsing on, the
+  text outside the calls comes as one delta and the parsed calls in the last delta.
 * A seed makes a request reproducible when it runs in the same batch composition (HFPolicy seeds one
-  generator per batch), e.g. a lone request; concurrent seeded requests still get independent samples.
-* No streaming, ``n > 1``, ``echo``, ``suffix``, penalties, ``logit_bias``, structured output or tool-call
-  parsing (tools are passed to the chat template; calls come back as text, which agentgym envs parse).
-  Unknown request fields are refused (400, with a did-you-mean) instead of ignored, so a misspelled
+  generator per batch), e.g. a lone request, ``n`` choices included; concurrent seeded requests still get
+  independent samples.
+* ``tool_choice`` ``"required"`` or a named function is accepted but not enforced (vLLM forces it with
+  guided decoding): the output is parsed as for ``"auto"``, and a model that wrote no call gets its text
+  back with ``finish_reason`` ``"stop"``/``"length"``; no call is ever invented. ``"none"`` returns the text
+  unparsed.
+* ``stop_token_ids`` are applied to the finished generation (it is cut after the first such token, which
+  stays in ``token_ids`` as in vLLM), so tokens past it are computed and dropped. ``ignore_eos`` continues a
+  row that ended on an end-of-turn token with a new generation over prompt + output until ``max_tokens``.
+* Knobs that need the decoding loop (``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``,
+  presence/frequency penalties, ``logit_bias``) accept only their neutral value and are a 400 otherwise;
+  no ``echo``, ``suffix``, ``best_of`` other than ``n``, structured output or guided decoding.
+  ``store``, ``metadata``, ``service_tier``, ``parallel_tool_calls`` and ``user`` are accepted and ignored.
+  Other unknown fields are refused (400, with a did-you-mean) instead of ignored, so a misspelled
   parameter never passes silently. An unknown model is a 404 ``model_not_found``, as with OpenAI and vLLM.
+* ``/metrics`` uses the ``agentgym:`` prefix (see :func:`_prometheus_text` for the names).
 """
 
 from __future__ import annotations
@@ -38,7 +62,11 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
+import inspect
+import json
 import logging
+import math
 import socket
 import threading
 import time
@@ -54,11 +82,12 @@ from agentgym.errors import (
     DependencyNotInstalled,
     did_you_mean,
 )
+from agentgym.parsers import HermesParser
 from agentgym.policies.base import Generation, SamplingParams
 
 try:
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
     from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise DependencyNotInstalled("fastapi", "serve", "the OpenAI-compatible server") from exc
@@ -72,23 +101,34 @@ logger = logging.getLogger(__name__)
 
 #: Most log-probs alternatives a request may ask for (vLLM's default ``max_logprobs``).
 MAX_LOGPROBS = 20
+#: How often a waiting request checks whether its client is still connected.
+_DISCONNECT_POLL_S = 0.1
 
+#: Accepted for compatibility with OpenAI clients and ignored (they do not change what is generated).
+_IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "parallel_tool_calls"})
+#: vLLM sampling extras, on both endpoints.
+_VLLM_SAMPLING_FIELDS = frozenset({
+    "return_token_ids", "return_tokens_as_token_ids", "include_stop_str_in_output", "add_special_tokens",
+    "stop_token_ids", "ignore_eos", "min_tokens", "skip_special_tokens", "top_k", "min_p", "repetition_penalty",
+})
 _COMPLETION_FIELDS = frozenset({
     # OpenAI
     "model", "prompt", "suffix", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options",
-    "logprobs", "echo", "stop", "presence_penalty", "frequency_penalty", "best_of", "logit_bias", "user", "seed",
-    # vLLM extensions
-    "return_token_ids", "return_tokens_as_token_ids", "include_stop_str_in_output", "add_special_tokens",
-})
+    "logprobs", "echo", "stop", "presence_penalty", "frequency_penalty", "best_of", "logit_bias", "seed",
+}) | _IGNORED_FIELDS | _VLLM_SAMPLING_FIELDS
 _CHAT_FIELDS = frozenset({
     # OpenAI
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stream",
     "stream_options", "stop", "seed", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty",
-    "logit_bias", "user", "tools", "tool_choice", "parallel_tool_calls", "response_format",
+    "logit_bias", "tools", "tool_choice", "response_format",
     # vLLM extensions
-    "return_token_ids", "return_tokens_as_token_ids", "include_stop_str_in_output", "add_special_tokens",
     "add_generation_prompt", "chat_template_kwargs",
+}) | _IGNORED_FIELDS | _VLLM_SAMPLING_FIELDS
+_TOKENIZE_FIELDS = frozenset({
+    "model", "prompt", "messages", "add_special_tokens", "add_generation_prompt", "tools", "chat_template_kwargs",
+    "return_token_strs",
 })
+_DETOKENIZE_FIELDS = frozenset({"model", "tokens"})
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -168,6 +208,9 @@ def _get_float(body: Mapping[str, Any], key: str, default: float) -> float:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise APIError(f"{key!r} must be a number, got {value!r}.", param=key)
+    # JSON bodies may carry NaN/Infinity literals (Python's json accepts them); they would poison a whole batch.
+    if not math.isfinite(value):
+        raise APIError(f"{key!r} must be a finite number, got {value!r}; send a real number.", param=key)
     return float(value)
 
 
@@ -194,24 +237,29 @@ def _get_stop(body: Mapping[str, Any]) -> tuple[str, ...]:
 
 def _reject_unsupported(body: Mapping[str, Any]) -> None:
     """Refuse features this server does not implement, instead of returning something subtly different."""
-    if _get_bool(body, "stream", False):
-        raise APIError("Streaming is not supported by this server; send 'stream': false (or omit it).",
-                       param="stream", code="unsupported")
-    if body.get("stream_options") is not None:
-        raise APIError("'stream_options' is only valid with streaming, which this server does not support.",
-                       param="stream_options", code="unsupported")
-    if _get_int(body, "n", 1, minimum=1) != 1:
-        raise APIError("'n' > 1 is not supported by this server; send n separate requests (they are batched "
-                       "together), or omit n.", param="n", code="unsupported")
     for key in ("presence_penalty", "frequency_penalty"):
         if _get_float(body, key, 0.0) != 0.0:
             raise APIError(f"{key!r} is not supported by this server; omit it or set it to 0.", param=key,
                            code="unsupported")
     if body.get("logit_bias"):
         raise APIError("'logit_bias' is not supported by this server; omit it.", param="logit_bias", code="unsupported")
-    user = body.get("user")
-    if user is not None and not isinstance(user, str):
-        raise APIError(f"'user' must be a string, got {user!r}.", param="user")
+    _check_ignored(body)
+
+
+def _check_ignored(body: Mapping[str, Any]) -> None:
+    """Fields accepted for compatibility and ignored still get their type checked, as OpenAI does."""
+    for key, kind, name in (("user", str, "a string"), ("service_tier", str, "a string"),
+                            ("store", bool, "true or false"), ("parallel_tool_calls", bool, "true or false"),
+                            ("metadata", Mapping, "an object")):
+        value = body.get(key)
+        if value is not None and not isinstance(value, kind):
+            raise APIError(f"{key!r} must be {name}, got {value!r} (it is accepted and ignored; omit it).", param=key)
+
+
+def _neutral_only(body: Mapping[str, Any], key: str, value: float, neutral: Sequence[float], fix: str) -> None:
+    if value not in neutral:
+        raise APIError(f"{key!r} = {value!r} is not supported by this server: its sampler has no {key} (HFPolicy "
+                       f"samples with temperature and top_p only). {fix}", param=key, code="unsupported")
 
 
 @dataclass(frozen=True)
@@ -226,6 +274,33 @@ class _Sampling:
     include_stop: bool
     return_token_ids: bool
     tokens_as_ids: bool
+    n: int = 1
+    stream: bool = False
+    include_usage: bool = False
+    continuous_usage: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+
+
+def _parse_stream(body: Mapping[str, Any]) -> tuple[bool, bool, bool]:
+    """``(stream, include_usage, continuous_usage_stats)``; ``stream_options`` only with ``stream: true``."""
+    stream = _get_bool(body, "stream", False)
+    options = body.get("stream_options")
+    if options is None:
+        return stream, False, False
+    if not stream:
+        raise APIError("'stream_options' is only valid with 'stream': true; drop it or set stream.",
+                       param="stream_options")
+    if not isinstance(options, Mapping):
+        raise APIError(f"'stream_options' must be an object like {{'include_usage': true}}, got {options!r}.",
+                       param="stream_options")
+    allowed = ("include_usage", "continuous_usage_stats")
+    for key in options:
+        if key not in allowed:
+            raise APIError(f"Unrecognized stream option {key!r}.{did_you_mean(str(key), allowed)} Supported: "
+                           f"{', '.join(allowed)}.", param="stream_options")
+    return stream, _get_bool(options, "include_usage", False), _get_bool(options, "continuous_usage_stats", False)
 
 
 def _parse_sampling(body: Mapping[str, Any], *, max_tokens_key: str = "max_tokens",
@@ -238,11 +313,36 @@ def _parse_sampling(body: Mapping[str, Any], *, max_tokens_key: str = "max_token
     if not 0 < top_p <= 1:
         raise APIError(f"'top_p' must be in (0, 1], got {top_p}.", param="top_p")
     seed = _get_int(body, "seed", None)
+    n = _get_int(body, "n", 1, minimum=1)
+    stream, include_usage, continuous = _parse_stream(body)
+    stop_token_ids = body.get("stop_token_ids") or []
+    if not isinstance(stop_token_ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in stop_token_ids):
+        raise APIError(f"'stop_token_ids' must be a list of token ids (integers >= 0), got {stop_token_ids!r}.",
+                       param="stop_token_ids")
+    top_k = _get_int(body, "top_k", -1, minimum=-1)
+    _neutral_only(body, "top_k", top_k, (-1, 0), "Omit it or send -1 (disabled); use top_p to truncate.")
+    min_p = _get_float(body, "min_p", 0.0)
+    if not 0 <= min_p <= 1:
+        raise APIError(f"'min_p' must be in [0, 1], got {min_p}.", param="min_p")
+    _neutral_only(body, "min_p", min_p, (0.0,), "Omit it or send 0; use top_p to truncate.")
+    repetition_penalty = _get_float(body, "repetition_penalty", 1.0)
+    if repetition_penalty <= 0:
+        raise APIError(f"'repetition_penalty' must be > 0, got {repetition_penalty}.", param="repetition_penalty")
+    _neutral_only(body, "repetition_penalty", repetition_penalty, (1.0,), "Omit it or send 1.")
+    min_tokens = _get_int(body, "min_tokens", 0, minimum=0)
+    if min_tokens:
+        raise APIError(f"'min_tokens' = {min_tokens} is not supported by this server: it needs the sampler to mask "
+                       "end-of-turn tokens, which HFPolicy does not do. Omit it (or send 0); for fixed-length "
+                       "outputs send 'ignore_eos': true with max_tokens.", param="min_tokens", code="unsupported")
     return _Sampling(
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=_get_stop(body), seed=seed,
         include_stop=_get_bool(body, "include_stop_str_in_output", False),
         return_token_ids=_get_bool(body, "return_token_ids", False),
         tokens_as_ids=_get_bool(body, "return_tokens_as_token_ids", False),
+        n=n, stream=stream, include_usage=include_usage, continuous_usage=continuous,
+        stop_token_ids=tuple(dict.fromkeys(stop_token_ids)), ignore_eos=_get_bool(body, "ignore_eos", False),
+        skip_special_tokens=_get_bool(body, "skip_special_tokens", True),
     )
 
 
@@ -293,26 +393,33 @@ def _parse_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 @dataclass
 class BatchStats:
-    """Counters of the batcher, exposed on ``app.state.stats`` and ``GET /health``.
+    """Counters of the batcher, exposed on ``app.state.stats``, ``GET /health`` and ``GET /metrics``.
 
     Attributes:
         generate_calls: How many ``policy.generate`` calls ran (one per batch).
         requests: How many sequences those calls generated.
         max_batch_seen: Largest batch run so far.
-        tokens_generated: Completion tokens generated in total.
+        tokens_generated: Completion tokens generated in total (rows cancelled midway count what they made).
+        prompt_tokens: Prompt tokens of the sequences run.
         queued: Sequences waiting right now.
+        running: Sequences in the batch running right now.
+        aborted: Sequences stopped early because their client went away.
     """
 
     generate_calls: int = 0
     requests: int = 0
     max_batch_seen: int = 0
     tokens_generated: int = 0
+    prompt_tokens: int = 0
     queued: int = 0
+    running: int = 0
+    aborted: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {
             "generate_calls": self.generate_calls, "requests": self.requests, "max_batch_seen": self.max_batch_seen,
-            "tokens_generated": self.tokens_generated, "queued": self.queued,
+            "tokens_generated": self.tokens_generated, "prompt_tokens": self.prompt_tokens, "queued": self.queued,
+            "running": self.running, "aborted": self.aborted,
         }
 
 
@@ -321,6 +428,17 @@ class _Job:
     prompt_ids: list[int]
     sampling: SamplingParams
     future: asyncio.Future[Generation] = field(repr=False)
+    #: Set when the client no longer waits; the policy then stops the row at its next decoding step.
+    cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+
+
+def _accepts_cancelled(policy: Any) -> bool:
+    """Whether ``policy.generate`` takes ``cancelled=`` (HFPolicy does; a scripted stand-in may not)."""
+    try:
+        params = inspect.signature(policy.generate).parameters
+    except (TypeError, ValueError):
+        return False
+    return "cancelled" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 class _Batcher:
@@ -336,6 +454,7 @@ class _Batcher:
         self.window_s = window_s
         self.max_queue_size = max_queue_size
         self.stats = BatchStats()
+        self._cancellable = _accepts_cancelled(policy)
         self._queue: asyncio.Queue[_Job] | None = None
         self._task: asyncio.Task[None] | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -361,7 +480,11 @@ class _Batcher:
             self._executor = None
 
     async def submit(self, prompts: Sequence[list[int]], sampling: SamplingParams) -> list[Generation]:
-        """Queue one request's sequences and wait for their generations (in order)."""
+        """Queue one request's sequences and wait for their generations (in order).
+
+        If the caller is cancelled (its client disconnected), queued sequences are skipped and running ones
+        are stopped at the policy's next decoding step.
+        """
         if self._queue is None:
             raise APIError("The server is not running (the batcher was not started).", status=503, type="server_error")
         if self._queue.qsize() + len(prompts) > self.max_queue_size:
@@ -377,8 +500,10 @@ class _Batcher:
         try:
             return list(await asyncio.gather(*(job.future for job in jobs)))
         finally:
-            for job in jobs:  # a client that went away: its queued jobs are skipped, not generated
-                if not job.future.done():
+            for job in jobs:  # a client that went away: its queued jobs are skipped, running ones stopped
+                # (gather has usually cancelled the futures already when the caller is cancelled)
+                if not job.future.done() or job.future.cancelled():
+                    job.cancel.set()
                     job.future.cancel()
 
     async def _collect(self) -> list[_Job]:
@@ -391,6 +516,49 @@ class _Batcher:
             batch.append(self._queue.get_nowait())
         return [job for job in batch if not job.future.done()]
 
+    def _run(self, batch: list[_Job]) -> list[Generation]:
+        """One ``policy.generate`` call (in the worker thread)."""
+        prompts = [job.prompt_ids for job in batch]
+        samplings = [job.sampling for job in batch]
+        if self._cancellable:
+            generations = self.policy.generate(prompts, samplings, cancelled=[job.cancel for job in batch])
+        else:
+            generations = self.policy.generate(prompts, samplings)
+        if len(generations) != len(batch):
+            raise RuntimeError(f"policy.generate returned {len(generations)} generations for {len(batch)} prompts")
+        return list(generations)
+
+    async def _run_isolated(self, batch: list[_Job], loop: asyncio.AbstractEventLoop) -> list[Generation | None]:
+        """Run a batch; if it fails, run its sequences one by one so one bad row fails only its own request."""
+        try:
+            return list(await loop.run_in_executor(self._executor, self._run, batch))
+        except Exception as exc:
+            if len(batch) == 1:
+                self._fail(batch, exc)
+                return [None]
+            logger.warning("A batch of %d sequences failed (%s: %s); running them one by one", len(batch),
+                           type(exc).__name__, exc)
+        out: list[Generation | None] = []
+        for job in batch:
+            if job.future.done():
+                out.append(None)
+                continue
+            try:
+                out.extend(await loop.run_in_executor(self._executor, self._run, [job]))
+            except Exception as exc:
+                self._fail([job], exc)
+                out.append(None)
+        return out
+
+    @staticmethod
+    def _fail(jobs: list[_Job], exc: Exception) -> None:
+        logger.error("Generation failed for %d sequence(s): %s: %s", len(jobs), type(exc).__name__, exc,
+                     exc_info=exc)
+        error = APIError(f"Generation failed: {type(exc).__name__}: {exc}", status=500, type="server_error")
+        for job in jobs:
+            if not job.future.done():
+                job.future.set_exception(error)
+
     async def _loop(self) -> None:
         assert self._queue is not None
         loop = asyncio.get_running_loop()
@@ -399,29 +567,27 @@ class _Batcher:
             self.stats.queued = self._queue.qsize()
             if not batch:
                 continue
-            prompts = [job.prompt_ids for job in batch]
-            samplings = [job.sampling for job in batch]
+            self.stats.running = len(batch)
             try:
-                generations = await loop.run_in_executor(self._executor, self.policy.generate, prompts, samplings)
-                if len(generations) != len(batch):
-                    raise RuntimeError(f"policy.generate returned {len(generations)} generations for {len(batch)} prompts")
+                generations = await self._run_isolated(batch, loop)
             except asyncio.CancelledError:
                 for job in batch:
+                    job.cancel.set()
                     if not job.future.done():
-                        job.future.set_exception(APIError("The server is shutting down.", status=503, type="server_error"))
+                        job.future.set_exception(APIError("The server is shutting down.", status=503,
+                                                          type="server_error"))
                 raise
-            except Exception as exc:
-                logger.exception("Generation failed for a batch of %d sequences", len(batch))
-                error = APIError(f"Generation failed: {type(exc).__name__}: {exc}", status=500, type="server_error")
-                for job in batch:
-                    if not job.future.done():
-                        job.future.set_exception(error)
-                continue
+            finally:
+                self.stats.running = 0
             self.stats.generate_calls += 1
-            self.stats.requests += len(batch)
             self.stats.max_batch_seen = max(self.stats.max_batch_seen, len(batch))
             for job, gen in zip(batch, generations, strict=True):
+                if gen is None:
+                    continue
+                self.stats.requests += 1
+                self.stats.prompt_tokens += len(job.prompt_ids)
                 self.stats.tokens_generated += len(gen.token_ids or ())
+                self.stats.aborted += gen.finish_reason == "abort"
                 if not job.future.done():
                     job.future.set_result(gen)
 
@@ -448,8 +614,28 @@ def _vocab_size(policy: Any) -> int | None:
     return min(sizes) if sizes else None
 
 
+@dataclass
+class _Output:
+    """One choice after the server's post-processing (stop token ids, stop strings, special tokens)."""
+
+    ids: list[int]
+    text: str
+    finish_reason: str
+    stop_reason: str | int | None
+    gen: Generation
+    #: The ids whose decoding gives ``text`` before stop strings cut it (for incremental stream deltas).
+    text_ids: list[int] = field(default_factory=list)
+
+
+def _sse(obj: Any) -> str:
+    return "data: " + json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")) + "\n\n"
+
+
+_SSE_DONE = "data: [DONE]\n\n"
+
+
 class _Server:
-    """Request handling shared by both endpoints; holds the policy, tokenizer and batcher."""
+    """Request handling shared by the endpoints; holds the policy, tokenizer and batcher."""
 
     def __init__(self, policy: HFPolicy, model_name: str, batcher: _Batcher) -> None:
         self.policy = policy
@@ -462,6 +648,20 @@ class _Server:
         self.vocab_size = _vocab_size(policy)
         self.created = int(time.time())
         self._token_text_cache: dict[int, str] = {}
+        self._tool_parser = HermesParser(native=False)
+        # Chat templates and tokenisation of big bodies run here, off the event loop; small and separate from
+        # the generation thread so they never wait behind a batch.
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="agentgym-tokenize")
+        #: Finished choices by finish reason, and HTTP responses by endpoint and status (for /metrics).
+        self.finished: dict[str, int] = {}
+        self.responses: dict[tuple[str, int], int] = {}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def off_loop(self, fn: Any, *args: Any) -> Any:
+        """Run CPU-bound request work (templates, tokenisation) in the tokenizer pool."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
 
     # -- shared helpers --
     def check_model(self, body: Mapping[str, Any]) -> None:
@@ -503,6 +703,12 @@ class _Server:
             )
         return requested
 
+    def check_n(self, n: int, sequences: int) -> None:
+        limit = self.batcher.max_queue_size
+        if n * sequences > limit:
+            raise APIError(f"This request asks for {n * sequences} sequences (n={n} per prompt), more than the server "
+                           f"queues at once ({limit}); lower n or split the request.", param="n")
+
     def token_text(self, token_id: int, as_id: bool) -> str:
         if as_id:
             return f"token_id:{token_id}"
@@ -516,12 +722,12 @@ class _Server:
     def alternatives(self, gen: Generation, n: int, k: int, as_ids: bool) -> list[dict[str, float]]:
         """Per generated position, ``{token text: log-prob}`` of the k best tokens (then the sampled one when it
         is not among them), best first; a backend that cannot name them is a 500 that says so."""
-        if gen.top_logprobs is None or gen.top_token_ids is None or len(gen.top_logprobs) != n:
+        if gen.top_logprobs is None or gen.top_token_ids is None or len(gen.top_logprobs) < n:
             raise APIError(f"The model backend returned no top-{k} log-probs for this request; serve an HFPolicy "
                            "(agentgym serve MODEL) or omit top log-probs.", status=500, code="no_top_logprobs",
                            type="server_error")
         rows = []
-        for values, ids in zip(gen.top_logprobs, gen.top_token_ids):
+        for values, ids in zip(gen.top_logprobs[:n], gen.top_token_ids[:n]):
             row: dict[str, float] = {}
             for value, token in zip(values, ids):
                 row.setdefault(self.token_text(token, as_ids), float(value))  # two ids can decode alike: keep the best
@@ -541,8 +747,9 @@ class _Server:
         i, stop = best
         return (text[: i + len(stop)] if include else text[:i]), stop
 
-    async def generate(self, prompts: list[list[int]], s: _Sampling, max_tokens: list[int],
-                       top_logprobs: int = 0) -> list[Generation]:
+    # -- generation --
+    async def _submit(self, prompts: list[list[int]], s: _Sampling, max_tokens: list[int], top_logprobs: int,
+                      seed: int | None) -> list[Generation]:
         # Sequences of one request share sampling params except max_tokens (context left differs per prompt).
         by_limit: dict[int, list[int]] = {}
         for i, m in enumerate(max_tokens):
@@ -550,7 +757,7 @@ class _Server:
         out: list[Generation | None] = [None] * len(prompts)
         calls = []
         for limit, indices in by_limit.items():
-            params = SamplingParams(max_tokens=limit, temperature=s.temperature, top_p=s.top_p, stop=s.stop, seed=s.seed,
+            params = SamplingParams(max_tokens=limit, temperature=s.temperature, top_p=s.top_p, stop=s.stop, seed=seed,
                                     top_logprobs=top_logprobs)
             calls.append((indices, self.batcher.submit([prompts[i] for i in indices], params)))
         results = await asyncio.gather(*(c for _, c in calls))
@@ -559,12 +766,138 @@ class _Server:
                 out[i] = gen
         return [g for g in out if g is not None]
 
+    async def generate(self, prompts: list[list[int]], s: _Sampling, max_tokens: list[int],
+                       top_logprobs: int = 0) -> list[_Output]:
+        """``s.n`` independent samples per prompt (choice ``i * n + j`` is prompt i's sample j), post-processed.
+
+        The n copies of a prompt go to the batcher together, so they share a batch and its generator: each row
+        draws its own random numbers (independent samples), and a lone seeded request reproduces all n.
+        """
+        seqs = [p for p in prompts for _ in range(s.n)]
+        limits = [m for m in max_tokens for _ in range(s.n)]
+        gens = await self._submit(seqs, s, limits, top_logprobs, s.seed)
+        if s.ignore_eos:
+            gens = await self._continue_past_eos(seqs, gens, s, limits, top_logprobs)
+        return [self.finish(g, s) for g in gens]
+
+    def _ended_on_eos(self, gen: Generation, s: _Sampling) -> bool:
+        """Whether the row stopped on an end-of-turn token (not a stop string, stop token id or the length)."""
+        ids = gen.token_ids or ()
+        return (gen.finish_reason == "stop" and bool(ids) and self.apply_stop(gen.text, s.stop, True)[1] is None
+                and not any(t in s.stop_token_ids for t in ids))
+
+    async def _continue_past_eos(self, prompts: list[list[int]], gens: list[Generation], s: _Sampling,
+                                 limits: list[int], top_logprobs: int) -> list[Generation]:
+        """``ignore_eos``: a row that ended on an end-of-turn token goes on from prompt + output (the token kept in
+        context, as vLLM does) until ``max_tokens``; each continuation is one more generation of that row."""
+        gens = list(gens)
+        while True:
+            todo = [i for i, g in enumerate(gens)
+                    if self._ended_on_eos(g, s) and len(g.token_ids or ()) < limits[i]]
+            if not todo:
+                return gens
+            made = [list(gens[i].token_ids or ()) for i in todo]
+            # A different seed per continuation: the same one would replay the random numbers of the first part.
+            seed = None if s.seed is None else (s.seed * 1_000_003 + len(made[0])) % (1 << 63)
+            more = await self._submit([prompts[i] + m for i, m in zip(todo, made)], s,
+                                      [limits[i] - len(m) for i, m in zip(todo, made)], top_logprobs, seed)
+            for i, extra in zip(todo, more):
+                gens[i] = self._join(gens[i], extra)
+
+    def _join(self, first: Generation, extra: Generation) -> Generation:
+        def cat(a: tuple[Any, ...] | None, b: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
+            return None if a is None or b is None else tuple(a) + tuple(b)
+
+        ids = tuple(first.token_ids or ()) + tuple(extra.token_ids or ())
+        # The whole text decoded again (finish() applies the request's stop strings to it).
+        text = self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return Generation(text=text, token_ids=ids, logprobs=cat(first.logprobs, extra.logprobs),
+                          entropies=cat(first.entropies, extra.entropies), finish_reason=extra.finish_reason,
+                          top_logprobs=cat(first.top_logprobs, extra.top_logprobs),
+                          top_token_ids=cat(first.top_token_ids, extra.top_token_ids))
+
+    def finish(self, gen: Generation, s: _Sampling) -> _Output:
+        """Apply what the policy does not: stop token ids, ``skip_special_tokens`` and the stop-string rules."""
+        ids = list(gen.token_ids or ())
+        finish_reason = gen.finish_reason
+        stop_reason: str | int | None = None
+        cut = next((i for i, t in enumerate(ids) if t in s.stop_token_ids), None)
+        ends_on_token = cut is not None or self._ended_on_eos(gen, s)
+        if cut is not None:
+            ids, finish_reason, stop_reason = ids[: cut + 1], "stop", ids[cut]
+        # Like vLLM, the token that ended the row (EOS or a stop token id) is not part of the text unless asked.
+        text_ids = ids[:-1] if ends_on_token and ids and not s.include_stop else ids
+        if cut is None and s.skip_special_tokens:
+            raw = gen.text  # the policy's own decoding (it already holds any stop string it stopped at)
+        else:
+            raw = self.tokenizer.decode(text_ids, skip_special_tokens=s.skip_special_tokens)
+        text, stop_string = self.apply_stop(raw, s.stop, s.include_stop)
+        if stop_string is not None:
+            finish_reason, stop_reason = "stop", stop_string
+        self.finished[finish_reason] = self.finished.get(finish_reason, 0) + 1
+        return _Output(ids=ids, text=text, finish_reason=finish_reason, stop_reason=stop_reason, gen=gen,
+                       text_ids=text_ids)
+
+    def text_pieces(self, out: _Output, skip_special: bool) -> list[str]:
+        """One text delta per token whose concatenation is exactly ``out.text``.
+
+        Tokens are decoded incrementally over a short window (a token is released only once its bytes form whole
+        characters, so a multi-byte character is never split across deltas), and the deltas are taken as slices
+        of the final text, so stop strings and special-token rules apply exactly as in the non-streamed reply.
+        """
+        final, ids = out.text, out.text_ids
+        pieces: list[str] = []
+        emitted = prefix = read = 0
+        for k in range(len(out.ids)):
+            new = ""
+            if k < len(ids):
+                before = self.tokenizer.decode(ids[prefix:read], skip_special_tokens=skip_special)
+                now = self.tokenizer.decode(ids[prefix:k + 1], skip_special_tokens=skip_special)
+                if len(now) > len(before) and not now.endswith("\ufffd"):
+                    new = now[len(before):]
+                    prefix, read = read, k + 1
+            piece = final[emitted:emitted + len(new)]
+            emitted += len(piece)
+            pieces.append(piece)
+        if pieces:
+            pieces[-1] += final[emitted:]
+        return pieces
+
     @staticmethod
-    def usage(prompts: Sequence[Sequence[int]], gens: Sequence[Generation]) -> dict[str, int]:
+    def usage(prompts: Sequence[Sequence[int]], outs: Sequence[_Output]) -> dict[str, int]:
+        """Prompt tokens count once per prompt (not per choice), as in OpenAI and vLLM."""
         prompt_tokens = sum(len(p) for p in prompts)
-        completion_tokens = sum(len(g.token_ids or ()) for g in gens)
+        completion_tokens = sum(len(o.ids) for o in outs)
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens}
+
+    def completion_logprobs(self, out: _Output, k: int, as_ids: bool) -> dict[str, list[Any]]:
+        ids = out.ids
+        tokens = [self.token_text(t, as_ids) for t in ids]
+        offsets, pos = [], 0
+        for tok in tokens:
+            offsets.append(pos)
+            pos += 0 if as_ids else len(tok)
+        lps = out.gen.logprobs
+        return {
+            "tokens": tokens,
+            "token_logprobs": [float(x) for x in lps[: len(ids)]] if lps is not None else [None] * len(ids),
+            "top_logprobs": self.alternatives(out.gen, len(ids), k, as_ids) if k else None,
+            "text_offset": offsets,
+        }
+
+    def chat_logprobs(self, out: _Output, k: int | None, as_ids: bool) -> list[dict[str, Any]]:
+        ids = out.ids
+        lps = list(out.gen.logprobs[: len(ids)]) if out.gen.logprobs is not None else [None] * len(ids)
+        best = self.alternatives(out.gen, len(ids), k, as_ids) if k else None
+        content = []
+        for pos, (t, lp) in enumerate(zip(ids, lps)):
+            tok = self.token_text(t, as_ids)
+            top = [] if best is None else [{"token": alt, "logprob": value, "bytes": list(alt.encode("utf-8"))}
+                                           for alt, value in list(best[pos].items())[:k]]
+            content.append({"token": tok, "logprob": None if lp is None else float(lp),
+                            "bytes": list(tok.encode("utf-8")), "top_logprobs": top})
+        return content
 
     # -- /v1/completions --
     def parse_prompts(self, body: Mapping[str, Any]) -> list[list[int]]:
@@ -596,7 +929,9 @@ class _Server:
             self.check_prompt_ids(ids, "prompt" if len(prompts) == 1 else f"prompt[{i}]")
         return prompts
 
-    async def completions(self, body: Mapping[str, Any]) -> dict[str, Any]:
+    async def completions(self, body: Mapping[str, Any]) -> dict[str, Any] | AsyncIterator[str]:
+        """The reply as a dict, or (``stream: true``) an async iterator of SSE lines; validation errors raise
+        before anything is sent."""
         _check_fields(body, _COMPLETION_FIELDS, "/v1/completions")
         self.check_model(body)
         _reject_unsupported(body)
@@ -605,39 +940,68 @@ class _Server:
         if body.get("suffix") is not None:
             raise APIError("'suffix' (insertion) is not supported by this server; omit it.", param="suffix",
                            code="unsupported")
-        _get_int(body, "best_of", 1, minimum=1, maximum=1)
         logprobs = _get_int(body, "logprobs", None, minimum=0, maximum=MAX_LOGPROBS)
         s = _parse_sampling(body, default_max_tokens=16)
-        prompts = self.parse_prompts(body)
+        best_of = _get_int(body, "best_of", None, minimum=1)
+        if best_of is not None and best_of != s.n:
+            raise APIError(f"'best_of' = {best_of} is not supported by this server (it returns every sample); omit "
+                           f"it or set it to n ({s.n}).", param="best_of", code="unsupported")
+        prompts = await self.off_loop(self.parse_prompts, body)
+        self.check_n(s.n, len(prompts))
         max_tokens = [self.resolve_max_tokens(s.max_tokens, len(p), "prompt") for p in prompts]
-        gens = await self.generate(prompts, s, max_tokens, top_logprobs=logprobs or 0)
-
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        if s.stream:
+            return self._stream_completions(prompts, s, max_tokens, logprobs, rid, created)
+        outs = await self.generate(prompts, s, max_tokens, top_logprobs=logprobs or 0)
         choices = []
-        for i, (prompt_ids, gen) in enumerate(zip(prompts, gens)):
-            text, stop_reason = self.apply_stop(gen.text, s.stop, s.include_stop)
-            ids = list(gen.token_ids or ())
-            choice: dict[str, Any] = {"index": i, "text": text, "logprobs": None,
-                                      "finish_reason": gen.finish_reason, "stop_reason": stop_reason}
+        for i, out in enumerate(outs):
+            choice: dict[str, Any] = {"index": i, "text": out.text, "logprobs": None,
+                                      "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
             if logprobs is not None:
-                tokens = [self.token_text(t, s.tokens_as_ids) for t in ids]
-                offsets, pos = [], 0
-                for tok in tokens:
-                    offsets.append(pos)
-                    pos += 0 if s.tokens_as_ids else len(tok)
-                choice["logprobs"] = {
-                    "tokens": tokens,
-                    "token_logprobs": [float(x) for x in gen.logprobs] if gen.logprobs is not None else [None] * len(ids),
-                    "top_logprobs": self.alternatives(gen, len(ids), logprobs, s.tokens_as_ids) if logprobs else None,
-                    "text_offset": offsets,
-                }
+                choice["logprobs"] = self.completion_logprobs(out, logprobs, s.tokens_as_ids)
             if s.return_token_ids:
-                choice["prompt_token_ids"] = list(prompt_ids)
-                choice["token_ids"] = ids
+                choice["prompt_token_ids"] = list(prompts[i // s.n])
+                choice["token_ids"] = out.ids
             choices.append(choice)
-        return {
-            "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-            "model": self.model_name, "choices": choices, "usage": self.usage(prompts, gens),
-        }
+        return {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
+                "choices": choices, "usage": self.usage(prompts, outs)}
+
+    async def _stream_completions(self, prompts: list[list[int]], s: _Sampling, max_tokens: list[int],
+                                  logprobs: int | None, rid: str, created: int) -> AsyncIterator[str]:
+        head = {"id": rid, "object": "text_completion", "created": created, "model": self.model_name}
+        try:
+            outs = await self.generate(prompts, s, max_tokens, top_logprobs=logprobs or 0)
+        except APIError as exc:
+            yield _sse({"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}})
+            yield _SSE_DONE
+            return
+        sent = 0
+        prompt_tokens = sum(len(p) for p in prompts)
+        for c, out in enumerate(outs):
+            pieces = self.text_pieces(out, s.skip_special_tokens) or [out.text]
+            lp = self.completion_logprobs(out, logprobs, s.tokens_as_ids) if logprobs is not None else None
+            last = len(pieces) - 1
+            for i, piece in enumerate(pieces):
+                choice: dict[str, Any] = {"index": c, "text": piece, "logprobs": None,
+                                          "finish_reason": out.finish_reason if i == last else None,
+                                          "stop_reason": out.stop_reason if i == last else None}
+                if lp is not None and out.ids:
+                    choice["logprobs"] = {key: (None if v is None else v[i:i + 1]) for key, v in lp.items()}
+                if s.return_token_ids:
+                    choice["token_ids"] = out.ids[i:i + 1]
+                    if i == 0:
+                        choice["prompt_token_ids"] = list(prompts[c // s.n])
+                sent += 1 if out.ids else 0
+                if not piece and i != last and lp is None and not s.return_token_ids:
+                    continue
+                chunk: dict[str, Any] = {**head, "choices": [choice]}
+                if s.include_usage and s.continuous_usage:
+                    chunk["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": sent,
+                                      "total_tokens": prompt_tokens + sent}
+                yield _sse(chunk)
+        if s.include_usage:
+            yield _sse({**head, "choices": [], "usage": self.usage(prompts, outs)})
+        yield _SSE_DONE
 
     # -- /v1/chat/completions --
     def render_chat(self, body: Mapping[str, Any]) -> list[int]:
@@ -645,17 +1009,7 @@ class _Server:
         if not getattr(self.tokenizer, "chat_template", None):
             raise APIError("This model's tokenizer has no chat template; use /v1/completions with a raw prompt.",
                            param="messages", code="no_chat_template")
-        tools = body.get("tools")
-        if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools)):
-            raise APIError("'tools' must be a list of function tool objects.", param="tools")
-        tool_choice = body.get("tool_choice")
-        if tool_choice not in (None, "auto", "none"):
-            raise APIError("'tool_choice' may only be 'auto' or 'none' here: this server returns tool calls as text "
-                           "and cannot force one.", param="tool_choice", code="unsupported")
-        fmt = body.get("response_format")
-        if fmt is not None and not (isinstance(fmt, Mapping) and fmt.get("type") == "text"):
-            raise APIError("'response_format' other than {'type': 'text'} is not supported by this server.",
-                           param="response_format", code="unsupported")
+        tools = _parse_tools(body)
         template_kwargs = body.get("chat_template_kwargs") or {}
         if not isinstance(template_kwargs, Mapping):
             raise APIError("'chat_template_kwargs' must be an object.", param="chat_template_kwargs")
@@ -672,7 +1026,29 @@ class _Server:
         self.check_prompt_ids(ids, "messages")
         return ids
 
-    async def chat(self, body: Mapping[str, Any]) -> dict[str, Any]:
+    def tool_calls(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
+        """Hermes ``<tool_call>`` blocks of the reply as OpenAI tool calls, and the text outside them.
+
+        The content is what is left once the calls are cut out, stripped; ``None`` when nothing is left. A block
+        that is not valid JSON is not a call and stays in the content (as with vLLM's hermes parser).
+        """
+        parsed = self._tool_parser.parse(text)
+        if not parsed.calls:
+            return text, []
+        rest, last = [], 0
+        for pos, call in zip(parsed.positions, parsed.calls):
+            rest.append(text[last:pos])
+            last = pos + len(call.raw)
+        rest.append(text[last:])
+        content = "".join(rest).strip() or None
+        calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                  "function": {"name": call.name, "arguments": json.dumps(dict(call.arguments), ensure_ascii=False)}}
+                 for call in parsed.calls]
+        return content, calls
+
+    async def chat(self, body: Mapping[str, Any]) -> dict[str, Any] | AsyncIterator[str]:
+        """The reply as a dict, or (``stream: true``) an async iterator of SSE lines; validation errors raise
+        before anything is sent."""
         _check_fields(body, _CHAT_FIELDS, "/v1/chat/completions")
         self.check_model(body)
         _reject_unsupported(body)
@@ -682,38 +1058,133 @@ class _Server:
             raise APIError("'top_logprobs' needs 'logprobs': true.", param="top_logprobs")
         if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
             raise APIError("Send either 'max_tokens' or 'max_completion_tokens', not both.", param="max_tokens")
+        fmt = body.get("response_format")
+        if fmt is not None and not (isinstance(fmt, Mapping) and fmt.get("type") == "text"):
+            raise APIError("'response_format' other than {'type': 'text'} is not supported by this server.",
+                           param="response_format", code="unsupported")
         key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         s = _parse_sampling(body, max_tokens_key=key, default_max_tokens=None)
-        prompt_ids = self.render_chat(body)
+        parse_tools = _tool_choice(body, _parse_tools(body)) != "none"
+        self.check_n(s.n, 1)
+        prompt_ids = await self.off_loop(self.render_chat, body)
         max_tokens = self.resolve_max_tokens(s.max_tokens, len(prompt_ids), "messages")
-        (gen,) = await self.generate([prompt_ids], s, [max_tokens], top_logprobs=top_logprobs or 0)
-
-        text, stop_reason = self.apply_stop(gen.text, s.stop, s.include_stop)
-        ids = list(gen.token_ids or ())
-        choice: dict[str, Any] = {
-            "index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-            "finish_reason": gen.finish_reason, "stop_reason": stop_reason,
-        }
-        if want_logprobs:
-            lps = list(gen.logprobs) if gen.logprobs is not None else [None] * len(ids)
-            best = self.alternatives(gen, len(ids), top_logprobs, s.tokens_as_ids) if top_logprobs else None
-            content = []
-            for pos, (t, lp) in enumerate(zip(ids, lps)):
-                tok = self.token_text(t, s.tokens_as_ids)
-                top = [] if best is None else [{"token": alt, "logprob": value, "bytes": list(alt.encode("utf-8"))}
-                                               for alt, value in list(best[pos].items())[:top_logprobs]]
-                content.append({"token": tok, "logprob": None if lp is None else float(lp),
-                                "bytes": list(tok.encode("utf-8")), "top_logprobs": top})
-            choice["logprobs"] = {"content": content}
-        if s.return_token_ids:
-            choice["token_ids"] = ids
-        response: dict[str, Any] = {
-            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": self.model_name, "choices": [choice], "usage": self.usage([prompt_ids], [gen]),
-        }
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        k = top_logprobs if want_logprobs else None
+        if s.stream:
+            return self._stream_chat(prompt_ids, s, max_tokens, k, want_logprobs, parse_tools, rid, created)
+        outs = await self.generate([prompt_ids], s, [max_tokens], top_logprobs=top_logprobs or 0)
+        choices = []
+        for i, out in enumerate(outs):
+            message: dict[str, Any] = {"role": "assistant", "content": out.text}
+            finish_reason = out.finish_reason
+            if parse_tools:
+                content, calls = self.tool_calls(out.text)
+                if calls:
+                    message = {"role": "assistant", "content": content, "tool_calls": calls}
+                    finish_reason = "tool_calls"
+            choice: dict[str, Any] = {"index": i, "message": message, "logprobs": None,
+                                      "finish_reason": finish_reason, "stop_reason": out.stop_reason}
+            if want_logprobs:
+                choice["logprobs"] = {"content": self.chat_logprobs(out, top_logprobs, s.tokens_as_ids)}
+            if s.return_token_ids:
+                choice["token_ids"] = out.ids
+            choices.append(choice)
+        response: dict[str, Any] = {"id": rid, "object": "chat.completion", "created": created,
+                                    "model": self.model_name, "choices": choices,
+                                    "usage": self.usage([prompt_ids], outs)}
         if s.return_token_ids:
             response["prompt_token_ids"] = prompt_ids
         return response
+
+    async def _stream_chat(self, prompt_ids: list[int], s: _Sampling, max_tokens: int, top_logprobs: int | None,
+                           want_logprobs: bool, parse_tools: bool, rid: str, created: int) -> AsyncIterator[str]:
+        head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
+        prompt_tokens = len(prompt_ids)
+        sent = 0
+
+        def chunk(index: int, delta: dict[str, Any], *, logprobs: Any = None, finish: str | None = None,
+                  stop_reason: str | int | None = None, token_ids: list[int] | None = None) -> str:
+            choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+            if finish is not None:
+                choice["stop_reason"] = stop_reason
+            if token_ids is not None:
+                choice["token_ids"] = token_ids
+            body: dict[str, Any] = {**head, "choices": [choice]}
+            if s.include_usage and s.continuous_usage:
+                body["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": sent,
+                                 "total_tokens": prompt_tokens + sent}
+            return _sse(body)
+
+        # The role comes first, at once, as with vLLM (the client sees the request accepted).
+        for c in range(s.n):
+            if c == 0 and s.return_token_ids:
+                yield _sse({**head, "prompt_token_ids": prompt_ids, "choices": [
+                    {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                     "finish_reason": None}]})
+            else:
+                yield chunk(c, {"role": "assistant", "content": ""})
+        try:
+            outs = await self.generate([prompt_ids], s, [max_tokens], top_logprobs=top_logprobs or 0)
+        except APIError as exc:
+            yield _sse({"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}})
+            yield _SSE_DONE
+            return
+        for c, out in enumerate(outs):
+            entries = self.chat_logprobs(out, top_logprobs, s.tokens_as_ids) if want_logprobs else None
+            content, calls = self.tool_calls(out.text) if parse_tools else (out.text, [])
+            token_ids = out.ids if s.return_token_ids else None
+            if calls:
+                # The calls are known only once the text is complete: the content outside them in one delta, the
+                # parsed calls in the next (what OpenAI's stream accumulators expect).
+                sent += len(out.ids)
+                if content:
+                    yield chunk(c, {"content": content}, token_ids=token_ids,
+                                logprobs={"content": entries} if entries is not None else None)
+                    entries, token_ids = None, None
+                deltas = [{"index": j, "id": call["id"], "type": "function", "function": call["function"]}
+                          for j, call in enumerate(calls)]
+                yield chunk(c, {"tool_calls": deltas}, token_ids=token_ids,
+                            logprobs={"content": entries} if entries is not None else None)
+                yield chunk(c, {}, finish="tool_calls", stop_reason=out.stop_reason)
+                continue
+            for i, piece in enumerate(self.text_pieces(out, s.skip_special_tokens)):
+                sent += 1
+                if not piece and entries is None and token_ids is None:
+                    continue
+                yield chunk(c, {"content": piece}, logprobs={"content": entries[i:i + 1]} if entries else None,
+                            token_ids=out.ids[i:i + 1] if token_ids is not None else None)
+            yield chunk(c, {}, finish=out.finish_reason, stop_reason=out.stop_reason)
+        if s.include_usage:
+            yield _sse({**head, "choices": [], "usage": self.usage([prompt_ids], outs)})
+        yield _SSE_DONE
+
+    # -- /tokenize and /detokenize (vLLM) --
+    def _tokenize(self, body: Mapping[str, Any]) -> list[int]:
+        if "messages" in body:
+            return self.render_chat(body)
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            raise APIError(f"'prompt' must be a string, got {type(prompt).__name__}.", param="prompt")
+        return list(self.tokenizer.encode(prompt, add_special_tokens=_get_bool(body, "add_special_tokens", True)))
+
+    async def tokenize(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        _check_fields(body, _TOKENIZE_FIELDS, "/tokenize")
+        self.check_model(body)
+        if ("messages" in body) == ("prompt" in body):
+            raise APIError("Send exactly one of 'prompt' (a string) or 'messages' (a chat).", param="prompt")
+        ids = await self.off_loop(self._tokenize, body)
+        strs = self.tokenizer.convert_ids_to_tokens(ids) if _get_bool(body, "return_token_strs", False) else None
+        return {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids, "token_strs": strs}
+
+    async def detokenize(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        _check_fields(body, _DETOKENIZE_FIELDS, "/detokenize")
+        self.check_model(body)
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise APIError(f"'tokens' must be a list of token ids, got {tokens!r}.", param="tokens")
+        if tokens:
+            self.check_prompt_ids(tokens, "tokens")
+        return {"prompt": await self.off_loop(self.tokenizer.decode, tokens)}
 
     def models(self) -> dict[str, Any]:
         card: dict[str, Any] = {"id": self.model_name, "object": "model", "created": self.created,
@@ -721,6 +1192,87 @@ class _Server:
         if self.max_model_len is not None:
             card["max_model_len"] = self.max_model_len
         return {"object": "list", "data": [card]}
+
+
+def _parse_tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """``tools`` as the chat template receives them, checked for the OpenAI function shape."""
+    tools = body.get("tools")
+    if tools is None:
+        return None
+    shape = "a list of {'type': 'function', 'function': {'name': ..., 'parameters': {...}}} objects"
+    if not isinstance(tools, list):
+        raise APIError(f"'tools' must be {shape}.", param="tools")
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        if (not isinstance(tool, Mapping) or tool.get("type", "function") != "function"
+                or not isinstance(function, Mapping) or not isinstance(function.get("name"), str)
+                or not function["name"]):
+            raise APIError(f"tools[{i}] is not a function tool; 'tools' must be {shape}.", param=f"tools[{i}]")
+    return [dict(t) for t in tools]
+
+
+def _tool_choice(body: Mapping[str, Any], tools: list[dict[str, Any]] | None) -> str:
+    """Validate ``tool_choice``; returns ``"none"`` (plain text) or the mode under which calls are parsed."""
+    choice = body.get("tool_choice")
+    if choice is None:
+        return "auto" if tools else "none"
+    if choice == "none":
+        return "none"
+    named = None
+    if isinstance(choice, Mapping):
+        function = choice.get("function")
+        if choice.get("type") != "function" or not isinstance(function, Mapping) or not isinstance(
+                function.get("name"), str):
+            raise APIError("'tool_choice' must be 'none', 'auto', 'required' or {'type': 'function', 'function': "
+                           f"{{'name': ...}}}}, got {choice!r}.", param="tool_choice")
+        named = function["name"]
+    elif choice not in ("auto", "required"):
+        raise APIError(f"'tool_choice' must be 'none', 'auto', 'required' or a named function, got {choice!r}."
+                       f"{did_you_mean(str(choice), ('none', 'auto', 'required'))}", param="tool_choice")
+    if not tools:
+        raise APIError(f"'tool_choice' {choice!r} needs 'tools': send the tools the model may call, or drop "
+                       "tool_choice.", param="tool_choice")
+    if named is not None:
+        names = [t["function"]["name"] for t in tools]
+        if named not in names:
+            raise APIError(f"'tool_choice' names the function {named!r}, which is not in 'tools' "
+                           f"({', '.join(names)}).{did_you_mean(named, names)} Name one of the tools.",
+                           param="tool_choice")
+        return "named"
+    return str(choice)
+
+
+def _prometheus_text(server: _Server, stats: BatchStats) -> str:
+    """``/metrics`` in the Prometheus text exposition format (version 0.0.4), every series labelled with the
+    model name. Names: ``agentgym:generation_tokens_total``, ``agentgym:prompt_tokens_total``,
+    ``agentgym:sequences_total``, ``agentgym:generate_calls_total``, ``agentgym:sequences_aborted_total``,
+    ``agentgym:request_success_total{finished_reason}`` (choices), ``agentgym:http_responses_total{endpoint,
+    status}``, and the gauges ``agentgym:num_requests_waiting``, ``agentgym:num_requests_running``,
+    ``agentgym:max_batch_size_seen`` (vLLM's ``vllm:`` metrics with our prefix where one exists)."""
+    model = server.model_name.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, help_text: str, samples: Sequence[tuple[str, float]]) -> None:
+        lines.append(f"# HELP agentgym:{name} {help_text}")
+        lines.append(f"# TYPE agentgym:{name} {kind}")
+        for labels, value in samples:
+            lines.append(f'agentgym:{name}{{model_name="{model}"{labels}}} {value}')
+
+    metric("generation_tokens_total", "counter", "Completion tokens generated.", [("", stats.tokens_generated)])
+    metric("prompt_tokens_total", "counter", "Prompt tokens of the sequences run.", [("", stats.prompt_tokens)])
+    metric("sequences_total", "counter", "Sequences generated.", [("", stats.requests)])
+    metric("generate_calls_total", "counter", "Batches run (policy.generate calls).", [("", stats.generate_calls)])
+    metric("sequences_aborted_total", "counter", "Sequences stopped early because the client went away.",
+           [("", stats.aborted)])
+    metric("request_success_total", "counter", "Choices returned, by finish reason.",
+           [(f',finished_reason="{reason}"', count) for reason, count in sorted(server.finished.items())])
+    metric("http_responses_total", "counter", "HTTP responses of the API endpoints, by endpoint and status.",
+           [(f',endpoint="{endpoint}",status="{status}"', count)
+            for (endpoint, status), count in sorted(server.responses.items())])
+    metric("num_requests_waiting", "gauge", "Sequences queued for the next batch.", [("", stats.queued)])
+    metric("num_requests_running", "gauge", "Sequences in the running batch.", [("", stats.running)])
+    metric("max_batch_size_seen", "gauge", "Largest batch run so far.", [("", stats.max_batch_seen)])
+    return "\n".join(lines) + "\n"
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
@@ -745,7 +1297,8 @@ def create_app(
 
     Args:
         policy: The model to serve; anything with ``tokenizer`` and ``generate(prompts, samplings)``
-            (an :class:`~agentgym.policies.hf.HFPolicy`).
+            (an :class:`~agentgym.policies.hf.HFPolicy`). When ``generate`` also takes ``cancelled=`` (one
+            ``threading.Event`` per prompt), rows of clients that disconnect are stopped mid-batch.
         model_name: The id clients must send as ``model`` (and that ``/v1/models`` lists).
         max_batch_size: Most sequences in one ``policy.generate`` call; bounds memory and latency.
         batch_window_s: How long the batcher waits for more requests after the first one arrives; a few
@@ -754,7 +1307,9 @@ def create_app(
             overloaded server sheds load instead of growing without bound.
 
     Returns:
-        The app. ``app.state.stats`` (:class:`BatchStats`) counts batches and requests.
+        The app: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both with ``stream``), ``GET /v1/models``,
+        ``POST /tokenize``, ``POST /detokenize``, ``GET /health`` and ``GET /metrics``. ``app.state.stats``
+        (:class:`BatchStats`) counts batches and requests.
     """
     if not model_name:
         raise ConfigError("create_app needs a non-empty model_name (the id clients send as 'model').")
@@ -775,24 +1330,60 @@ def create_app(
             yield
         finally:
             await batcher.stop()
+            server.close()
 
     app = FastAPI(title="agentgym OpenAI-compatible server", lifespan=lifespan)
     app.state.stats = batcher.stats
     app.state.policy = policy
     app.state.model_name = model_name
 
+    def counted(endpoint: str, response: Response) -> Response:
+        key = (endpoint, response.status_code)
+        server.responses[key] = server.responses.get(key, 0) + 1
+        return response
+
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return counted(request.url.path, exc.response())
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return _error_response(exc.status_code, str(exc.detail), code=str(exc.status_code))
 
     @app.exception_handler(Exception)
-    async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
+    async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("Unhandled error while serving a request")
-        return _error_response(500, f"Internal server error: {type(exc).__name__}: {exc}", type="server_error")
+        return counted(request.url.path, _error_response(500, f"Internal server error: {type(exc).__name__}: {exc}",
+                                                         type="server_error"))
+
+    async def answer(request: Request, handler: Any) -> Response:
+        """Run a generation endpoint; a stream goes out as SSE, anything else as JSON.
+
+        A client that disconnects while its request waits cancels the handler, which stops its sequences (queued
+        ones are skipped; running ones end at the next decoding step). Streams are cancelled by Starlette itself
+        when the client goes away.
+        """
+        body = await _json_body(request)
+        task = asyncio.ensure_future(handler(body))
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
+                if done:
+                    break
+                if await request.is_disconnected():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
+                    logger.info("Client of %s disconnected; its request was cancelled", request.url.path)
+                    return counted(request.url.path, Response(status_code=499))
+        finally:
+            if not task.done():  # this handler itself was cancelled (shutdown): stop the work too
+                task.cancel()
+        result = task.result()
+        if isinstance(result, dict):
+            return counted(request.url.path, JSONResponse(result))
+        return counted(request.url.path, StreamingResponse(result, media_type="text/event-stream",
+                                                           headers={"Cache-Control": "no-cache"}))
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
@@ -802,13 +1393,26 @@ def create_app(
     async def health() -> JSONResponse:
         return JSONResponse({"status": "ok", "model": model_name, **batcher.stats.as_dict()})
 
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(_prometheus_text(server, batcher.stats),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
     @app.post("/v1/completions")
-    async def completions(request: Request) -> JSONResponse:
-        return JSONResponse(await server.completions(await _json_body(request)))
+    async def completions(request: Request) -> Response:
+        return await answer(request, server.completions)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> JSONResponse:
-        return JSONResponse(await server.chat(await _json_body(request)))
+    async def chat_completions(request: Request) -> Response:
+        return await answer(request, server.chat)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> JSONResponse:
+        return JSONResponse(await server.tokenize(await _json_body(request)))
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> JSONResponse:
+        return JSONResponse(await server.detokenize(await _json_body(request)))
 
     return app
 
@@ -817,14 +1421,19 @@ def create_app(
 
 
 def _check_model_dir(model_dir: str | Path) -> Path:
-    path = Path(model_dir).expanduser()
-    if not path.exists():
-        raise ConfigError(f"Model directory {str(path)!r} does not exist. Pass a local Hugging Face model "
-                          "directory (one with config.json and tokenizer files), e.g. one built by build_tiny_model.")
-    if not path.is_dir() or not (path / "config.json").is_file():
-        raise ConfigError(f"{str(path)!r} is not a Hugging Face model directory: it has no config.json. Pass the "
-                          "directory that save_pretrained wrote.")
-    return path
+    """The local model directory: ``model_dir`` itself, or a Hub id's snapshot in the local Hugging Face cache."""
+    from agentgym.models.loading import resolve_model_dir
+
+    return resolve_model_dir(model_dir)
+
+
+def _served_name(model_dir: str | Path, path: Path) -> str:
+    """Default id clients send as ``model``: the Hub id as given, else the directory's name (a snapshot's name
+    is a commit hash, which nobody would guess)."""
+    from agentgym.models.loading import is_hub_id
+
+    from_hub = is_hub_id(model_dir) and not Path(str(model_dir)).expanduser().is_dir()
+    return str(model_dir) if from_hub else path.resolve().name
 
 
 def _load_policy(model_dir: str | Path) -> HFPolicy:
@@ -863,7 +1472,7 @@ def run_server(
     if not 0 <= port <= 65535:
         raise ConfigError(f"port must be in [0, 65535], got {port}.")
     uvicorn = _import_uvicorn()
-    name = model_name or path.resolve().name
+    name = model_name or _served_name(model_dir, path)
     app = create_app(_load_policy(path), model_name=name, max_batch_size=max_batch_size)
     logger.info("Serving %s as %r on http://%s:%d/v1", path, name, host, port)
     uvicorn.run(app, host=host, port=port, log_level="info")
@@ -903,7 +1512,7 @@ class ServerThread:
         if isinstance(model_dir_or_policy, (str, Path)):
             path = _check_model_dir(model_dir_or_policy)
             self.policy = _load_policy(path)
-            name = model_name or path.resolve().name
+            name = model_name or _served_name(model_dir_or_policy, path)
         else:
             self.policy = model_dir_or_policy
             name = model_name or getattr(model_dir_or_policy, "name", None) or "model"

@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from agentgym.policies import SamplingParams
+from agentgym.progress import track
 from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, summarize
 from agentgym.suite import Task
 from agentgym.trainers.algorithms import archer as alg
@@ -93,6 +94,10 @@ class OnlinePolicyConfig(TrainerConfig):
         if not self.actor_learning_rate > 0:
             raise self._fail("actor_learning_rate", f"must be > 0 (typical for the tiny model: 1e-4), "
                                                     f"got {self.actor_learning_rate}.")
+        if self.lora is not None:
+            raise self._fail("lora", f"LoRA is supported by the GRPO and ARPO trainers only for now, not by "
+                                     f"{self.trainer_name}: remove lora (dtype: bfloat16 and gradient_checkpointing: "
+                                     "true also save memory here), or train with trainer: grpo.")
         if self.warmup_iterations >= self.iterations:
             raise self._fail("warmup_iterations", f"is {self.warmup_iterations} but there are only {self.iterations} "
                                                   "iterations, so the actor would never be updated; lower it.")
@@ -162,7 +167,8 @@ class OnlineTrainerBase:
     def __init__(self, config: OnlinePolicyConfig) -> None:
         self.config = config
         self.suite, self.eval_suite = config.load_suites()
-        config.check_model_dir()
+        self.model_dir = config.check_model_dir()
+        config.check_runtime()
         self.output_dir = Path(config.output_dir)
         self.checkpoint_dir = self.output_dir / "checkpoints"
         self.train_tasks = self.suite.split(config.train_split)
@@ -185,18 +191,16 @@ class OnlineTrainerBase:
     # ---- the run -----------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
         """Run (or resume) training; returns the summary also written to ``summary.json``."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
+        from agentgym.models.loading import load_model
         from agentgym.policies.hf import HFPolicy
 
         cfg = self.config
         torch.manual_seed(cfg.seed)
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        self.metrics = MetricsLogger(self.output_dir, tensorboard=cfg.tensorboard)
+        self.metrics = MetricsLogger.from_config(self.output_dir, cfg)
         resume_from = latest_checkpoint(self.checkpoint_dir)
-        source = resume_from / "model" if resume_from else Path(cfg.model)
-        self.model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, local_files_only=True).to(cfg.device)
-        self.tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+        source = resume_from / "model" if resume_from else self.model_dir
+        self.model, self.tokenizer = load_model(source, cfg.load_options())
         summary: dict[str, Any] = {"config": cfg.to_dict(), "trainer": cfg.trainer_name}
         if resume_from is None:
             (self.output_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2), encoding="utf-8")
@@ -208,7 +212,8 @@ class OnlineTrainerBase:
                                                 learning_rate=cfg.bc_learning_rate, batch_size=cfg.bc_batch_size,
                                                 seed=cfg.seed, device=cfg.device,
                                                 log=lambda s, m: self.metrics.log(0, {**m, "bc/step": s}))
-        self.actor_optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.actor_learning_rate)
+        self.actor_optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad],
+                                                lr=cfg.actor_learning_rate)
         self.actor_scheduler = torch.optim.lr_scheduler.LambdaLR(self.actor_optimizer, lambda _: 1.0)
         self.policy = HFPolicy(self.model, self.tokenizer, device=cfg.device, max_batch_size=cfg.max_in_flight,
                                name=cfg.trainer_name)
@@ -221,7 +226,8 @@ class OnlineTrainerBase:
             summary["resumed_from"] = str(resume_from)
         if start == 0:
             summary["eval_before"] = self._evaluate(0)
-        for iteration in range(start, cfg.iterations):
+        for iteration in track(range(start, cfg.iterations), f"{cfg.trainer_name} iterations", completed=start,
+                               unit="it", enabled=cfg.progress):
             t0 = time.perf_counter()
             trajectories = self._rollout(iteration)
             self.episodes += len(trajectories)

@@ -98,7 +98,8 @@ class UtteranceCritic(nn.Module):
         mask = batch["attention_mask"].to(self.device_name)
         if ids.shape[1] == 0 or bool((mask.sum(dim=1) == 0).any()):
             raise ConfigError("the critic tokenizer produced an empty sequence; check the critic encoder's tokenizer.")
-        hidden = self.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        # float32 for the heads whatever the encoder's precision (a bfloat16 policy gives a bfloat16 backbone copy)
+        hidden = self.encoder(input_ids=ids, attention_mask=mask).last_hidden_state.float()
         if self.pooling == "last":  # right padding: the last real token sits at length - 1
             last = mask.sum(dim=1) - 1
             return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]

@@ -33,9 +33,10 @@ def __getattr__(name: str) -> Any:
 def make_policy(spec: str, **kwargs: Any) -> Policy:
     """Build a policy from a CLI spec string.
 
-    Specs: ``reference`` (each env's solver), ``hf:MODEL_DIR``, ``vllm:MODEL_DIR`` (an in-process vLLM
+    Specs: ``reference`` (each env's solver), ``hf:MODEL``, ``vllm:MODEL`` (an in-process vLLM
     engine; needs a CUDA GPU and ``agentgym[vllm]``), ``openai:BASE_URL[#MODEL]``
-    (e.g. ``openai:http://127.0.0.1:8000/v1#tiny``).
+    (e.g. ``openai:http://127.0.0.1:8000/v1#tiny``). ``MODEL`` is a local model directory or a Hub id
+    (``org/name[@revision]``) already in the local Hugging Face cache; nothing is downloaded.
     """
     from agentgym.errors import ConfigError, did_you_mean
 
@@ -44,13 +45,14 @@ def make_policy(spec: str, **kwargs: Any) -> Policy:
         return ReferencePolicy(**kwargs)
     if kind == "hf":
         if not rest:
-            raise ConfigError("Policy spec 'hf:' needs a model directory, e.g. hf:runs/tiny/model.")
+            raise ConfigError("Policy spec 'hf:' needs a model directory or cached Hub id, e.g. hf:runs/tiny/model.")
         from agentgym.policies.hf import HFPolicy
 
         return HFPolicy.from_pretrained(rest, **kwargs)
     if kind == "vllm":
         if not rest:
-            raise ConfigError("Policy spec 'vllm:' needs a model directory, e.g. vllm:runs/tiny/model.")
+            raise ConfigError("Policy spec 'vllm:' needs a model directory or cached Hub id, e.g. "
+                              "vllm:runs/tiny/model.")
         from agentgym.policies.vllm import VLLMPolicy
 
         return VLLMPolicy(rest, **kwargs)
@@ -63,5 +65,5 @@ def make_policy(spec: str, **kwargs: Any) -> Policy:
         return OpenAIPolicy(base_url=base_url, model=model or None, **kwargs)
     raise ConfigError(
         f"Unknown policy spec {spec!r}.{did_you_mean(kind, ['reference', 'hf', 'vllm', 'openai'])} "
-        "Use reference, hf:MODEL_DIR, vllm:MODEL_DIR or openai:BASE_URL[#MODEL]."
+        "Use reference, hf:MODEL, vllm:MODEL (MODEL: a directory or cached Hub id) or openai:BASE_URL[#MODEL]."
     )

@@ -25,8 +25,23 @@ def save_rollout_defaults(model_dir: str | Path, *, system_prompt: str | None, m
 
 
 def load_rollout_defaults(model_dir: str | Path) -> dict[str, Any]:
-    """The saved settings, or ``{}`` when the directory has none (e.g. a model not trained by agentgym)."""
-    path = Path(model_dir) / FILENAME
+    """The saved settings, or ``{}`` when the directory has none (e.g. a model not trained by agentgym).
+
+    ``model_dir`` may also be a Hub id in the local Hugging Face cache (a model trained here and uploaded keeps
+    its ``agentgym.json``); an id that is not cached gives ``{}`` here and its clear error when the model loads.
+    """
+    directory = Path(model_dir).expanduser()
+    if not directory.is_dir():
+        from agentgym.errors import ConfigError
+        from agentgym.models.loading import is_hub_id, resolve_model_dir
+
+        if not is_hub_id(str(model_dir)):
+            return {}
+        try:
+            directory = resolve_model_dir(str(model_dir))
+        except ConfigError:
+            return {}
+    path = directory / FILENAME
     if not path.is_file():
         return {}
     try:

@@ -255,8 +255,8 @@ class VLLMPolicy(InProcessTokenPolicy):
 
     Args:
         model_dir: A local Hugging Face model directory (``config.json``, weights, tokenizer), e.g. one
-            written by :func:`agentgym.models.build_tiny_model` or a trainer checkpoint. Nothing is
-            downloaded.
+            written by :func:`agentgym.models.build_tiny_model` or a trainer checkpoint, or a Hub id
+            (``org/name[@revision]``) in the local Hugging Face cache. Nothing is downloaded.
         tokenizer: The tokenizer the :class:`~agentgym.agent.ChatAgent` uses to build prompt ids: a
             loaded Hugging Face tokenizer (it must be the model's own), or a directory to load it from
             (vLLM then uses that directory too). Default: the tokenizer in ``model_dir``.
@@ -312,12 +312,9 @@ class VLLMPolicy(InProcessTokenPolicy):
         vllm = _import_vllm()
         self._vllm = vllm
 
-        directory = Path(model_dir)
-        if not (directory / "config.json").is_file():
-            raise ConfigError(
-                f"{str(model_dir)!r} is not a Hugging Face model directory (no config.json). Pass the "
-                "directory that save_pretrained wrote (build one with agentgym.models.build_tiny_model)."
-            )
+        from agentgym.models.loading import is_hub_id, resolve_model_dir
+
+        directory = resolve_model_dir(model_dir)  # a local directory, or a Hub id's snapshot in the local cache
         torch = self._require_cuda()
         self._torch = torch
 
@@ -327,7 +324,8 @@ class VLLMPolicy(InProcessTokenPolicy):
             tokenizer = self._load_tokenizer(Path(tokenizer_dir) if tokenizer_dir else directory)
         self.tokenizer = tokenizer
         self.model_dir = directory
-        self.name = name or directory.name
+        from_hub = is_hub_id(model_dir) and not Path(str(model_dir)).expanduser().is_dir()
+        self.name = name or (str(model_dir) if from_hub else directory.name)  # a snapshot's name is a commit hash
         from agentgym.policies.rollout_defaults import load_rollout_defaults
 
         self.default_system_prompt = load_rollout_defaults(directory).get("system_prompt")
