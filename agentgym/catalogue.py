@@ -1,7 +1,8 @@
 """The one catalogue of environment ids.
 
 Every id is registered here with a string entry point, so importing :mod:`agentgym` registers the whole
-catalogue without importing any env module (or its heavy dependencies). Bump the version suffix when an
+catalogue without importing any env module (or its heavy dependencies). Ids of other packages come in through
+entry-point plugins (:mod:`agentgym.plugins`), registered right after ours. Bump the version suffix when an
 env's rewards, tools or termination change.
 """
 
@@ -14,7 +15,7 @@ import gymnasium as gym
 
 from agentgym.errors import RegistrationError, did_you_mean
 
-__all__ = ["CATALOGUE", "CatalogueEntry", "env_ids", "get_entry", "register_all"]
+__all__ = ["CATALOGUE", "CatalogueEntry", "all_entries", "env_ids", "get_entry", "register_all"]
 
 NAMESPACE = "agentgym"
 
@@ -141,8 +142,18 @@ def get_entry(env_id: str) -> CatalogueEntry:
 
 
 def register_all() -> None:
-    """Register every catalogue entry with Gymnasium (idempotent)."""
+    """Register every catalogue entry with Gymnasium, then the env ids of installed plugins (idempotent)."""
     for entry in CATALOGUE:
         if entry.id in gym.registry:
             continue
         gym.register(id=entry.id, entry_point=entry.entry_point, kwargs=dict(entry.kwargs), disable_env_checker=False)
+    from agentgym.plugins import load_plugins
+
+    load_plugins()
+
+
+def all_entries() -> list[CatalogueEntry]:
+    """Our catalogue followed by the env ids that installed plugins declare (see :mod:`agentgym.plugins`)."""
+    from agentgym.plugins import plugin_entries
+
+    return list(CATALOGUE) + plugin_entries()

@@ -9,6 +9,13 @@ error observation that says the fix. Infrastructure failures (:class:`EnvCrashed
 A family implements a handful of hooks: ``_build_tools``, ``_sample_task``, ``_begin_episode``,
 ``_task_instructions`` and (optionally) ``_build_parser`` and ``reference_solver``. Tools end the episode by
 calling :meth:`AgentEnv.finish` and may add named reward components with :meth:`AgentEnv.add_reward`.
+
+The reward rule (one definition of return, the same for every env): **the step rewards of an episode sum to
+its outcome score**. ``add_reward`` pays credit early (progress, penalties); ``finish(success, score)`` fixes
+the outcome score (``float(success)`` when no score is given; 0.0 when the episode is truncated without
+``finish``); on the episode's last step the env pays the remainder, ``score - (rewards paid so far)``, as the
+reward component ``"outcome"``. So ``add_reward`` moves credit in time but never changes the return, and the
+return a Gymnasium user sums equals ``outcome["score"]``, the number the trainers use.
 """
 
 from __future__ import annotations
@@ -22,12 +29,20 @@ import gymnasium as gym
 import numpy as np
 
 from agentgym.errors import AgentGymError, EnvCrashed, TaskError
-from agentgym.parsers import CompositeParser, HermesParser, ParsedAction, ToolCallParser
+from agentgym.parsers import (
+    CodeBlockParser,
+    CompositeParser,
+    FunctionCallParser,
+    HermesParser,
+    ParsedAction,
+    TagParser,
+    ToolCallParser,
+)
 from agentgym.spaces import UnicodeText
 from agentgym.suite import Task
 from agentgym.toolset import ToolCall, ToolResult, ToolSet
 
-__all__ = ["AgentEnv", "ReferenceSolver", "fork_env"]
+__all__ = ["AgentEnv", "ReferenceSolver", "accepted_formats", "fork_env"]
 
 ReferenceSolver = Callable[[str], str]
 """Given the latest observation, return the next action text (stateful, one per episode)."""
@@ -35,6 +50,15 @@ ReferenceSolver = Callable[[str], str]
 
 class AgentEnv(gym.Env[str, str]):
     """Gymnasium env whose actions are raw model text and whose observations are text.
+
+    Parsing: by default every env reads Hermes ``<tool_call>`` blocks, the Llama 3.1 JSON and Mistral
+    ``[TOOL_CALLS]`` native formats and function-call strings (``answer("x")``) for its own tools; override
+    ``_build_parser`` to narrow or widen that. A reply with no call is a ``void`` turn whose observation lists
+    the accepted formats with one example each.
+
+    Rewards: the step rewards of an episode sum to ``info["outcome"]["score"]``. ``add_reward`` pays credit
+    early; ``finish(success, score)`` sets the score; the last step pays the remainder as the ``"outcome"``
+    component (see the module docstring).
 
     Args:
         max_turns: Turns before the episode is truncated (``end_reason="max_turns"``).
@@ -93,8 +117,10 @@ class AgentEnv(gym.Env[str, str]):
         raise NotImplementedError
 
     def _build_parser(self) -> ToolCallParser:
-        """Hermes ``<tool_call>`` for every tool; families add their native formats."""
-        return CompositeParser([HermesParser()])
+        """Every common format for this env's tools: Hermes ``<tool_call>`` with the Llama 3.1 JSON and Mistral
+        native forms, and function-call strings such as ``answer("x")``, so one agent prompt works in every env
+        (ours and a user's). Override to narrow it or to add a family format (code blocks, tags)."""
+        return CompositeParser([HermesParser(), FunctionCallParser(self.toolset.names)])
 
     def _sample_task(self, rng: np.random.Generator) -> Task:
         """Generate a task from the env's own RNG (used when no task is given and no task list is set)."""
@@ -122,14 +148,22 @@ class AgentEnv(gym.Env[str, str]):
 
     # ---- helpers for tools ---------------------------------------------------------------------
     def finish(self, *, success: bool, score: float | None = None, reason: str = "answered") -> None:
-        """End the episode after this turn (``terminated=True``)."""
+        """End the episode after this turn (``terminated=True``) with this outcome.
+
+        ``score`` (default ``float(success)``) is the episode's return: the step that ends the episode pays
+        ``score`` minus the rewards already paid, as the ``"outcome"`` reward component.
+        """
         self._finished = True
         self._success = bool(success)
         self._score = float(success) if score is None else float(score)
         self._end_reason = reason
 
     def add_reward(self, name: str, value: float) -> None:
-        """Add a named reward component to the current step."""
+        """Pay a named reward component on the current step.
+
+        This moves credit earlier in the episode; it does not change the return, which is the outcome score
+        (the last step pays the remainder). To change what an episode is worth, pass ``score`` to :meth:`finish`.
+        """
         self._step_rewards[name] = self._step_rewards.get(name, 0.0) + float(value)
 
     def mark_answer(self) -> None:
@@ -143,6 +177,7 @@ class AgentEnv(gym.Env[str, str]):
         self._score = 0.0
         self._end_reason = ""
         self._step_rewards: dict[str, float] = {}
+        self._paid = 0.0
         self._answered_this_turn = False
 
     def _resolve_task(self, options: Mapping[str, Any] | None) -> Task:
@@ -223,14 +258,23 @@ class AgentEnv(gym.Env[str, str]):
         truncated = not terminated and self._turn >= self.max_turns
         if truncated:
             self._end_reason = "max_turns"
+        if terminated or truncated:
+            self._pay_outcome()
         turn_info["rewards"] = dict(self._step_rewards)
         reward = float(sum(self._step_rewards.values()))
+        self._paid += reward
         info: dict[str, Any] = {"turn": turn_info}
         if terminated or truncated:
             info["outcome"] = {"success": self._success, "score": self._score, "end_reason": self._end_reason}
         self._transcript.append(("action", action if isinstance(action, str) else repr(action)))
         self._transcript.append(("observation", observation))
         return observation, reward, terminated, truncated, info
+
+    def _pay_outcome(self) -> None:
+        """The reward rule: on the last step, pay what is left of the outcome score as ``"outcome"``."""
+        remainder = self._score - (self._paid + float(sum(self._step_rewards.values())))
+        if abs(remainder) > 1e-12:
+            self._step_rewards["outcome"] = self._step_rewards.get("outcome", 0.0) + remainder
 
     def _run_action(self, action: Any, turn_info: dict[str, Any]) -> tuple[str, str]:
         """Parse and execute one action; return (observation, turn kind)."""
@@ -286,10 +330,10 @@ class AgentEnv(gym.Env[str, str]):
         return "\n".join(lines + list(notes))
 
     def _format_reminder(self) -> str:
+        """Which formats this env's parser accepts, one example each (shown after a void or invalid turn)."""
         names = ", ".join(self.toolset.names)
-        return (
-            f'Call one of the tools ({names}) as <tool_call>{{"name": "TOOL", "arguments": {{...}}}}</tool_call>.'
-        )
+        examples = accepted_formats(self.parser, self.toolset)
+        return f"Call one of the tools ({names}). Accepted formats: " + "; ".join(examples) + "."
 
     def render(self) -> str | None:
         if self.render_mode != "ansi":
@@ -322,6 +366,37 @@ class AgentEnv(gym.Env[str, str]):
     def turn(self) -> int:
         """Turns taken in the current episode."""
         return self._turn
+
+
+def accepted_formats(parser: ToolCallParser, toolset: ToolSet) -> list[str]:
+    """One example per tool-call format ``parser`` reads, written for the first tool of ``toolset``.
+
+    Used in void-turn observations so that a model (or a person reading its transcript) learns why a reply
+    did nothing. Parsers this function does not know are described generically.
+    """
+    first = next(iter(toolset), None)
+    name = first.name if first is not None else "TOOL"
+    params = first.parameter_names if first is not None else []
+    args = json.dumps({params[0]: "..."}) if params else "{}"
+    parsers = parser.parsers if isinstance(parser, CompositeParser) else [parser]
+    out: list[str] = []
+    for p in parsers:
+        if isinstance(p, HermesParser):
+            out.append(f'Hermes <tool_call>{{"name": "{name}", "arguments": {args}}}</tool_call>')
+            if p.native:
+                out.append(f'Llama 3.1 JSON {{"name": "{name}", "parameters": {args}}}')
+                out.append(f'Mistral [TOOL_CALLS][{{"name": "{name}", "arguments": {args}}}]')
+        elif isinstance(p, FunctionCallParser):
+            tool_name = name if name in p.tool_names else (p.tool_names[0] if p.tool_names else name)
+            out.append(f'function call {tool_name}("...")')
+        elif isinstance(p, TagParser):
+            tag = next(iter(p.tags), "answer")
+            out.append(f"tag <{tag}>...</{tag}>")
+        elif isinstance(p, CodeBlockParser):
+            out.append(f"a ```python code block (runs {p.tool})")
+        else:
+            out.append(f"the {type(p).__name__} format")
+    return out
 
 
 def fork_env(env: gym.Env[Any, Any]) -> gym.Env[Any, Any]:

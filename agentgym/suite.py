@@ -5,14 +5,20 @@ versioned, seeded set of tasks with train/test splits. Suites are declared in YA
 (``tasks/suites/NAME.yaml``, installed as data of the ``agentgym.tasks`` package) either by a generator function (deterministic given the seed) or by a JSONL
 file, and every suite can prove it is solvable with :meth:`TaskSuite.validate`, which runs each env's
 reference solver through the real env.
+
+A suite for a user's own env may name the env class with ``entry_point: module:Class``; loading the suite then
+registers the id, so ``agentgym eval --suite my.yaml`` and ``agentgym train`` work without a plugin package.
+``module`` (like a ``generator``'s) is an importable module or a ``module.py`` file next to the suite file.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import random
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -177,13 +183,15 @@ class TaskSuite:
             raise TaskError(f"Suite file {path} lacks {sorted(missing)}.")
         seed = int(spec.get("seed", 0))
         env_kwargs = spec.get("env_kwargs") or {}
+        if "entry_point" in spec:
+            _register_entry_point(str(spec["env"]), str(spec["entry_point"]), path)
         if "data" in spec:
             data_path = (path.parent / spec["data"]).resolve()
             return cls.from_jsonl(data_path, name=spec["name"], env_id=spec["env"], version=int(spec["version"]),
                                   seed=seed, env_kwargs=env_kwargs)
         if "generator" not in spec or "splits" not in spec:
             raise TaskError(f"Suite file {path} needs either 'data: FILE.jsonl' or 'generator' + 'splits'.")
-        generator = _import_callable(spec["generator"], where=str(path))
+        generator = _import_callable(spec["generator"], where=str(path), base_dir=path.parent)
         splits: dict[str, tuple[Task, ...]] = {}
         for offset, (split, split_spec) in enumerate(sorted(spec["splits"].items())):
             split_spec = dict(split_spec or {})
@@ -200,12 +208,46 @@ class TaskSuite:
                    description=spec.get("description", ""), splits=splits, env_kwargs=env_kwargs)
 
 
-def _import_callable(dotted: str, where: str) -> Callable[..., Sequence[Task]]:
+def _import_module(module_name: str, base_dir: Path | None) -> Any:
+    """Import ``module_name``; failing that, load ``base_dir/module_name.py`` (a module beside a suite file)."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        candidate = base_dir / f"{module_name}.py" if base_dir is not None and "." not in module_name else None
+        if exc.name != module_name or candidate is None or not candidate.is_file():
+            raise
+    module_spec = importlib.util.spec_from_file_location(module_name, candidate)
+    if module_spec is None or module_spec.loader is None:
+        raise ImportError(f"cannot load {candidate}")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(module_name, None)
+        raise
+    return module
+
+
+def _import_callable(dotted: str, where: str, base_dir: Path | None = None) -> Callable[..., Any]:
     module_name, _, attr = dotted.partition(":")
     try:
-        return getattr(importlib.import_module(module_name), attr)
+        return getattr(_import_module(module_name, base_dir), attr)
     except (ImportError, AttributeError) as exc:
-        raise TaskError(f"{where}: cannot import generator {dotted!r} ({exc}). Use 'package.module:function'.") from exc
+        raise TaskError(f"{where}: cannot import {dotted!r} ({exc}). Use 'package.module:name', where the module "
+                        "is installed or is a .py file next to the suite file.") from exc
+
+
+def _register_entry_point(env_id: str, entry_point: str, path: Path) -> None:
+    """Register the suite's own env class under ``env_id`` (nothing to do when the id is registered)."""
+    import gymnasium as gym
+
+    import agentgym  # noqa: F401 - the catalogue and plugins first, so a suite never shadows them
+
+    if env_id in gym.registry:
+        return
+    env_class = _import_callable(entry_point, where=str(path), base_dir=path.parent)
+    gym.register(id=env_id, entry_point=env_class)
 
 
 def _suite_dirs() -> list[Path]:
@@ -219,9 +261,16 @@ def _suite_dirs() -> list[Path]:
     return [root] if root.is_dir() else []
 
 
+def _suite_files() -> list[Path]:
+    """Shipped suite files, then those of installed plugins (``agentgym.suites`` entry points)."""
+    from agentgym.plugins import plugin_suite_paths, suite_files
+
+    return suite_files(_suite_dirs()) + suite_files(plugin_suite_paths())
+
+
 def list_suites() -> list[str]:
-    """Names of the suites shipped in ``tasks/suites``."""
-    return sorted({p.stem for d in _suite_dirs() for p in d.glob("*.yaml")})
+    """Names of the suites shipped in ``tasks/suites`` and provided by plugins."""
+    return sorted({p.stem for p in _suite_files()})
 
 
 _CACHE: dict[str, TaskSuite] = {}
@@ -234,9 +283,8 @@ def load_suite(name_or_path: str) -> TaskSuite:
         return TaskSuite.from_yaml(path)
     if name_or_path in _CACHE:
         return _CACHE[name_or_path]
-    for d in _suite_dirs():
-        candidate = d / f"{name_or_path}.yaml"
-        if candidate.is_file():
+    for candidate in _suite_files():
+        if candidate.stem == name_or_path and candidate.is_file():
             suite = TaskSuite.from_yaml(candidate)
             _CACHE[name_or_path] = suite
             return suite

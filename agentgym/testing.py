@@ -155,6 +155,30 @@ def _check_step(env_id: str, env: Any, action: Any, result: Any) -> tuple[bool, 
     return terminated, truncated
 
 
+class _ReturnTracker:
+    """Checks the reward rule: an episode's step rewards sum to its ``outcome["score"]`` (one return for
+    Gymnasium users and trainers alike). Feed it every step; call :meth:`reset` after each ``env.reset``."""
+
+    def __init__(self, env_id: str) -> None:
+        self.env_id = env_id
+        self.total = 0.0
+
+    def reset(self) -> None:
+        self.total = 0.0
+
+    def add(self, action: Any, result: tuple[Any, ...]) -> None:
+        _, reward, terminated, truncated, info = result
+        self.total += float(reward)
+        if not (terminated or truncated):
+            return
+        score = float(info["outcome"]["score"])
+        if not math.isclose(self.total, score, rel_tol=1e-6, abs_tol=1e-6):
+            raise _fail(self.env_id, f"the step rewards of the episode sum to {self.total!r} but outcome['score'] is "
+                        f"{score!r}; they must be equal (pass the episode's worth as finish(score=...); add_reward "
+                        "only moves credit earlier)", action)
+        self.total = 0.0
+
+
 def _safe_step(env_id: str, env: Any, action: Any) -> tuple[Any, ...]:
     try:
         result = env.step(action)
@@ -169,6 +193,7 @@ def _safe_step(env_id: str, env: Any, action: Any) -> tuple[Any, ...]:
 def _play_reference(env_id: str, env: Any, seed: int, garbage: Sequence[str], max_steps: int = 500) -> list[str]:
     """Episode 1: garbage, then the reference solver; episode 2 (unseeded reset): garbage only."""
     actions: list[str] = []
+    returns = _ReturnTracker(env_id)
     obs, _ = env.reset(seed=seed)
     try:
         solver = env.unwrapped.reference_solver()
@@ -177,12 +202,16 @@ def _play_reference(env_id: str, env: Any, seed: int, garbage: Sequence[str], ma
     done = False
     for action in garbage[:1]:
         actions.append(action)
-        obs, _, term, trunc, _ = _safe_step(env_id, env, action)
+        result = _safe_step(env_id, env, action)
+        returns.add(action, result)
+        obs, _, term, trunc, _ = result
         done = term or trunc
     while solver is not None and not done and len(actions) < max_steps:
         action = solver(obs)
         actions.append(action)
-        obs, _, term, trunc, _ = _safe_step(env_id, env, action)
+        result = _safe_step(env_id, env, action)
+        returns.add(action, result)
+        obs, _, term, trunc, _ = result
         done = term or trunc
     return actions
 
@@ -354,11 +383,13 @@ def _run_fuzz(env_id: str, env_kwargs: Mapping[str, Any], seed: int, examples: i
            reset_seed=st.integers(min_value=0, max_value=2**32 - 1))
     def fuzz(actions: list[Any], reset_seed: int) -> None:
         obs, info = env.reset(seed=reset_seed)
+        returns = _ReturnTracker(env_id)
         if not env.observation_space.contains(obs):
             raise _fail(env_id, f"reset observation {_short(obs)} is not in {env.observation_space}")
         for action in actions:
-            _, _, terminated, truncated, _ = _safe_step(env_id, env, action)
-            if terminated or truncated:
+            result = _safe_step(env_id, env, action)
+            returns.add(action, result)
+            if result[2] or result[3]:
                 env.reset()
 
     try:
@@ -372,9 +403,11 @@ def _sweep_malformed(env_id: str, env_kwargs: Mapping[str, Any], seed: int) -> N
     env = _make(env_id, env_kwargs)
     try:
         env.reset(seed=seed)
+        returns = _ReturnTracker(env_id)
         for action in _MALFORMED:
-            _, _, terminated, truncated, _ = _safe_step(env_id, env, action)
-            if terminated or truncated:
+            result = _safe_step(env_id, env, action)
+            returns.add(action, result)
+            if result[2] or result[3]:
                 env.reset()
     finally:
         env.close()
@@ -405,7 +438,9 @@ def check_agent_env(
     plus garbage, identical JSON transcripts), for forkable envs a fork check (a copy taken mid-episode
     answers the rest of the episode exactly like the original, which the copy's steps leave untouched), every fixed malformed action once, a Hypothesis fuzz of garbage action sequences (every step
     returns a valid observation, a finite reward, bool flags, a known turn kind, and an outcome once the
-    episode ends), and a double ``close()``.
+    episode ends), and a double ``close()``. In every episode these checks play to its end (the reference
+    solver's, the malformed sweep's, the fuzz's), the step rewards must sum to ``outcome["score"]`` (the
+    reward rule of :class:`~agentgym.env.AgentEnv`).
 
     Args:
         env_id: A registered id such as ``"agentgym/Calculator-v0"``.
