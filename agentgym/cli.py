@@ -1,4 +1,4 @@
-"""The ``agentgym`` command line: list, play, eval, train, serve, view.
+"""The ``agentgym`` command line: list, play, eval, train, serve, view, new-env.
 
 Every argument is validated before work starts, and a bad one exits with status 2 and a message that
 says how to fix it (never a traceback).
@@ -43,16 +43,18 @@ def _non_negative_float(text: str) -> float:
 
 def _cmd_list(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    from agentgym.catalogue import CATALOGUE
+    from agentgym.catalogue import all_entries
+    from agentgym.plugins import plugin_errors
     from agentgym.suite import list_suites
 
     table = Table(title="agentgym environments")
     table.add_column("id")
     table.add_column("family")
     table.add_column("description")
-    for entry in CATALOGUE:
+    for entry in all_entries():  # ours, then those of installed plugins
         table.add_row(entry.id, entry.family, entry.description)
     console = Console(width=max(100, Console().width))
     console.print(table)
@@ -65,6 +67,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
         games.add_row(game.id, "AEC + parallel" if game.parallel_entry_point else "AEC", game.description)
     console.print(games)
     console.print("suites: " + ", ".join(list_suites()))
+    for error in plugin_errors():
+        console.print(f"[yellow]skipped a broken plugin:[/yellow] {escape(str(error))}", markup=True, highlight=False)
     return 0
 
 
@@ -125,8 +129,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     system_prompt = args.system_prompt if args.system_prompt is not None else defaults.get("system_prompt")
     max_tokens = args.max_tokens if args.max_tokens is not None else int(defaults.get("max_tokens", 256))
     sampling = SamplingParams(max_tokens=max_tokens, temperature=args.temperature, seed=args.seed)
-    config = RolloutConfig(max_in_flight=args.max_in_flight, sampling=sampling, progress=not args.no_progress,
-                           system_prompt=system_prompt)
+    config = RolloutConfig(max_in_flight=args.max_in_flight, sampling=sampling,
+                           progress=False if args.no_progress else "auto", system_prompt=system_prompt)
     out_dir = Path(args.out) if args.out else _new_default_out_dir(suite.name)
     run = {"suite": suite.name, "split": args.split, "policy": args.policy, "seed": args.seed,
            "group_size": args.group_size}
@@ -261,6 +265,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_new_env(args: argparse.Namespace) -> int:
+    from agentgym.scaffold import write_env_package
+
+    root = write_env_package(args.name, args.dir, force=args.force)
+    sys.stdout.write(f"wrote {root}: cd {root} && python -m pytest -q (then pip install -e . to register it)\n")
+    return 0
+
+
 def _cmd_view(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
@@ -276,8 +288,15 @@ def _cmd_view(args: argparse.Namespace) -> int:
     def shown(text: str) -> str:  # model text is neither rich markup nor always valid UTF-8
         return escape(utf8_safe(text))
 
-    for i, traj in enumerate(read_trajectories(path)):
-        if args.limit is not None and i >= args.limit:
+    records = read_trajectories(path)
+    for i in range(args.limit if args.limit is not None else sys.maxsize):
+        try:
+            traj = next(records, None)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # not JSON, or not a trajectory record
+            raise ConfigError(_not_a_trajectory_file(path, i + 1, exc)) from None
+        if traj is None:
+            if i == 0 and path.read_bytes().strip():
+                raise ConfigError(_not_a_trajectory_file(path, 1, ValueError("no complete JSON line")))
             break
         console.rule(shown(f"{traj.env_id} {traj.task_id} seed={traj.seed} success={traj.success} ({traj.end_reason})"))
         for turn in traj.turns:
@@ -288,6 +307,25 @@ def _cmd_view(args: argparse.Namespace) -> int:
         if traj.error:
             console.print(f"[red]error[/red] {shown(traj.error)}", markup=True)
     return 0
+
+
+def _not_a_trajectory_file(path: Path, record: int, exc: Exception) -> str:
+    """The message for a file ``view`` cannot read: where it failed, why, and what to pass instead."""
+    why = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+    return (f"{path} is not a trajectories file (record {record}: {why}). Pass the trajectories.jsonl that "
+            "'agentgym eval' or a trainer wrote (one JSON trajectory per line).")
+
+
+def _version() -> str:
+    """The installed distribution's version (importlib.metadata), else the source tree's ``__version__``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("agentgym")
+    except PackageNotFoundError:
+        import agentgym
+
+        return agentgym.__version__
 
 
 def _cmd_tasks(args: argparse.Namespace) -> int:
@@ -322,6 +360,7 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentgym", description="Environments, policies and trainers for LLM agents.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    parser.add_argument("--version", action="version", version=f"agentgym {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("list", help="list registered environments and task suites")
@@ -334,7 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="run a policy on a task suite and report success, turns, tokens and time")
     p.add_argument("--suite", required=True, help="suite name (see 'agentgym list') or path to a suite .yaml")
-    p.add_argument("--policy", required=True, help="reference | hf:MODEL_DIR | vllm:MODEL_DIR (GPU) | openai:BASE_URL[#MODEL]")
+    p.add_argument("--policy", required=True, help="reference | hf:MODEL (a model directory or a cached Hub id such as "
+                   "Qwen/Qwen2.5-0.5B-Instruct) | vllm:MODEL (GPU) | openai:BASE_URL[#MODEL]")
     p.add_argument("--split", default="test")
     p.add_argument("--limit", type=_positive_int, default=None, help="evaluate only the first N tasks")
     p.add_argument("--group-size", type=_positive_int, default=1, help="rollouts per task")
@@ -351,7 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
     existing.add_argument("--resume", action="store_true",
                           help="continue the run in --out: skip (task, sample) pairs it already holds")
     existing.add_argument("--overwrite", action="store_true", help="delete the results of the run in --out first")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (by default one is drawn when stderr is a terminal)")
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("train", help="train a policy with a trainer config (YAML; see configs/)")
@@ -386,6 +427,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="a trajectories.jsonl file")
     p.add_argument("--limit", type=_positive_int, default=None)
     p.set_defaults(func=_cmd_view)
+
+    p = sub.add_parser("new-env", help="write the skeleton of an env plugin package (env, suite, passing tests)")
+    p.add_argument("name", help="package name, e.g. word-game (env id word_game/WordGame-v0)")
+    p.add_argument("--dir", default=None, help="where to write it (default ./NAME); must be new or empty")
+    p.add_argument("--force", action="store_true", help="overwrite the skeleton's files in a non-empty --dir")
+    p.set_defaults(func=_cmd_new_env)
     return parser
 
 

@@ -48,10 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default="configs/quickstart_calc.yaml", help="trainer config to run")
     args = parser.parse_args(argv)
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from agentgym.models.tiny import TinyModelConfig, build_tiny_model
     from agentgym.policies import ReferencePolicy, SamplingParams
+    from agentgym.report import format_metric
     from agentgym.rollout import RolloutConfig, RolloutEngine, episodes_for_suite, summarize
     from agentgym.suite import load_suite
     from agentgym.trainers.config import GrpoConfig, load_config
@@ -82,12 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     reference = summarize(RolloutEngine(ReferencePolicy(), RolloutConfig(sampling=SamplingParams(max_tokens=1))).run(specs))
     rows = [("reference solver", reference), ("BC warm start", summary["eval_before"]),
             ("BC + GRPO", summary["eval_after"])]
-    table = Table(title=f"{suite.name} [{config.eval_split}]: held-out success")
+    table = Table(title=escape(f"{suite.name} [{config.eval_split}]: held-out success"))
     for column in ("policy", "success", "turns", "tool calls", "action tokens"):
         table.add_column(column, justify="left" if column == "policy" else "right")
     for label, s in rows:
         table.add_row(label, f"{s['success_rate']:.2f}", f"{s['mean_turns']:.2f}", f"{s['mean_tool_calls']:.2f}",
-                      f"{s['mean_action_tokens']:.1f}")
+                      format_metric(s["mean_action_tokens"], "{:.1f}"))
     console.print(table)
     gain = summary["eval_after"]["success_rate"] - summary["eval_before"]["success_rate"]
     console.print(f"GRPO changed held-out success by {gain * 100:+.0f} points "

@@ -10,7 +10,7 @@ from typing import Any
 
 from agentgym.trajectory import Trajectory, utf8_safe
 
-__all__ = ["render_summary_table", "write_html_report"]
+__all__ = ["format_metric", "render_summary_table", "write_html_report"]
 
 _ROWS = (
     ("episodes", "episodes", "{:d}"),
@@ -24,18 +24,28 @@ _ROWS = (
 
 
 def render_summary_table(summary: Mapping[str, Any], title: str = "eval") -> Any:
-    """A rich Table of the summary metrics."""
+    """A rich Table of the summary metrics.
+
+    The title is escaped: it holds user text such as a split name, and rich would eat ``[test]`` as markup.
+    A metric that was not measured (``None``, e.g. action tokens of a chat-mode policy) shows as ``n/a``.
+    """
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=title)
+    table = Table(title=escape(title))
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, label, fmt in _ROWS:
         if key in summary:
-            table.add_row(label, fmt.format(summary[key]))
+            table.add_row(label, format_metric(summary[key], fmt))
     if summary.get("end_reasons"):
-        table.add_row("end reasons", ", ".join(f"{k}={v}" for k, v in sorted(summary["end_reasons"].items())))
+        table.add_row("end reasons", escape(", ".join(f"{k}={v}" for k, v in sorted(summary["end_reasons"].items()))))
     return table
+
+
+def format_metric(value: Any, fmt: str = "{}") -> str:
+    """``fmt.format(value)``, or ``n/a`` for a metric that was not measured (``None``)."""
+    return "n/a" if value is None else fmt.format(value)
 
 
 def write_html_report(path: str | Path, summary: Mapping[str, Any], trajectories: Sequence[Trajectory], title: str) -> Path:

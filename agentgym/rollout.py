@@ -68,10 +68,14 @@ class RolloutConfig:
             system prompt text only.
         batch_window_s: How long the batcher waits for more requests before sending a batch.
         deterministic: Send a policy batch only when every running episode waits for the policy, in
-            episode order, and give each request its own seed derived from ``sampling.seed``, the episode
-            and the turn. Runs are then reproducible (training and exact resume rely on it), at the cost
-            of the overlap between env steps and generation.
-        progress: Show a progress bar.
+            episode order. Runs are then reproducible (training and exact resume rely on it), at the cost
+            of the overlap between env steps and generation. In both modes each request carries its own
+            seed derived from ``sampling.seed``, the episode and the turn (``None`` stays unseeded), so turns
+            sample fresh randomness; without ``deterministic`` a batch's make-up depends on timing, so only
+            runs whose batches hold one request (``max_in_flight=1`` or a policy with ``max_batch_size=1``)
+            repeat exactly.
+        progress: Show a progress bar of finished episodes: ``"auto"`` (default) shows it when stderr is a
+            terminal, ``True``/``False`` force it on or off.
     """
 
     max_in_flight: int = 64
@@ -84,7 +88,7 @@ class RolloutConfig:
     template_tools: str = "auto"
     batch_window_s: float = 0.002
     deterministic: bool = False
-    progress: bool = False
+    progress: bool | str = "auto"
 
     def __post_init__(self) -> None:
         if self.max_in_flight < 1:
@@ -102,6 +106,9 @@ class RolloutConfig:
             raise ConfigError(f"observation_role must be 'user' or 'tool', got {self.observation_role!r}.")
         if self.template_tools not in ("auto", "never"):
             raise ConfigError(f"template_tools must be 'auto' or 'never', got {self.template_tools!r}.")
+        if not isinstance(self.progress, bool) and self.progress != "auto":
+            raise ConfigError(f"progress must be True, False or 'auto' (a bar when stderr is a terminal), "
+                              f"got {self.progress!r}.")
 
 
 @dataclass(frozen=True)
@@ -364,8 +371,8 @@ class RolloutEngine:
         self._run_id = ""
 
     def _sampling_for(self, episode_index: int, turn: int) -> SamplingParams:
-        if not self.config.deterministic:
-            return self.config.sampling
+        # Every (episode, turn) gets its own seed derived from ``sampling.seed`` in both modes: one seed reused
+        # on every turn replays one random stream, so a sampled policy repeated the same turn over and over.
         return turn_sampling(self.config.sampling, episode_index, turn)
 
     def run(
@@ -625,47 +632,35 @@ def _text_of(observation: Any) -> str:
 
 
 class _Progress:
-    """A rich progress bar showing finished episodes and the running success rate."""
+    """Finished episodes and the running success rate, on the shared bar (:mod:`agentgym.progress`)."""
 
-    def __init__(self, total: int, enabled: bool) -> None:
+    def __init__(self, total: int, enabled: bool | str) -> None:
+        from agentgym.progress import ProgressBar
+
         self.total = total
-        self.enabled = enabled
         self.done = 0
         self.successes = 0
-        self._progress: Any = None
-        self._task: Any = None
+        self._bar = ProgressBar(total, "episodes", enabled=enabled, unit="ep")
 
     def __enter__(self) -> _Progress:
-        if self.enabled:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
-
-            self._progress = Progress(
-                TextColumn("episodes"), BarColumn(), MofNCompleteColumn(), TextColumn("success {task.fields[rate]}"),
-                TimeElapsedColumn(), transient=False,
-            )
-            self._progress.__enter__()
-            self._task = self._progress.add_task("rollout", total=self.total, rate="-")
+        self._bar.__enter__()
         return self
 
     def advance(self, traj: Trajectory) -> None:
         self.done += 1
         self.successes += int(traj.success)
-        if self._progress is not None:
-            self._progress.update(self._task, advance=1, rate=f"{self.successes / self.done:.2f}")
+        self._bar.advance(info=f"success {self.successes / self.done:.2f}")
 
     def __exit__(self, *exc: object) -> None:
-        if self._progress is not None:
-            self._progress.__exit__(*exc)
+        self._bar.__exit__(*exc)
 
 
 def summarize(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
-    """Aggregate eval metrics: success rate, mean turns, tool calls, tokens, errors, time."""
+    """Aggregate eval metrics: success rate, mean turns, tool calls, tokens, errors, time.
+
+    ``mean_action_tokens`` averages over the episodes whose every turn recorded its sampled token ids; it is
+    ``None`` when no episode did (chat-mode policies), so reports show "n/a" rather than a false 0.
+    """
     n = len(trajectories)
     if n == 0:
         return {"episodes": 0}
@@ -676,13 +671,15 @@ def summarize(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
         if t.outcome.get("type"):
             by_type[str(t.outcome["type"])].append(t.success)
     extra = {"success_by_type": {k: sum(v) / len(v) for k, v in sorted(by_type.items())}} if by_type else {}
+    with_ids = [t for t in trajectories if t.turns and all(turn.action_token_ids is not None for turn in t.turns)]
     return extra | {
         "episodes": n,
         "success_rate": sum(t.success for t in trajectories) / n,
         "mean_score": sum(t.score for t in trajectories) / n,
         "mean_turns": sum(len(t.turns) for t in trajectories) / n,
         "mean_tool_calls": sum(t.num_tool_calls for t in trajectories) / n,
-        "mean_action_tokens": sum(t.num_action_tokens for t in trajectories) / n,
+        # Chat-mode policies (an OpenAI server without token ids) record no action ids: "not measured", never 0.
+        "mean_action_tokens": (sum(t.num_action_tokens for t in with_ids) / len(with_ids)) if with_ids else None,
         "errors": ends.get("error", 0),
         "end_reasons": dict(ends),
         "template_forks": sum(int(t.metadata.get("template_forks", 0)) for t in trajectories),

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from agentgym.policies import ReferencePolicy, SamplingParams
+from agentgym.progress import track
 from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
 from agentgym.suite import TaskSuite
 from agentgym.trainers.batch import build_batch, sequence_logprobs
@@ -39,8 +40,13 @@ def collect_demonstrations(suite: TaskSuite, split: str, count: int, tokenizer: 
 
 def behaviour_clone(model: Any, tokenizer: Any, demonstrations: Sequence[Trajectory], *, steps: int, learning_rate: float,
                     batch_size: int, seed: int, device: str = "cpu",
-                    log: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, float]:
-    """Train ``model`` in place with token-mean cross-entropy on the demonstrations' action tokens."""
+                    log: Callable[[int, dict[str, float]], None] | None = None,
+                    progress: bool | str = "auto") -> dict[str, float]:
+    """Train ``model`` in place with token-mean cross-entropy on the demonstrations' action tokens.
+
+    Every 25th step (and the last) is logged as ``BC step N/STEPS`` (1-based) and handed to ``log`` with its
+    0-based index; ``progress`` draws a step bar (see :mod:`agentgym.progress`).
+    """
     if not demonstrations:
         raise ValueError("behaviour_clone got no demonstrations; check the suite's reference solver.")
     batch = build_batch(demonstrations, [0.0] * len(demonstrations), [True] * len(demonstrations),
@@ -50,7 +56,7 @@ def behaviour_clone(model: Any, tokenizer: Any, demonstrations: Sequence[Traject
     model.train()
     started = time.perf_counter()
     loss_value = float("nan")
-    for step in range(steps):
+    for step in track(range(steps), "BC steps", enabled=progress, unit="step"):
         rows = torch.randint(len(batch), (min(batch_size, len(batch)),), generator=generator)
         mb = batch.select(rows)
         ids, attn, mask = mb.input_ids.to(device), mb.attention_mask.to(device), mb.loss_mask.to(device)
@@ -61,7 +67,9 @@ def behaviour_clone(model: Any, tokenizer: Any, demonstrations: Sequence[Traject
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         loss_value = float(loss.item())
-        if log is not None and (step % 25 == 0 or step == steps - 1):
-            log(step, {"bc/loss": loss_value, "bc/elapsed_s": time.perf_counter() - started})
+        if step % 25 == 0 or step == steps - 1:
+            logger.info("BC step %d/%d: loss %.4f", step + 1, steps, loss_value)
+            if log is not None:
+                log(step, {"bc/loss": loss_value, "bc/elapsed_s": time.perf_counter() - started})
     model.eval()
     return {"bc/final_loss": loss_value, "bc/seconds": time.perf_counter() - started, "bc/demonstrations": len(batch)}

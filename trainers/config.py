@@ -86,6 +86,32 @@ class TrainerConfig:
     """Torch device for training and generation."""
     tensorboard: bool = True
     """Also write TensorBoard event files (metrics always go to metrics.jsonl)."""
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    """Precision the model is loaded and trained in (auto: the dtype its config.json names). bfloat16 halves the
+    memory of weights and activations (CPU and GPU); log-probs are still computed in float32 from the logits."""
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = None
+    """Attention kernel (None: transformers' default, sdpa where the model supports it); flash_attention_2 needs
+    a CUDA GPU and the flash_attn package."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (non-reentrant): much less memory for about 30% more time."""
+    lora: Mapping[str, Any] | None = None
+    """Train LoRA adapters instead of all weights: ``{r: 8, alpha: 16, dropout: 0.0, target_modules: all-linear}``
+    (missing keys take these defaults; ``{}`` means all defaults). The final ``model/`` is the merged model and
+    ``adapter/`` holds the adapter alone. GRPO and ARPO only for now. None: full fine-tuning."""
+    load_in_4bit: bool = False
+    """QLoRA: load the frozen base in 4-bit NF4 (bitsandbytes, CUDA only) and train LoRA adapters on it (needs lora)."""
+
+    # ---- experiment tracking and progress (see agentgym.trainers.metrics and agentgym.progress) ----------
+    loggers: tuple[str, ...] = ()
+    """Experiment trackers beside metrics.jsonl and TensorBoard: 'wandb' and/or 'mlflow' (pip install
+    'agentgym[tracking]'; WANDB_MODE=offline logs to W&B without an account)."""
+    tracking_project: str | None = None
+    """W&B project / MLflow experiment the run is logged to (None: 'agentgym')."""
+    tracking_uri: str | None = None
+    """MLflow tracking URI, e.g. http://localhost:5000 or sqlite:///mlflow.db (None: MLflow's default)."""
+    progress: bool | Literal["auto"] = "auto"
+    """Progress bar over training steps (rate, ETA): 'auto' draws it when stderr is a terminal (the rollout and
+    BC bars inside follow 'auto' too; AGENTGYM_PROGRESS=0 turns every bar off, =1 on)."""
 
     trainer_name: ClassVar[str] = "train"
     """The ``trainer:`` key of a config file that selects this class."""
@@ -111,9 +137,49 @@ class TrainerConfig:
             raise self._fail("max_context_tokens", "must exceed max_tokens_per_turn, or no turn fits.")
         if not 0 <= self.bc_shortcut_fraction <= 1:
             raise self._fail("bc_shortcut_fraction", f"must be in [0, 1], got {self.bc_shortcut_fraction}.")
+        from agentgym.trainers.metrics import check_loggers
+
+        try:
+            check_loggers(self.loggers)
+        except ConfigError as exc:
+            raise self._fail("loggers", str(exc)) from None
+        self._check_loading_fields()
         if self.train_split == self.eval_split and self.eval_suite in (None, self.suite):
             raise self._fail("eval_split", f"equals train_split ({self.train_split!r}) on the same suite: evaluate on "
                                            "held-out tasks (another split, or another suite via eval_suite).")
+
+    def _check_loading_fields(self) -> None:
+        """Precision, attention, LoRA and 4-bit: the combinations that cannot work, without touching the disk."""
+        from agentgym.models.loading import lora_settings
+
+        on_cuda = self.device.startswith("cuda")
+        if self.lora is not None:
+            try:
+                lora_settings(self.lora)
+            except ConfigError as exc:
+                raise self._fail("lora", str(exc)) from exc
+        if self.attn_implementation == "flash_attention_2" and not on_cuda:
+            raise self._fail("attn_implementation", "flash_attention_2 needs a CUDA GPU (device: cuda) and the "
+                                                    "flash_attn package; on a CPU use sdpa (or leave it null).")
+        if self.load_in_4bit:
+            if self.lora is None:
+                raise self._fail("load_in_4bit", "QLoRA trains LoRA adapters on a frozen 4-bit base, so it needs lora: "
+                                                 "set lora: {r: 16, alpha: 32} too, or load_in_4bit: false.")
+            if not on_cuda:
+                raise self._fail("load_in_4bit", "4-bit loading (bitsandbytes) needs a CUDA GPU: set device: cuda, or "
+                                                 "load_in_4bit: false on a CPU (dtype: bfloat16 also saves memory).")
+
+    def load_options(self) -> Any:
+        """The :class:`agentgym.models.loading.LoadOptions` these fields describe."""
+        from agentgym.models.loading import LoadOptions
+
+        return LoadOptions.from_config(self)
+
+    def check_runtime(self) -> None:
+        """Fail with the fix when this machine cannot honour the loading fields (CUDA, flash_attn, bitsandbytes)."""
+        from agentgym.models.loading import check_runtime
+
+        check_runtime(self.load_options())
 
     def _fail(self, name: str, message: str) -> ConfigError:
         return ConfigError(f"{type(self).__name__}.{name}: {message}")
@@ -135,16 +201,15 @@ class TrainerConfig:
             return train, train
         return train, self._load_suite(self.eval_suite, "eval_suite", self.eval_split, "eval_split")
 
-    def check_model_dir(self, field_name: str = "model") -> None:
-        """Fail with the fix when the model directory named by ``field_name`` is missing or not a HF model."""
-        path = Path(getattr(self, field_name))
-        if not path.is_dir():
-            raise self._fail(field_name, f"model directory {str(path)!r} does not exist. Build the tiny model with "
-                                         "'make quickstart' (or agentgym.models.tiny.build_tiny_model) or point to a "
-                                         "Hugging Face model directory.")
-        if not (path / "config.json").is_file():
-            raise self._fail(field_name, f"{str(path)!r} has no config.json; it is not a Hugging Face model directory "
-                                         "(save one with model.save_pretrained).")
+    def check_model_dir(self, field_name: str = "model") -> Path:
+        """The local directory of the model named by ``field_name`` (a directory, or a Hub id in the local
+        Hugging Face cache); fails with the fix when it is missing or not a HF model."""
+        from agentgym.models.loading import resolve_model_dir
+
+        try:
+            return resolve_model_dir(getattr(self, field_name), what=field_name.replace("_", " "))
+        except ConfigError as exc:
+            raise self._fail(field_name, str(exc)) from exc
 
     def _load_suite(self, name: str, field_name: str, split: str, split_field: str) -> TaskSuite:
         import gymnasium as gym
@@ -290,6 +355,13 @@ class GrpoConfig(TrainerConfig):
             raise self._fail("dual_clip_c", f"must be > 1 (typical 3.0) or null to disable, got {self.dual_clip_c}.")
         if not 0 < self.top_p <= 1:
             raise self._fail("top_p", f"must be in (0, 1], got {self.top_p}.")
+        if self.packing and self.attn_implementation == "flash_attention_2":
+            raise self._fail("packing", "builds a block-diagonal [B,1,T,T] attention mask, which flash_attention_2 "
+                                        "does not take: use attn_implementation: sdpa with packing, or packing: false.")
+        if self.generation_backend == "vllm" and self.load_in_4bit:
+            raise self._fail("load_in_4bit", "with generation_backend: vllm the trained weights are synced into vLLM "
+                                             "after every update, which a 4-bit base cannot give: use "
+                                             "generation_backend: hf, or LoRA without load_in_4bit.")
         if self.generation_backend == "vllm" and not self.device.startswith("cuda"):
             raise self._fail("generation_backend", "'vllm' needs a CUDA GPU: set device: cuda, or use generation_backend: hf.")
         unknown_kinds = set(self.void_turn_kinds) - set(TURN_KINDS)
@@ -320,6 +392,8 @@ def _matches(value: Any, hint: Any) -> bool:
     if origin is tuple:
         return isinstance(value, tuple) and all(isinstance(v, str) for v in value)
     if origin is Mapping or hint is Mapping:
+        if get_args(hint)[1:] == (Any,):
+            return isinstance(value, Mapping)  # checked key by key in __post_init__
         return isinstance(value, Mapping) and all(isinstance(v, (int, float)) for v in value.values())
     if isinstance(hint, type):
         return isinstance(value, hint)

@@ -10,6 +10,7 @@ the math lives in :mod:`agentgym.trainers.algorithms`.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 
 from agentgym.policies import SamplingParams
+from agentgym.progress import track
 from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, summarize
 from agentgym.suite import Task
 from agentgym.trainers import algorithms as alg
@@ -48,21 +50,25 @@ class GrpoTrainer:
         self.config = config
         self.world = world or init_world(config.device)
         self.suite, self.eval_suite = config.load_suites()
-        config.check_model_dir("model")
+        self.model_dir = config.check_model_dir("model")  # a local directory, or a Hub id's cached snapshot
         if config.reference_model and config.reference_model != "initial":
             config.check_model_dir("reference_model")
+        config.check_runtime()
         self.output_dir = Path(config.output_dir)
         self.checkpoint_dir = self.output_dir / "checkpoints"
         self.train_tasks = self.suite.split(config.train_split)
         self.eval_tasks = self.eval_suite.split(config.eval_split)[: config.eval_tasks]
 
     # ---- setup -------------------------------------------------------------------------------------
-    def _load(self, path: str | Path) -> tuple[Any, Any]:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    def _load(self, path: str | Path, *, trainable: bool = True) -> tuple[Any, Any]:
+        """The model at ``path`` as the config's loading fields say; a LoRA checkpoint (``adapter_config.json``,
+        no full weights) is the base model plus its saved adapter."""
+        from agentgym.models.loading import load_model
 
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        return model.to(self.config.device), tokenizer
+        options = self.config.load_options()
+        if trainable and (Path(path) / "adapter_config.json").is_file():
+            return load_model(self.model_dir, options, adapter_dir=path)
+        return load_model(path, options, trainable=trainable)
 
     def _schedule(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
         warmup = self.config.warmup_steps
@@ -82,7 +88,7 @@ class GrpoTrainer:
         cfg = self.config
         torch.manual_seed(cfg.seed)
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        self.metrics = MetricsLogger(self.output_dir, tensorboard=cfg.tensorboard and self.world.is_main)
+        self.metrics = MetricsLogger.from_config(self.output_dir, cfg, main=self.world.is_main)
         resume_from = latest_checkpoint(self.checkpoint_dir)
         model, tokenizer = self._load(resume_from / "model" if resume_from else cfg.model)
         self.model, self.tokenizer = model, tokenizer
@@ -96,10 +102,12 @@ class GrpoTrainer:
                                            system_prompt=cfg.system_prompt)
             summary["bc"] = behaviour_clone(model, tokenizer, demos, steps=cfg.bc_steps, learning_rate=cfg.bc_learning_rate,
                                             batch_size=cfg.bc_batch_size, seed=cfg.seed, device=cfg.device,
-                                            log=lambda s, m: self._log(0, {**m, "bc/step": s}))
+                                            log=lambda s, m: self.world.is_main and self.metrics.log(
+                                                0, {**m, "bc/step": s}))
             self.world.broadcast_parameters(model)
 
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+        trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
+        optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
         scheduler = self._schedule(optimizer)
         start_step = 0
         if resume_from is not None:
@@ -107,11 +115,12 @@ class GrpoTrainer:
             start_step = int(state["step"])
             summary["resumed_from"] = str(resume_from)
         self.reference = self._reference_model(model)
-        self.policy = self._generation_policy(resume_from / "model" if resume_from else Path(cfg.model))
+        self.policy = self._generation_policy(resume_from / "model" if resume_from and not cfg.lora else self.model_dir)
 
         if start_step == 0:
             summary["eval_before"] = self._evaluate(0)
-        for step in range(start_step, cfg.steps):
+        for step in track(range(start_step, cfg.steps), f"{cfg.trainer_name} steps", completed=start_step, unit="step",
+                          enabled=cfg.progress if self.world.is_main else False):
             self._train_step(step, optimizer, scheduler)
             done = step + 1
             if cfg.eval_every and done % cfg.eval_every == 0 and done != cfg.steps:
@@ -122,12 +131,14 @@ class GrpoTrainer:
             self.world.barrier()
         summary["eval_after"] = self._evaluate(cfg.steps)
         if self.world.is_main:
-            from transformers.utils import logging as hf_logging
+            from agentgym.models.loading import save_trained_model
 
-            hf_logging.disable_progress_bar()
-            model.save_pretrained(self.output_dir / "model")
-            tokenizer.save_pretrained(self.output_dir / "model")
-            self._save_defaults(self.output_dir / "model")
+            # LoRA: model/ is the merged model (loads like any model directory) and adapter/ the adapter alone
+            final = save_trained_model(model, tokenizer, self.output_dir, base=self.model_dir,
+                                       options=cfg.load_options())
+            self._save_defaults(final)
+            if (self.output_dir / "adapter").is_dir() and cfg.lora is not None:
+                self._save_defaults(self.output_dir / "adapter")
             save_checkpoint(self.checkpoint_dir, cfg.steps, model, tokenizer, optimizer, scheduler,
                             {"data_cursor": cfg.steps * cfg.tasks_per_step}, cfg.keep_checkpoints, self._save_defaults)
             plot_learning_curve(self.metrics.path, self.output_dir / "learning_curve.png")
@@ -143,11 +154,17 @@ class GrpoTrainer:
 
             policy = VLLMPolicy(str(model_dir), tokenizer=self.tokenizer, max_batch_size=cfg.max_in_flight,
                                 seed=cfg.seed, name="grpo")
-            policy.load_weights(self.model)  # the BC warm start may have changed them
+            policy.load_weights(self._sync_weights())  # the BC warm start may have changed them
             return policy
         from agentgym.policies.hf import HFPolicy
 
         return HFPolicy(self.model, self.tokenizer, device=cfg.device, max_batch_size=cfg.max_in_flight, name="grpo")
+
+    def _sync_weights(self) -> Any:
+        """What vLLM loads after an update: the model itself, or with LoRA the base with the adapters merged in."""
+        from agentgym.models.loading import is_peft_model, merged_state_dict
+
+        return merged_state_dict(self.model) if is_peft_model(self.model) else self.model
 
     def _save_defaults(self, model_dir: Path) -> None:
         """Write the rollout settings next to the weights, so `agentgym eval` prompts the model as in training."""
@@ -157,10 +174,22 @@ class GrpoTrainer:
                               max_tokens=self.config.max_tokens_per_turn, suite=self.config.suite)
 
     def _reference_model(self, model: Any) -> Any:
+        """The frozen KL reference. With LoRA and no BC warm start, ``initial`` is the training model with its
+        adapters disabled (the untouched base), so no second copy of the weights is held; after a BC warm start
+        the initial policy includes the BC-trained adapters, so it is a copy as without LoRA."""
+        from agentgym.models.loading import is_peft_model
+
         cfg = self.config
+        self._reference_is_base = False
         if cfg.kl_coef == 0:
             return None
-        reference = copy.deepcopy(model) if cfg.reference_model == "initial" else self._load(cfg.reference_model)[0]
+        if cfg.reference_model == "initial" and is_peft_model(model) and cfg.warmstart == "none":
+            self._reference_is_base = True
+            return model
+        if cfg.reference_model == "initial":
+            reference = copy.deepcopy(model)
+        else:
+            reference = self._load(self.config.check_model_dir("reference_model"), trainable=False)[0]
         reference.eval()
         for p in reference.parameters():
             p.requires_grad_(False)
@@ -259,7 +288,7 @@ class GrpoTrainer:
         batch = self._attribute(batch, [trajectories[i] for i in usable])
         update = self._update(batch, optimizer, scheduler, step)
         if cfg.generation_backend == "vllm":
-            self.policy.load_weights(self.model)
+            self.policy.load_weights(self._sync_weights())
         summary = summarize(trajectories)
         self._log(step + 1, {
             "train/success_rate": summary.get("success_rate", 0.0),
@@ -303,8 +332,9 @@ class GrpoTrainer:
             batch.old_logprobs = torch.cat([_pad_to(self._forward_logprobs(model, mb).cpu(), width)
                                             for mb in batch.micro_batches(cfg.micro_batch_size)])
             if self.reference is not None:
-                batch.ref_logprobs = torch.cat([_pad_to(self._forward_logprobs(self.reference, mb).cpu(), width)
-                                                for mb in batch.micro_batches(cfg.micro_batch_size)])
+                with self._reference_context():
+                    batch.ref_logprobs = torch.cat([_pad_to(self._forward_logprobs(self.reference, mb).cpu(), width)
+                                                    for mb in batch.micro_batches(cfg.micro_batch_size)])
         mask = batch.loss_mask
         trained_tokens = self.world.sum(float(mask.sum()))
         mismatch = float(((batch.old_logprobs - batch.sampler_logprobs).abs() * mask).sum() / max(mask.sum().item(), 1.0))
@@ -335,7 +365,7 @@ class GrpoTrainer:
                         kl = alg.kl_penalty(logp, mb.ref_logprobs.to(logp.device), estimator=cfg.kl_estimator)
                         kl_loss = alg.aggregate_loss(kl, m, **agg)
                         loss = loss + cfg.kl_coef * kl_loss
-                        kls.append(float(kl_loss))
+                        kls.append(float(kl_loss.detach()))
                     loss.backward()
                     total += float(loss.detach())
                     clip_fracs.append(float(metrics["clip_frac"]))
@@ -351,6 +381,12 @@ class GrpoTrainer:
         if kls:
             stats["train/kl"] = sum(kls) / len(kls)
         return stats
+
+    def _reference_context(self) -> Any:
+        """Disables the LoRA adapters while the reference is the base under them; otherwise does nothing."""
+        if getattr(self, "_reference_is_base", False):
+            return self.reference.disable_adapter()
+        return contextlib.nullcontext()
 
     # ---- evaluation --------------------------------------------------------------------------------
     def _evaluate(self, step: int) -> dict[str, Any]:

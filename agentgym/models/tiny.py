@@ -362,11 +362,12 @@ def create_model(tokenizer: Any, config: TinyModelConfig = TinyModelConfig()) ->
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
         model = model_cls(model_config)
+    # No max_length: a saved max_length makes transformers warn on every generate(max_new_tokens=...) call
+    # ("Both max_new_tokens and max_length seem to have been set"); the context limit is in the model config.
     model.generation_config = transformers.GenerationConfig(
         bos_token_id=eot_id,
         eos_token_id=[eos_id, eot_id],
         pad_token_id=tokenizer.pad_token_id,
-        max_length=config.max_position_embeddings,
     )
     return model.float().eval()
 

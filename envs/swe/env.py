@@ -26,8 +26,10 @@ graded change 0.1, a graded change that fails 0.5, success 1.0), ``patch_submitt
 
 from __future__ import annotations
 
+import logging
 import posixpath
 import shlex
+import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -46,6 +48,8 @@ MAX_EDIT_CHARS = 200_000
 MAX_PATCH_BYTES = 1 << 20
 MAX_PATH_CHARS = 1024
 VIEW_MAX_LINES = 400
+
+logger = logging.getLogger(__name__)
 
 
 def resolve_repo_path(path: str) -> str:
@@ -352,7 +356,7 @@ print("\\n[" + _status + "]")
                             f"{self._library.key} is pinned; rebuild tasks with `agentgym tasks build swe`.")
         if self._session is not None:
             self._session.close()
-        pool = default_pool(_episode_sandbox_config(self._spec.library, self.backend))
+        pool = default_pool(_prepared_sandbox_config(self._spec.library, self.backend))
         self._session = pool.session()
         self._channels: dict[str, float] = {}
         self._patch: str | None = None
@@ -413,6 +417,32 @@ print("\\n[" + _status + "]")
 
 
 _VISIBLE_PASS: dict[str, tuple[str, ...]] = {}
+
+
+def _prepared_sandbox_config(library: str, backend: str) -> Any:
+    """:func:`_episode_sandbox_config`, announcing the one slow reset: a library's first use on this machine.
+
+    The first reset that needs a library downloads its pinned sdist with pip and unpacks it into the cache
+    (seconds to minutes, depending on PyPI); every later reset, in any process, finds it built. A silent wait
+    that long looks like a hang, so it is logged (INFO) at start and end, with sizes, and drawn as a bar in a
+    terminal (:mod:`agentgym.progress`).
+    """
+    from agentgym.progress import ProgressBar
+    from agentgym.tasks.swe.libraries import cache_root, get_library
+
+    lib = get_library(library)
+    tree = cache_root() / "src" / lib.key
+    if (tree / ".agentgym-complete").is_file():  # agentgym.cache.build_once's mark of a complete entry
+        return _episode_sandbox_config(library, backend)
+    logger.info("SWE: first use of %s: downloading its sdist with pip and unpacking it into %s (once per machine)",
+                lib.key, tree)
+    start = time.perf_counter()
+    with ProgressBar(None, f"SWE: preparing {lib.key} (first use)", unit="step"):
+        config = _episode_sandbox_config(library, backend)
+    files = [f for f in tree.rglob("*") if f.is_file()]
+    logger.info("SWE: %s ready in %.1f s (%d files, %.1f MB in %s)", lib.key, time.perf_counter() - start,
+                len(files), sum(f.stat().st_size for f in files) / 1e6, tree)
+    return config
 
 
 def _episode_sandbox_config(library: str, backend: str) -> Any:

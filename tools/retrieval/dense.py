@@ -126,8 +126,11 @@ class SentenceEncoder:
         self._load()
         return int(self._model.config.hidden_size)
 
-    def encode(self, texts: Sequence[str], *, progress: bool = False) -> np.ndarray:
-        """Embed ``texts``: a float32 array ``[len(texts), dim]`` of unit vectors."""
+    def encode(self, texts: Sequence[str], *, progress: bool | str = False) -> np.ndarray:
+        """Embed ``texts``: a float32 array ``[len(texts), dim]`` of unit vectors.
+
+        ``progress`` (``True``/``False``/``"auto"``, see :mod:`agentgym.progress`) draws a bar over the batches.
+        """
         import torch
 
         with self._lock:
@@ -136,10 +139,11 @@ class SentenceEncoder:
             order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
             batches = [order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size)]
             iterator: Any = batches
-            if progress and len(batches) > 1:
-                from rich.progress import track
+            if progress is not False and len(batches) > 1:
+                from agentgym.progress import track
 
-                iterator = track(batches, description=f"Encoding {len(texts)} texts with {MODEL_NAME}")
+                iterator = track(batches, f"encoding {len(texts)} texts with {MODEL_NAME}", enabled=progress,
+                                 unit="batch")
             dtype = torch.bfloat16 if self.dtype == "bfloat16" else None
             device_type = "cuda" if self.device.startswith("cuda") else "cpu"
             with torch.inference_mode():
@@ -182,14 +186,15 @@ class DenseRetriever(Retriever):
         cache_dir: Where document embeddings are cached (default ``embeddings/`` under
             :func:`agentgym.cache.cache_root`, i.e. ``$AGENTGYM_CACHE_DIR``);
             ``None`` uses the default, ``False`` disables the cache.
-        progress: Show a progress bar while encoding many documents.
+        progress: Show a progress bar while encoding many documents: ``"auto"`` (default) when stderr is a
+            terminal, or ``True``/``False``. Index builds that encode are also logged (INFO) with their size.
     """
 
     name: ClassVar[str] = "dense"
 
     def __init__(self, *, model_dir: str | Path | None = None, max_length: int = 256, batch_size: int = 32,
                  dtype: str = "auto", device: str = "cpu", cache_dir: str | Path | bool | None = None,
-                 progress: bool = False) -> None:
+                 progress: bool | str = "auto") -> None:
         super().__init__()
         resolved = str(Path(model_dir) if model_dir is not None else default_model_dir())
         self.encoder = _shared_encoder(resolved, int(max_length), int(batch_size), dtype, device)
@@ -248,8 +253,13 @@ class DenseRetriever(Retriever):
         import time
 
         start = time.perf_counter()
+        where = f"; cached in {self.cache_dir} for later runs" if self.cache_dir is not None else ""
+        logger.info("dense index: encoding %d documents with %s on %s (once per document set%s)", len(docs),
+                    MODEL_NAME, self.encoder.device, where)
         vectors = self.encoder.encode([d.indexed_text() for d in docs], progress=self.progress)
         self.last_cache_hit, self.last_encode_s = False, time.perf_counter() - start
+        logger.info("dense index: %d documents encoded in %.1f s (%d-dim embeddings, %.1f MB)", len(docs),
+                    self.last_encode_s, vectors.shape[1] if vectors.ndim == 2 else 0, vectors.nbytes / 1e6)
         return vectors
 
     def index(self, docs: Sequence[Document]) -> None:
