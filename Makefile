@@ -38,6 +38,8 @@ test: install-test
 benchmarks: install
 	$(PYTHON) benchmarks/rollout_throughput.py
 	$(PYTHON) benchmarks/train_step.py
+	$(PYTHON) benchmarks/logprob_memory.py
+	$(PYTHON) benchmarks/hf_kv_cache.py
 	$(PYTHON) benchmarks/sandbox_latency.py
 	$(PYTHON) benchmarks/swe.py
 	$(PYTHON) benchmarks/multi_agent.py
