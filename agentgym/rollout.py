@@ -71,9 +71,10 @@ class RolloutConfig:
             episode order. Runs are then reproducible (training and exact resume rely on it), at the cost
             of the overlap between env steps and generation. In both modes each request carries its own
             seed derived from ``sampling.seed``, the episode and the turn (``None`` stays unseeded), so turns
-            sample fresh randomness; without ``deterministic`` a batch's make-up depends on timing, so only
-            runs whose batches hold one request (``max_in_flight=1`` or a policy with ``max_batch_size=1``)
-            repeat exactly.
+            sample fresh randomness. In-process policies (HFPolicy, VLLMPolicy) draw each request from its own
+            seeded stream, so a seeded run samples the same tokens however timing groups requests into
+            batches; ``deterministic`` also fixes the batches themselves, which removes the last float-level
+            differences between batch shapes (and the order of env steps).
         progress: Show a progress bar of finished episodes: ``"auto"`` (default) shows it when stderr is a
             terminal, ``True``/``False`` force it on or off.
     """

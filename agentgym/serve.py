@@ -37,9 +37,9 @@ Where it differs from ``vllm serve``, on purpose or for lack of need:
   static anyway), then it is sent as one SSE chunk per token, decoded incrementally so a multi-byte
   character never splits, and the deltas join to exactly the non-streamed text. With tool parsing on, the
   text outside the calls comes as one delta and the parsed calls in the last delta.
-* A seed makes a request reproducible when it runs in the same batch composition (HFPolicy seeds one
-  generator per batch), e.g. a lone request, ``n`` choices included; concurrent seeded requests still get
-  independent samples.
+* A seed makes a request reproducible whatever else shares its batch (HFPolicy draws each row from its own
+  seeded stream; each of the ``n`` choices gets a seed derived from the request's). Batches of different
+  shapes can still differ in the last float bits of a log-prob, as in vLLM.
 * ``tool_choice`` ``"required"`` or a named function is accepted but not enforced (vLLM forces it with
   guided decoding): the output is parsed as for ``"auto"``, and a model that wrote no call gets its text
   back with ``finish_reason`` ``"stop"``/``"length"``; no call is ever invented. ``"none"`` returns the text
@@ -84,6 +84,7 @@ from agentgym.errors import (
 )
 from agentgym.parsers import HermesParser
 from agentgym.policies.base import Generation, SamplingParams
+from agentgym.policies.hf import row_seeds
 
 try:
     from fastapi import FastAPI, Request
@@ -479,8 +480,9 @@ class _Batcher:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
 
-    async def submit(self, prompts: Sequence[list[int]], sampling: SamplingParams) -> list[Generation]:
-        """Queue one request's sequences and wait for their generations (in order).
+    async def submit(self, prompts: Sequence[list[int]],
+                     sampling: SamplingParams | Sequence[SamplingParams]) -> list[Generation]:
+        """Queue one request's sequences (one sampling for all, or one per sequence) and wait for them, in order.
 
         If the caller is cancelled (its client disconnected), queued sequences are skipped and running ones
         are stopped at the policy's next decoding step.
@@ -493,7 +495,8 @@ class _Batcher:
                 "retry later.", status=503, type="server_error", code="overloaded",
             )
         loop = asyncio.get_running_loop()
-        jobs = [_Job(list(p), sampling, loop.create_future()) for p in prompts]
+        samplings = [sampling] * len(prompts) if isinstance(sampling, SamplingParams) else list(sampling)
+        jobs = [_Job(list(p), sp, loop.create_future()) for p, sp in zip(prompts, samplings, strict=True)]
         for job in jobs:
             self._queue.put_nowait(job)
         self.stats.queued = self._queue.qsize()
@@ -755,10 +758,14 @@ class _Server:
         for i, m in enumerate(max_tokens):
             by_limit.setdefault(m, []).append(i)
         out: list[Generation | None] = [None] * len(prompts)
+        # Each sequence (choice) gets its own seed derived from the request's: choices differ, and a seeded request
+        # samples the same tokens whatever other requests share its batch (the policy samples per row).
+        # The first sequence keeps the request's seed, so a one-choice request samples what HFPolicy does in-process.
+        seeds = [seed] + row_seeds([seed] * len(prompts))[1:] if prompts else []
         calls = []
         for limit, indices in by_limit.items():
-            params = SamplingParams(max_tokens=limit, temperature=s.temperature, top_p=s.top_p, stop=s.stop, seed=seed,
-                                    top_logprobs=top_logprobs)
+            params = [SamplingParams(max_tokens=limit, temperature=s.temperature, top_p=s.top_p, stop=s.stop,
+                                     seed=seeds[i], top_logprobs=top_logprobs) for i in indices]
             calls.append((indices, self.batcher.submit([prompts[i] for i in indices], params)))
         results = await asyncio.gather(*(c for _, c in calls))
         for (indices, _), gens in zip(calls, results):
@@ -770,8 +777,8 @@ class _Server:
                        top_logprobs: int = 0) -> list[_Output]:
         """``s.n`` independent samples per prompt (choice ``i * n + j`` is prompt i's sample j), post-processed.
 
-        The n copies of a prompt go to the batcher together, so they share a batch and its generator: each row
-        draws its own random numbers (independent samples), and a lone seeded request reproduces all n.
+        Each copy gets its own seed derived from the request's (independent samples), and the policy samples per
+        row, so a seeded request reproduces all n whatever else runs in its batch.
         """
         seqs = [p for p in prompts for _ in range(s.n)]
         limits = [m for m in max_tokens for _ in range(s.n)]

@@ -61,6 +61,23 @@ def test_sampled_turns_differ_and_repeat_by_seed(tiny_dir: Path) -> None:
     assert [t.action_token_ids for t in _sampled_episode(policy, seed=7, deterministic=True).turns] == actions
 
 
+def test_concurrent_sampled_runs_repeat_by_seed(tiny_dir: Path) -> None:
+    """``agentgym eval --temperature 1 --seed S`` twice: episodes batch by timing, results must still repeat."""
+    from agentgym.policies.hf import HFPolicy
+
+    policy = HFPolicy.from_pretrained(tiny_dir)
+    specs = [EpisodeSpec("agentgym-test/Echo-v0", seed=i, env_kwargs={"max_turns": 3}) for i in range(8)]
+
+    def run(seed: int, window_s: float) -> list[list[tuple[int, ...] | None]]:
+        config = RolloutConfig(sampling=SamplingParams(max_tokens=6, temperature=1.0, seed=seed), system_prompt="",
+                               progress=False, batch_window_s=window_s)
+        return [[t.action_token_ids for t in traj.turns] for traj in RolloutEngine(policy, config).run(specs)]
+
+    first = run(3, 0.0)
+    assert run(3, 0.05) == first  # another batching of the same requests
+    assert run(4, 0.0) != first
+
+
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_every_turn_and_episode_gets_its_own_seed(deterministic: bool) -> None:
     from agentgym.policies import ReferencePolicy

@@ -341,3 +341,15 @@ def test_cancelled_rows_stop_and_leave_the_others_untouched(policy, prompts):
     assert out[1].token_ids == alone[1].token_ids and out[1].finish_reason == alone[1].finish_reason
     with pytest.raises(ConfigError, match="one per prompt"):
         policy.generate(prompts[:2], greedy, cancelled=[None])
+
+
+def test_a_seeded_request_samples_the_same_tokens_in_any_batch(policy, prompts):
+    """Concurrent rollouts batch requests by timing; a request's samples must depend on its own seed only."""
+    mine = SamplingParams(max_tokens=10, temperature=1.0, seed=21)
+    (alone,) = policy.generate([prompts[1]], mine)
+    others = [SamplingParams(max_tokens=10, temperature=1.0, seed=s) for s in (1, 2)]
+    batched = policy.generate([prompts[0], prompts[1], prompts[3]], [others[0], mine, others[1]])
+    assert batched[1].token_ids == alone.token_ids
+    assert batched[1].logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+    twins = policy.generate([prompts[1], prompts[1]], mine)  # one seed twice (a GRPO group): independent draws
+    assert twins[0].token_ids == alone.token_ids and twins[1].token_ids != twins[0].token_ids

@@ -140,6 +140,8 @@ def test_row_seeds_reproducible_and_distinct_within_a_group():
     assert len(set(seeds[:3])) == 3 and seeds[3] is None
     assert row_seeds([None, None]) == [None, None]
     assert row_seeds([8, 8, 8, None]) != seeds
+    # A row's stream depends on its own seed only, never on the other requests that share its batch.
+    assert row_seeds([5, 7])[1] == row_seeds([7])[0] == row_seeds([7, 3, 9])[0]
 
 
 # ---- GPU: the engine against HFPolicy ---------------------------------------------------------------

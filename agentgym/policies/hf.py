@@ -60,17 +60,41 @@ def _import_transformers() -> Any:
     return transformers
 
 
-def _batch_seed(seeds: Sequence[int | None]) -> int | None:
-    """One generator seed for a batch, derived from all of its requests' seeds (``None`` if none has one).
+def row_seeds(seeds: Sequence[int | None]) -> list[int | None]:
+    """One random stream per row, derived from the row's own seed and nothing else in the batch.
 
-    Rows of a batch share one generator and draw different random numbers, so identical requests with
-    the same seed (a GRPO group) still give independent samples, while the same batch with the same
-    seeds samples the same tokens again.
+    A request's samples must not depend on which other requests happened to share its batch (a timing
+    accident in a concurrent rollout), or ``agentgym eval --seed`` would not repeat. So row i's stream is
+    seeded from its seed and from how many earlier rows of the call carry the same seed: identical requests
+    with one seed (a GRPO group, ``n`` choices of one server request) still sample independently, and
+    requests with distinct seeds (the rollout engine derives one per episode and turn) sample the same tokens
+    in any batch. Rows without a seed stay unseeded.
     """
-    if all(s is None for s in seeds):
-        return None
-    digest = hashlib.sha256(repr(tuple(seeds)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
+    seen: dict[int, int] = {}
+    out: list[int | None] = []
+    for seed in seeds:
+        if seed is None:
+            out.append(None)
+            continue
+        k = seen.get(seed, 0)
+        seen[seed] = k + 1
+        digest = hashlib.sha256(f"{seed}:{k}".encode()).digest()
+        out.append(int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF)
+    return out
+
+
+def _uniforms(seeds: Sequence[int | None], steps: int, device: Any) -> Any:
+    """``[rows, steps]`` uniform numbers in [0, 1): row i's from its own seeded stream (see :func:`row_seeds`)."""
+    import torch
+
+    rows = []
+    for seed in row_seeds(seeds):
+        generator = None
+        if seed is not None:
+            generator = torch.Generator()
+            generator.manual_seed(seed)
+        rows.append(torch.rand(steps, generator=generator, dtype=torch.float64))
+    return torch.stack(rows).to(device) if rows else torch.zeros((0, steps), dtype=torch.float64, device=device)
 
 
 class HFPolicy(InProcessTokenPolicy):
@@ -232,8 +256,9 @@ class HFPolicy(InProcessTokenPolicy):
 
         ``logprobs`` and ``entropies`` are those of the temperature-scaled distribution (temperature 1
         for greedy rows), before top-p truncation, which is the distribution trainers recompute.
-        Sampling is reproducible when a request carries a seed: one generator per batch is seeded from
-        the batch's seeds, so the same batch gives the same tokens.
+        Sampling is reproducible when a request carries a seed: each row draws from its own stream seeded by
+        its seed (:func:`row_seeds`), so a request samples the same tokens whatever else shares its batch, and
+        rows that share one seed still sample independently.
 
         Args:
             prompts: Prompt token ids, one sequence per row (each non-empty).
@@ -338,12 +363,9 @@ class HFPolicy(InProcessTokenPolicy):
         use_top_p = (top_p < 1) & ~greedy
         max_tokens = torch.tensor([p.max_tokens for p in params], dtype=torch.long, device=device)
         stop_ids = torch.tensor(self._stop_ids, dtype=torch.long, device=device)
-        seed = _batch_seed([p.seed for p in params])
-        generator = None
-        if seed is not None:
-            generator = torch.Generator(device=device)
-            generator.manual_seed(seed)
         all_greedy = bool(greedy.all())
+        # Inverse-CDF sampling with one pre-drawn uniform per row and step: a row's tokens depend on its seed only.
+        uniforms = None if all_greedy else _uniforms([p.seed for p in params], max_new, device)
         any_top_p = bool(use_top_p.any())
 
         # Outputs, indexed by original row.
@@ -397,7 +419,9 @@ class HFPolicy(InProcessTokenPolicy):
                         sorted_p, sorted_idx = probs.sort(-1, descending=True)
                         cut = ((sorted_p.cumsum(-1) - sorted_p) > top_p[:, None]) & use_top_p[:, None]
                         sample_probs = torch.zeros_like(probs).scatter_(-1, sorted_idx, sorted_p.masked_fill(cut, 0.0))
-                    sampled = torch.multinomial(sample_probs, 1, generator=generator).squeeze(-1)
+                    cdf = sample_probs.double().cumsum(-1)
+                    target = (uniforms[rows, t] * cdf[:, -1]).unsqueeze(-1)
+                    sampled = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
                     token = torch.where(greedy, logits.argmax(-1), sampled)
                 token = token.masked_fill(done, pad)
                 token_logp = logp.gather(-1, token[:, None]).squeeze(-1)

@@ -37,7 +37,6 @@ for older releases.
 from __future__ import annotations
 
 import gc
-import hashlib
 import importlib.util
 import logging
 import math
@@ -50,7 +49,7 @@ from typing import Any
 
 from agentgym.errors import AgentGymError, ConfigError, DependencyNotInstalled
 from agentgym.policies.base import Generation, InProcessTokenPolicy, SamplingParams
-from agentgym.policies.hf import HFPolicy, _batch_seed
+from agentgym.policies.hf import HFPolicy, row_seeds
 
 __all__ = ["VLLMPolicy"]
 
@@ -109,27 +108,6 @@ def entropy_from_top_logprobs(logprobs: Iterable[float]) -> float:
     if rest > 1e-12:
         entropy -= rest * math.log(rest)
     return max(entropy, 0.0)
-
-
-def row_seeds(seeds: Sequence[int | None]) -> list[int | None]:
-    """Per-request vLLM seeds that keep HFPolicy's seeding semantics.
-
-    vLLM seeds each request's generator on its own, so the N identical requests of a GRPO group with
-    the same seed would sample N identical turns. Each row instead gets a seed derived from the whole
-    batch's seeds (as HFPolicy seeds its one generator) and its position: the same batch samples the
-    same tokens again, and rows of a group still differ. Rows without a seed stay unseeded.
-    """
-    base = _batch_seed(seeds)
-    if base is None:
-        return [None] * len(seeds)
-    out: list[int | None] = []
-    for i, seed in enumerate(seeds):
-        if seed is None:
-            out.append(None)
-            continue
-        digest = hashlib.sha256(f"{base}:{i}".encode()).digest()
-        out.append(int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF)
-    return out
 
 
 def _logprob_value(entry: Any) -> float:
