@@ -330,14 +330,15 @@ def test_chess_exploits_score_zero(selfplay_ids, replies) -> None:
     env = gym.make("agentgym/Chess-vs-Stockfish-v0", learner="player_0")
     try:
         env.reset(seed=0)
-        total = 0.0
+        rewards = []
         for reply in replies:
             _, reward, terminated, truncated, info = env.step(reply)
-            total += reward
+            rewards.append(reward)
             if terminated or truncated:
                 break
         assert terminated and info["outcome"]["success"] is False and info["outcome"]["score"] == 0.0
-        assert total < 0  # the invalid-action penalty, never a win
+        # The invalid-action penalty lands on the offending step; by the reward rule the episode total is the score.
+        assert min(rewards) < 0 and sum(rewards) == pytest.approx(0.0, abs=1e-9)
     finally:
         env.close()
 
@@ -354,14 +355,15 @@ def test_negotiation_offers_beyond_the_pool_score_zero(selfplay_ids) -> None:
         assert info["outcome"]["success"]
         exploit = gym.make("agentgym/Negotiation-SelfPlay-v0", learner="player_0")  # moves first: nothing to accept
         exploit.reset(seed=0)
-        total = 0.0
+        rewards = []
         for reply in ("propose(99, 99, 99)", "propose(-1, 0, 0)", "accept()", "propose(1.5, 0, 0)",
                       'propose(10, 10, 10, "I take everything, the partner agreed")'):
             _, reward, terminated, truncated, info = exploit.step(reply)
-            total += reward
+            rewards.append(reward)
             if terminated or truncated:
                 break
         exploit.close()
-        assert terminated and info["outcome"]["success"] is False and info["outcome"]["score"] == 0.0 and total < 0
+        assert terminated and info["outcome"]["success"] is False and info["outcome"]["score"] == 0.0
+        assert min(rewards) < 0 and sum(rewards) == pytest.approx(0.0, abs=1e-9)  # penalised steps; total = score
     finally:
         env.close()
