@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -95,3 +96,62 @@ def test_bad_inputs_say_how_to_fix_them() -> None:
         alg.arpo_token_advantages([[1]], torch.zeros(1), ["g"], dedupe=True)
     with pytest.raises(ConfigError):
         alg.arpo_token_advantages([[1]], torch.zeros(1), ["g"], mode="medium")  # type: ignore[arg-type]
+
+
+def _crashed_sibling() -> tuple[list[list[int]], torch.Tensor, torch.Tensor]:
+    """Issue 19: a healthy parent (R=1), a healthy independent sibling (R=0) and a child branched from the
+    parent after its first 3 tokens that crashed (R=0, out of the statistics and the loss)."""
+    sequences = [[10, 11, 12, 30, 31], [60, 61, 62], [10, 11, 12, 40, 41]]
+    healthy = torch.tensor([True, True, False])
+    advantages = alg.group_advantages(torch.tensor([1.0, 0.0, 0.0]), ["g"] * 3, stats_mask=healthy)
+    # Statistics over the two healthy members: +-0.7071; the crashed child is measured against them: -0.7071.
+    assert advantages.tolist() == pytest.approx([0.707106, -0.707106, -0.707106], abs=1e-5)
+    return sequences, advantages, healthy
+
+
+def test_crashed_or_masked_sibling_does_not_set_the_shared_prefix() -> None:
+    sequences, advantages, healthy = _crashed_sibling()
+    # Before the fix the crashed child voted: the parent's prefix got (0.707 - 0.707) / 2 = 0.0.
+    voting, _ = alg.arpo_token_advantages(sequences, advantages, ["g"] * 3, mode="hard")
+    assert voting[0, :3].tolist() == pytest.approx([0.0] * 3, abs=1e-6)
+    adv, weights = alg.arpo_token_advantages(sequences, advantages, ["g"] * 3, mode="hard", counted=healthy)
+    assert adv[0].tolist() == pytest.approx([0.707106] * 5, abs=1e-5)  # prefix and suffix: the parent's own
+    assert adv[1, :3].tolist() == pytest.approx([-0.707106] * 3, abs=1e-5)
+    assert adv[2].abs().sum().item() == 0.0 and weights[2].sum().item() == 0.0  # out of the loss
+    _, dedupe_w = alg.arpo_token_advantages(sequences, advantages, ["g"] * 3, mode="hard", dedupe=True,
+                                            counted=healthy)
+    assert dedupe_w[0].tolist() == [1.0] * 5  # the prefix is the parent's alone: weight 1, not 1/2
+    # A counted mask of all ones is the old behaviour; soft mode ignores the mask.
+    everyone, _ = alg.arpo_token_advantages(sequences, advantages, ["g"] * 3, mode="hard",
+                                            counted=torch.ones(3, dtype=torch.bool))
+    assert torch.equal(everyone, voting)
+    soft, _ = alg.arpo_token_advantages(sequences, advantages, ["g"] * 3, counted=healthy)
+    assert soft[0, 0].item() == pytest.approx(0.707106, abs=1e-5)
+    with pytest.raises(ConfigError, match="counted"):
+        alg.arpo_token_advantages(sequences, advantages, ["g"] * 3, mode="hard", counted=torch.ones(2))
+
+
+def test_arpo_trainer_attribution_skips_rows_out_of_the_loss(tmp_path: Path) -> None:
+    """The trainer's hook reads 'counted' from the batch: a crashed row has an all-zero loss mask."""
+    from types import SimpleNamespace
+
+    from agentgym.trainers.arpo import ArpoConfig, ArpoTrainer
+    from agentgym.trainers.batch import TrainingBatch
+
+    sequences, advantages, healthy = _crashed_sibling()
+    width = max(len(s) for s in sequences)
+    ids = torch.zeros((3, width), dtype=torch.long)
+    attention = torch.zeros((3, width))
+    for i, s in enumerate(sequences):
+        ids[i, :len(s)] = torch.tensor(s)
+        attention[i, :len(s)] = 1.0
+    loss_mask = attention.clone()
+    loss_mask[:, :1] = 0.0  # the first token is the prompt
+    loss_mask[~healthy] = 0.0  # build_batch zeroes rows outside the sample mask
+    batch = TrainingBatch(ids, attention.long(), loss_mask, advantages.clone(), torch.zeros((3, width)))
+    config = ArpoConfig(model="unused", suite="games-calc", output_dir=str(tmp_path), attribution="hard")
+    host = SimpleNamespace(config=config)  # the hook reads only its config
+    trajectories = [SimpleNamespace(group_id="g")] * 3
+    out = ArpoTrainer._attribute(host, batch, trajectories)  # type: ignore[arg-type]
+    assert out.advantages[0, :5].tolist() == pytest.approx([0.707106] * 5, abs=1e-5)
+    assert out.loss_mask[2].sum().item() == 0.0

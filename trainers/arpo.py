@@ -120,7 +120,8 @@ class ArpoTrainer(GrpoTrainer):
         sequences = [row[:n] for row, n in zip(batch.input_ids.tolist(), lengths)]  # padding is never shared
         token_adv, weights = alg.arpo_token_advantages(
             sequences, batch.advantages, [t.group_id for t in trajectories], mode="hard",
-            dedupe=cfg.hard_dedupe, width=int(batch.input_ids.shape[1]))
+            dedupe=cfg.hard_dedupe, width=int(batch.input_ids.shape[1]),
+            counted=batch.loss_mask.sum(dim=1) > 0)  # masked/crashed rows must not vote on shared prefixes
         batch.advantages = token_adv
         batch.loss_mask = batch.loss_mask * weights
         return batch

@@ -24,6 +24,10 @@ Masks and filters (``masks``)
     ``over_turn_mask``: Mini-o3 trajectories that ran out of budget mid-tool-use leave the loss.
     ``apply_sample_mask``: combine a per-trajectory mask with the token mask.
     ``group_filter``: DAPO/SimpleTIR/Mini-o3 dynamic sampling (std, accuracy range, min members).
+GiGPO (``gigpo``)
+    ``gigpo_advantages``: episode advantage per task group + omega * step advantage per anchor-state group,
+    with the invalid-action penalty, optional similarity grouping and anchor-group statistics for logging.
+    ``broadcast_steps_to_tokens``: per-step advantages -> per-token ``[N, L]`` via each token's step index.
 ARPO (``arpo``)
     ``segment_entropy``: top-k truncated entropy of a segment's first K tokens over ln|V|.
     ``branch_probability``: ``clip(alpha + beta * dH, 0, 1)``.
@@ -38,6 +42,7 @@ from __future__ import annotations
 from .arpo import arpo_token_advantages, branch_probability, segment_entropy, shared_prefix_lengths
 from .advantages import broadcast_to_tokens, discounted_returns, group_advantages
 from .aggregation import AGGREGATION_MODES, aggregate_loss, loss_denominators
+from .gigpo import GigpoAdvantages, anchor_groups, broadcast_steps_to_tokens, gigpo_advantages
 from .kl import kl_penalty
 from .losses import clipped_policy_loss, reinforce_loss
 from .masks import (
@@ -52,16 +57,20 @@ from .rewards import direct_reward_accumulation, gated_reward_accumulation, gate
 
 __all__ = [
     "AGGREGATION_MODES",
+    "GigpoAdvantages",
     "aggregate_loss",
+    "anchor_groups",
     "apply_sample_mask",
     "arpo_token_advantages",
     "branch_probability",
+    "broadcast_steps_to_tokens",
     "broadcast_to_tokens",
     "clipped_policy_loss",
     "direct_reward_accumulation",
     "discounted_returns",
     "gated_reward_accumulation",
     "gated_reward_accumulation_batch",
+    "gigpo_advantages",
     "group_advantages",
     "group_filter",
     "is_void_turn_simpletir",

@@ -94,6 +94,7 @@ def arpo_token_advantages(
     mode: Attribution = "soft",
     dedupe: bool = False,
     width: int | None = None,
+    counted: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Per-token advantages ``[N, L]`` and per-token loss weights ``[N, L]`` for a branched batch.
 
@@ -103,6 +104,11 @@ def arpo_token_advantages(
     group whose sequence equals ``j``'s up to and including position ``i`` (``j`` itself included), so a
     token only ``j`` has keeps ``A_j``. With ``dedupe`` each of those ``d`` copies gets weight ``1/d``: the
     shared token is trained once, not ``d`` times (spec pitfall 5).
+
+    Only **counted** members (``counted``, default: all) enter a shared token's mean and its ``d``: a sibling
+    that crashed or was masked out of the loss carries an advantage measured against the healthy members, and
+    letting it vote would move the healthy parent's prefix (issue 19: +0.707 became 0.0). Members that are not
+    counted leave the loss: their rows get advantage 0 and weight 0 in hard mode.
 
     Sharing is read from the token ids themselves, so it needs no tree bookkeeping and also covers
     independent samples that happened to produce identical tokens (same context, same token: the same
@@ -115,6 +121,9 @@ def arpo_token_advantages(
         mode: ``"soft"`` (default, the reference code) or ``"hard"``.
         dedupe: Hard mode only: weight shared tokens ``1/d`` per copy.
         width: Pad the outputs to this length (default: the longest sequence).
+        counted: ``[N]`` bool/0-1, hard mode only: the members whose advantage may set shared tokens, normally
+            the trainer's sample mask (healthy, not void, not over-turn). Ignored in soft mode, where each row
+            keeps its own advantage and the trainer's loss mask already drops excluded rows.
 
     Returns:
         ``(token_advantages, token_weights)``, both float32 ``[N, width]``; zero past each sequence's end.
@@ -129,6 +138,11 @@ def arpo_token_advantages(
         raise ConfigError(f"advantages has {advantages.shape[0]} entries for {n} sequences; pass one per sequence.")
     if dedupe and mode == "soft":
         raise ConfigError("dedupe applies to hard attribution only; set mode='hard' or dedupe=False.")
+    if counted is None:
+        counts = np.ones(n, dtype=bool)
+    else:
+        check_vector("counted", counted, n)
+        counts = (counted.detach().cpu() != 0).numpy()
     lengths = [len(s) for s in sequences]
     longest = max(lengths, default=0)
     width = longest if width is None else width
@@ -148,10 +162,14 @@ def arpo_token_advantages(
         lcp = shared_prefix_lengths([sequences[j] for j in members])
         a = adv[members].numpy()
         for row, j in enumerate(members):
+            if not counts[j]:
+                continue  # out of the loss: advantage 0, weight 0
             length = lengths[j]
             num = np.zeros(length, dtype=np.float64)
             den = np.zeros(length, dtype=np.float64)
-            for col in range(len(members)):
+            for col, k in enumerate(members):
+                if not counts[k]:
+                    continue
                 shared = int(lcp[row, col])
                 num[:shared] += a[col]
                 den[:shared] += 1.0
