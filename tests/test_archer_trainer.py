@@ -192,14 +192,16 @@ def test_critic_learns_which_utterance_pays_and_the_advantage_follows(model_dir:
     trainer = _bare_trainer(model_dir, cfg)
     ids = tuple(trainer.tokenizer("What is 2 + 3?")["input_ids"])
     state = "What is 2 + 3?"
+    # The critic reads actions decoded from their ids (as it reads fresh samples), so the ids must be the real ones.
     paid = [Transition(state=state, action=answer, reward=reward, next_state=state + answer, terminated=True,
-                       truncated=False, state_ids=ids, action_ids=(1,), mc_return=reward, episode=f"e{k}")
+                       truncated=False, state_ids=ids, action_ids=tuple(trainer.tokenizer(answer)["input_ids"]),
+                       mc_return=reward, episode=f"e{k}")
             for k, (answer, reward) in enumerate([("answer(5)", 1.0), ("answer(7)", 0.0)] * 8)]
     trainer.replay.extend(paid)
     before = trainer._critic_phase(0, torch.Generator().manual_seed(0))
     stats = trainer._critic_phase(1, torch.Generator().manual_seed(1))
     with torch.no_grad():
-        q, v = trainer.critic([state, state], ["answer(5)", "answer(7)"])
+        q, v = trainer.critic([state, state], [trainer._decode(paid[0].action_ids), trainer._decode(paid[1].action_ids)])
     right, wrong = q.min(dim=0).values.tolist()
     assert right > 0.8 and wrong < 0.2, (right, wrong)
     from agentgym.trainers.algorithms.archer import utterance_advantage

@@ -446,7 +446,11 @@ class ArcherTrainer(OnlineTrainerBase):
                                          torch.tensor([t.terminated for t in b]), torch.tensor([t.truncated for t in b]),
                                          gamma=cfg.gamma, bootstrap_truncated=cfg.bootstrap_truncated)
                     y_v = self.target_critic.q_values(h_s_bar, self.target_critic.encode(fresh_text))
-                q, v = self.critic([t.state for t in b], [t.action for t in b])
+                # Buffer and fresh actions reach the critic as the same kind of text: decoded from their ids
+                # (special tokens kept), as the states are; Q fit on stripped text but read on raw text
+                # would judge fresh samples on inputs it never saw.
+                actions = [self._decode(t.action_ids) if t.action_ids else t.action for t in b]
+                q, v = self.critic([t.state for t in b], actions)
                 loss = alg.archer_critic_loss(q, v, y_q.to(q.device), y_v.to(q.device)) / cfg.grad_accum_steps
                 loss.backward()
                 total += float(loss.detach())
