@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -379,3 +380,25 @@ def test_critic_fit_runs_on_a_replay_buffer_and_explains_its_options(model_dir: 
     names = [name for name, _ in report["rows"]]
     assert names[0].startswith("mean return per turn index") and not any("maze oracle" in n for n in names)
     assert [step for step, _ in report["curve"]] == [2, 4]
+
+
+def test_critic_reads_buffer_and_fresh_actions_as_the_same_kind_of_text(model_dir: Path, tmp_path: Path) -> None:
+    """Q was fit on stripped buffer text but read on raw decoded samples (issue 19): both must come from ids."""
+    cfg = ArcherConfig(**common(model_dir, tmp_path / "run", critic_steps=1, batch_size=2))
+    trainer = _bare_trainer(model_dir, cfg)
+    ids = tuple(trainer.tokenizer("What is 2 + 3?")["input_ids"])
+    action_ids = tuple(trainer.tokenizer("answer(5)")["input_ids"]) + (trainer.tokenizer.eos_token_id,)
+    trainer.replay.extend([Transition(state="What is 2 + 3?", action="answer(5)", reward=1.0, next_state="done",
+                                      terminated=True, truncated=False, state_ids=ids, action_ids=action_ids,
+                                      mc_return=1.0, episode=f"e{k}") for k in range(2)])
+    seen: list[list[str]] = []
+    forward = trainer.critic.forward
+
+    def recording(states: list[str], actions: list[str]) -> Any:
+        seen.append(list(actions))
+        return forward(states, actions)
+
+    trainer.critic.forward = recording
+    trainer._critic_phase(0, torch.Generator().manual_seed(0))
+    assert seen and all(a == trainer._decode(action_ids) for batch in seen for a in batch)
+    assert trainer._decode(action_ids) != "answer(5)"  # the end token is part of what the critic reads
