@@ -340,6 +340,25 @@ class AgentEnv(gym.Env[str, str]):
             return None
         return "\n".join(f"{'>>' if who == 'action' else '<<'} {text}" for who, text in self._transcript)
 
+    def state_key(self) -> str:
+        """A text key for the env state the next action starts from; equal keys mean "the same state".
+
+        Step-level credit assignment (GiGPO's anchor-state groups) compares the actions taken from identical
+        env states within a task group, so the key describes the *state*, not the path that led to it: no
+        history, no turn count, no echo of the last action's message. The default is the raw current
+        observation text (for dict observations, its ``"text"``), which is right when the observation shows the
+        whole state; families override it with their internal state (maze position, page URL and form values,
+        board position). The key must be deterministic (same seed and actions, same keys), cheap (built from
+        in-process data, never a sandbox or network call) and is never shown to the policy: it is not put in
+        observations or ``info``. Read it through wrappers as ``env.unwrapped.state_key()``.
+        """
+        if not self._transcript:
+            return ""
+        observation = self._transcript[-1][1]
+        if isinstance(observation, Mapping):
+            return str(observation.get("text", ""))
+        return observation if isinstance(observation, str) else str(observation)
+
     def fork(self) -> AgentEnv:
         """An independent copy of this env in the same mid-episode state (same task, history and RNG).
 

@@ -220,13 +220,25 @@ def _transcript(env_id: str, env: Any, seed: int, episodes: Sequence[Sequence[An
     lines: list[str] = []
     for index, actions in enumerate(episodes):
         obs, info = env.reset(seed=seed if index == 0 else None)
-        lines.append(_dump({"reset": index, "obs": obs, "info": info}))
+        lines.append(_dump({"reset": index, "obs": obs, "info": info, "state_key": _state_key(env_id, env)}))
         for action in actions:
             result = _safe_step(env_id, env, action)
-            lines.append(_dump({"action": action, "result": list(result)}))
+            lines.append(_dump({"action": action, "result": list(result), "state_key": _state_key(env_id, env)}))
             if result[2] or result[3]:
                 break
     return lines
+
+
+def _state_key(env_id: str, env: Any) -> str | None:
+    """The env's ``state_key()`` (GiGPO anchors), checked to be a str; None for envs without one. The replay
+    compares it like the observations, so keys are deterministic too."""
+    method = getattr(env.unwrapped, "state_key", None)
+    if method is None:
+        return None
+    key = method()
+    if not isinstance(key, str):
+        raise _fail(env_id, f"state_key() must return a str, got {type(key).__name__}")
+    return key
 
 
 def _check_determinism(env_id: str, env_kwargs: Mapping[str, Any], seed: int) -> None:

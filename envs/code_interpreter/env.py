@@ -18,6 +18,7 @@ raises is *not* void: the error comes back as feedback and the episode continues
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -139,6 +140,7 @@ class CodeInterpreterEnv(AgentEnv):
         self._session = self._pool.session()
         self._code_runs = 0
         self._code_errors = 0
+        self._outputs: set[str] = set()  # distinct printed outputs of runs that succeeded (what the agent learned)
         super().__init__(max_turns=max_turns, tasks=tasks, max_action_chars=max_action_chars, max_calls_per_turn=2,
                          render_mode=render_mode)
 
@@ -159,6 +161,8 @@ class CodeInterpreterEnv(AgentEnv):
         self._code_runs += 1
         failed = result.status != "ok"
         self._code_errors += failed
+        if not failed:
+            self._outputs.add(result.stdout.strip())
         feedback = format_feedback(result.stdout, result.stderr, style=self.feedback, max_chars=self.max_feedback_chars)
         if result.notice:
             feedback = f"[{result.notice}]\n{feedback}"
@@ -186,6 +190,15 @@ class CodeInterpreterEnv(AgentEnv):
         self._last_answer = answer
         return f"Final answer recorded: {answer}"
 
+    def state_key(self) -> str:
+        """The distinct outputs of the code runs that succeeded so far, sorted (read from memory, never from the
+        sandbox). Two replies that compute the same numbers reach the same state whatever code or order they
+        used; a run that fails adds nothing, so a retry after an error starts from the state before it. The
+        interpreter's variables are not part of the key: reading them would need a sandbox call."""
+        if self._finished:
+            return "answered"
+        return json.dumps(sorted(self._outputs), ensure_ascii=False)
+
     # ---- AgentEnv hooks ----------------------------------------------------------------------------
     def _build_tools(self) -> ToolSet:
         return ToolSet([self.python, self.answer])
@@ -206,6 +219,7 @@ class CodeInterpreterEnv(AgentEnv):
 
         self._session.reset()
         self._code_runs = self._code_errors = 0
+        self._outputs = set()
         self._last_answer: str | None = None
         try:
             setup = self._session.run(FINAL_ANSWER_HELPER)

@@ -237,6 +237,7 @@ class CalculatorEnv(AgentEnv):
         generate_tasks(random.Random(0), 1, **self._task_params)  # fail fast on bad settings
         self._expected = 0
         self._question = ""
+        self._computed: set[int] = set()  # values calc has shown this episode (what the agent can know)
         super().__init__(max_turns=max_turns, tasks=tasks, max_action_chars=max_action_chars,
                          max_calls_per_turn=max_calls_per_turn, render_mode=render_mode)
 
@@ -252,6 +253,7 @@ class CalculatorEnv(AgentEnv):
             value = evaluate(expression)
         except CalcError as exc:
             return ToolResult.error(f"Error: {exc}")
+        self._computed.add(value)
         shown = " ".join(expression.split()).rstrip("=").strip()
         return f"{shown} = {value}"
 
@@ -270,6 +272,13 @@ class CalculatorEnv(AgentEnv):
             return f"Correct! {self._question} = {self._expected}."
         return f"Wrong. {self._question} = {self._expected}."
 
+    def state_key(self) -> str:
+        """The question plus the set of values calc has shown: ``calc(27*42)`` and ``calc(42*27)`` reach the same
+        state, and a malformed call (which shows nothing) leaves it unchanged."""
+        if self._finished:
+            return f"{self._question} answered"
+        return f"{self._question} computed {sorted(self._computed)}"
+
     # ---- hooks ---------------------------------------------------------------------------------
     def _build_tools(self) -> ToolSet:
         return ToolSet([self.calc, self.answer])
@@ -282,6 +291,7 @@ class CalculatorEnv(AgentEnv):
 
     def _begin_episode(self, task: Task) -> str:
         self._question = _expression_of(task)
+        self._computed = set()
         try:
             self._expected = expected_answer(task)
         except CalcError as exc:

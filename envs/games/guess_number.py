@@ -106,6 +106,7 @@ class GuessNumberEnv(AgentEnv):
         generate_tasks(random.Random(0), 1, **self._task_params)  # fail fast on bad settings
         self._fixed_max_turns = max_turns
         self._low, self._high, self._secret = low, high, low
+        self._known = (low, high)  # the interval still consistent with the feedback given so far
         super().__init__(max_turns=binary_search_guesses(low, high) + 2 if max_turns is None else max_turns,
                          tasks=tasks, max_action_chars=max_action_chars,
                          max_calls_per_turn=max_calls_per_turn, render_mode=render_mode)
@@ -124,12 +125,21 @@ class GuessNumberEnv(AgentEnv):
             )
         number = int(number)
         if number < self._secret:
+            self._known = (max(self._known[0], number + 1), self._known[1])
             return f"higher: the number is greater than {number}."
         if number > self._secret:
+            self._known = (self._known[0], min(self._known[1], number - 1))
             return f"lower: the number is less than {number}."
+        self._known = (number, number)
         self.add_reward("success", 1.0)
         self.finish(success=True, reason="solved")
         return f"correct! The number is {number}."
+
+    def state_key(self) -> str:
+        """The interval the feedback so far leaves for the secret: guesses 50 then 25 and 25 then 50 both leave
+        the same candidates, so both are the same state (a wasted guess keeps the key unchanged)."""
+        low, high = self._known
+        return f"solved {low}" if self._finished and self._success else f"secret in [{low}, {high}]"
 
     def _build_tools(self) -> ToolSet:
         return ToolSet([self.guess])
@@ -152,6 +162,7 @@ class GuessNumberEnv(AgentEnv):
         if not low <= secret <= high:
             raise TaskError(f"GuessNumber task {task.id!r}: secret {secret} lies outside [{low}, {high}].")
         self._low, self._high, self._secret = low, high, secret
+        self._known = (low, high)
         if self._fixed_max_turns is None:
             self.max_turns = binary_search_guesses(low, high) + 2
         return task.prompt

@@ -199,6 +199,11 @@ class MazeEnv(AgentEnv):
             return f"You moved {direction} and reached the exit in {self._moves} moves!"
         return f"You moved {direction}.\n{self._view()}"
 
+    def state_key(self) -> str:
+        """The agent's cell: the maze and exit are fixed per task, so the position is the whole state (a wall
+        bump or a detour that comes back lands on the same key)."""
+        return f"maze position {self._pos[0]},{self._pos[1]}" + (" (exit)" if self._finished and self._success else "")
+
     def _view(self) -> str:
         if self._maze is None:
             return ""

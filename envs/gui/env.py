@@ -10,6 +10,7 @@ success means the full reward of 1.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -103,6 +104,7 @@ class MiniWoBEnv(AgentEnv):
         self._screen = ScreenObservation(height, width)
         self._utterance = ""
         self._page_task = ""
+        self._page_key = ""  # the latest screen as state_key() reports it (set whenever the page is observed)
         super().__init__(max_turns=max_turns, tasks=tasks, max_action_chars=max_action_chars, max_calls_per_turn=4,
                          render_mode=render_mode)
         self.observation_space = self._screen.space
@@ -206,9 +208,22 @@ class MiniWoBEnv(AgentEnv):
             lines.append(f"The task is over (reward {self._score:.2f}).")
         lines.append(f"Task: {self._utterance}")
         lines.append(f"Screen: {width}x{height} pixels; x grows to the right and y downwards from the top-left corner.")
-        if self.accessibility:
-            lines.append("Page:\n" + self._session.aria_text())
-        return self._screen.make("\n".join(lines), self._session.screenshot())
+        page = "Page:\n" + self._session.aria_text() if self.accessibility else ""
+        if page:
+            lines.append(page)
+        observation = self._screen.make("\n".join(lines), self._session.screenshot())  # no image: the last one
+        pixels = hashlib.sha256(np.ascontiguousarray(observation["image"]).tobytes()).hexdigest()[:16]
+        self._page_key = f"Task: {self._utterance}\nScreen pixels {pixels}" + (f"\n{page}" if page else "")
+        return observation
+
+    def state_key(self) -> str:
+        """The page as the agent sees it: the task utterance, a digest of the screenshot's pixels (the page's
+        whole visible state: focus, typed text, checked boxes) and, with ``accessibility``, the page tree.
+        Recorded when the observation is taken, so asking for it costs no browser call. The page renders
+        deterministically, so replaying a seed's actions gives the same keys."""
+        if self._finished:
+            return f"task over (reward {self._score:.2f})"
+        return self._page_key
 
     def _format_results(self, results: Sequence[tuple[ToolCall, ToolResult]], notes: Sequence[str]) -> str:
         return "\n".join([r.content for _, r in results if r.content] + list(notes))

@@ -214,6 +214,14 @@ class SelfPlay(AgentEnv):
             self._finish_from_game()
         return self.game.observe(self.learner)["text"], kind
 
+    def state_key(self) -> str:
+        """The game state as the learner's seat sees it (board and side to move, standing offer, moves left),
+        without the opponents' move messages or a rejected move's error: an illegal move that is refused keeps
+        the key, and two move orders that reach the same position share it. Hidden information (the other
+        seat's values, the referential target for the listener) stays out, as in the learner's view."""
+        suffix = "\n(game over)" if self._game_done() else ""
+        return f"{self.learner}\n{self.game._render_state(self.learner)}{suffix}"
+
     # ---- solvers, rendering, closing ---------------------------------------------------------------------------
     def reference_solver(self) -> ReferenceSolver:
         """The game's omniscient reference move for the learner's seat, if the game has one."""

@@ -154,6 +154,7 @@ class SearchEnv(AgentEnv):
         self._answers: tuple[str, ...] = ()
         self._last_results: list[Document] = []
         self._seen: dict[str, Document] = {}
+        self._opened: set[str] = set()  # ids of the documents read in full this episode
         self._answer_score: AnswerScore | None = None
         self._correct = False
         super().__init__(max_turns=max_turns, tasks=tasks, max_action_chars=max_action_chars,
@@ -228,6 +229,7 @@ class SearchEnv(AgentEnv):
             shown = doc_id if len(doc_id) <= 60 else doc_id[:57] + "..."
             return ToolResult.error(f"Error: unknown document id {shown!r}.{hint} Use an id shown in the search "
                                     "results, or the number of a result of your latest search.")
+        self._opened.add(doc.doc_id)
         text = doc.text
         if len(text) > self.max_open_chars:
             text = text[: self.max_open_chars] + f" … [cut: {len(doc.text) - self.max_open_chars} more characters]"
@@ -283,6 +285,7 @@ class SearchEnv(AgentEnv):
             raise TaskError(f"Search task {task.id!r} has no answer and no metadata.aliases; give it at least one.")
         self._question = task.prompt
         self._last_results, self._seen, self._answer_score = [], {}, None
+        self._opened = set()
         if hasattr(self.retriever, "set_context"):
             self.retriever.set_context(task.prompt, self._answers)
         return f"Question: {task.prompt}"
@@ -296,6 +299,15 @@ class SearchEnv(AgentEnv):
             "and an answer that names more than one candidate (a list, or 'A or B') counts as wrong. "
             f"You have {self.max_turns} turns."
         )
+
+    def state_key(self) -> str:
+        """What the agent has found: the ids of every document its searches returned and of those it opened,
+        sorted. Two query wordings that surface the same documents reach the same state; a search that finds
+        nothing new leaves it unchanged. The latest result list is part of it too (``open("2")`` depends on it)."""
+        if self._finished:
+            return "answered"
+        latest = [doc.doc_id for doc in self._last_results]
+        return f"found {sorted(self._seen)} opened {sorted(self._opened)} latest {latest}"
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         self._answer_score = None

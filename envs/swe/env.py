@@ -26,6 +26,8 @@ graded change 0.1, a graded change that fails 0.5, success 1.0), ``patch_submitt
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import posixpath
 import shlex
@@ -118,6 +120,7 @@ class SWEEnv(AgentEnv):
         self._grading: dict[str, Any] | None = None
         self._spec: Any = None
         self._library: Any = None
+        self._edits: list[tuple[str, str, str]] = []  # (tool, path, digest of the change) of each edit that applied
         super().__init__(max_turns=max_turns, tasks=tasks, max_action_chars=max_action_chars, max_calls_per_turn=4,
                          render_mode=render_mode)
 
@@ -218,7 +221,8 @@ print("\\n[" + _status + "]")
             return ToolResult.error("Error: 'old' is empty; give the exact text to replace (copy it from view).")
         if len(old) > MAX_EDIT_CHARS or len(new) > MAX_EDIT_CHARS:
             return ToolResult.error(f"Error: edits are limited to {MAX_EDIT_CHARS} characters; make smaller edits.")
-        return _reply(self._run(_REPLACE_CODE.format(path=rel, old=old, new=new), 30))
+        return self._record_edit("str_replace", rel, old + "\0" + new,
+                                 _reply(self._run(_REPLACE_CODE.format(path=rel, old=old, new=new), 30)))
 
     @tool
     def create(self, path: str, text: str) -> ToolResult:
@@ -234,7 +238,12 @@ print("\\n[" + _status + "]")
             return ToolResult.error(f"Error: {exc}")
         if len(text) > MAX_EDIT_CHARS:
             return ToolResult.error(f"Error: files are limited to {MAX_EDIT_CHARS} characters.")
-        return _reply(self._run(_CREATE_CODE.format(path=rel, text=text), 30))
+        return self._record_edit("create", rel, text, _reply(self._run(_CREATE_CODE.format(path=rel, text=text), 30)))
+
+    def _record_edit(self, name: str, path: str, change: str, result: ToolResult) -> ToolResult:
+        if not result.is_error:
+            self._edits.append((name, path, hashlib.sha256(change.encode("utf-8", "replace")).hexdigest()[:16]))
+        return result
 
     @tool
     def run_tests(self, selector: str = "") -> ToolResult:
@@ -361,6 +370,7 @@ print("\\n[" + _status + "]")
         self._channels: dict[str, float] = {}
         self._patch: str | None = None
         self._grading: dict[str, Any] | None = None
+        self._edits = []
         files = self._spec.buggy_files(fetch_library(self._spec.library))
         tree = tree_payload(fetch_library(self._spec.library), files, drop=self._spec.hidden_tests)
         ready = self._run(setup_code(self._library, files, self._spec.hidden_tests, tree=tree), 120).split()
@@ -384,6 +394,15 @@ print("\\n[" + _status + "]")
         if self._grading is not None:
             turn_info["grading"] = dict(self._grading)
         return observation, kind
+
+    def state_key(self) -> str:
+        """The edits that applied so far (tool, path and a digest of the change, in order), from memory: reading,
+        searching and test runs leave the code as it was, so they keep the key, and the same fix reached after
+        different exploration is the same state. Files changed through ``bash`` (``sed -i``) are not seen:
+        tracking them would need a sandbox call per step."""
+        if self._finished:
+            return "submitted"
+        return "edits " + json.dumps(self._edits)
 
     def _task_instructions(self) -> str:
         return (

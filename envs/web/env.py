@@ -86,6 +86,7 @@ class _ShopEnv(AgentEnv):
         self._token = ""
         self._goal: Goal | None = None
         self._orders_seen = 0
+        self._page_key = ""  # the latest page as state_key() reports it (set whenever the page is read)
         self._app: ShopApp = self._make_app()
         super().__init__(max_turns=max_turns, tasks=tasks, max_action_chars=max_action_chars, max_calls_per_turn=4,
                          render_mode=render_mode)
@@ -207,7 +208,18 @@ class _ShopEnv(AgentEnv):
         path = url.split("://", 1)[-1]
         path = path[path.find("/"):] if "/" in path else "/"
         snapshot = self._browser.snapshot().text
+        # Focus is not state (every action names its element), so the key drops the [active] marker.
+        self._page_key = f"URL: {path}\n" + snapshot.replace(" [active]", "")
         return f"URL: {path}\n{truncate_snapshot(snapshot, self.max_snapshot_chars)}"
+
+    def state_key(self) -> str:
+        """The page: its URL (path and query) and its whole accessibility snapshot, which holds the form values
+        (typed text, chosen options) and the cart count, without the action's messages or the focus marker.
+        Reaching the same product page by a link or by ``goto`` is the same state. It is recorded when the page is
+        read for the observation, so asking for it costs no browser call."""
+        if self._finished:
+            return f"orders placed: {self._orders_seen}"
+        return self._page_key
 
     def _format_results(self, results: Sequence[tuple[ToolCall, ToolResult]], notes: Sequence[str]) -> str:
         lines = [r.content for _, r in results if r.content]
