@@ -353,3 +353,15 @@ def test_a_seeded_request_samples_the_same_tokens_in_any_batch(policy, prompts):
     assert batched[1].logprobs == pytest.approx(alone.logprobs, abs=1e-5)
     twins = policy.generate([prompts[1], prompts[1]], mine)  # one seed twice (a GRPO group): independent draws
     assert twins[0].token_ids == alone.token_ids and twins[1].token_ids != twins[0].token_ids
+
+
+def test_rows_sharing_a_seed_differ_across_batch_chunks(model_dir):
+    """A group larger than max_batch_size runs in several chunks; its rows must still be independent samples."""
+    small = HFPolicy.from_pretrained(model_dir, max_batch_size=2)
+    prompt = small.tokenizer.encode(PROMPTS[0], add_special_tokens=False)
+    gens = small.generate([prompt] * 6, SamplingParams(max_tokens=10, temperature=1.0, seed=4))
+    assert len({g.token_ids for g in gens}) == 6
+    assert [g.token_ids for g in gens] == [g.token_ids for g in small.generate([prompt] * 6,
+                                                                                SamplingParams(max_tokens=10,
+                                                                                               temperature=1.0,
+                                                                                               seed=4))]

@@ -83,12 +83,13 @@ def row_seeds(seeds: Sequence[int | None]) -> list[int | None]:
     return out
 
 
-def _uniforms(seeds: Sequence[int | None], steps: int, device: Any) -> Any:
-    """``[rows, steps]`` uniform numbers in [0, 1): row i's from its own seeded stream (see :func:`row_seeds`)."""
+def _uniforms(streams: Sequence[int | None], steps: int, device: Any) -> Any:
+    """``[rows, steps]`` uniform numbers in [0, 1): row i's from the generator seeded with ``streams[i]`` (a
+    :func:`row_seeds` result; ``None``: the global generator)."""
     import torch
 
     rows = []
-    for seed in row_seeds(seeds):
+    for seed in streams:
         generator = None
         if seed is not None:
             generator = torch.Generator()
@@ -305,10 +306,14 @@ class HFPolicy(InProcessTokenPolicy):
                     if weights != self._kv_weights:  # keys and values of other weights would give other results
                         self.kv_cache.clear()
                         self._kv_weights = weights
+                # Streams are derived over the whole call, not per chunk: rows that share a seed in different
+                # chunks (a large GRPO group) must not replay each other's random numbers.
+                streams = row_seeds([p.seed for p in params])
                 for start in range(0, len(order), self.max_batch_size):
                     chunk = order[start:start + self.max_batch_size]
                     outputs = self._generate_batch([rows[i] for i in chunk], [params[i] for i in chunk],
-                                                   [events[i] for i in chunk], [episodes[i] for i in chunk])
+                                                   [events[i] for i in chunk], [episodes[i] for i in chunk],
+                                                   [streams[i] for i in chunk])
                     for i, out in zip(chunk, outputs):
                         results[i] = out
         finally:
@@ -318,7 +323,8 @@ class HFPolicy(InProcessTokenPolicy):
     # ---- the decoding loop -----------------------------------------------------------------------
     def _generate_batch(self, prompts: list[list[int]], params: list[SamplingParams],
                         events: list[threading.Event | None] | None = None,
-                        episodes: list[str] | None = None) -> list[Generation]:
+                        episodes: list[str] | None = None,
+                        streams: list[int | None] | None = None) -> list[Generation]:
         torch = self._torch
         watched = [(i, e) for i, e in enumerate(events or ()) if e is not None]
         aborted: set[int] = set()
@@ -365,7 +371,9 @@ class HFPolicy(InProcessTokenPolicy):
         stop_ids = torch.tensor(self._stop_ids, dtype=torch.long, device=device)
         all_greedy = bool(greedy.all())
         # Inverse-CDF sampling with one pre-drawn uniform per row and step: a row's tokens depend on its seed only.
-        uniforms = None if all_greedy else _uniforms([p.seed for p in params], max_new, device)
+        if streams is None:
+            streams = row_seeds([p.seed for p in params])
+        uniforms = None if all_greedy else _uniforms(streams, max_new, device)
         any_top_p = bool(use_top_p.any())
 
         # Outputs, indexed by original row.
