@@ -209,22 +209,6 @@ def _prepare_run_dir(out_dir: Path, run: dict[str, Any], *, resume: bool, overwr
     return list(read_trajectories(trajectories)) if resume and trajectories.is_file() else []
 
 
-def _trainer_for(config: Any) -> tuple[Any, str]:
-    """The trainer class for a config (the config's ``trainer:`` key chose its type) and its display name."""
-    from agentgym.trainers.archer import ArcherConfig, ArcherTrainer
-    from agentgym.trainers.arpo import ArpoConfig, ArpoTrainer
-    from agentgym.trainers.filtered_bc import FilteredBCConfig, FilteredBCTrainer
-    from agentgym.trainers.grpo import GrpoTrainer
-
-    if isinstance(config, ArpoConfig):
-        return ArpoTrainer, "ARPO"
-    if isinstance(config, ArcherConfig):
-        return ArcherTrainer, "ArCHer"
-    if isinstance(config, FilteredBCConfig):
-        return FilteredBCTrainer, "filtered BC"
-    return GrpoTrainer, "GRPO"
-
-
 def _cmd_train(args: argparse.Namespace) -> int:
     import yaml
 
@@ -243,10 +227,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
         overrides["output_dir"] = args.output_dir
     if overrides:
         config = type(config).from_dict({**config.to_dict(), **overrides})
-    trainer_cls, name = _trainer_for(config)
+    from agentgym.trainers import make_trainer
 
+    name = config.display_name
     logging.getLogger("agentgym").setLevel(logging.INFO)
-    summary = trainer_cls(config).train()
+    summary = make_trainer(config).train()
     if os.environ.get("RANK", "0") != "0":
         return 0  # under torchrun only rank 0 evaluates and reports
     before, after = summary.get("eval_before", {}), summary.get("eval_after", {})

@@ -32,11 +32,15 @@ def demonstration_texts(suite_name: str, limit: int) -> list[str]:
     try:
         _, info = env.reset(seed=0)
         texts.append(info["instructions"])
+        try:
+            shortcut = env.unwrapped.shortcut_solver()
+        except NotImplementedError:  # e.g. the maze: every demonstration is then a reference one
+            shortcut = None
         for i, task in enumerate(suite.train[:limit]):
             traj = run_reference_episode(env, task, seed=i)
             for turn in traj.turns:
                 texts += [turn.observation, turn.action]
-            texts.append(env.unwrapped.shortcut_solver()(traj.turns[0].observation) if i % 2 else "")
+            texts.append(shortcut(traj.turns[0].observation) if shortcut is not None and i % 2 else "")
     finally:
         env.close()
     return [t for t in texts if t]

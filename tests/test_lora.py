@@ -58,7 +58,7 @@ def _trainer_with_model(config: GrpoConfig) -> GrpoTrainer:
 
 
 def _update_with_fixed_advantages(trainer: GrpoTrainer, step: int, optimizer: torch.optim.Optimizer) -> tuple:
-    trajectories = trainer._rollout(step)
+    trajectories = trainer._sample(step)
     n = len(trajectories)
     batch = build_batch(trajectories, torch.tensor([1.0, -1.0] * (n // 2)), [True] * n, pad_id=0)
     return trainer._update(batch, optimizer, trainer._schedule(optimizer), step), batch
@@ -208,8 +208,8 @@ def test_lora_run_saves_merged_model_and_adapter_and_resumes_exactly(model_dir: 
 def test_archer_loads_with_bfloat16_and_gradient_checkpointing(model_dir: Path, tmp_path: Path) -> None:
     from agentgym.trainers.archer import ArcherConfig, ArcherTrainer
 
-    config = ArcherConfig(model=str(model_dir), suite="games-calc", output_dir=str(tmp_path), iterations=1,
-                          episodes_per_iteration=4, warmup_iterations=0, batch_size=4, eval_tasks=2, eval_every=0,
+    config = ArcherConfig(model=str(model_dir), suite="games-calc", output_dir=str(tmp_path), steps=1,
+                          tasks_per_step=4, actor_warmup_steps=0, batch_size=4, eval_tasks=2, eval_every=0,
                           checkpoint_every=0, system_prompt="", max_tokens_per_turn=8, max_context_tokens=128,
                           tensorboard=False, actor_steps=1, critic_steps=1, dtype="bfloat16",
                           gradient_checkpointing=True)
@@ -250,7 +250,7 @@ def test_gpu_only_options_and_unsupported_combinations_fail_with_the_fix(tmp_pat
 
     from agentgym.trainers.arpo import ArpoConfig
 
-    with pytest.raises(ConfigError, match="ArcherConfig.lora: LoRA is supported by the GRPO and ARPO"):
+    with pytest.raises(ConfigError, match="ArcherConfig.lora: LoRA is supported by the GRPO, GiGPO and ARPO"):
         ArcherConfig(model="m", suite="games-calc", lora={})
     assert ArpoConfig(model="m", suite="games-calc", lora={}).load_options().lora == {}  # ARPO trains LoRA as GRPO
     with pytest.raises(ConfigError, match="GrpoConfig.packing: .*flash_attention_2"):

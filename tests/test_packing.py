@@ -71,7 +71,7 @@ def test_packed_inputs_layout():
     assert inputs["position_ids"].tolist() == [[0, 1, 2, 3, 0, 1, 0, 0], [0, 1, 2, 0, 0, 0, 0, 0]]
     assert inputs["seq_index"].tolist() == [[2, 2, 2, 2, 1, 1, -1, -1], [0, 0, 0, -1, -1, -1, -1, -1]]
     assert inputs["input_ids"][0, :4].tolist() == batch.input_ids[2, :4].tolist()
-    assert torch.equal(inputs["advantages"][0, :6], torch.tensor([batch.advantages[2]] * 4 + [batch.advantages[1]] * 2))
+    assert torch.equal(inputs["advantages"][0, :6], torch.cat([batch.advantages[2, :4], batch.advantages[1, :2]]))
     mask = inputs["attention_mask"]
     assert mask.shape == (2, 1, 8, 8) and mask.dtype == torch.float32
     allowed = (mask[0, 0] == 0).int().tolist()
@@ -135,3 +135,18 @@ def test_packed_logprobs_loss_and_gradients_equal_padded(tokenizer, attention):
     assert abs(packed_loss - float(padded_loss.detach())) < 1e-5
     for p, g in zip(model.parameters(), padded_grads):
         torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-6)
+
+
+def test_per_token_advantages_survive_packing_and_micro_batching():
+    """Step-level methods (GiGPO, ARPO hard attribution) put different values on one row's tokens: packing and
+    ``select`` must carry each token's own value, not a per-row scalar."""
+    batch = make_batch([5, 3, 6])
+    batch.advantages = torch.arange(18, dtype=torch.float32).reshape(3, 6)  # every token its own value
+    inputs = packed_inputs(batch, pack_sequences([5, 3, 6], 8), width=8)
+    for row in range(inputs["seq_index"].shape[0]):
+        for col in range(8):
+            i = int(inputs["seq_index"][row, col])
+            if i >= 0:
+                assert inputs["advantages"][row, col] == batch.advantages[i, int(inputs["position_ids"][row, col])]
+    sub = batch.select(torch.tensor([1]))
+    assert sub.advantages.tolist() == [[6.0, 7.0, 8.0]]

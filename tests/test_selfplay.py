@@ -205,7 +205,7 @@ def test_grpo_trainer_updates_on_selfplay_rollouts(tmp_path: Path) -> None:
     trainer.model, trainer.tokenizer = trainer._load(model_dir)
     trainer.reference = None
     trainer.policy = HFPolicy(trainer.model, trainer.tokenizer)
-    trajectories = trainer._rollout(0)
+    trajectories = trainer._sample(0)
     assert len(trajectories) == 4 and all(t.has_tokens for t in trajectories)
     assert all(t.env_id == "agentgym/Negotiation-SelfPlay-v0" for t in trajectories)
     batch = build_batch(trajectories, torch.tensor([1.0, -1.0] * 2), [True] * 4, pad_id=0)

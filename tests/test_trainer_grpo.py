@@ -60,7 +60,7 @@ def test_update_changes_parameters_with_finite_loss(model_dir: Path, tmp_path: P
     trainer.model, trainer.tokenizer = trainer._load(model_dir)
     trainer.reference = None
     trainer.policy = HFPolicy(trainer.model, trainer.tokenizer)
-    trajectories = trainer._rollout(0)
+    trajectories = trainer._sample(0)
     assert len(trajectories) == 8 and all(t.has_tokens for t in trajectories)
     advantages = torch.tensor([1.0, -1.0] * 4)
     batch = build_batch(trajectories, advantages, [True] * 8, pad_id=0)
@@ -85,7 +85,7 @@ def test_micro_batch_size_does_not_change_the_update(model_dir: Path, tmp_path: 
         trainer.model, trainer.tokenizer = trainer._load(model_dir)
         trainer.reference = None
         trainer.policy = HFPolicy(trainer.model, trainer.tokenizer)
-        trajectories = trainer._rollout(0)
+        trajectories = trainer._sample(0)
         batch = build_batch(trajectories, torch.tensor([1.0, -0.5, 0.25, -1.0] * 2), [True] * 8, pad_id=0)
         optimizer = torch.optim.SGD(trainer.model.parameters(), lr=0.1)
         trainer._update(batch, optimizer, trainer._schedule(optimizer), 0)

@@ -1,27 +1,25 @@
 """ArCHer: an utterance-level off-policy critic and a token-level actor (spec section 2).
 
-``ArcherTrainer(config).train()`` reads top to bottom in execution order: load or resume (actor, actor
-optimizer, critic, target critic, critic optimizer, replay buffer, RNG), optional behaviour-cloning warm
-start, held-out evaluation, then for each iteration:
+``ArcherTrainer(config).train()`` is the one online loop (:class:`~agentgym.trainers.loop.OnlineTrainer`) whose
+learning step, in execution order, is:
 
-1. collect ``episodes_per_iteration`` episodes with the current policy and append their turns to the replay
-   buffer (``(s, a, r, s', terminated, truncated)``, persisted to ``replay.jsonl``);
+1. append the step's turns to the replay buffer (``(s, a, r, s', terminated, truncated)``, persisted to
+   ``replay.jsonl``; ``r`` is each turn's share of the episode's return, :mod:`agentgym.trainers.returns`);
 2. ``critic_steps`` critic updates: TD targets from the target V heads (bootstrapping through truncation,
    stopping at termination), V targets from the target Q heads at a fresh policy sample, the four-MSE loss,
    then a Polyak update of the target critic after every step;
-3. after ``warmup_iterations``: ``actor_steps`` actor updates at buffer states with fresh utterances, whose
+3. after ``actor_warmup_steps``: ``actor_steps`` actor updates at buffer states with fresh utterances, whose
    every token gets ``A = min(Q1, Q2)(s, a_pi) - min(V1, V2)(s)`` from the online critic.
 
-Gradients are averaged over ``grad_accum_steps`` micro-batches (project decision; the reference code sums
-them, so its ``lr`` equals ours divided by ``grad_accum_steps``). The math lives in
-:mod:`agentgym.trainers.algorithms.archer`. :class:`OnlineTrainerBase` holds what ArCHer shares with the
-filtered-BC baseline (:mod:`agentgym.trainers.filtered_bc`): rollouts, evaluation, checkpoints and resume.
+Every critic input is text decoded from token ids with special tokens kept, for buffer and fresh actions and
+states alike, so Q is read on the same kind of text it was fit on. Gradients are averaged over
+``grad_accum_steps`` micro-batches (project decision; the reference code sums them, so its ``lr`` equals ours
+divided by ``grad_accum_steps``). The math lives in :mod:`agentgym.trainers.algorithms.archer`.
 """
 
 from __future__ import annotations
 
-import json
-import logging
+import copy
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,82 +27,17 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from agentgym.policies import SamplingParams
-from agentgym.progress import track
-from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, summarize
-from agentgym.suite import Task
 from agentgym.trainers.algorithms import archer as alg
-from agentgym.trainers.batch import sequence_logprobs
-from agentgym.trainers.bc import behaviour_clone, collect_demonstrations
-from agentgym.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from agentgym.trainers.config import TrainerConfig
-from agentgym.trainers.metrics import MetricsLogger, plot_learning_curve
-from agentgym.trainers.replay import ReplayBuffer, Transition, transitions_from_trajectory
+from agentgym.trainers.replay import ReplayBuffer
+from agentgym.trainers.replay_actor import ReplayActorConfig, ReplayActorTrainer
 from agentgym.trainers.seeding import mix_seed
 from agentgym.trajectory import Trajectory
 
-__all__ = ["ArcherConfig", "ArcherTrainer", "OnlinePolicyConfig", "OnlineTrainerBase"]
-
-logger = logging.getLogger(__name__)
-
-
-# ---- configuration --------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class OnlinePolicyConfig(TrainerConfig):
-    """What ArCHer and online filtered BC add to the shared trainer fields: iterations of collect-then-update,
-    the actor's optimizer, and their (smaller) defaults for turns, context, evaluation and checkpoints."""
-
-    output_dir: str = "runs/archer"
-    """Checkpoints, replay buffer, metrics (JSONL + TensorBoard), learning curve and final model."""
-    max_tokens_per_turn: int = 32
-    """Most tokens per utterance (spec default 32)."""
-    max_context_tokens: int | None = 1024
-    """Episodes whose context would exceed this end with context_limit (a truncation)."""
-    eval_every: int = 5
-    """Evaluate on the held-out split every N iterations (and before the first and after the last)."""
-    eval_tasks: int = 50
-    """Held-out tasks per evaluation."""
-    checkpoint_every: int = 5
-    """Checkpoint every N iterations (0: only at the end)."""
-    iterations: int = 20
-    """Collect-then-update iterations."""
-    episodes_per_iteration: int = 16
-    """Episodes collected per iteration (``rollouts / iter`` in spec 2.5; 128 there)."""
-    actor_learning_rate: float = 1e-4
-    """Adam learning rate of the actor (per averaged micro-batch gradient)."""
-    actor_steps: int = 3
-    """Actor optimizer steps per iteration (``actor_epochs``)."""
-    warmup_iterations: int = 2
-    """Iterations before the first actor update (the critic, if any, trains from the start)."""
-    batch_size: int = 16
-    """Transitions per micro-batch."""
-    grad_accum_steps: int = 1
-    """Micro-batches per optimizer step; their gradients are averaged (spec 2.6: the reference code sums, so
-    its lr equals this lr divided by grad_accum_steps)."""
-
-    trainer_name: ClassVar[str] = "online"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for name in ("iterations", "episodes_per_iteration", "actor_steps", "batch_size", "grad_accum_steps"):
-            if getattr(self, name) < 1:
-                raise self._fail(name, f"must be >= 1, got {getattr(self, name)}.")
-        if self.warmup_iterations < 0:
-            raise self._fail("warmup_iterations", f"must be >= 0, got {self.warmup_iterations}.")
-        if not self.actor_learning_rate > 0:
-            raise self._fail("actor_learning_rate", f"must be > 0 (typical for the tiny model: 1e-4), "
-                                                    f"got {self.actor_learning_rate}.")
-        if self.lora is not None:
-            raise self._fail("lora", f"LoRA is supported by the GRPO and ARPO trainers only for now, not by "
-                                     f"{self.trainer_name}: remove lora (dtype: bfloat16 and gradient_checkpointing: "
-                                     "true also save memory here), or train with trainer: grpo.")
-        if self.warmup_iterations >= self.iterations:
-            raise self._fail("warmup_iterations", f"is {self.warmup_iterations} but there are only {self.iterations} "
-                                                  "iterations, so the actor would never be updated; lower it.")
+__all__ = ["ArcherConfig", "ArcherTrainer"]
 
 
 @dataclass(frozen=True)
-class ArcherConfig(OnlinePolicyConfig):
+class ArcherConfig(ReplayActorConfig):
     """ArCHer (spec 2): replay buffer + double-Q/V utterance critic with Polyak targets + token-level actor."""
 
     output_dir: str = "runs/archer"
@@ -116,7 +49,7 @@ class ArcherConfig(OnlinePolicyConfig):
     critic_learning_rate: float = 1e-4
     """Adam learning rate of the critic (encoder and heads)."""
     critic_steps: int = 10
-    """Critic optimizer steps per iteration (``epochs``; 50 in the reference configs)."""
+    """Critic optimizer steps per training step (``epochs``; 50 in the reference configs)."""
     replay_capacity: int = 100_000
     """Transitions kept for sampling (FIFO); the JSONL file keeps them all."""
     bootstrap_truncated: bool = True
@@ -133,6 +66,8 @@ class ArcherConfig(OnlinePolicyConfig):
     position where a causal backbone such as ``critic_encoder: policy`` has read the whole text)."""
 
     trainer_name: ClassVar[str] = "archer"
+    display_name: ClassVar[str] = "ArCHer"
+    trainer_class: ClassVar[str] = "agentgym.trainers.archer:ArcherTrainer"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -153,222 +88,11 @@ class ArcherConfig(OnlinePolicyConfig):
             raise self._fail("critic_pooling", f"must be mean or last, got {self.critic_pooling!r}.")
 
 
-# ---- shared trainer machinery --------------------------------------------------------------------------
-class OnlineTrainerBase:
-    """Rollouts, the actor, evaluation, checkpoints and resume for iteration-based online trainers.
-
-    Subclasses implement :meth:`_setup_extra` (their extra modules, called after the actor is ready),
-    :meth:`_update` (one iteration's learning from the new trajectories), and the ``_extra_state`` pair that
-    saves and restores those modules inside each checkpoint.
-    """
-
-    config: OnlinePolicyConfig
-
-    def __init__(self, config: OnlinePolicyConfig) -> None:
-        self.config = config
-        self.suite, self.eval_suite = config.load_suites()
-        self.model_dir = config.check_model_dir()
-        config.check_runtime()
-        self.output_dir = Path(config.output_dir)
-        self.checkpoint_dir = self.output_dir / "checkpoints"
-        self.train_tasks = self.suite.split(config.train_split)
-        self.eval_tasks = self.eval_suite.split(config.eval_split)[: config.eval_tasks]
-        self.episodes = 0
-
-    # ---- hooks -------------------------------------------------------------------------------------
-    def _setup_extra(self, resume_from: Path | None) -> None:
-        raise NotImplementedError
-
-    def _update(self, iteration: int, trajectories: list[Trajectory]) -> dict[str, float]:
-        raise NotImplementedError
-
-    def _save_extra_state(self, directory: Path) -> None:
-        raise NotImplementedError
-
-    def _checkpoint_state(self) -> dict[str, Any]:
-        return {}
-
-    # ---- the run -----------------------------------------------------------------------------------
-    def train(self) -> dict[str, Any]:
-        """Run (or resume) training; returns the summary also written to ``summary.json``."""
-        from agentgym.models.loading import load_model
-        from agentgym.policies.hf import HFPolicy
-
-        cfg = self.config
-        torch.manual_seed(cfg.seed)
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        self.metrics = MetricsLogger.from_config(self.output_dir, cfg)
-        resume_from = latest_checkpoint(self.checkpoint_dir)
-        source = resume_from / "model" if resume_from else self.model_dir
-        self.model, self.tokenizer = load_model(source, cfg.load_options())
-        summary: dict[str, Any] = {"config": cfg.to_dict(), "trainer": cfg.trainer_name}
-        if resume_from is None:
-            (self.output_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2), encoding="utf-8")
-            if cfg.warmstart == "bc":
-                demos = collect_demonstrations(self.suite, cfg.train_split, cfg.bc_demos, self.tokenizer,
-                                               shortcut_fraction=cfg.bc_shortcut_fraction, seed=cfg.seed,
-                                               system_prompt=cfg.system_prompt)
-                summary["bc"] = behaviour_clone(self.model, self.tokenizer, demos, steps=cfg.bc_steps,
-                                                learning_rate=cfg.bc_learning_rate, batch_size=cfg.bc_batch_size,
-                                                seed=cfg.seed, device=cfg.device,
-                                                log=lambda s, m: self.metrics.log(0, {**m, "bc/step": s}))
-        self.actor_optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad],
-                                                lr=cfg.actor_learning_rate)
-        self.actor_scheduler = torch.optim.lr_scheduler.LambdaLR(self.actor_optimizer, lambda _: 1.0)
-        self.policy = HFPolicy(self.model, self.tokenizer, device=cfg.device, max_batch_size=cfg.max_in_flight,
-                               name=cfg.trainer_name)
-        start = 0
-        self._setup_extra(resume_from)  # before the RNG restore, so module init does not shift it
-        if resume_from is not None:
-            state = load_checkpoint(resume_from, self.actor_optimizer, self.actor_scheduler)
-            start, self.episodes = int(state["step"]), int(state.get("episodes", 0))
-            self._restore_state(state)
-            summary["resumed_from"] = str(resume_from)
-        if start == 0:
-            summary["eval_before"] = self._evaluate(0)
-        for iteration in track(range(start, cfg.iterations), f"{cfg.trainer_name} iterations", completed=start,
-                               unit="it", enabled=cfg.progress):
-            t0 = time.perf_counter()
-            trajectories = self._rollout(iteration)
-            self.episodes += len(trajectories)
-            t_rollout = time.perf_counter() - t0
-            stats = self._update(iteration, trajectories)
-            rollout = summarize(trajectories)
-            done = iteration + 1
-            self._log(done, {"train/success_rate": rollout.get("success_rate", 0.0),
-                             "train/mean_turns": rollout.get("mean_turns", 0.0),
-                             "train/return_mean": sum(t.total_reward for t in trajectories) / max(len(trajectories), 1),
-                             "train/episodes": float(self.episodes), **stats,
-                             "time/rollout_s": t_rollout, "time/step_s": time.perf_counter() - t0})
-            if cfg.eval_every and done % cfg.eval_every == 0 and done != cfg.iterations:
-                self._evaluate(done)
-            if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done != cfg.iterations:
-                self._save(done)
-        summary["eval_after"] = self._evaluate(cfg.iterations)
-        summary["episodes"] = self.episodes
-        self.model.save_pretrained(self.output_dir / "model")
-        self.tokenizer.save_pretrained(self.output_dir / "model")
-        self._save_defaults(self.output_dir / "model")
-        self._save(cfg.iterations)
-        plot_learning_curve(self.metrics.path, self.output_dir / "learning_curve.png")
-        (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
-        self.metrics.close()
-        return summary
-
-    def _restore_state(self, state: dict[str, Any]) -> None:
-        """Subclass hook: restore extra modules/buffers from a checkpoint's state dict."""
-
-    def _save(self, done: int) -> None:
-        def extra(model_dir: Path) -> None:
-            self._save_defaults(model_dir)
-            self._save_extra_state(model_dir.parent)
-
-        save_checkpoint(self.checkpoint_dir, done, self.model, self.tokenizer, self.actor_optimizer,
-                        self.actor_scheduler, {"episodes": self.episodes, **self._checkpoint_state()},
-                        self.config.keep_checkpoints, extra)
-
-    def _save_defaults(self, model_dir: Path) -> None:
-        from agentgym.policies.rollout_defaults import save_rollout_defaults
-
-        save_rollout_defaults(model_dir, system_prompt=self.config.system_prompt,
-                              max_tokens=self.config.max_tokens_per_turn, suite=self.config.suite)
-
-    def _log(self, step: int, metrics: dict[str, Any]) -> None:
-        self.metrics.log(step, metrics)
-        shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()
-                 if k in ("train/success_rate", "eval/success_rate", "critic/loss", "actor/loss", "time/step_s",
-                          "train/errors")}  # errored episodes are dropped from the update: show how many
-        logger.info("iteration %d %s", step, shown)
-
-    # ---- data --------------------------------------------------------------------------------------
-    def _rollout_config(self, sampling: SamplingParams) -> RolloutConfig:
-        return RolloutConfig(max_in_flight=self.config.max_in_flight, sampling=sampling,
-                             system_prompt=self.config.system_prompt,
-                             max_context_tokens=self.config.max_context_tokens, deterministic=True)
-
-    def _tasks_for_iteration(self, iteration: int) -> list[Task]:
-        """The data cursor: a seeded permutation of the train split per epoch over it, read in order."""
-        cfg = self.config
-        n, chosen = len(self.train_tasks), []
-        for k in range(iteration * cfg.episodes_per_iteration, (iteration + 1) * cfg.episodes_per_iteration):
-            epoch, offset = divmod(k, n)
-            order = torch.randperm(n, generator=torch.Generator().manual_seed(mix_seed(cfg.seed, epoch)))
-            chosen.append(self.train_tasks[int(order[offset])])
-        return chosen
-
-    def _rollout(self, iteration: int) -> list[Trajectory]:
-        cfg = self.config
-        specs = [EpisodeSpec(self.suite.env_id, task=task, seed=mix_seed(cfg.seed, iteration, k) % (2**31),
-                             group_id=f"{iteration}/{k}", env_kwargs=dict(self.suite.env_kwargs))
-                 for k, task in enumerate(self._tasks_for_iteration(iteration))]
-        sampling = SamplingParams(max_tokens=cfg.max_tokens_per_turn, temperature=cfg.temperature,
-                                  seed=mix_seed(cfg.seed, iteration, 1))
-        self.model.eval()
-        return RolloutEngine(self.policy, self._rollout_config(sampling)).run(specs)
-
-    def _decode(self, ids: tuple[int, ...]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
-
-    def _transitions(self, trajectories: list[Trajectory], gamma: float) -> list[Transition]:
-        out: list[Transition] = []
-        for t in trajectories:
-            out.extend(transitions_from_trajectory(t, self._decode, gamma=gamma, episode=t.group_id or None))
-        return out
-
-    # ---- the actor ---------------------------------------------------------------------------------
-    def _sample_utterances(self, states: list[tuple[int, ...]], seed: int) -> list[tuple[int, ...]]:
-        """Fresh utterances ``a_pi ~ pi(. | s)`` at buffer states (no gradient)."""
-        cfg = self.config
-        self.model.eval()
-        params = SamplingParams(max_tokens=cfg.max_tokens_per_turn, temperature=cfg.temperature, seed=seed)
-        generations = self.policy.generate([list(s) for s in states], params)
-        return [tuple(g.token_ids or ()) for g in generations]
-
-    def _utterance_logprobs(self, states: list[tuple[int, ...]], actions: list[tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``([B, L] log-probs, [B, L] mask)`` of each utterance given its state (right-padded, exact ids)."""
-        cfg = self.config
-        width = max(len(s) + len(a) for s, a in zip(states, actions))
-        pad = int(self.tokenizer.pad_token_id or 0)
-        ids = torch.full((len(states), width), pad, dtype=torch.long)
-        attention = torch.zeros((len(states), width), dtype=torch.long)
-        mask = torch.zeros((len(states), width), dtype=torch.float32)
-        for i, (s, a) in enumerate(zip(states, actions)):
-            ids[i, : len(s) + len(a)] = torch.tensor(list(s) + list(a), dtype=torch.long)
-            attention[i, : len(s) + len(a)] = 1
-            mask[i, len(s): len(s) + len(a)] = 1.0
-        logp = sequence_logprobs(self.model, ids.to(cfg.device), attention.to(cfg.device), cfg.temperature)
-        return logp, mask.to(cfg.device)
-
-    def _clip_and_step(self, parameters: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> float:
-        limit = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(parameters, limit)
-        optimizer.step()
-        return float(norm)
-
-    # ---- evaluation --------------------------------------------------------------------------------
-    def _evaluate(self, step: int) -> dict[str, Any]:
-        cfg = self.config
-        sampling = SamplingParams(max_tokens=cfg.max_tokens_per_turn, temperature=cfg.eval_temperature,
-                                  seed=mix_seed(cfg.seed, 999))
-        specs = [EpisodeSpec(self.eval_suite.env_id, task=t, seed=i, env_kwargs=dict(self.eval_suite.env_kwargs))
-                 for i, t in enumerate(self.eval_tasks)]
-        started = time.perf_counter()
-        self.model.eval()
-        result = summarize(RolloutEngine(self.policy, self._rollout_config(sampling)).run(specs))
-        result["wall_s"] = time.perf_counter() - started
-        self._log(step, {**{f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))},
-                         "eval/episodes_seen": float(self.episodes)})
-        return result
-
-
 # ---- ArCHer -------------------------------------------------------------------------------------------
-class ArcherTrainer(OnlineTrainerBase):
+class ArcherTrainer(ReplayActorTrainer):
     """``ArcherTrainer(config).train()``; see the module docstring for the order of work."""
 
     config: ArcherConfig
-
-    def __init__(self, config: ArcherConfig) -> None:
-        super().__init__(config)
 
     def _build_critic(self) -> Any:
         from agentgym.trainers.critic import UtteranceCritic
@@ -380,11 +104,8 @@ class ArcherTrainer(OnlineTrainerBase):
             return UtteranceCritic.from_minilm(**kwargs)
         return UtteranceCritic.from_policy(self.model, self.tokenizer, **kwargs)
 
-    def _setup_extra(self, resume_from: Path | None) -> None:
-        import copy
-
+    def _setup(self, resume_from: Path | None) -> None:
         cfg = self.config
-        torch.manual_seed(mix_seed(cfg.seed, 17))  # critic heads start the same whether or not we resume
         self.critic = self._build_critic()
         self.target_critic = copy.deepcopy(self.critic)  # hard copy at init (tau = 1)
         for p in self.target_critic.parameters():
@@ -399,7 +120,7 @@ class ArcherTrainer(OnlineTrainerBase):
         elif self.replay.total:
             self.replay.truncate(0)  # a fresh run must not inherit a stale buffer from a run that never checkpointed
 
-    def _restore_state(self, state: dict[str, Any]) -> None:
+    def _restore_state(self, state: dict[str, Any], directory: Path) -> None:
         self.replay.truncate(int(state["replay_total"]))
 
     def _checkpoint_state(self) -> dict[str, Any]:
@@ -409,20 +130,19 @@ class ArcherTrainer(OnlineTrainerBase):
         torch.save({"critic": self.critic.state_dict(), "target_critic": self.target_critic.state_dict(),
                     "critic_optimizer": self.critic_optimizer.state_dict()}, directory / "critic.pt")
 
-    def _update(self, iteration: int, trajectories: list[Trajectory]) -> dict[str, float]:
+    def _learn(self, step: int, trajectories: list[Trajectory]) -> dict[str, float]:
         cfg = self.config
-        self.replay.extend(self._transitions(trajectories, cfg.gamma))
-        stats: dict[str, float] = {"replay/size": float(len(self.replay)),
-                                   "train/errors": float(sum(t.error is not None for t in trajectories))}
+        self.replay.extend(self._transitions(step, trajectories, cfg.gamma))
+        stats: dict[str, float] = {"replay/size": float(len(self.replay))}
         if len(self.replay) == 0:
             return {**stats, "train/skipped_update": 1.0}
-        generator = torch.Generator().manual_seed(mix_seed(cfg.seed, iteration, 2))
+        generator = torch.Generator().manual_seed(mix_seed(cfg.seed, step, 2))
         t0 = time.perf_counter()
-        stats.update(self._critic_phase(iteration, generator))
+        stats.update(self._critic_phase(step, generator))
         stats["time/critic_s"] = time.perf_counter() - t0
-        if iteration >= cfg.warmup_iterations:
+        if step >= cfg.actor_warmup_steps:
             t0 = time.perf_counter()
-            stats.update(self._actor_phase(iteration, generator))
+            stats.update(self._actor_phase(step, generator))
             stats["time/actor_s"] = time.perf_counter() - t0
         return stats
 
@@ -471,7 +191,7 @@ class ArcherTrainer(OnlineTrainerBase):
         losses, norms, advantages = [], [], []
         params = [p for p in self.model.parameters() if p.requires_grad]
         for step in range(cfg.actor_steps):
-            self.actor_optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad(set_to_none=True)
             total = 0.0
             for micro in range(cfg.grad_accum_steps):
                 b = self.replay.sample(cfg.batch_size, generator)
@@ -486,7 +206,7 @@ class ArcherTrainer(OnlineTrainerBase):
                 loss.backward()
                 total += float(loss.detach())
                 advantages.extend(adv.tolist())
-            norms.append(self._clip_and_step(params, self.actor_optimizer))
+            norms.append(self._clip_and_step(params, self.optimizer, self.scheduler))
             losses.append(total)
         self.model.eval()
         adv = torch.tensor(advantages, dtype=torch.float64)

@@ -1,13 +1,14 @@
 """ARPO: GRPO over entropy-guided branching rollouts (spec section 4, project decision 2).
 
-``ArpoTrainer(config).train()`` is :class:`~agentgym.trainers.grpo.GrpoTrainer` with two changes:
+``ArpoTrainer(config).train()`` is :class:`~agentgym.trainers.grpo.GrpoTrainer` (the one online loop with the
+clipped policy-gradient update) with two parts swapped:
 
 1. Rollouts come from :class:`~agentgym.branching.BranchingSampler`: ``initial_rollouts`` (N) fresh
    trajectories per task, grown to ``group_size`` (M) by branching after tool results, where the
    entropy of the model's next turn rose relative to its first turn.
 2. Advantages reach tokens by ``attribution``: ``soft`` (default, the reference code) keeps each
-   trajectory's group advantage on all its tokens; ``hard`` gives tokens shared by several branches the
-   mean advantage of those branches (``hard_dedupe`` also trains each shared token once instead of once
+   trajectory's advantages on its tokens; ``hard`` gives tokens shared by several branches the mean
+   advantage of those branches at that token (``hard_dedupe`` also trains each shared token once instead of once
    per copy).
 
 Everything else (scores, masks, the clipped loss with exact global token counts, checkpoints, resume,
@@ -70,6 +71,8 @@ class ArpoConfig(GrpoConfig):
     """Hard attribution only: train a token shared by d branches once (weight 1/d per copy), not d times."""
 
     trainer_name: ClassVar[str] = "arpo"
+    display_name: ClassVar[str] = "ARPO"
+    trainer_class: ClassVar[str] = "agentgym.trainers.arpo:ArpoTrainer"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -102,12 +105,13 @@ class ArpoTrainer(GrpoTrainer):
         super().__init__(config, **kwargs)
         self._sampler_stats: dict[str, Any] = {}
 
-    def _rollout(self, step: int) -> list[Trajectory]:
+    def _sample(self, step: int) -> list[Trajectory]:
         """M trajectories per task from the branching sampler (the same specs and seeds GRPO would use)."""
         cfg = self.config
         specs, sampling = self._rollout_plan(step)
         branching = dataclasses.replace(cfg.branching(), seed=mix_seed(cfg.seed, step, self.world.rank))
-        sampler = BranchingSampler(self.policy, self._rollout_config(sampling, cfg.max_in_flight), branching)
+        self.model.eval()
+        sampler = BranchingSampler(self.policy, self._rollout_config(sampling), branching)
         trajectories = sampler.run(specs)
         self._sampler_stats = sampler.stats
         return trajectories

@@ -27,10 +27,12 @@ class TrainingBatch:
         input_ids: ``[N, L]`` token ids (padding: ``pad_id``).
         attention_mask: ``[N, L]`` 1 on real tokens.
         loss_mask: ``[N, L]`` float, 1 exactly on trained (sampled, unmasked) tokens.
-        advantages: ``[N]`` one scalar per trajectory (broadcast over its tokens in the loss).
+        advantages: ``[N, L]`` per-token advantages (a trajectory-level method puts one value on every token;
+            step-level methods put each step's value on that step's tokens).
         sampler_logprobs: ``[N, L]`` log-probs recorded at sampling time (0 off the mask).
         old_logprobs: ``[N, L]`` log-probs of the policy before the update (filled by the trainer).
         ref_logprobs: ``[N, L]`` reference-model log-probs, when a KL term is used.
+        turn_index: ``[N, L]`` the turn (step) each token belongs to, ``-1`` on padding.
     """
 
     input_ids: torch.Tensor
@@ -40,6 +42,11 @@ class TrainingBatch:
     sampler_logprobs: torch.Tensor
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
+    turn_index: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        n, width = (int(d) for d in self.input_ids.shape)
+        self.advantages = _per_token(self.advantages, n, width)  # [N] is accepted and put on every token
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -47,7 +54,8 @@ class TrainingBatch:
     def select(self, index: torch.Tensor | slice) -> TrainingBatch:
         """Rows ``index`` of every tensor, trimmed to the longest remaining sequence."""
         rows = {name: getattr(self, name) for name in ("input_ids", "attention_mask", "loss_mask", "advantages",
-                                                        "sampler_logprobs", "old_logprobs", "ref_logprobs")}
+                                                        "sampler_logprobs", "old_logprobs", "ref_logprobs",
+                                                        "turn_index")}
         picked = {k: (v[index] if v is not None else None) for k, v in rows.items()}
         width = int(picked["attention_mask"].sum(dim=1).max().item()) if len(picked["input_ids"]) else 0
         for k, v in picked.items():
@@ -62,7 +70,10 @@ class TrainingBatch:
 
 def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float] | torch.Tensor,
                 sample_mask: Sequence[bool] | torch.Tensor, pad_id: int) -> TrainingBatch:
-    """Stack token views; rows whose ``sample_mask`` is False get an all-zero loss mask."""
+    """Stack token views; rows whose ``sample_mask`` is False get an all-zero loss mask.
+
+    ``advantages`` is ``[N]`` (one value per trajectory, put on all its tokens) or ``[N, L]`` per token.
+    """
     views = [t.token_view() for t in trajectories]
     width = max((len(v) for v in views), default=0)
     n = len(views)
@@ -70,6 +81,7 @@ def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float] 
     attention = torch.zeros((n, width), dtype=torch.long)
     loss_mask = torch.zeros((n, width), dtype=torch.float32)
     logps = torch.zeros((n, width), dtype=torch.float32)
+    turn_index = torch.full((n, width), -1, dtype=torch.long)
     keep = torch.as_tensor(sample_mask, dtype=torch.bool)
     for i, view in enumerate(views):
         length = len(view)
@@ -78,7 +90,19 @@ def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float] 
         if keep[i]:
             loss_mask[i, :length] = torch.tensor(view.loss_mask, dtype=torch.float32)
         logps[i, :length] = torch.tensor(view.logprobs, dtype=torch.float32)
-    return TrainingBatch(input_ids, attention, loss_mask, torch.as_tensor(advantages, dtype=torch.float32), logps)
+        turn_index[i, :length] = torch.tensor(view.turn_index, dtype=torch.long)
+    return TrainingBatch(input_ids, attention, loss_mask, torch.as_tensor(advantages, dtype=torch.float32), logps,
+                         turn_index=turn_index)
+
+
+def _per_token(advantages: Sequence[float] | torch.Tensor, n: int, width: int) -> torch.Tensor:
+    """``[N, L]`` float32 advantages from ``[N]`` (broadcast along each row) or ``[N, L]``."""
+    adv = torch.as_tensor(advantages, dtype=torch.float32)
+    if adv.dim() == 2 and adv.shape[0] == n and adv.shape[1] >= width:
+        return adv[:, :width]  # select() trims rows to their longest sequence
+    if adv.dim() == 1 and adv.shape[0] == n:
+        return adv[:, None].expand(n, width).clone()
+    raise ValueError(f"advantages has shape {tuple(adv.shape)}; pass [{n}] (one per trajectory) or [{n}, {width}].")
 
 
 def sequence_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,

@@ -10,7 +10,7 @@ import dataclasses
 import types
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args, get_origin
 
@@ -21,7 +21,7 @@ from agentgym.errors import ConfigError, did_you_mean
 if TYPE_CHECKING:
     from agentgym.suite import TaskSuite
 
-__all__ = ["GrpoConfig", "TrainerConfig", "load_config"]
+__all__ = ["GrpoConfig", "TrainerConfig", "config_from_dict", "load_config"]
 
 TURN_KINDS = ("tool_call", "answer", "void", "invalid")
 
@@ -40,6 +40,21 @@ class TrainerConfig:
     """Task suite name (``agentgym list``) or path to a suite YAML; trains on ``train_split``."""
     output_dir: str = "runs/train"
     """Where checkpoints, metrics (JSONL + TensorBoard), the learning curve and the final model go."""
+    steps: int = 50
+    """Training steps; each samples ``tasks_per_step x group_size`` episodes with the current policy, then learns."""
+    tasks_per_step: int = 16
+    """Distinct training tasks per step (read in a seeded order, a new permutation per pass over the split)."""
+    group_size: int = 8
+    """Episodes per task and step (G): group methods compare them; 1 for methods that need no group."""
+    learning_rate: float = 3e-4
+    """AdamW learning rate of the policy after warm-up (typical: 1e-6 for 7B models, 3e-4 for the tiny model)."""
+    warmup_steps: int = 10
+    """Linear learning-rate warm-up, in optimizer steps (a fresh optimizer at full lr can wreck a warm start)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay of the policy."""
+    generation_backend: Literal["hf", "vllm"] = "hf"
+    """Who samples rollouts: the training model itself through HF (CPU or GPU), or an in-process vLLM engine
+    (GPU only, ``agentgym[vllm]``) whose weights are synced from the trained model after every update."""
     train_split: str = "train"
     """Split of ``suite`` to train on."""
     eval_suite: str | None = None
@@ -50,6 +65,8 @@ class TrainerConfig:
     """Gradient-norm clip (0 disables clipping)."""
     temperature: float = 1.0
     """Sampling temperature for training rollouts (log-probs are computed at the same temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass for training rollouts."""
     max_tokens_per_turn: int = 48
     """Most tokens sampled per turn."""
     max_context_tokens: int | None = 2048
@@ -115,20 +132,39 @@ class TrainerConfig:
 
     trainer_name: ClassVar[str] = "train"
     """The ``trainer:`` key of a config file that selects this class."""
+    display_name: ClassVar[str] = "training"
+    """How the CLI and logs name the method (GRPO, GiGPO, ARPO, ArCHer, filtered BC)."""
+    trainer_class: ClassVar[str] = ""
+    """``module:Class`` of the trainer this config runs (:func:`agentgym.trainers.make_trainer` imports it)."""
 
     def __post_init__(self) -> None:
         self._check_types()
-        for name in ("max_tokens_per_turn", "eval_tasks", "keep_checkpoints", "bc_demos", "bc_steps", "bc_batch_size",
-                     "max_in_flight"):
+        for name in ("steps", "tasks_per_step", "group_size", "max_tokens_per_turn", "eval_tasks", "keep_checkpoints",
+                     "bc_demos", "bc_steps", "bc_batch_size", "max_in_flight"):
             if getattr(self, name) < 1:
                 raise self._fail(name, f"must be >= 1, got {getattr(self, name)}.")
         for name in ("eval_every", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise self._fail(name, f"must be >= 0, got {getattr(self, name)}.")
+        if self.warmup_steps < 0:
+            raise self._fail("warmup_steps", f"must be >= 0, got {self.warmup_steps}.")
+        if not self.learning_rate > 0:
+            raise self._fail("learning_rate", f"must be > 0 (typical: 1e-6 for 7B models, 3e-4 for the tiny model), "
+                                              f"got {self.learning_rate}.")
+        if self.weight_decay < 0:
+            raise self._fail("weight_decay", f"must be >= 0, got {self.weight_decay}.")
+        if self.generation_backend == "vllm" and not self.device.startswith("cuda"):
+            raise self._fail("generation_backend", "'vllm' needs a CUDA GPU: set device: cuda, or use generation_backend: hf.")
+        if self.generation_backend == "vllm" and self.load_in_4bit:
+            raise self._fail("load_in_4bit", "with generation_backend: vllm the trained weights are synced into vLLM "
+                                             "after every update, which a 4-bit base cannot give: use "
+                                             "generation_backend: hf, or LoRA without load_in_4bit.")
         if not self.bc_learning_rate > 0:
             raise self._fail("bc_learning_rate", f"must be > 0 (typical: 1e-3), got {self.bc_learning_rate}.")
         if self.temperature <= 0:
             raise self._fail("temperature", "training rollouts need sampling: use a temperature > 0 (typical 1.0).")
+        if not 0 < self.top_p <= 1:
+            raise self._fail("top_p", f"must be in (0, 1], got {self.top_p}.")
         if self.eval_temperature < 0:
             raise self._fail("eval_temperature", "must be >= 0 (0 = greedy).")
         if self.max_grad_norm < 0:
@@ -240,6 +276,7 @@ class TrainerConfig:
         """Build from a mapping (a YAML file's fields), rejecting unknown keys with a 'did you mean'."""
         name = cls.__name__
         names = {f.name for f in dataclasses.fields(cls)}
+        _check_renamed_fields(name, data, names)
         for key in data:
             if key not in names:
                 raise ConfigError(f"Unknown {name} field {key!r}.{did_you_mean(key, names)}")
@@ -255,124 +292,6 @@ class TrainerConfig:
         """Plain YAML/JSON values: tuples become lists, mappings dicts."""
         d = dataclasses.asdict(self)
         return {k: list(v) if isinstance(v, tuple) else dict(v) if isinstance(v, Mapping) else v for k, v in d.items()}
-
-
-@dataclass(frozen=True)
-class GrpoConfig(TrainerConfig):
-    """GRPO for multi-turn agents (spec sections 1, 5, 6, 7), with BC warm start and the turn-level tricks."""
-
-    output_dir: str = "runs/grpo"
-    """Where checkpoints, metrics (JSONL + TensorBoard), the learning curve and the final model go."""
-    steps: int = 50
-    """Number of GRPO steps (one rollout batch and one update each)."""
-    tasks_per_step: int = 16
-    """Distinct tasks per step; each gets ``group_size`` rollouts."""
-    group_size: int = 8
-    """Rollouts per task (G). Group estimators need at least 2."""
-    learning_rate: float = 3e-4
-    """AdamW learning rate after warm-up."""
-    warmup_steps: int = 10
-    """Linear learning-rate warm-up, in optimizer steps (a fresh optimizer at full lr can wreck a warm start)."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    micro_batch_size: int = 64
-    """Sequences per forward/backward pass; gradients accumulate, so this changes memory, never the loss."""
-    packing: bool = False
-    """Pack the sequences of each micro-batch into rows (block-diagonal attention) instead of padding them:
-    the same log-probs and loss, about 2x faster on CPU (benchmarks/train_step.py); the [B,1,T,T] mask costs
-    memory on long sequences."""
-    ppo_epochs: int = 1
-    """Passes over each rollout batch; old log-probs are computed once before the first."""
-    mini_batches: int = 1
-    """Optimizer updates per epoch (the rollout batch is split into this many mini-batches)."""
-    advantage: Literal["grpo", "mean_norm", "rloo"] = "grpo"
-    """Group advantage estimator (spec 1.4)."""
-    singleton_advantage: Literal["zero", "raw"] = "zero"
-    """Advantage of a group with one counted member: 0 (project decision) or the raw score (verl)."""
-    clip_eps_low: float = 0.2
-    """Lower PPO clip range."""
-    clip_eps_high: float = 0.28
-    """Upper PPO clip range (clip-higher when larger than clip_eps_low)."""
-    dual_clip_c: float | None = 3.0
-    """Dual-clip constant for negative advantages (None disables it)."""
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = "token-mean"
-    """Loss aggregation (spec 1.6); token-mean uses the exact global token count."""
-    kl_coef: float = 0.0
-    """KL penalty coefficient in the loss; > 0 needs ``reference_model``."""
-    kl_estimator: Literal["k1", "k3"] = "k3"
-    """KL estimator (k3 = verl's low_var_kl)."""
-    reference_model: str | None = None
-    """Frozen reference for the KL term: a model directory, or ``initial`` for a copy of the starting weights."""
-    top_p: float = 1.0
-    """Nucleus sampling mass for training rollouts."""
-    reward: Literal["outcome", "dra", "gra"] = "outcome"
-    """Trajectory score: outcome only, outcome + step rewards (D-RA), or gated accumulation (G-RA, spec 5)."""
-    step_rewards: Mapping[str, float] = field(default_factory=lambda: {"tool_call": 0.05, "invalid": -0.05, "void": -0.05})
-    """Per-turn shaping by turn kind, used by dra/gra (never hard-coded in envs)."""
-    gra_threshold: float = 1.0
-    """G-RA gate: step rewards count only when the outcome score meets this."""
-    gra_cmp: Literal[">=", ">"] = ">="
-    """G-RA comparison operator."""
-    mask_void_turns: bool = False
-    """SimpleTIR: trajectories with a void turn leave the loss (they stay in the group statistics)."""
-    void_turn_kinds: tuple[str, ...] = ("void",)
-    """Turn kinds that count as void for ``mask_void_turns``."""
-    mask_over_turn: bool = False
-    """Mini-o3: trajectories that ran out of turns while still calling tools leave the loss."""
-    exclude_masked_from_group_stats: bool = False
-    """Also drop masked trajectories from the group mean/std (the reference code keeps them)."""
-    group_filter_std: float | None = None
-    """Dynamic sampling: drop groups whose counted reward std is below this (None: keep all)."""
-    generation_backend: Literal["hf", "vllm"] = "hf"
-    """Who samples rollouts: the training model itself through HF (CPU or GPU), or an in-process vLLM engine
-    (GPU only, ``agentgym[vllm]``) whose weights are synced from the trained model after every update."""
-
-    trainer_name: ClassVar[str] = "grpo"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for name in ("steps", "tasks_per_step", "group_size", "micro_batch_size", "ppo_epochs", "mini_batches"):
-            if getattr(self, name) < 1:
-                raise self._fail(name, f"must be >= 1, got {getattr(self, name)}.")
-        if self.warmup_steps < 0:
-            raise self._fail("warmup_steps", f"must be >= 0, got {self.warmup_steps}.")
-        if not self.learning_rate > 0:
-            raise self._fail("learning_rate", f"must be > 0 (typical: 1e-6 for 7B models, 3e-4 for the tiny model), "
-                                              f"got {self.learning_rate}.")
-        if self.group_size < 2:
-            raise self._fail("group_size", f"is {self.group_size}, but the {self.advantage!r} estimator compares rollouts "
-                                      "within a group: use group_size >= 2.")
-        if self.mini_batches > self.tasks_per_step * self.group_size:
-            raise self._fail("mini_batches", "exceeds the number of rollouts per step; lower it or raise tasks_per_step.")
-        if self.kl_coef < 0:
-            raise self._fail("kl_coef", f"must be >= 0, got {self.kl_coef}.")
-        if self.kl_coef > 0 and not self.reference_model:
-            raise self._fail("kl_coef", f"is {self.kl_coef} but no reference_model is set: set reference_model to a model "
-                                   "directory or to 'initial' (a frozen copy of the starting weights), or set kl_coef: 0.")
-        if self.clip_eps_low < 0 or self.clip_eps_high < 0 or self.clip_eps_low >= 1:
-            raise self._fail("clip_eps_low", "clip ranges must satisfy 0 <= clip_eps_low < 1 and clip_eps_high >= 0.")
-        if self.dual_clip_c is not None and self.dual_clip_c <= 1:
-            raise self._fail("dual_clip_c", f"must be > 1 (typical 3.0) or null to disable, got {self.dual_clip_c}.")
-        if not 0 < self.top_p <= 1:
-            raise self._fail("top_p", f"must be in (0, 1], got {self.top_p}.")
-        if self.packing and self.attn_implementation == "flash_attention_2":
-            raise self._fail("packing", "builds a block-diagonal [B,1,T,T] attention mask, which flash_attention_2 "
-                                        "does not take: use attn_implementation: sdpa with packing, or packing: false.")
-        if self.generation_backend == "vllm" and self.load_in_4bit:
-            raise self._fail("load_in_4bit", "with generation_backend: vllm the trained weights are synced into vLLM "
-                                             "after every update, which a 4-bit base cannot give: use "
-                                             "generation_backend: hf, or LoRA without load_in_4bit.")
-        if self.generation_backend == "vllm" and not self.device.startswith("cuda"):
-            raise self._fail("generation_backend", "'vllm' needs a CUDA GPU: set device: cuda, or use generation_backend: hf.")
-        unknown_kinds = set(self.void_turn_kinds) - set(TURN_KINDS)
-        if unknown_kinds:
-            raise self._fail("void_turn_kinds", f"has unknown kinds {sorted(unknown_kinds)}; choose from {TURN_KINDS}.")
-        if self.mask_void_turns and {"tool_call", "answer"} <= set(self.void_turn_kinds):
-            raise self._fail("void_turn_kinds", "marks every turn kind an episode can succeed with as void, so masking void "
-                                           "turns would leave no token to train on; use ('void',) or ('void', 'invalid').")
-        unknown_rewards = set(self.step_rewards) - set(TURN_KINDS)
-        if unknown_rewards:
-            raise self._fail("step_rewards", f"has unknown turn kinds {sorted(unknown_rewards)}; keys must be in {TURN_KINDS}.")
 
 
 def _matches(value: Any, hint: Any) -> bool:
@@ -411,8 +330,49 @@ def _describe(hint: Any) -> str:
     return getattr(hint, "__name__", str(hint))
 
 
+RENAMED_FIELDS: dict[str, tuple[str, str]] = {
+    "iterations": ("steps", ""),
+    "episodes_per_iteration": ("tasks_per_step", " (ArCHer and filtered BC default to group_size: 1, so the episodes "
+                                                 "per step stay the same)"),
+    "actor_learning_rate": ("learning_rate", ""),
+    "warmup_iterations": ("actor_warmup_steps", ""),
+}
+"""Fields of the per-trainer vocabularies before the one-loop redesign -> their name now (and a note)."""
+
+
+def _check_renamed_fields(config_name: str, data: Mapping[str, Any], names: set[str]) -> None:
+    """Fail on old field names with the exact lines to write instead (every renamed field at once)."""
+    old = [key for key in data if key in RENAMED_FIELDS and key not in names]
+    if not old:
+        return
+    lines = []
+    for key in old:
+        new, note = RENAMED_FIELDS[key]
+        if new not in names:
+            continue
+        lines.append(f"  {key}: {data[key]!r}  ->  {new}: {data[key]!r}{note}")
+    if lines:
+        raise ConfigError(f"{config_name}: every trainer now shares one vocabulary (steps, tasks_per_step, group_size, "
+                          "learning_rate); rename these fields in your config:\n" + "\n".join(lines))
+
+
+def config_from_dict(data: Mapping[str, Any], *, source: str = "config") -> Any:
+    """The config a mapping describes: ``trainer:`` (grpo, gigpo, arpo, archer, filtered_bc; default grpo) picks the
+    class, the other keys are its fields (checked: unknown keys, renamed keys, types, values)."""
+    import importlib
+
+    data = dict(data)
+    trainer = data.pop("trainer", "grpo")
+    if trainer not in TRAINER_CONFIGS:
+        names = sorted(TRAINER_CONFIGS)
+        raise ConfigError(f"{source}: unknown trainer {trainer!r}.{did_you_mean(str(trainer), names)} "
+                          f"Available: {', '.join(names)}.")
+    module, _, name = TRAINER_CONFIGS[trainer].partition(":")
+    return getattr(importlib.import_module(module), name).from_dict(data)
+
+
 def load_config(path: str | Path) -> Any:
-    """Read a trainer config from YAML: ``trainer:`` (grpo, arpo, archer, filtered_bc; default grpo) plus its fields."""
+    """Read a trainer config from YAML: ``trainer:`` (see :func:`config_from_dict`) plus its fields."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"Config file {path} does not exist; see configs/ for examples.")
@@ -422,23 +382,16 @@ def load_config(path: str | Path) -> Any:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping of config fields.")
-    trainer = data.pop("trainer", "grpo")
-    if trainer not in TRAINER_CONFIGS:
-        names = sorted(TRAINER_CONFIGS)
-        raise ConfigError(f"{path}: unknown trainer {trainer!r}.{did_you_mean(str(trainer), names)} "
-                          f"Available: {', '.join(names)}.")
-    if trainer == "grpo":
-        return GrpoConfig.from_dict(data)
-    import importlib
-
-    module, _, name = TRAINER_CONFIGS[trainer].partition(":")
-    return getattr(importlib.import_module(module), name).from_dict(data)
+    return config_from_dict(data, source=str(path))
 
 
 TRAINER_CONFIGS = {
-    "grpo": "agentgym.trainers.config:GrpoConfig",
+    "grpo": "agentgym.trainers.grpo_config:GrpoConfig",
+    "gigpo": "agentgym.trainers.gigpo:GigpoConfig",
     "arpo": "agentgym.trainers.arpo:ArpoConfig",
     "archer": "agentgym.trainers.archer:ArcherConfig",
     "filtered_bc": "agentgym.trainers.filtered_bc:FilteredBCConfig",
 }
-"""``trainer:`` key of a config file -> its config class (the trainer class sits beside it)."""
+"""``trainer:`` key of a config file -> its config class (whose ``trainer_class`` names the trainer)."""
+
+from agentgym.trainers.grpo_config import GrpoConfig  # noqa: E402 - re-exported; it subclasses TrainerConfig above

@@ -1,7 +1,8 @@
 """Online filtered behaviour cloning: ArCHer's baseline (spec section 3).
 
-Every iteration collects episodes with the current policy and adds them to a cumulative pool (persisted as
-turns in ``pool.jsonl``, so a resumed run has the same pool). After ``warmup_iterations``, it keeps the
+The one online loop (:class:`~agentgym.trainers.loop.OnlineTrainer`): every step collects episodes with the current
+policy and adds them to a cumulative pool (persisted as turns in ``pool.jsonl``, so a resumed run has the same
+pool). After ``actor_warmup_steps``, it keeps the
 episodes whose return reaches the pool's ``quantile`` (0.9, numpy's linear interpolation), and runs
 ``actor_steps`` steps of behaviour cloning on their turns: ``L = -mean_b sum_tokens log pi(a | s)``, each
 step averaging ``grad_accum_steps`` micro-batches of ``batch_size`` turns drawn with replacement. When every
@@ -19,8 +20,8 @@ from typing import Any, ClassVar
 import torch
 
 from agentgym.trainers.algorithms.archer import filtered_bc_selection
-from agentgym.trainers.archer import OnlinePolicyConfig, OnlineTrainerBase
 from agentgym.trainers.replay import ReplayBuffer
+from agentgym.trainers.replay_actor import ReplayActorConfig, ReplayActorTrainer
 from agentgym.trainers.seeding import mix_seed
 from agentgym.trajectory import Trajectory
 
@@ -28,7 +29,7 @@ __all__ = ["FilteredBCConfig", "FilteredBCTrainer"]
 
 
 @dataclass(frozen=True)
-class FilteredBCConfig(OnlinePolicyConfig):
+class FilteredBCConfig(ReplayActorConfig):
     """Online filtered BC (spec 3): clone the top-``quantile`` episodes of everything collected so far."""
 
     output_dir: str = "runs/filtered_bc"
@@ -39,6 +40,8 @@ class FilteredBCConfig(OnlinePolicyConfig):
     """Skip the update while every pooled return is equal (otherwise: plain BC on the policy's own samples)."""
 
     trainer_name: ClassVar[str] = "filtered_bc"
+    display_name: ClassVar[str] = "filtered BC"
+    trainer_class: ClassVar[str] = "agentgym.trainers.filtered_bc:FilteredBCTrainer"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -46,33 +49,27 @@ class FilteredBCConfig(OnlinePolicyConfig):
             raise self._fail("quantile", f"must be in [0, 1] (0.9 in the reference code), got {self.quantile}.")
 
 
-class FilteredBCTrainer(OnlineTrainerBase):
+class FilteredBCTrainer(ReplayActorTrainer):
     """``FilteredBCTrainer(config).train()``; see the module docstring."""
 
     config: FilteredBCConfig
 
-    def __init__(self, config: FilteredBCConfig) -> None:
-        super().__init__(config)
-
-    def _setup_extra(self, resume_from: Path | None) -> None:
+    def _setup(self, resume_from: Path | None) -> None:
         self.pool = ReplayBuffer(self.output_dir / "pool.jsonl", capacity=10**9)
         if resume_from is None and self.pool.total:
             self.pool.truncate(0)
 
-    def _restore_state(self, state: dict[str, Any]) -> None:
+    def _restore_state(self, state: dict[str, Any], directory: Path) -> None:
         self.pool.truncate(int(state["pool_total"]))
 
     def _checkpoint_state(self) -> dict[str, Any]:
         return {"pool_total": self.pool.total}
 
-    def _save_extra_state(self, directory: Path) -> None:
-        """Nothing beyond the actor: the pool is rolled back to the checkpoint's count on resume."""
-
-    def _update(self, iteration: int, trajectories: list[Trajectory]) -> dict[str, float]:
+    def _learn(self, step: int, trajectories: list[Trajectory]) -> dict[str, float]:
         cfg = self.config
-        self.pool.extend(self._transitions(trajectories, 1.0))
+        self.pool.extend(self._transitions(step, trajectories, 1.0))
         stats: dict[str, float] = {"pool/turns": float(len(self.pool))}
-        if iteration < cfg.warmup_iterations or len(self.pool) == 0:
+        if step < cfg.actor_warmup_steps or len(self.pool) == 0:
             return {**stats, "train/skipped_update": 1.0}
         episodes: dict[str, list[Any]] = defaultdict(list)
         for t in self.pool:
@@ -85,12 +82,12 @@ class FilteredBCTrainer(OnlineTrainerBase):
                       "filter/pool_episodes": float(len(names))})
         if not kept:
             return {**stats, "train/skipped_update": 1.0}
-        generator = torch.Generator().manual_seed(mix_seed(cfg.seed, iteration, 5))
+        generator = torch.Generator().manual_seed(mix_seed(cfg.seed, step, 5))
         params = [p for p in self.model.parameters() if p.requires_grad]
         losses, norms = [], []
         self.model.train()
         for _ in range(cfg.actor_steps):
-            self.actor_optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad(set_to_none=True)
             total = 0.0
             for _micro in range(cfg.grad_accum_steps):
                 index = torch.randint(len(kept), (cfg.batch_size,), generator=generator).tolist()
@@ -99,7 +96,7 @@ class FilteredBCTrainer(OnlineTrainerBase):
                 loss = -(logp * mask).sum(dim=1).mean() / cfg.grad_accum_steps
                 loss.backward()
                 total += float(loss.detach())
-            norms.append(self._clip_and_step(params, self.actor_optimizer))
+            norms.append(self._clip_and_step(params, self.optimizer, self.scheduler))
             losses.append(total)
         self.model.eval()
         return {**stats, "actor/loss": sum(losses) / len(losses), "actor/grad_norm": sum(norms) / len(norms)}

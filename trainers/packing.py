@@ -39,7 +39,7 @@ from agentgym.trainers.logprobs import DEFAULT_CHUNK_SIZE, token_logprobs
 __all__ = ["pack_sequences", "packed_inputs", "packed_sequence_logprobs", "unpack_logprobs"]
 
 #: Per-token tensors of a :class:`TrainingBatch` that are carried into the packed layout when present.
-_TOKEN_FIELDS = ("loss_mask", "sampler_logprobs", "old_logprobs", "ref_logprobs")
+_TOKEN_FIELDS = ("loss_mask", "advantages", "sampler_logprobs", "old_logprobs", "ref_logprobs")
 
 
 def pack_sequences(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
@@ -109,9 +109,8 @@ def packed_inputs(batch: TrainingBatch, bins: Sequence[Sequence[int]], *, width:
           row is fully masked (a fully masked row gives NaN in softmax). transformers passes a 4-D mask
           through unchanged to eager and SDPA attention.
         * ``seq_index`` ``[B, T]`` long: the batch row each token came from, ``-1`` on padding.
-        * ``loss_mask``, ``sampler_logprobs`` and, when the batch has them, ``old_logprobs`` and
-          ``ref_logprobs`` ``[B, T]`` (0 on padding); ``advantages`` ``[B, T]``, each sequence's scalar
-          advantage broadcast over its tokens (0 on padding).
+        * ``loss_mask``, ``advantages`` (per token, as in the batch), ``sampler_logprobs`` and, when the batch
+          has them, ``old_logprobs`` and ``ref_logprobs`` ``[B, T]`` (0 on padding).
 
     Raises:
         ConfigError: on an index outside the batch, a sequence placed twice, or a bin longer than
@@ -143,7 +142,6 @@ def packed_inputs(batch: TrainingBatch, bins: Sequence[Sequence[int]], *, width:
     fields = {name: getattr(batch, name) for name in _TOKEN_FIELDS if getattr(batch, name) is not None}
     for name, source in fields.items():
         out[name] = torch.zeros((rows, width), dtype=source.dtype)
-    advantages = torch.zeros((rows, width), dtype=batch.advantages.dtype)
     for r, members in enumerate(bins):
         start = 0
         for slot, i in enumerate(int(m) for m in members):
@@ -153,7 +151,6 @@ def packed_inputs(batch: TrainingBatch, bins: Sequence[Sequence[int]], *, width:
             position_ids[r, start:stop] = torch.arange(length)
             seq_index[r, start:stop] = i
             segment[r, start:stop] = slot
-            advantages[r, start:stop] = batch.advantages[i]
             for name, source in fields.items():
                 out[name][r, start:stop] = source[i, :length]
             start = stop
@@ -164,8 +161,7 @@ def packed_inputs(batch: TrainingBatch, bins: Sequence[Sequence[int]], *, width:
     allowed = (segment[:, :, None] == segment[:, None, :]) & causal
     mask = torch.zeros((rows, 1, width, width), dtype=mask_dtype)
     mask.masked_fill_(~allowed[:, None], float("-inf"))
-    out.update(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, seq_index=seq_index,
-               advantages=advantages)
+    out.update(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, seq_index=seq_index)
     return out
 
 

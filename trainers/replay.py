@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from agentgym.errors import ConfigError
+from agentgym.trainers.returns import step_rewards
 from agentgym.trajectory import Trajectory
 
 __all__ = ["ReplayBuffer", "Transition", "transitions_from_trajectory"]
@@ -41,7 +42,7 @@ class Transition:
     Attributes:
         state: Critic view of the state: the conversation so far as text (chat template included).
         action: The utterance text the policy produced.
-        reward: The env's reward for this step.
+        reward: This step's share of the episode's return (:func:`agentgym.trainers.returns.step_rewards`).
         next_state: Critic view of the next state; for the last turn, the state, the action and the final
             observation (trajectory metadata ``final_prompt_token_ids``; older trajectories without it give
             the state followed by the action).
@@ -100,7 +101,7 @@ def transitions_from_trajectory(trajectory: Trajectory, decode: Any, *, gamma: f
         ids = ids + tuple(turn.prompt_token_ids or ())
         contexts.append(ids)
         ids = ids + tuple(turn.action_token_ids or ())
-    rewards = [float(t.reward) for t in turns]
+    rewards = step_rewards(trajectory)  # they sum to the episode's return (agentgym.trainers.returns)
     returns, running = [0.0] * len(turns), 0.0
     for i in range(len(turns) - 1, -1, -1):
         running = rewards[i] + gamma * running

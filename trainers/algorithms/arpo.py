@@ -116,7 +116,8 @@ def arpo_token_advantages(
 
     Args:
         sequences: Token ids of each trajectory's training sequence (prompt included).
-        advantages: ``[N]`` group-normalised advantages (e.g. from ``group_advantages``).
+        advantages: ``[N]`` group-normalised advantages (e.g. from ``group_advantages``), or ``[N, L]`` per-token
+            ones (e.g. GiGPO's steps); hard mode averages the members' values at each shared position.
         group_ids: ``[N]`` group of each trajectory; sharing is only counted inside a group.
         mode: ``"soft"`` (default, the reference code) or ``"hard"``.
         dedupe: Hard mode only: weight shared tokens ``1/d`` per copy.
@@ -131,7 +132,9 @@ def arpo_token_advantages(
     Raises:
         ConfigError: Mismatched lengths, unknown mode, ``dedupe`` with soft mode.
     """
-    check_vector("advantages", advantages)
+    if not isinstance(advantages, Tensor) or advantages.dim() not in (1, 2):
+        raise ConfigError("advantages must be a [N] (per trajectory) or [N, L] (per token) torch.Tensor, got "
+                          f"{type(advantages).__name__} {tuple(getattr(advantages, 'shape', ()))}.")
     check_choice("mode", mode, ("soft", "hard"))
     n = len(sequences)
     if advantages.shape[0] != n:
@@ -151,9 +154,12 @@ def arpo_token_advantages(
     token_adv = torch.zeros((n, width), dtype=torch.float32)
     weights = torch.zeros((n, width), dtype=torch.float32)
     adv = advantages.detach().double().cpu()
+    adv = adv[:, None].expand(n, width) if adv.dim() == 1 else adv  # per token from here on
+    if adv.shape[1] < longest:
+        raise ConfigError(f"advantages has {adv.shape[1]} columns but the longest sequence has {longest} tokens.")
     if mode == "soft":
         for j, length in enumerate(lengths):
-            token_adv[j, :length] = float(adv[j])
+            token_adv[j, :length] = adv[j, :length].float()
             weights[j, :length] = 1.0
         return token_adv, weights
     inverse, num_groups = group_index(group_ids, n)
@@ -171,7 +177,7 @@ def arpo_token_advantages(
                 if not counts[k]:
                     continue
                 shared = int(lcp[row, col])
-                num[:shared] += a[col]
+                num[:shared] += a[col, :shared]
                 den[:shared] += 1.0
             token_adv[j, :length] = torch.from_numpy(num / den)
             weights[j, :length] = torch.from_numpy(1.0 / den) if dedupe else 1.0

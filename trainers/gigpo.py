@@ -1,0 +1,112 @@
+"""GiGPO: GRPO plus a critic-free step-level advantage from anchor-state groups (spec section 8).
+
+``GigpoTrainer(config).train()`` is the GRPO loop with one part swapped: the advantage estimate. Within each task
+group, every visit to the same environment state (the env's ``state_key()``, recorded by the rollout engine on
+each turn before the action, so trajectories from any policy, ``OpenAIPolicy`` included, carry it) forms an
+anchor group, and each visit's discounted return-to-go is compared with the group's mean. A token of step ``t``
+of trajectory ``i`` gets ``A^E(tau_i) + omega * A^S(i, t)``; everything after (masks, the clipped loss with exact
+token counts, KL, packing, checkpoints) is GRPO's. Rewards are each turn's share of the episode's return
+(:func:`agentgym.trainers.returns.step_rewards`), so ``A^E`` compares the same returns GRPO does.
+
+Each step logs ``gigpo/anchor_groups``, ``gigpo/anchor_group_size_mean``/``_max`` and
+``gigpo/steps_in_shared_anchor`` (the share of steps whose state some other visit shares: 0 means GiGPO
+reduced to GRPO on that batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+
+from agentgym.trainers import algorithms as alg
+from agentgym.trainers.batch import TrainingBatch
+from agentgym.trainers.config import GrpoConfig
+from agentgym.trainers.grpo import GrpoTrainer
+from agentgym.trainers.returns import step_rewards
+from agentgym.trajectory import Trajectory
+
+__all__ = ["GigpoConfig", "GigpoTrainer", "anchor_keys", "step_advantages"]
+
+
+@dataclass(frozen=True)
+class GigpoConfig(GrpoConfig):
+    """GRPO's fields plus GiGPO's step-level comparison (defaults: spec 8.4, verl-agent's GiGPO scripts)."""
+
+    output_dir: str = "runs/gigpo"
+    """Where checkpoints, metrics (JSONL + TensorBoard), the learning curve and the final model go."""
+    gamma: float = 0.95
+    """Discount of the step returns ``R_t = sum_k gamma^(k-t) r_k`` compared within anchor groups."""
+    omega: float = 1.0
+    """Weight of the step advantage: ``A = A^E + omega * A^S`` (0 gives GRPO with ``mean_norm`` statistics)."""
+    gigpo_mode: Literal["mean_norm", "mean_std_norm"] = "mean_norm"
+    """Both comparisons subtract the group mean; mean_std_norm also divides by the std (ALFWorld, search)."""
+    episode_stats: Literal["trajectories", "all_steps"] = "trajectories"
+    """Episode statistics over one score per trajectory (the paper) or over every step sample (the reference
+    code's compute_mean_std_cross_steps, which weighs long episodes more)."""
+    invalid_penalty: float = 0.1
+    """Subtracted from a step's episode score and step return when its action did not parse (0 disables it)."""
+    similarity_thresh: float | None = None
+    """None: anchors match exactly. A ratio in (0, 1]: text states at least this similar share a group (greedy)."""
+
+    trainer_name: ClassVar[str] = "gigpo"
+    display_name: ClassVar[str] = "GiGPO"
+    trainer_class: ClassVar[str] = "agentgym.trainers.gigpo:GigpoTrainer"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 <= self.gamma <= 1:
+            raise self._fail("gamma", f"must be in [0, 1] (0.95 in the reference scripts), got {self.gamma}.")
+        if self.omega < 0:
+            raise self._fail("omega", f"must be >= 0 (1.0 in the reference scripts), got {self.omega}.")
+        if self.invalid_penalty < 0:
+            raise self._fail("invalid_penalty", f"must be >= 0 (0.1 in the reference scripts), got {self.invalid_penalty}.")
+        if self.similarity_thresh is not None and not 0 < self.similarity_thresh <= 1:
+            raise self._fail("similarity_thresh", f"must be in (0, 1] (0.9 for search) or null for exact matching, "
+                                                  f"got {self.similarity_thresh}.")
+        if self.reward != "outcome":
+            raise self._fail("reward", f"is {self.reward!r}, but GiGPO compares the env's per-step rewards, which "
+                                       "already sum to the outcome; use reward: outcome (shape invalid turns with "
+                                       "invalid_penalty), or trainer: grpo for D-RA/G-RA.")
+
+
+class GigpoTrainer(GrpoTrainer):
+    """``GigpoTrainer(config).train()``; see the module docstring."""
+
+    config: GigpoConfig
+
+    def _token_advantages(self, trajectories: list[Trajectory], scores: torch.Tensor, stats_mask: torch.Tensor,
+                          usable: list[int], batch: TrainingBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """Each step's ``A^E + omega * A^S`` on that step's tokens. Trajectories left out of the group statistics
+        (errors, and masked ones when ``exclude_masked_from_group_stats``) neither join a group nor get an
+        advantage."""
+        counted = [i for i, keep in enumerate(stats_mask.tolist()) if keep and trajectories[i].turns]
+        result = step_advantages([trajectories[i] for i in counted], self.config)
+        per_step = dict(zip(counted, result.advantages)) if result is not None else {}
+        stats = dict(result.stats) if result is not None else {}
+        steps = [per_step.get(i, torch.zeros(len(trajectories[i].turns))) for i in usable]
+        turn_index = batch.turn_index if batch.turn_index is not None else torch.zeros_like(batch.input_ids) - 1
+        return alg.broadcast_steps_to_tokens(steps, turn_index), stats
+
+
+def step_advantages(trajectories: Sequence[Trajectory], config: GigpoConfig) -> alg.GigpoAdvantages | None:
+    """GiGPO's per-step advantages of ``trajectories`` (grouped by ``group_id``) as ``config`` says; ``None`` for
+    none. Works on any recorded trajectories, token ids or not (e.g. from ``OpenAIPolicy`` in chat mode), since
+    anchors and rewards come from the turns."""
+    if not trajectories:
+        return None
+    return alg.gigpo_advantages(
+        [t.group_id for t in trajectories], [anchor_keys(t) for t in trajectories],
+        [step_rewards(t) for t in trajectories], [[turn.kind != "invalid" for turn in t.turns] for t in trajectories],
+        gamma=config.gamma, omega=config.omega, mode=config.gigpo_mode, episode_stats=config.episode_stats,
+        invalid_penalty=config.invalid_penalty, similarity_thresh=config.similarity_thresh,
+        singleton=config.singleton_advantage)
+
+
+def anchor_keys(trajectory: Trajectory) -> list[str]:
+    """Per turn, the anchor state GiGPO groups by: the env's ``state_key()`` recorded before the action, or, for
+    trajectories recorded without one, the raw observation the action answered (spec 8.2's default; no history)."""
+    return [turn.state_key if getattr(turn, "state_key", None) is not None else f"observation:{turn.observation}"
+            for turn in trajectory.turns]

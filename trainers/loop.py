@@ -1,0 +1,302 @@
+"""The one online trainer loop: sample, estimate, update. Every bundled trainer is this loop plus its parts.
+
+``OnlineTrainer(config).train()`` reads top to bottom in execution order:
+
+1. load the policy (or resume it from the latest checkpoint), write ``config.json``, optionally behaviour-clone
+   it on reference demonstrations (``warmstart: bc``);
+2. build the optimizer and learning-rate schedule, the generation policy (the training model itself through HF,
+   or a vLLM engine synced after every update) and the method's own parts (:meth:`_setup`: a KL reference, a
+   critic and its replay buffer, an episode pool), then restore the checkpoint's states;
+3. evaluate on the held-out split, then for each step:
+   :meth:`_sample` ``tasks_per_step x group_size`` episodes (the data cursor: a seeded permutation of the train
+   split per pass, read in order) -> :meth:`_learn` from them (the method: estimate advantages and update) ->
+   log, evaluate every ``eval_every`` and checkpoint every ``checkpoint_every`` steps;
+4. evaluate, save the final model (merged, with LoRA) and its rollout defaults, a last checkpoint, the learning
+   curve and ``summary.json``.
+
+The methods plug in by overriding the hooks: GRPO, GiGPO and ARPO (:mod:`agentgym.trainers.grpo`) learn with the
+clipped policy-gradient update on per-token advantages, and differ only in how advantages are estimated (group
+scores, anchor-state groups) or episodes sampled (branching); ArCHer (:mod:`agentgym.trainers.archer`) learns a
+critic and an actor from a replay buffer; filtered BC (:mod:`agentgym.trainers.filtered_bc`) clones the best
+episodes of a pool. Episodes per step, learning rate, evaluation, checkpoints and resume mean the same in all of
+them, so methods compare at an equal number of episodes by construction.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentgym.policies import SamplingParams
+from agentgym.progress import track
+from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, summarize
+from agentgym.suite import Task
+from agentgym.trainers.bc import behaviour_clone, collect_demonstrations
+from agentgym.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from agentgym.trainers.config import TrainerConfig
+from agentgym.trainers.distributed import World, init_world
+from agentgym.trainers.metrics import MetricsLogger, plot_learning_curve
+from agentgym.trainers.seeding import mix_seed
+from agentgym.trajectory import Trajectory
+
+__all__ = ["OnlineTrainer"]
+
+logger = logging.getLogger(__name__)
+
+#: Metrics echoed to the log after each step (all of them go to metrics.jsonl and the trackers).
+SHOWN_METRICS = ("train/success_rate", "eval/success_rate", "train/loss", "critic/loss", "actor/loss", "bc/loss",
+                 "time/step_s", "train/errors")
+
+
+class OnlineTrainer:
+    """``Trainer(config).train()``; see the module docstring for the order of work.
+
+    Everything that can be checked without a rollout is checked here, so a bad config fails at once.
+    Subclasses implement :meth:`_learn` and may override :meth:`_setup`, :meth:`_sample`,
+    :meth:`_checkpoint_state`, :meth:`_save_extra_state` and :meth:`_restore_state`.
+    """
+
+    config: TrainerConfig
+    #: Whether the method can run data-parallel under torchrun (gradients summed across ranks).
+    supports_distributed = False
+
+    def __init__(self, config: TrainerConfig, *, world: World | None = None) -> None:
+        self.config = config
+        self.world = world or init_world(config.device)
+        if self.world.distributed and not self.supports_distributed:
+            raise config._fail("trainer", f"{config.display_name} runs in one process: launch it without torchrun "
+                                          "(GRPO, GiGPO and ARPO run data-parallel).")
+        self.suite, self.eval_suite = config.load_suites()
+        self.model_dir = config.check_model_dir("model")  # a local directory, or a Hub id's cached snapshot
+        config.check_runtime()
+        self.output_dir = Path(config.output_dir)
+        self.checkpoint_dir = self.output_dir / "checkpoints"
+        self.train_tasks = self.suite.split(config.train_split)
+        self.eval_tasks = self.eval_suite.split(config.eval_split)[: config.eval_tasks]
+        self.episodes = 0
+
+    # ---- the method's parts (overridden by each trainer) ----------------------------------------------
+    def _setup(self, resume_from: Path | None) -> None:
+        """Build the method's own modules (reference model, critic, buffers) once the policy is ready."""
+
+    def _learn(self, step: int, trajectories: list[Trajectory]) -> dict[str, float]:
+        """Learn from one step's episodes; returns the metrics to log."""
+        raise NotImplementedError
+
+    def _checkpoint_state(self) -> dict[str, Any]:
+        """Extra JSON state stored in each checkpoint's ``state.json`` (e.g. how many transitions were kept)."""
+        return {}
+
+    def _save_extra_state(self, directory: Path) -> None:
+        """Write the method's modules into a checkpoint directory (beside ``model/``)."""
+
+    def _restore_state(self, state: dict[str, Any], directory: Path) -> None:
+        """Restore what :meth:`_checkpoint_state` and :meth:`_save_extra_state` wrote."""
+
+    # ---- setup -------------------------------------------------------------------------------------
+    def _load(self, path: str | Path, *, trainable: bool = True) -> tuple[Any, Any]:
+        """The model at ``path`` as the config's loading fields say; a LoRA checkpoint (``adapter_config.json``,
+        no full weights) is the base model plus its saved adapter."""
+        from agentgym.models.loading import load_model
+
+        options = self.config.load_options()
+        if trainable and (Path(path) / "adapter_config.json").is_file():
+            return load_model(self.model_dir, options, adapter_dir=path)
+        return load_model(path, options, trainable=trainable)
+
+    def _schedule(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+        warmup = self.config.warmup_steps
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+
+    def _warm_start(self, summary: dict[str, Any]) -> None:
+        cfg = self.config
+        demos = collect_demonstrations(self.suite, cfg.train_split, cfg.bc_demos, self.tokenizer,
+                                       shortcut_fraction=cfg.bc_shortcut_fraction, seed=cfg.seed,
+                                       system_prompt=cfg.system_prompt)
+        summary["bc"] = behaviour_clone(self.model, self.tokenizer, demos, steps=cfg.bc_steps,
+                                        learning_rate=cfg.bc_learning_rate, batch_size=cfg.bc_batch_size, seed=cfg.seed,
+                                        device=cfg.device, log=lambda s, m: self.world.is_main and self.metrics.log(
+                                            0, {**m, "bc/step": s}))
+        self.world.broadcast_parameters(self.model)
+
+    def _generation_policy(self, model_dir: Path) -> Any:
+        """HF: sample from the training model itself (always current). vLLM: a separate engine, synced now."""
+        cfg = self.config
+        if cfg.generation_backend == "vllm":
+            from agentgym.policies.vllm import VLLMPolicy
+
+            policy = VLLMPolicy(str(model_dir), tokenizer=self.tokenizer, max_batch_size=cfg.max_in_flight,
+                                seed=cfg.seed, name=cfg.trainer_name)
+            policy.load_weights(self._sync_weights())  # the BC warm start may have changed them
+            return policy
+        from agentgym.policies.hf import HFPolicy
+
+        return HFPolicy(self.model, self.tokenizer, device=cfg.device, max_batch_size=cfg.max_in_flight,
+                        name=cfg.trainer_name)
+
+    def _sync_weights(self) -> Any:
+        """What vLLM loads after an update: the model itself, or with LoRA the base with the adapters merged in."""
+        from agentgym.models.loading import is_peft_model, merged_state_dict
+
+        return merged_state_dict(self.model) if is_peft_model(self.model) else self.model
+
+    def _save_defaults(self, model_dir: Path) -> None:
+        """Write the rollout settings next to the weights, so `agentgym eval` prompts the model as in training."""
+        from agentgym.policies.rollout_defaults import save_rollout_defaults
+
+        save_rollout_defaults(model_dir, system_prompt=self.config.system_prompt,
+                              max_tokens=self.config.max_tokens_per_turn, suite=self.config.suite)
+
+    def _log(self, step: int, metrics: dict[str, Any]) -> None:
+        if self.world.is_main:
+            self.metrics.log(step, metrics)
+            shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items() if k in SHOWN_METRICS}
+            logger.info("step %d %s", step, shown)
+
+    # ---- the run -----------------------------------------------------------------------------------
+    def train(self) -> dict[str, Any]:
+        """Run (or resume) training; returns the summary also written to ``summary.json``."""
+        cfg = self.config
+        torch.manual_seed(cfg.seed)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics = MetricsLogger.from_config(self.output_dir, cfg, main=self.world.is_main)
+        resume_from = latest_checkpoint(self.checkpoint_dir)
+        self.model, self.tokenizer = self._load(resume_from / "model" if resume_from else cfg.model)
+        summary: dict[str, Any] = {"config": cfg.to_dict(), "trainer": cfg.trainer_name}
+        if resume_from is None:
+            if self.world.is_main:
+                (self.output_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2), encoding="utf-8")
+            if cfg.warmstart == "bc":
+                self._warm_start(summary)
+
+        trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapters only
+        self.optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+        self.scheduler = self._schedule(self.optimizer)
+        self.policy = self._generation_policy(resume_from / "model" if resume_from and not cfg.lora else self.model_dir)
+        torch.manual_seed(mix_seed(cfg.seed, 17))  # the method's modules start the same whether or not we resume
+        self._setup(resume_from)
+        start = 0
+        if resume_from is not None:  # after _setup, so building modules does not shift the restored RNG
+            state = load_checkpoint(resume_from, self.optimizer, self.scheduler)
+            start, self.episodes = int(state["step"]), int(state.get("episodes", 0))
+            self._restore_state(state, resume_from)
+            summary["resumed_from"] = str(resume_from)
+
+        if start == 0:
+            summary["eval_before"] = self._evaluate(0)
+        for step in track(range(start, cfg.steps), f"{cfg.display_name} steps", completed=start, unit="step",
+                          enabled=cfg.progress if self.world.is_main else False):
+            self._step(step)
+            done = step + 1
+            if cfg.eval_every and done % cfg.eval_every == 0 and done != cfg.steps:
+                self._evaluate(done)
+            if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done != cfg.steps:
+                self._checkpoint(done)
+            self.world.barrier()
+        summary["eval_after"] = self._evaluate(cfg.steps)
+        summary["episodes"] = self.episodes
+        if self.world.is_main:
+            from agentgym.models.loading import save_trained_model
+
+            # LoRA: model/ is the merged model (loads like any model directory) and adapter/ the adapter alone
+            final = save_trained_model(self.model, self.tokenizer, self.output_dir, base=self.model_dir,
+                                       options=cfg.load_options())
+            self._save_defaults(final)
+            if (self.output_dir / "adapter").is_dir() and cfg.lora is not None:
+                self._save_defaults(self.output_dir / "adapter")
+            self._checkpoint(cfg.steps)
+            plot_learning_curve(self.metrics.path, self.output_dir / "learning_curve.png")
+            (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
+        self.metrics.close()
+        return summary
+
+    def _step(self, step: int) -> None:
+        cfg = self.config
+        t0 = time.perf_counter()
+        trajectories = self._sample(step)
+        t_rollout = time.perf_counter() - t0
+        self.episodes += int(self.world.sum(float(len(trajectories))))
+        stats = self._learn(step, trajectories)
+        if cfg.generation_backend == "vllm":
+            self.policy.load_weights(self._sync_weights())
+        rollout = summarize(trajectories)
+        self._log(step + 1, {
+            "train/success_rate": rollout.get("success_rate", 0.0),
+            "train/return_mean": sum(t.score for t in trajectories) / max(len(trajectories), 1),
+            "train/mean_turns": rollout.get("mean_turns", 0.0),
+            "train/mean_tool_calls": rollout.get("mean_tool_calls", 0.0),
+            "train/episodes": float(len(trajectories)), "train/episodes_seen": float(self.episodes),
+            "train/errors": float(sum(t.error is not None or t.end_reason == "error" for t in trajectories)),
+            **stats, "time/rollout_s": t_rollout, "time/step_s": time.perf_counter() - t0,
+            "lr": self.scheduler.get_last_lr()[0],
+        })
+
+    def _checkpoint(self, done: int) -> None:
+        if not self.world.is_main:
+            return
+
+        def extra(model_dir: Path) -> None:
+            self._save_defaults(model_dir)
+            self._save_extra_state(model_dir.parent)
+
+        save_checkpoint(self.checkpoint_dir, done, self.model, self.tokenizer, self.optimizer, self.scheduler,
+                        {"data_cursor": done * self.config.tasks_per_step, "episodes": self.episodes,
+                         **self._checkpoint_state()}, self.config.keep_checkpoints, extra)
+
+    # ---- sampling ----------------------------------------------------------------------------------
+    def _tasks_for_step(self, step: int) -> list[Task]:
+        """The data cursor: a seeded permutation of the train split per epoch over it, read in order."""
+        cfg = self.config
+        n = len(self.train_tasks)
+        chosen = []
+        for k in range(step * cfg.tasks_per_step, (step + 1) * cfg.tasks_per_step):
+            epoch, offset = divmod(k, n)
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(mix_seed(cfg.seed, epoch)))
+            chosen.append(self.train_tasks[int(order[offset])])
+        return chosen
+
+    def _rollout_plan(self, step: int) -> tuple[list[EpisodeSpec], SamplingParams]:
+        """This rank's episode specs (``group_size`` per task; whole groups are sharded) and sampling."""
+        cfg = self.config
+        groups = self.world.shard(list(enumerate(self._tasks_for_step(step))))
+        specs = [EpisodeSpec(self.suite.env_id, task=task, seed=mix_seed(cfg.seed, step, k, g) % (2**31),
+                             group_id=f"{step}/{k}", env_kwargs=dict(self.suite.env_kwargs))
+                 for k, task in groups for g in range(cfg.group_size)]
+        sampling = SamplingParams(max_tokens=cfg.max_tokens_per_turn, temperature=cfg.temperature,
+                                  top_p=cfg.top_p, seed=mix_seed(cfg.seed, step, self.world.rank))
+        return specs, sampling
+
+    def _rollout_config(self, sampling: SamplingParams) -> RolloutConfig:
+        return RolloutConfig(max_in_flight=self.config.max_in_flight, sampling=sampling,
+                             system_prompt=self.config.system_prompt,
+                             max_context_tokens=self.config.max_context_tokens, deterministic=True)
+
+    def _sample(self, step: int) -> list[Trajectory]:
+        """``group_size`` independent episodes for each of this step's tasks, with the current policy."""
+        specs, sampling = self._rollout_plan(step)
+        self.model.eval()
+        return RolloutEngine(self.policy, self._rollout_config(sampling)).run(specs)
+
+    # ---- evaluation --------------------------------------------------------------------------------
+    def _evaluate(self, step: int) -> dict[str, Any]:
+        """Held-out success with the current weights (rank 0; other ranks wait)."""
+        cfg = self.config
+        result: dict[str, Any] = {}
+        if self.world.is_main:
+            sampling = SamplingParams(max_tokens=cfg.max_tokens_per_turn, temperature=cfg.eval_temperature,
+                                      seed=mix_seed(cfg.seed, 999))
+            specs = [EpisodeSpec(self.eval_suite.env_id, task=t, seed=i, env_kwargs=dict(self.eval_suite.env_kwargs))
+                     for i, t in enumerate(self.eval_tasks)]
+            started = time.perf_counter()
+            self.model.eval()
+            result = summarize(RolloutEngine(self.policy, self._rollout_config(sampling)).run(specs))
+            result["wall_s"] = time.perf_counter() - started
+            self._log(step, {**{f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))},
+                             "eval/episodes_seen": float(self.episodes)})
+        self.world.barrier()
+        return result
