@@ -134,8 +134,8 @@ def run_one(method: str, seed: int, model: Path, args: argparse.Namespace, workd
                          learning_rate=1e-4, warmup_steps=1, max_tokens_per_turn=16)
         GrpoTrainer(cfg).train()
     else:
-        actor = dict(iterations=iterations, episodes_per_iteration=per_iter, warmup_iterations=min(1, iterations - 1),
-                     actor_learning_rate=1e-4, actor_steps=2, batch_size=16, max_tokens_per_turn=16)
+        actor = dict(steps=iterations, tasks_per_step=per_iter, actor_warmup_steps=min(1, iterations - 1),
+                     learning_rate=1e-4, actor_steps=2, batch_size=16, max_tokens_per_turn=16)
         if method == "archer":
             from agentgym.trainers.archer import ArcherConfig, ArcherTrainer
 
