@@ -61,6 +61,7 @@ from agentgym.rollout import (
     episode_outcome,
     final_state,
     make_turn,
+    read_state_key,
     turn_sampling,
 )
 from agentgym.trajectory import TURN_KINDS, Trajectory, Turn
@@ -394,10 +395,11 @@ class BranchingSampler:
             prompt_ids = tuple(live.agent.pending_prompt_ids) if self.policy.tokenizer is not None else None
             action_ids = live.agent.record_action(generation)
             t0 = time.perf_counter()
+            state_key = read_state_key(live.env)
             next_obs, reward, terminated, truncated, info = await call_env(
                 executor, self.rollout.step_timeout_s, live.env.step, generation.text, inline=live.inline)
             live.timing["env_s"] += time.perf_counter() - t0
-            live.turns.append(make_turn(live.observation, generation, reward, info, prompt_ids, action_ids))
+            live.turns.append(make_turn(live.observation, generation, reward, info, prompt_ids, action_ids, state_key))
             live.observation = _text_of(next_obs)
             live.agent.add_observation(live.observation)
             if terminated or truncated:

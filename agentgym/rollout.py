@@ -497,9 +497,11 @@ class RolloutEngine:
                 timing["policy_s"] += time.perf_counter() - tp
                 action_ids = agent.record_action(generation)
                 te = time.perf_counter()
+                state_key = read_state_key(env)
                 next_obs, reward, terminated, truncated, step_info = await self._call_env(executor, env.step, generation.text, inline=inline)
                 timing["env_s"] += time.perf_counter() - te
-                turns.append(make_turn(_text_of(observation), generation, reward, step_info, prompt_ids, action_ids))
+                turns.append(make_turn(_text_of(observation), generation, reward, step_info, prompt_ids, action_ids,
+                                       state_key))
                 observation = next_obs
                 agent.add_observation(_text_of(next_obs))
                 if terminated or truncated:
@@ -597,15 +599,33 @@ def episode_outcome(step_info: Mapping[str, Any], truncated: bool) -> dict[str, 
 
 
 def make_turn(observation: str, generation: Generation, reward: float, step_info: Mapping[str, Any],
-              prompt_ids: tuple[int, ...] | None, action_ids: tuple[int, ...] | None) -> Turn:
+              prompt_ids: tuple[int, ...] | None, action_ids: tuple[int, ...] | None,
+              state_key: str | None = None) -> Turn:
     """The :class:`Turn` record of one generated action and the env's answer to it."""
     return Turn(
         observation=observation, action=generation.text, reward=float(reward),
         info=jsonable(step_info.get("turn", {})), prompt_token_ids=prompt_ids, action_token_ids=action_ids,
         action_logprobs=generation.logprobs if action_ids is not None else None,
         action_entropies=generation.entropies if action_ids is not None else None,
-        finish_reason=generation.finish_reason,
+        finish_reason=generation.finish_reason, state_key=state_key,
     )
+
+
+def read_state_key(env: Any) -> str | None:
+    """The env's anchor state now (``state_key()`` of the unwrapped env), or ``None`` when it has none or fails.
+
+    Recorded on every turn before the action, whatever the policy, so trajectories from any policy (token ids
+    or not) carry what GiGPO groups by. A failing key must not cost the episode: it is logged and left out.
+    """
+    method = getattr(getattr(env, "unwrapped", env), "state_key", None)
+    if method is None:
+        return None
+    try:
+        key = method()
+    except Exception as exc:  # noqa: BLE001 - a broken key is a missing anchor, not a failed episode
+        logger.debug("state_key() failed: %s: %s", type(exc).__name__, exc)
+        return None
+    return None if key is None else str(key)
 
 
 def final_state(agent: ChatAgent, observation: str) -> dict[str, Any]:

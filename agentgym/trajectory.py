@@ -70,6 +70,8 @@ class Turn:
         action_logprobs: Sampling log-probs, aligned with ``action_token_ids``.
         action_entropies: Per-token entropies of the sampling distribution, where the policy gives them.
         finish_reason: ``stop`` (end token or stop string) or ``length`` (hit max tokens).
+        state_key: The env's ``state_key()`` before this action (the state the action was chosen in, without
+            history), or ``None`` where the env gave none: GiGPO groups turns of a task by it.
     """
 
     observation: str
@@ -81,6 +83,7 @@ class Turn:
     action_logprobs: tuple[float, ...] | None = None
     action_entropies: tuple[float, ...] | None = None
     finish_reason: str | None = None
+    state_key: str | None = None
 
     @property
     def kind(self) -> str:
@@ -97,6 +100,7 @@ class Turn:
             "action_logprobs": None if self.action_logprobs is None else list(self.action_logprobs),
             "action_entropies": None if self.action_entropies is None else list(self.action_entropies),
             "finish_reason": self.finish_reason,
+            "state_key": self.state_key,
         }
 
     @classmethod
@@ -110,6 +114,7 @@ class Turn:
             info=d.get("info") or {}, prompt_token_ids=tup("prompt_token_ids", int),
             action_token_ids=tup("action_token_ids", int), action_logprobs=tup("action_logprobs", float),
             action_entropies=tup("action_entropies", float), finish_reason=d.get("finish_reason"),
+            state_key=None if d.get("state_key") is None else str(d["state_key"]),
         )
 
 

@@ -101,7 +101,7 @@ def _turn(obs: str, key: str | None, reward: float = 0.0, kind: str = "tool_call
 def _traj(group: str, keys: list[str | None], score: float, rewards: list[float] | None = None,
           end: str = "solved") -> Trajectory:
     rewards = rewards or [0.0] * len(keys)
-    turns = tuple(_turn(f"obs-{k}", k, r) for k, r in zip(keys, rewards))
+    turns = tuple(_turn(f"obs-{i}", k, r) for i, (k, r) in enumerate(zip(keys, rewards)))
     return Trajectory(env_id="agentgym/Maze-v0", task_id="t", seed=0, turns=turns, group_id=group,
                       outcome={"success": score > 0, "score": score, "end_reason": end}, end_reason=end)
 
@@ -135,7 +135,7 @@ def test_gigpo_with_omega_zero_is_grpo_and_missing_keys_fall_back_to_the_observa
     for adv, row in zip(gigpo.advantages, grpo.tolist()):
         assert adv.tolist() == pytest.approx([row] * len(adv))
     with_steps = step_advantages(trajs, GigpoConfig(model="m", suite="games-maze", invalid_penalty=0.0))
-    assert with_steps is not None and with_steps.stats["gigpo/anchor_groups"] == 3  # obs-None shared by the first two
+    assert with_steps is not None and with_steps.stats["gigpo/anchor_groups"] == 3  # obs-0, obs-1 in g; h's one
 
 
 def test_gigpo_step_puts_each_turns_advantage_on_its_tokens(maze_model: Path, tmp_path: Path) -> None:
@@ -169,7 +169,9 @@ def test_arpo_hard_attribution_trains_with_packing(maze_model: Path, tmp_path: P
                                     packing=True, initial_rollouts=2, branch_probability=1.0, entropy_weight=0.0))
     assert isinstance(config, ArpoConfig)
     trainer = _ready(make_trainer(config))
-    metrics = trainer._learn(0, trainer._sample(0))
+    trajectories = trainer._sample(0)
+    assert all(turn.state_key is not None for t in trajectories for turn in t.turns)  # branches carry anchors too
+    metrics = trainer._learn(0, trajectories)
     assert torch.isfinite(torch.tensor(metrics["train/loss"])) and metrics["train/tokens"] > 0
 
 

@@ -108,5 +108,5 @@ def step_advantages(trajectories: Sequence[Trajectory], config: GigpoConfig) -> 
 def anchor_keys(trajectory: Trajectory) -> list[str]:
     """Per turn, the anchor state GiGPO groups by: the env's ``state_key()`` recorded before the action, or, for
     trajectories recorded without one, the raw observation the action answered (spec 8.2's default; no history)."""
-    return [turn.state_key if getattr(turn, "state_key", None) is not None else f"observation:{turn.observation}"
+    return [turn.state_key if turn.state_key is not None else f"observation:{turn.observation}"
             for turn in trajectory.turns]
