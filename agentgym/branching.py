@@ -8,7 +8,7 @@ branches, step the envs concurrently, start fresh trajectories for tasks with no
 from. Rounds and per-(trajectory, turn) seeds make a run reproducible.
 
 When does a trajectory branch? Let ``H(seg)`` be the normalised entropy of a generated turn
-(:func:`~agentgym.trainers.algorithms.arpo.segment_entropy`: the top-k candidates of its first K tokens)
+(:func:`~agentgym.branch_rule.segment_entropy`: the top-k candidates of its first K tokens)
 and ``H_init`` the entropy of the trajectory's first own turn. Each branch attempt succeeds with
 probability ``clip(alpha + beta * (H_now - H_init), 0, 1)``.
 
@@ -47,6 +47,7 @@ from typing import Any, Literal
 import numpy as np
 
 from agentgym.agent import ChatAgent
+from agentgym.branch_rule import branch_probability, segment_entropy
 from agentgym.env import fork_env
 from agentgym.errors import AgentGymError, ConfigError
 from agentgym.policies.base import Generation, Policy, SamplingParams
@@ -373,8 +374,6 @@ class BranchingSampler:
 
     def _entropy(self, generation: Generation) -> float | None:
         cfg = self.config
-        from agentgym.trainers.algorithms.arpo import segment_entropy
-
         if self._vocab is None:
             return None
         if cfg.entropy_top_k and generation.top_logprobs is not None:
@@ -421,8 +420,6 @@ class BranchingSampler:
     def _decide(self, live: _Live, created: list[list[_Live]], rngs: list[np.random.Generator],
                 branch_turns: Counter[int], counters: Counter[str], new_live: Any, at_turn: int) -> list[tuple[_Live, _Live]]:
         """Branch attempts for ``live`` (at most beam_size - 1, within the task's remaining budget)."""
-        from agentgym.trainers.algorithms.arpo import branch_probability
-
         cfg = self.config
         g = live.group
         remaining = cfg.budget - len(created[g])
