@@ -59,9 +59,12 @@ from agentgym.rollout import (
     _EnvPool,
     _text_of,
     call_env,
+    context_limit_outcome,
+    context_limit_reached,
     episode_outcome,
     final_state,
     make_turn,
+    open_conversation,
     read_state_key,
     turn_sampling,
 )
@@ -317,10 +320,8 @@ class BranchingSampler:
             live.timing["env_s"] += time.perf_counter() - t0
             live.task_id = info.get("task_id", live.task_id)
             self.policy.begin_episode(live.traj_id, live.env)
-            live.agent = ChatAgent(self.policy.tokenizer, system_prompt=self.rollout.system_prompt,
-                                   observation_role=self.rollout.observation_role)
-            live.agent.start(str(info.get("instructions", "")), _text_of(observation))
             live.observation = _text_of(observation)
+            live.agent = open_conversation(self.policy, self.rollout, info, live.observation)
         except Exception as exc:  # noqa: BLE001 - one trajectory's failure must not end the others
             self._fail(live, exc)
 
@@ -341,9 +342,8 @@ class BranchingSampler:
         results: list[Generation | None] = [None] * len(active)
         asking = []
         for i, live in enumerate(active):
-            if (rollout.max_context_tokens is not None and self.policy.tokenizer is not None
-                    and live.agent.num_tokens + rollout.sampling.max_tokens > rollout.max_context_tokens):
-                live.outcome = {"success": False, "score": 0.0, "end_reason": "context_limit"}
+            if context_limit_reached(live.agent, self.policy, rollout):
+                live.outcome = context_limit_outcome()
                 live.done = live.healthy = True
             else:
                 asking.append(i)

@@ -478,17 +478,10 @@ class RolloutEngine:
             timing["env_s"] += time.perf_counter() - te
             task_id = info.get("task_id", task_id)
             self.policy.begin_episode(episode_id, env)
-            system_prompt = cfg.system_prompt if cfg.system_prompt is not None else self.policy.default_system_prompt
-            agent = ChatAgent(self.policy.tokenizer, system_prompt=system_prompt, observation_role=cfg.observation_role)
-            # The env's tool schemas reach the chat template (its native tool format); templates without tools ignore them.
-            tools = info.get("tools") if cfg.template_tools == "auto" else None
-            agent.start(str(info.get("instructions", "")), _text_of(observation), tools=tools or None)
+            agent = open_conversation(self.policy, cfg, info, _text_of(observation))
             while True:
-                if (
-                    cfg.max_context_tokens is not None and self.policy.tokenizer is not None
-                    and agent.num_tokens + cfg.sampling.max_tokens > cfg.max_context_tokens
-                ):
-                    outcome = {"success": False, "score": 0.0, "end_reason": "context_limit"}
+                if context_limit_reached(agent, self.policy, cfg):
+                    outcome = context_limit_outcome()
                     healthy = True
                     break
                 prompt_ids = tuple(agent.pending_prompt_ids) if self.policy.tokenizer is not None else None
@@ -583,6 +576,34 @@ async def call_env(executor: concurrent.futures.Executor, timeout_s: float, fn: 
 def _resolve(future: asyncio.Future[Any], value: Any) -> None:
     if not future.done():
         future.set_result(value)
+
+
+def open_conversation(policy: Policy, config: RolloutConfig, reset_info: Mapping[str, Any], observation: str) -> ChatAgent:
+    """The agent's conversation after ``env.reset``: system prompt (the config's, else the policy's default), the
+    env's instructions and first observation, and the env's tool schemas for chat templates that render tools
+    natively (``template_tools: auto``; templates without tools ignore them). Shared by the engine and the
+    branching sampler, so a branched group is prompted exactly as independent rollouts are."""
+    system_prompt = config.system_prompt if config.system_prompt is not None else policy.default_system_prompt
+    agent = ChatAgent(policy.tokenizer, system_prompt=system_prompt, observation_role=config.observation_role)
+    tools = reset_info.get("tools") if config.template_tools == "auto" else None
+    agent.start(str(reset_info.get("instructions", "")), observation, tools=tools or None)
+    return agent
+
+
+def context_limit_reached(agent: ChatAgent, policy: Policy, config: RolloutConfig) -> bool:
+    """Whether the next turn could overflow ``config.max_context_tokens`` (prompt so far plus a full turn).
+
+    Checked before every generation, by the engine and the branching sampler alike: the episode then ends
+    as a truncation (:func:`context_limit_outcome`) instead of sending the model a prompt it cannot take.
+    Policies without a tokenizer count no tokens, so the limit does not apply to them.
+    """
+    return (config.max_context_tokens is not None and policy.tokenizer is not None
+            and agent.num_tokens + config.sampling.max_tokens > config.max_context_tokens)
+
+
+def context_limit_outcome() -> dict[str, Any]:
+    """The outcome of an episode stopped by the context limit: a truncation that failed, score 0."""
+    return {"success": False, "score": 0.0, "end_reason": "context_limit"}
 
 
 def episode_outcome(step_info: Mapping[str, Any], truncated: bool) -> dict[str, Any]:
