@@ -258,3 +258,20 @@ def test_generators_are_deterministic() -> None:
         guess_number.generate_tasks(random.Random(0), 11, low=1, high=10)
     with pytest.raises(TaskError, match="sides"):
         maze.generate_tasks(random.Random(0), 1, width=1)
+
+
+def test_maze_max_path_keeps_every_task_solvable_within_a_tight_turn_limit() -> None:
+    tasks = maze.generate_tasks(random.Random(3), 60, width=4, height=4, max_path=6)
+    for task in tasks:
+        m = task.metadata
+        assert len(Maze(4, 4, m["seed"]).shortest_path(tuple(m["start"]), tuple(m["exit"]))) <= 6
+    with pytest.raises(TaskError, match="max_path"):
+        maze.generate_tasks(random.Random(0), 1, width=4, height=4, max_path=2)
+    suite = load_suite("credit-maze")  # the credit-assignment benchmark's suite: the reference solves every task
+    env = suite.make_env()
+    try:
+        from agentgym.rollout import run_reference_episode
+
+        assert all(run_reference_episode(env, t, seed=i).success for i, t in enumerate(suite.split("validation")[:40]))
+    finally:
+        env.close()

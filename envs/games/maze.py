@@ -103,7 +103,8 @@ class Maze:
 _OPPOSITE = {"north": "south", "south": "north", "east": "west", "west": "east"}
 
 
-def generate_tasks(rng: random.Random, count: int, *, width: int = 5, height: int = 5) -> list[Task]:
+def generate_tasks(rng: random.Random, count: int, *, width: int = 5, height: int = 5,
+                   max_path: int | None = None) -> list[Task]:
     """Draw ``count`` distinct mazes with a start and an exit at least half the maze apart.
 
     Args:
@@ -111,9 +112,14 @@ def generate_tasks(rng: random.Random, count: int, *, width: int = 5, height: in
         count: How many tasks.
         width: Cells per row (2 to 30).
         height: Cells per column (2 to 30).
+        max_path: Keep only mazes whose shortest path takes at most this many moves (``None``: any), so a suite
+            with a tight turn limit holds no task that even the reference solver cannot finish.
     """
     if not (2 <= width <= MAX_SIDE and 2 <= height <= MAX_SIDE):
         raise TaskError(f"Maze sides must lie in [2, {MAX_SIDE}], got width={width}, height={height}.")
+    if max_path is not None and max_path < (width + height) // 2:
+        raise TaskError(f"max_path={max_path} is shorter than the closest start-exit distance allowed "
+                        f"({(width + height) // 2}); raise it or leave it unset.")
     cells = [(r, c) for r in range(height) for c in range(width)]
     tasks: list[Task] = []
     seen: set[tuple[int, Cell, Cell]] = set()
@@ -124,6 +130,8 @@ def generate_tasks(rng: random.Random, count: int, *, width: int = 5, height: in
         if abs(start[0] - exit_cell[0]) + abs(start[1] - exit_cell[1]) < (width + height) // 2:
             continue
         if (seed, start, exit_cell) in seen:
+            continue
+        if max_path is not None and len(Maze(width, height, seed).shortest_path(start, exit_cell)) > max_path:
             continue
         seen.add((seed, start, exit_cell))
         tasks.append(
