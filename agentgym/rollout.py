@@ -739,9 +739,10 @@ def run_reference_episode(env: Any, task: Task, seed: int | None = None) -> Traj
     outcome: dict[str, Any] = {}
     while True:
         action = solver(_text_of(observation))
+        state_key = read_state_key(env)
         next_obs, reward, terminated, truncated, step_info = env.step(action)
         turns.append(Turn(observation=_text_of(observation), action=action, reward=float(reward),
-                          info=jsonable(step_info["turn"])))
+                          info=jsonable(step_info["turn"]), state_key=state_key))
         observation = next_obs
         if terminated or truncated:
             outcome = episode_outcome(step_info, truncated)
