@@ -334,6 +334,11 @@ class BranchingSampler:
         sampling = self.rollout.sampling
         if self.config.entropy_top_k and sampling.top_logprobs < self.config.entropy_top_k:
             sampling = replace(sampling, top_logprobs=self.config.entropy_top_k)
+        if live.spec.sampling_seed is not None and sampling.seed is not None:
+            # The episode's own seed, as in the engine; a branch shares its parent's spec, so it draws from the
+            # same seed's stream number (index + 1) instead, never repeating its parent's samples.
+            stream = live.index + 1 if live.origin == "branch" else 0
+            return turn_sampling(replace(sampling, seed=live.spec.sampling_seed), stream, len(live.turns))
         return turn_sampling(sampling, live.seed_index, len(live.turns))
 
     async def _generate(self, active: list[_Live]) -> list[Generation | None]:

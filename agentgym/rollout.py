@@ -121,6 +121,11 @@ class EpisodeSpec:
     seed: int | None = None
     group_id: str = ""
     env_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    sampling_seed: int | None = None
+    """The episode's own sampling seed: turn ``t`` samples with a seed derived from it and ``t`` alone, so its
+    randomness depends on nothing else (not its position in the run, the rank that runs it, the batches timing
+    forms, or how many episodes run at once). ``None``: derived from ``RolloutConfig.sampling.seed`` and the
+    episode's index in the run."""
 
 
 def episodes_for_suite(
@@ -371,9 +376,11 @@ class RolloutEngine:
         self.stats: dict[str, Any] = {}
         self._run_id = ""
 
-    def _sampling_for(self, episode_index: int, turn: int) -> SamplingParams:
-        # Every (episode, turn) gets its own seed derived from ``sampling.seed`` in both modes: one seed reused
-        # on every turn replays one random stream, so a sampled policy repeated the same turn over and over.
+    def _sampling_for(self, spec: EpisodeSpec, episode_index: int, turn: int) -> SamplingParams:
+        # Every (episode, turn) gets its own seed in both modes: one seed reused on every turn replays one random
+        # stream, so a sampled policy repeated the same turn over and over.
+        if spec.sampling_seed is not None and self.config.sampling.seed is not None:
+            return turn_sampling(dataclasses.replace(self.config.sampling, seed=spec.sampling_seed), 0, turn)
         return turn_sampling(self.config.sampling, episode_index, turn)
 
     def run(
@@ -486,7 +493,7 @@ class RolloutEngine:
                     break
                 prompt_ids = tuple(agent.pending_prompt_ids) if self.policy.tokenizer is not None else None
                 tp = time.perf_counter()
-                generation = await batcher.submit(agent.request(self._sampling_for(index, len(turns)), episode_id), index)
+                generation = await batcher.submit(agent.request(self._sampling_for(spec, index, len(turns)), episode_id), index)
                 timing["policy_s"] += time.perf_counter() - tp
                 action_ids = agent.record_action(generation)
                 te = time.perf_counter()

@@ -6,7 +6,7 @@ sample masks (errors, SimpleTIR void turns, Mini-o3 over-turns, group filtering)
 advantages (:meth:`~GrpoTrainer._token_advantages`: GRPO broadcasts each trajectory's group advantage; GiGPO puts
 each step's own advantage on its tokens; ARPO's hard attribution averages shared prefixes), then a clipped
 policy-gradient update with exact global token denominators, micro-batching (padded or packed), an optional KL
-term and gradient clipping. Rollouts use the engine's deterministic mode, so a run and its resume are identical.
+term and gradient clipping. Every episode samples from its own seed, so a run and its resume are identical.
 Every function of the math lives in :mod:`agentgym.trainers.algorithms`.
 """
 

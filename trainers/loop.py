@@ -265,16 +265,20 @@ class OnlineTrainer:
         cfg = self.config
         groups = self.world.shard(list(enumerate(self._tasks_for_step(step))))
         specs = [EpisodeSpec(self.suite.env_id, task=task, seed=mix_seed(cfg.seed, step, k, g) % (2**31),
-                             group_id=f"{step}/{k}", env_kwargs=dict(self.suite.env_kwargs))
+                             group_id=f"{step}/{k}", env_kwargs=dict(self.suite.env_kwargs),
+                             sampling_seed=mix_seed(cfg.seed, step, k, g, 1))
                  for k, task in groups for g in range(cfg.group_size)]
         sampling = SamplingParams(max_tokens=cfg.max_tokens_per_turn, temperature=cfg.temperature,
                                   top_p=cfg.top_p, seed=mix_seed(cfg.seed, step, self.world.rank))
         return specs, sampling
 
     def _rollout_config(self, sampling: SamplingParams) -> RolloutConfig:
+        """Pipelined rollouts (env steps overlap generation): reproducible anyway, because every episode samples
+        from its own seed (``EpisodeSpec.sampling_seed``: seed, step, task, sample) and turn, drawn per row by the
+        in-process policies, whatever batches the timing forms, however many run at once and on which rank."""
         return RolloutConfig(max_in_flight=self.config.max_in_flight, sampling=sampling,
                              system_prompt=self.config.system_prompt,
-                             max_context_tokens=self.config.max_context_tokens, deterministic=True)
+                             max_context_tokens=self.config.max_context_tokens, deterministic=False)
 
     def _sample(self, step: int) -> list[Trajectory]:
         """``group_size`` independent episodes for each of this step's tasks, with the current policy."""
