@@ -9,8 +9,9 @@ mistake is training data, not a crash.
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import inspect
+import json
 import logging
 import re
 import types
@@ -135,6 +136,27 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     return text, params
 
 
+_VALIDATORS: dict[str, Any] = {}
+"""Checked JSON-Schema validators by schema (as canonical JSON): every env instance of a family shares them."""
+
+
+def _validator_for(name: str, parameters: Mapping[str, Any]) -> Any:
+    """The validator of a tool's parameters schema, checked and built once per distinct schema.
+
+    Raises:
+        ToolError: the schema is not valid JSON Schema (2020-12).
+    """
+    key = json.dumps(parameters, sort_keys=True, default=str)
+    validator = _VALIDATORS.get(key)
+    if validator is None:
+        try:
+            jsonschema.Draft202012Validator.check_schema(dict(parameters))
+        except jsonschema.SchemaError as exc:
+            raise ToolError(f"Tool {name!r} has an invalid parameters schema: {exc.message}") from exc
+        validator = _VALIDATORS[key] = jsonschema.Draft202012Validator(dict(parameters))
+    return validator
+
+
 @dataclass(frozen=True)
 class Tool:
     """A callable the agent may invoke, with a name, a description and JSON-Schema parameters.
@@ -153,15 +175,16 @@ class Tool:
             raise ToolError(
                 f"Tool name {self.name!r} is invalid: use 1-64 letters, digits, '_' or '-', starting with a letter."
             )
-        try:
-            jsonschema.Draft202012Validator.check_schema(dict(self.parameters))
-        except jsonschema.SchemaError as exc:
-            raise ToolError(f"Tool {self.name!r} has an invalid parameters schema: {exc.message}") from exc
+        _validator_for(self.name, self.parameters)  # checks the schema once per distinct schema
 
     def __get__(self, obj: Any, objtype: Any = None) -> Tool:
         if obj is None or not callable(getattr(self.fn, "__get__", None)) or inspect.ismethod(self.fn):
             return self
-        return dataclasses.replace(self, fn=self.fn.__get__(obj, objtype))
+        # A copy with the bound method; the schema was checked when the tool was defined, so binding (once per
+        # env instance and tool) skips __post_init__: re-checking it made every gym.make cost milliseconds.
+        bound = copy.copy(self)
+        object.__setattr__(bound, "fn", self.fn.__get__(obj, objtype))
+        return bound
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -244,9 +267,7 @@ class ToolSet:
             if t.name in self._tools:
                 raise ToolError(f"Two tools are named {t.name!r}; tool names must be unique in a ToolSet.")
             self._tools[t.name] = t
-        self._validators = {
-            n: jsonschema.Draft202012Validator(dict(t.parameters)) for n, t in self._tools.items()
-        }
+        self._validators = {n: _validator_for(n, t.parameters) for n, t in self._tools.items()}
 
     def __contains__(self, name: object) -> bool:
         return name in self._tools

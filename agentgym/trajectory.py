@@ -36,8 +36,16 @@ def utf8_safe(text: str) -> str:
     return text
 
 
+_PLAIN = (str, int, bool, type(None))
+
+
 def jsonable(value: Any) -> Any:
     """Convert a value to plain JSON types (numpy scalars/arrays, tuples, dataclasses with to_dict)."""
+    kind = type(value)
+    if kind in _PLAIN:  # the common case first: every turn's info goes through here
+        return value
+    if kind is dict:
+        return {k if type(k) is str else str(k): v if type(v) in _PLAIN else jsonable(v) for k, v in value.items()}
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
