@@ -229,7 +229,7 @@ class BranchingSampler:
         cfg = self.config
         run_id = uuid.uuid4().hex[:8]
         started = time.perf_counter()
-        pool = _EnvPool()
+        pool = _EnvPool(self.rollout)
         executor = EnvExecutor(self.rollout.env_workers, name="agentgym-branch")  # daemon threads: a hang never blocks exit
         rngs = [np.random.default_rng([cfg.seed, g]) for g in range(len(groups))]
         created: list[list[_Live]] = [[] for _ in groups]

@@ -77,6 +77,11 @@ class RolloutConfig:
             differences between batch shapes (and the order of env steps).
         progress: Show a progress bar of finished episodes: ``"auto"`` (default) shows it when stderr is a
             terminal, ``True``/``False`` force it on or off.
+        env_backend: ``local`` runs envs in this process (worker threads); ``ray`` runs each env in a Ray actor
+            anywhere in the cluster this process is connected to (:mod:`agentgym.ray_envs`), while the policy
+            and its batching stay here.
+        ray_actor_options: Ray actor options for ``env_backend: ray`` (e.g. ``{"num_cpus": 1}``), merged over
+            :data:`agentgym.ray_envs.DEFAULT_ACTOR_OPTIONS`.
     """
 
     max_in_flight: int = 64
@@ -90,6 +95,8 @@ class RolloutConfig:
     batch_window_s: float = 0.002
     deterministic: bool = False
     progress: bool | str = "auto"
+    env_backend: str = "local"
+    ray_actor_options: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.max_in_flight < 1:
@@ -107,6 +114,10 @@ class RolloutConfig:
             raise ConfigError(f"observation_role must be 'user' or 'tool', got {self.observation_role!r}.")
         if self.template_tools not in ("auto", "never"):
             raise ConfigError(f"template_tools must be 'auto' or 'never', got {self.template_tools!r}.")
+        if self.env_backend not in ("local", "ray"):
+            raise ConfigError(f"env_backend must be 'local' or 'ray' (env workers as Ray actors), got {self.env_backend!r}.")
+        if self.ray_actor_options is not None and self.env_backend != "ray":
+            raise ConfigError("ray_actor_options applies to env_backend='ray' only; set env_backend='ray' or drop it.")
         if not isinstance(self.progress, bool) and self.progress != "auto":
             raise ConfigError(f"progress must be True, False or 'auto' (a bar when stderr is a terminal), "
                               f"got {self.progress!r}.")
@@ -319,9 +330,10 @@ class EnvExecutor(concurrent.futures.Executor):
 class _EnvPool:
     """Reuses idle envs per (env_id, kwargs) so browsers and sandboxes are not rebuilt every episode."""
 
-    def __init__(self) -> None:
+    def __init__(self, config: RolloutConfig | None = None) -> None:
         self._idle: dict[str, list[Any]] = defaultdict(list)
         self._lock = threading.Lock()
+        self._config = config or RolloutConfig()
 
     @staticmethod
     def _key(spec: EpisodeSpec) -> str:
@@ -332,6 +344,10 @@ class _EnvPool:
             idle = self._idle[self._key(spec)]
             if idle:
                 return idle.pop()
+        if self._config.env_backend == "ray":
+            from agentgym.ray_envs import RayEnv
+
+            return RayEnv(spec.env_id, spec.env_kwargs, actor_options=self._config.ray_actor_options)
         import gymnasium as gym
 
         import agentgym  # noqa: F401 - registers ids
@@ -410,7 +426,7 @@ class RolloutEngine:
         results: list[Trajectory | None] = [None] * len(episodes)
         batcher = PolicyBatcher(self.policy, self.config.batch_window_s, self.config.deterministic)
         batcher.start()
-        pool = _EnvPool()
+        pool = _EnvPool(self.config)
         executor = EnvExecutor(self.config.env_workers)
         write_failures = 0
         limiter = asyncio.Semaphore(self.config.max_in_flight)

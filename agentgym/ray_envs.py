@@ -1,0 +1,143 @@
+"""Env workers on Ray: run each episode's env in a Ray actor, anywhere in a cluster, behind the Gymnasium API.
+
+Why: CPU-heavy envs (code interpreters, SWE test runs, browsers) outgrow the machine that holds the policy. With
+``RolloutConfig(env_backend="ray")`` the rollout engine is unchanged (the policy stays in the driver process,
+requests are batched across episodes as before, trajectories come back as episodes finish) but every env it opens
+is a :class:`RayEnv`: a thin proxy whose ``reset``/``step``/``state_key`` run in a Ray actor holding the real env
+(``gym.make`` inside the actor, on whichever node Ray schedules it; ``SPREAD`` by default). An actor or node that
+dies mid-episode raises in that episode's next env call, so the engine ends only that episode (``end_reason:
+error``) and closes its proxy; the other episodes go on.
+
+Ray is an optional extra (``pip install 'agentgym[ray]'``) imported only when a :class:`RayEnv` is built, so
+``import agentgym`` stays light. Connect to a cluster first (``ray.init(address=...)``); without one, the first
+``RayEnv`` starts a local Ray instance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+
+from agentgym.errors import DependencyNotInstalled
+
+__all__ = ["RayEnv", "DEFAULT_ACTOR_OPTIONS"]
+
+DEFAULT_ACTOR_OPTIONS: Mapping[str, Any] = {"num_cpus": 0, "scheduling_strategy": "SPREAD", "max_restarts": 0}
+"""No CPU reserved per env worker (envs mostly wait on tools, and a reservation would leave episodes queued for a
+free CPU: pass ``num_cpus`` to cap workers per node), spread over the nodes, never restarted mid-episode (a
+restarted actor would hold a fresh env, silently out of step with the episode)."""
+
+_HOST_CLASS: Any = None
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise DependencyNotInstalled("ray", "ray", "env workers on Ray (RolloutConfig.env_backend='ray')") from exc
+    return ray
+
+
+def _host_class() -> Any:
+    """The Ray actor class that holds one real env (defined once, on first use)."""
+    global _HOST_CLASS
+    if _HOST_CLASS is None:
+        ray = _ray()
+
+        class EnvHost:
+            """One env in a Ray worker process; every method is one env call."""
+
+            def __init__(self, env_id: str, env_kwargs: Mapping[str, Any]) -> None:
+                import agentgym  # noqa: F401 - registers the env ids in the worker
+
+                self.env = gym.make(env_id, disable_env_checker=True, **dict(env_kwargs))
+
+            def spaces(self) -> tuple[Any, Any, Any]:
+                return self.env.observation_space, self.env.action_space, self.env.metadata
+
+            def reset(self, seed: int | None, options: Mapping[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+                return self.env.reset(seed=seed, options=dict(options) if options is not None else None)
+
+            def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+                return self.env.step(action)
+
+            def state_key(self) -> str | None:
+                method = getattr(self.env.unwrapped, "state_key", None)
+                return None if method is None else method()
+
+            def where(self) -> dict[str, Any]:
+                import os
+
+                return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+
+            def close(self) -> None:
+                self.env.close()
+
+        _HOST_CLASS = ray.remote(EnvHost)
+    return _HOST_CLASS
+
+
+class RayEnv(gym.Env):
+    """A Gymnasium env whose real env (``gym.make(env_id, **env_kwargs)``) lives in a Ray actor.
+
+    Args:
+        env_id: A registered env id, e.g. ``agentgym/CodeInterpreter-v1``.
+        env_kwargs: Keyword arguments for ``gym.make`` in the actor.
+        actor_options: Ray actor options (``num_cpus``, ``resources``, ``scheduling_strategy``, ...), merged over
+            :data:`DEFAULT_ACTOR_OPTIONS`.
+        call_timeout_s: Longest wait for one env call before it raises ``TimeoutError`` (``None``: no limit; the
+            rollout engine applies its own ``step_timeout_s`` anyway).
+
+    Raises:
+        DependencyNotInstalled: Ray is not installed.
+    """
+
+    def __init__(self, env_id: str, env_kwargs: Mapping[str, Any] | None = None, *,
+                 actor_options: Mapping[str, Any] | None = None, call_timeout_s: float | None = None) -> None:
+        ray = _ray()
+        if not ray.is_initialized():
+            ray.init(include_dashboard=False, log_to_driver=False)
+        self.env_id = env_id
+        self._timeout = call_timeout_s
+        options = {**DEFAULT_ACTOR_OPTIONS, **dict(actor_options or {})}
+        self._actor = _host_class().options(**options).remote(env_id, dict(env_kwargs or {}))
+        self.observation_space, self.action_space, metadata = self._get(self._actor.spaces.remote())
+        self.metadata = dict(metadata)
+
+    def _get(self, ref: Any) -> Any:
+        ray = _ray()
+        try:
+            return ray.get(ref, timeout=self._timeout)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise TimeoutError(f"{self.env_id} on Ray did not answer within {self._timeout} s") from exc
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        return self._get(self._actor.reset.remote(seed, options))
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        return self._get(self._actor.step.remote(action))
+
+    def state_key(self) -> str | None:
+        """The remote env's anchor state (GiGPO): one more actor call per turn."""
+        return self._get(self._actor.state_key.remote())
+
+    def where(self) -> dict[str, Any]:
+        """Which Ray node and worker process hold this env (for tests and placement checks)."""
+        return self._get(self._actor.where.remote())
+
+    def close(self) -> None:
+        """Close the remote env and end its actor; safe on an actor that already died."""
+        ray = _ray()
+        actor, self._actor = getattr(self, "_actor", None), None
+        if actor is None:
+            return
+        try:
+            ray.get(actor.close.remote(), timeout=10)
+        except Exception:  # noqa: BLE001 - a dead actor or node has nothing left to close
+            pass
+        try:
+            ray.kill(actor)
+        except Exception:  # noqa: BLE001
+            pass

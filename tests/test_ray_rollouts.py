@@ -1,0 +1,106 @@
+"""Env workers on Ray: the engine runs envs as Ray actors on a two-node local cluster (started and stopped by the
+test), gets the same trajectories as in-process envs, and a node killed mid-episode ends only its episodes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+ray = pytest.importorskip("ray")
+cluster_utils = pytest.importorskip("ray.cluster_utils")
+
+from agentgym.policies import ScriptedPolicy  # noqa: E402
+from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine  # noqa: E402
+from agentgym.suite import load_suite  # noqa: E402
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """A head node and a second node process joining it, on this machine (what `ray start` does on two)."""
+    c = cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    worker = c.add_node(num_cpus=2)
+    ray.init(address=c.address, log_to_driver=False)
+    c.wait_for_nodes()
+    c.worker = worker
+    try:
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+class PlacementRecorder(ScriptedPolicy):
+    """Binary search on GuessNumber, recording which node holds each episode's env."""
+
+    def __init__(self) -> None:
+        super().__init__(self.reply)
+        self.nodes: dict[str, str] = {}
+        self.on_call: Any = None
+        self.calls = 0
+
+    def begin_episode(self, episode_id: str, env: Any) -> None:
+        if hasattr(env, "where"):
+            self.nodes[episode_id] = env.where()["node_id"]
+
+    def reply(self, messages: Any) -> str:
+        self.calls += 1
+        if self.on_call is not None:
+            self.on_call(self.calls)
+        lo, hi = 1, 100
+        for i, m in enumerate(messages):
+            if m["role"] == "assistant" and i + 1 < len(messages):
+                guessed = int(m["content"][6:-1])
+                feedback = messages[i + 1]["content"].lower()
+                lo, hi = (guessed + 1, hi) if "higher" in feedback else (lo, guessed - 1) if "lower" in feedback else (lo, hi)
+        return f"guess({(lo + hi) // 2})"
+
+
+def _specs(n: int) -> list[EpisodeSpec]:
+    suite = load_suite("games-guess")
+    return [EpisodeSpec(suite.env_id, task=t, seed=i, group_id=t.id, env_kwargs=dict(suite.env_kwargs))
+            for i, t in enumerate(suite.split("train")[:n])]
+
+
+def test_ray_env_workers_match_in_process_envs_and_spread_over_nodes(cluster: Any) -> None:
+    specs = _specs(12)
+    local = RolloutEngine(PlacementRecorder(), RolloutConfig(max_in_flight=12)).run(specs)
+    policy = PlacementRecorder()
+    remote = RolloutEngine(policy, RolloutConfig(max_in_flight=12, env_backend="ray")).run(specs)
+    assert [t.error for t in remote] == [None] * 12
+    assert [(t.success, [turn.action for turn in t.turns], [turn.observation for turn in t.turns])
+            for t in remote] == [(t.success, [turn.action for turn in t.turns], [turn.observation for turn in t.turns])
+                                 for t in local]
+    assert [[turn.state_key for turn in t.turns] for t in remote] == [[turn.state_key for turn in t.turns] for t in local]
+    assert len(set(policy.nodes.values())) == 2, "SPREAD puts env workers on both nodes"
+
+
+def test_a_node_killed_mid_episode_ends_only_its_episodes(cluster: Any) -> None:
+    specs = _specs(10)
+    policy = PlacementRecorder()
+    worker_node = cluster.worker.node_id
+
+    killed = []
+
+    def kill_worker_node(calls: int) -> None:
+        if len(policy.nodes) == len(specs) and not killed:  # every episode has its env
+            killed.append(set(finished))
+            cluster.remove_node(cluster.worker, allow_graceful=False)
+
+    finished: list[str] = []
+    policy.on_call = kill_worker_node
+    started = time.monotonic()
+    engine = RolloutEngine(policy, RolloutConfig(max_in_flight=10, env_backend="ray", step_timeout_s=60))
+    trajectories = engine.run(specs, on_trajectory=lambda t: finished.append(t.traj_id))
+    assert time.monotonic() - started < 120, "no hang"
+    assert killed, "the node was killed while episodes ran"
+    on_worker = {tid for tid, node in policy.nodes.items() if node == worker_node}
+    errored = {t.traj_id for t in trajectories if t.end_reason == "error"}
+    assert errored and errored <= on_worker | (set(t.traj_id for t in trajectories) - set(policy.nodes)), errored
+    # every episode on the surviving head node finished normally; on the killed node only those that were
+    # already done (or whose last step was answered before the node went) did
+    assert all(t.error is None and t.success for t in trajectories if t.traj_id not in on_worker)
