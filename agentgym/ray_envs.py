@@ -57,15 +57,26 @@ def _host_class() -> Any:
             def spaces(self) -> tuple[Any, Any, Any]:
                 return self.env.observation_space, self.env.action_space, self.env.metadata
 
-            def reset(self, seed: int | None, options: Mapping[str, Any] | None) -> tuple[Any, dict[str, Any]]:
-                return self.env.reset(seed=seed, options=dict(options) if options is not None else None)
+            def reset(self, seed: int | None, options: Mapping[str, Any] | None) -> tuple[Any, Any]:
+                result = self.env.reset(seed=seed, options=dict(options) if options is not None else None)
+                return result, self.state_key()
 
-            def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-                return self.env.step(action)
+            def step(self, action: Any) -> tuple[Any, Any]:
+                result = self.env.step(action)
+                return result, self.state_key()
 
-            def state_key(self) -> str | None:
+            def state_key(self) -> Any:
                 method = getattr(self.env.unwrapped, "state_key", None)
-                return None if method is None else method()
+                try:
+                    return None if method is None else method()
+                except Exception as exc:  # noqa: BLE001 - raised again by RayEnv.state_key, in the driver
+                    return exc
+
+            def start_solver(self, kind: str) -> None:
+                self.solver = getattr(self.env.unwrapped, f"{kind}_solver")()
+
+            def solve(self, observation: str) -> str:
+                return self.solver(observation)
 
             def where(self) -> dict[str, Any]:
                 import os
@@ -114,14 +125,33 @@ class RayEnv(gym.Env):
             raise TimeoutError(f"{self.env_id} on Ray did not answer within {self._timeout} s") from exc
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
-        return self._get(self._actor.reset.remote(seed, options))
+        result, self._state_key = self._get(self._actor.reset.remote(seed, options))
+        return result
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        return self._get(self._actor.step.remote(action))
+        result, self._state_key = self._get(self._actor.step.remote(action))
+        return result
 
     def state_key(self) -> str | None:
-        """The remote env's anchor state (GiGPO): one more actor call per turn."""
-        return self._get(self._actor.state_key.remote())
+        """The remote env's anchor state (GiGPO), sent back with every reset and step: no extra round trip."""
+        key = getattr(self, "_state_key", None)
+        if isinstance(key, Exception):
+            raise key
+        return key
+
+    def reference_solver(self) -> Any:
+        """The remote env's reference solver for this episode (it runs beside the env; each call is one actor
+        call), so ``ReferencePolicy`` and BC demonstrations work with Ray env workers too."""
+        return self._solver("reference")
+
+    def shortcut_solver(self) -> Any:
+        """The remote env's shortcut solver (imperfect demonstrations), as :meth:`reference_solver`."""
+        return self._solver("shortcut")
+
+    def _solver(self, kind: str) -> Any:
+        self._get(self._actor.start_solver.remote(kind))
+        actor = self._actor
+        return lambda observation: self._get(actor.solve.remote(observation))
 
     def where(self) -> dict[str, Any]:
         """Which Ray node and worker process hold this env (for tests and placement checks)."""

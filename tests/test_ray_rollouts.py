@@ -3,6 +3,9 @@ test), gets the same trajectories as in-process envs, and a node killed mid-epis
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -40,12 +43,14 @@ class PlacementRecorder(ScriptedPolicy):
     def __init__(self) -> None:
         super().__init__(self.reply)
         self.nodes: dict[str, str] = {}
+        self.pids: dict[str, int] = {}
         self.on_call: Any = None
         self.calls = 0
 
     def begin_episode(self, episode_id: str, env: Any) -> None:
         if hasattr(env, "where"):
-            self.nodes[episode_id] = env.where()["node_id"]
+            where = env.where()
+            self.nodes[episode_id], self.pids[episode_id] = where["node_id"], where["pid"]
 
     def reply(self, messages: Any) -> str:
         self.calls += 1
@@ -90,13 +95,18 @@ def test_a_node_killed_mid_episode_ends_only_its_episodes(cluster: Any) -> None:
         if len(policy.nodes) == len(specs) and not killed:  # every episode has its env
             killed.append(set(finished))
             cluster.remove_node(cluster.worker, allow_graceful=False)
+            # A machine that dies takes its worker processes with it; on one machine they must be killed too.
+            for tid, pid in policy.pids.items():
+                if policy.nodes[tid] == worker_node:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
 
     finished: list[str] = []
     policy.on_call = kill_worker_node
     started = time.monotonic()
     engine = RolloutEngine(policy, RolloutConfig(max_in_flight=10, env_backend="ray", step_timeout_s=60))
     trajectories = engine.run(specs, on_trajectory=lambda t: finished.append(t.traj_id))
-    assert time.monotonic() - started < 120, "no hang"
+    assert time.monotonic() - started < 180, "no hang"
     assert killed, "the node was killed while episodes ran"
     on_worker = {tid for tid, node in policy.nodes.items() if node == worker_node}
     errored = {t.traj_id for t in trajectories if t.end_reason == "error"}
