@@ -52,6 +52,9 @@ class TrainerConfig:
     """Linear learning-rate warm-up, in optimizer steps (a fresh optimizer at full lr can wreck a warm start)."""
     weight_decay: float = 0.0
     """AdamW weight decay of the policy."""
+    env_backend: Literal["local", "ray"] = "local"
+    """Where rollout envs run: in this process, or as Ray actors across the cluster this process reaches
+    (``RAY_ADDRESS``; ``pip install 'agentgym[ray]'``), the policy staying here (see the README's scaling-out notes)."""
     generation_backend: Literal["hf", "vllm"] = "hf"
     """Who samples rollouts: the training model itself through HF (CPU or GPU), or an in-process vLLM engine
     (GPU only, ``agentgym[vllm]``) whose weights are synced from the trained model after every update."""

@@ -278,7 +278,8 @@ class OnlineTrainer:
         in-process policies, whatever batches the timing forms, however many run at once and on which rank."""
         return RolloutConfig(max_in_flight=self.config.max_in_flight, sampling=sampling,
                              system_prompt=self.config.system_prompt,
-                             max_context_tokens=self.config.max_context_tokens, deterministic=False)
+                             max_context_tokens=self.config.max_context_tokens, deterministic=False,
+                             env_backend=self.config.env_backend)
 
     def _sample(self, step: int) -> list[Trajectory]:
         """``group_size`` independent episodes for each of this step's tasks, with the current policy."""
