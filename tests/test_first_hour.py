@@ -82,12 +82,18 @@ def test_concurrent_sampled_runs_repeat_by_seed(tiny_dir: Path) -> None:
 def test_every_turn_and_episode_gets_its_own_seed(deterministic: bool) -> None:
     from agentgym.policies import ReferencePolicy
 
+    from agentgym.rollout import EpisodeSpec
+
     config = RolloutConfig(sampling=SamplingParams(seed=5), deterministic=deterministic)
     engine = RolloutEngine(ReferencePolicy(), config)
-    seeds = [engine._sampling_for(e, t).seed for e in range(3) for t in range(4)]
+    spec = EpisodeSpec("agentgym/Calculator-v0")
+    seeds = [engine._sampling_for(spec, e, t).seed for e in range(3) for t in range(4)]
     assert None not in seeds and len(set(seeds)) == 12
+    own = [engine._sampling_for(EpisodeSpec("agentgym/Calculator-v0", sampling_seed=s), e, t).seed
+           for s in (11, 12) for e in range(3) for t in range(4)]
+    assert len(set(own)) == 8  # an episode's own seed: its position in the run no longer matters, its turn does
     unseeded = RolloutEngine(ReferencePolicy(), RolloutConfig(sampling=SamplingParams(seed=None)))
-    assert unseeded._sampling_for(2, 3).seed is None  # no seed asked: the backend's own randomness
+    assert unseeded._sampling_for(spec, 2, 3).seed is None  # no seed asked: the backend's own randomness
 
 
 # ---- 2. progress ------------------------------------------------------------------------------------------
