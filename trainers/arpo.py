@@ -79,6 +79,9 @@ class ArpoConfig(GrpoConfig):
         if self.initial_rollouts > self.group_size:
             raise self._fail("initial_rollouts", f"({self.initial_rollouts}) exceeds group_size ({self.group_size}), the "
                              "budget M of trajectories per task; use initial_rollouts <= group_size (spec: 8 of 16).")
+        if self.max_staleness:
+            raise self._fail("max_staleness", "ARPO's branching sampler runs synchronously for now: use "
+                                              "max_staleness: 0, or trainer: grpo / gigpo for asynchronous training.")
         if self.hard_dedupe and self.attribution != "hard":
             raise self._fail("hard_dedupe", "only applies to attribution: hard; set attribution: hard or hard_dedupe: false.")
         try:

@@ -52,6 +52,10 @@ class TrainerConfig:
     """Linear learning-rate warm-up, in optimizer steps (a fresh optimizer at full lr can wreck a warm start)."""
     weight_decay: float = 0.0
     """AdamW weight decay of the policy."""
+    max_staleness: int = 0
+    """Asynchronous training: 0 samples each step with the current weights, then learns (synchronous); k >= 1
+    generates the next steps' episodes in a background worker while the current step trains, each step starting
+    at most k updates behind (1: one-step-off). The update corrects for the lag (``off_policy_correction``)."""
     env_backend: Literal["local", "ray"] = "local"
     """Where rollout envs run: in this process, or as Ray actors across the cluster this process reaches
     (``RAY_ADDRESS``; ``pip install 'agentgym[ray]'``), the policy staying here (see the README's scaling-out notes)."""
@@ -154,6 +158,11 @@ class TrainerConfig:
         if not self.learning_rate > 0:
             raise self._fail("learning_rate", f"must be > 0 (typical: 1e-6 for 7B models, 3e-4 for the tiny model), "
                                               f"got {self.learning_rate}.")
+        if self.max_staleness < 0:
+            raise self._fail("max_staleness", f"must be >= 0 (0: synchronous, 1: one-step-off), got {self.max_staleness}.")
+        if self.max_staleness and self.generation_backend != "hf":
+            raise self._fail("max_staleness", "asynchronous rollouts run on a copy of the HF model for now: use "
+                                              "generation_backend: hf, or max_staleness: 0 with vLLM.")
         if self.weight_decay < 0:
             raise self._fail("weight_decay", f"must be >= 0, got {self.weight_decay}.")
         if self.generation_backend == "vllm" and not self.device.startswith("cuda"):

@@ -69,12 +69,28 @@ class GrpoConfig(TrainerConfig):
     """Also drop masked trajectories from the group mean/std (the reference code keeps them)."""
     group_filter_std: float | None = None
     """Dynamic sampling: drop groups whose counted reward std is below this (None: keep all)."""
+    off_policy_correction: Literal["auto", "none", "truncated_is"] = "auto"
+    """How the update treats samples drawn by older weights (asynchronous training, or vLLM's numerics): truncated_is
+    weights each token's loss by min(pi_old / pi_behaviour, is_cap), pi_old being the weights before this update
+    (recomputed) and pi_behaviour the log-probs recorded at sampling (decoupled PPO); auto does that when
+    max_staleness > 0 and nothing otherwise."""
+    is_cap: float = 2.0
+    """Upper bound of the truncated importance weight."""
+
     trainer_name: ClassVar[str] = "grpo"
     display_name: ClassVar[str] = "GRPO"
     trainer_class: ClassVar[str] = "agentgym.trainers.grpo:GrpoTrainer"
 
+    @property
+    def corrects_off_policy(self) -> bool:
+        """Whether the update applies the truncated importance weight (see ``off_policy_correction``)."""
+        return self.off_policy_correction == "truncated_is" or (
+            self.off_policy_correction == "auto" and self.max_staleness > 0)
+
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not self.is_cap >= 1:
+            raise self._fail("is_cap", f"must be >= 1 (typical 2.0), got {self.is_cap}.")
         for name in ("micro_batch_size", "ppo_epochs", "mini_batches"):
             if getattr(self, name) < 1:
                 raise self._fail(name, f"must be >= 1, got {getattr(self, name)}.")

@@ -68,6 +68,9 @@ class OnlineTrainer:
     def __init__(self, config: TrainerConfig, *, world: World | None = None) -> None:
         self.config = config
         self.world = world or init_world(config.device)
+        if self.world.distributed and config.max_staleness:
+            raise config._fail("max_staleness", "asynchronous rollouts run in one process for now: use max_staleness: 0 "
+                                                "under torchrun.")
         if self.world.distributed and not self.supports_distributed:
             raise config._fail("trainer", f"{config.display_name} runs in one process: launch it without torchrun "
                                           "(GRPO, GiGPO and ARPO run data-parallel).")
@@ -79,6 +82,7 @@ class OnlineTrainer:
         self.train_tasks = self.suite.split(config.train_split)
         self.eval_tasks = self.eval_suite.split(config.eval_split)[: config.eval_tasks]
         self.episodes = 0
+        self._async: Any = None  # the background rollout worker when max_staleness > 0
 
     # ---- the method's parts (overridden by each trainer) ----------------------------------------------
     def _setup(self, resume_from: Path | None) -> None:
@@ -189,15 +193,24 @@ class OnlineTrainer:
 
         if start == 0:
             summary["eval_before"] = self._evaluate(0)
-        for step in track(range(start, cfg.steps), f"{cfg.display_name} steps", completed=start, unit="step",
-                          enabled=cfg.progress if self.world.is_main else False):
-            self._step(step)
-            done = step + 1
-            if cfg.eval_every and done % cfg.eval_every == 0 and done != cfg.steps:
-                self._evaluate(done)
-            if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done != cfg.steps:
-                self._checkpoint(done)
-            self.world.barrier()
+        self._async = None
+        if cfg.max_staleness:  # the next steps' rollouts are generated while this one trains
+            from agentgym.trainers.async_rollouts import AsyncRollouts
+
+            self._async = AsyncRollouts(self, start, cfg.max_staleness)
+        try:
+            for step in track(range(start, cfg.steps), f"{cfg.display_name} steps", completed=start, unit="step",
+                              enabled=cfg.progress if self.world.is_main else False):
+                self._step(step)
+                done = step + 1
+                if cfg.eval_every and done % cfg.eval_every == 0 and done != cfg.steps:
+                    self._evaluate(done)
+                if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done != cfg.steps:
+                    self._checkpoint(done)
+                self.world.barrier()
+        finally:
+            if self._async is not None:
+                self._async.close()
         summary["eval_after"] = self._evaluate(cfg.steps)
         summary["episodes"] = self.episodes
         if self.world.is_main:
@@ -218,10 +231,16 @@ class OnlineTrainer:
     def _step(self, step: int) -> None:
         cfg = self.config
         t0 = time.perf_counter()
-        trajectories = self._sample(step)
+        lag: dict[str, float] = {}
+        if self._async is not None:
+            trajectories, lag = self._async.take(step)
+        else:
+            trajectories = self._sample(step)
         t_rollout = time.perf_counter() - t0
         self.episodes += int(self.world.sum(float(len(trajectories))))
         stats = self._learn(step, trajectories)
+        if self._async is not None:
+            self._async.publish(self.model)
         if cfg.generation_backend == "vllm":
             self.policy.load_weights(self._sync_weights())
         rollout = summarize(trajectories)
@@ -232,7 +251,7 @@ class OnlineTrainer:
             "train/mean_tool_calls": rollout.get("mean_tool_calls", 0.0),
             "train/episodes": float(len(trajectories)), "train/episodes_seen": float(self.episodes),
             "train/errors": float(sum(t.error is not None or t.end_reason == "error" for t in trajectories)),
-            **stats, "time/rollout_s": t_rollout, "time/step_s": time.perf_counter() - t0,
+            **stats, **lag, "time/rollout_s": t_rollout, "time/step_s": time.perf_counter() - t0,
             "lr": self.scheduler.get_last_lr()[0],
         })
 

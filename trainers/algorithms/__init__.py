@@ -44,7 +44,7 @@ from .advantages import broadcast_to_tokens, discounted_returns, group_advantage
 from .aggregation import AGGREGATION_MODES, aggregate_loss, loss_denominators
 from .gigpo import GigpoAdvantages, anchor_groups, broadcast_steps_to_tokens, gigpo_advantages
 from .kl import kl_penalty
-from .losses import clipped_policy_loss, reinforce_loss
+from .losses import behaviour_weights, clipped_policy_loss, reinforce_loss
 from .masks import (
     apply_sample_mask,
     group_filter,
@@ -65,6 +65,7 @@ __all__ = [
     "branch_probability",
     "broadcast_steps_to_tokens",
     "broadcast_to_tokens",
+    "behaviour_weights",
     "clipped_policy_loss",
     "direct_reward_accumulation",
     "discounted_returns",

@@ -17,7 +17,7 @@ from agentgym.errors import ConfigError
 
 from ._common import check_choice, check_mask
 
-__all__ = ["LOG_RATIO_CLAMP", "clipped_policy_loss", "reinforce_loss"]
+__all__ = ["LOG_RATIO_CLAMP", "behaviour_weights", "clipped_policy_loss", "reinforce_loss"]
 
 RatioClip = Literal["ppo", "loop"]
 
@@ -175,3 +175,22 @@ def reinforce_loss(logp: Tensor, advantages: Tensor) -> Tensor:
         raise ConfigError("logp must be a 2-D [N, L] tensor of per-token log-probabilities.")
     adv = _token_advantages(advantages, logp.shape).detach().to(device=logp.device, dtype=logp.dtype)
     return -adv * logp
+
+
+def behaviour_weights(proximal_logp: Tensor, behaviour_logp: Tensor, *, cap: float = 2.0) -> Tensor:
+    """Truncated importance weights ``min(pi_prox / pi_behav, cap)`` per token, for samples from older weights.
+
+    Decoupled PPO (the asynchronous trainers' correction): the clipped ratio is taken against the *proximal*
+    policy (the weights before this update, recomputed), and each token's loss is weighted by how much more
+    likely the proximal policy makes the token than the behaviour policy that actually sampled it (the log-prob
+    recorded at sampling), truncated at ``cap`` so one stale token cannot dominate. Multiplying a token's
+    advantage by its (detached, positive) weight scales its clipped loss term by the same factor.
+
+    Raises:
+        ConfigError: mismatched shapes or ``cap < 1``.
+    """
+    _check_logps(proximal_logp, behaviour_logp, "behaviour_logp")
+    if not cap >= 1:
+        raise ConfigError(f"cap must be >= 1 (typical 2.0), got {cap}.")
+    log_ratio = (proximal_logp.detach() - behaviour_logp.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return torch.exp(log_ratio).clamp(max=cap)
