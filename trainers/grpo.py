@@ -23,7 +23,7 @@ import torch
 from agentgym.trainers import algorithms as alg
 from agentgym.trainers.batch import TrainingBatch, build_batch, sequence_logprobs
 from agentgym.trainers.config import GrpoConfig
-from agentgym.trainers.distributed import World
+from agentgym.trainers.distributed import ForwardWith, World, data_parallel
 from agentgym.trainers.loop import OnlineTrainer
 from agentgym.trainers.returns import episode_return
 from agentgym.trainers.packing import pack_sequences, packed_inputs, packed_sequence_logprobs, unpack_logprobs
@@ -157,66 +157,110 @@ class GrpoTrainer(OnlineTrainer):
         return unpack_logprobs(packed, inputs, len(mb), width)
 
     def _update(self, batch: TrainingBatch, optimizer: torch.optim.Optimizer, scheduler: Any, step: int) -> dict[str, float]:
+        """The clipped policy-gradient update: ``ppo_epochs`` x exactly ``mini_batches`` optimizer steps.
+
+        Data parallel (see :mod:`agentgym.trainers.distributed`): one all-gather first gives every mini-batch's
+        global token/sequence counts and the most micro-batches any rank has for it; every rank then runs that
+        many backward passes (zero-weight ones where it has run out of rows, e.g. when all its episodes errored)
+        under ``no_sync`` except the last, whose bucketed all-reduce sums the gradients. A mini-batch empty on
+        every rank gives no gradient, so the optimizer leaves the parameters alone (the scheduler still steps).
+        """
         cfg = self.config
         model = self.model
         t0 = time.perf_counter()
-        if len(batch) == 0:
-            return {"train/tokens": self.world.sum(0.0), "train/skipped_update": 1.0}
-        with torch.no_grad():
+        width = int(batch.input_ids.shape[1])
+        with torch.no_grad():  # the unwrapped model: no collectives, so ranks may differ in how many passes run
             model.eval()
-            width = int(batch.input_ids.shape[1])
-            batch.old_logprobs = torch.cat([_pad_to(self._forward_logprobs(model, mb).cpu(), width)
-                                            for mb in batch.micro_batches(cfg.micro_batch_size)])
+            batch.old_logprobs = _no_grad_logprobs(self._forward_logprobs, model, batch, cfg.micro_batch_size, width)
             if self.reference is not None:
                 with self._reference_context():
-                    batch.ref_logprobs = torch.cat([_pad_to(self._forward_logprobs(self.reference, mb).cpu(), width)
-                                                    for mb in batch.micro_batches(cfg.micro_batch_size)])
+                    batch.ref_logprobs = _no_grad_logprobs(self._forward_logprobs, self.reference, batch,
+                                                           cfg.micro_batch_size, width)
+        if cfg.corrects_off_policy:  # stale samples: weight each token by min(pi_old / pi_behaviour, is_cap)
+            batch.advantages = batch.advantages * alg.behaviour_weights(batch.old_logprobs, batch.sampler_logprobs,
+                                                                        cap=cfg.is_cap)
         mask = batch.loss_mask
-        trained_tokens = self.world.sum(float(mask.sum()))
-        mismatch = float(((batch.old_logprobs - batch.sampler_logprobs).abs() * mask).sum() / max(mask.sum().item(), 1.0))
-        stats: dict[str, float] = {"train/tokens": trained_tokens, "train/logprob_mismatch": mismatch}
-        if trained_tokens == 0:
-            stats["train/skipped_update"] = 1.0
-            return stats
-        model.train()
-        losses, clip_fracs, kls, norms = [], [], [], []
+        plan = []  # per epoch, exactly mini_batches row sets (tensor_split: 5 rows into 4 gives 4, one may be empty)
+        local = torch.zeros(cfg.ppo_epochs, cfg.mini_batches, 3, dtype=torch.float64)
         for epoch in range(cfg.ppo_epochs):
             order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(mix_seed(cfg.seed, step, epoch)))
-            for chunk in order.chunk(cfg.mini_batches):
-                mini = batch.select(chunk.sort().values)
-                tokens, seqs = alg.loss_denominators(mini.loss_mask)
-                tokens, seqs = self.world.sum(tokens), self.world.sum(seqs)
+            chunks = [c.sort().values for c in torch.tensor_split(order, cfg.mini_batches)]
+            plan.append(chunks)
+            for k, rows in enumerate(chunks):
+                tokens, seqs = alg.loss_denominators(mask[rows]) if len(rows) else (0.0, 0.0)
+                local[epoch, k] = torch.tensor([tokens, seqs, -(-len(rows) // cfg.micro_batch_size)])
+        everyone = self.world.gather(torch.cat([local.flatten(), torch.tensor([float(mask.sum())], dtype=torch.float64)]))
+        counts = everyone[:, :-1].reshape(-1, cfg.ppo_epochs, cfg.mini_batches, 3)
+        denominators, passes = counts[..., :2].sum(dim=0), counts[..., 2].amax(dim=0).long()
+        trained_tokens = float(everyone[:, -1].sum())
+        mismatch = float(((batch.old_logprobs - batch.sampler_logprobs).abs() * mask).sum() / max(mask.sum().item(), 1.0))
+        stats: dict[str, float] = {"train/tokens": trained_tokens, "train/logprob_mismatch": mismatch}
+        if trained_tokens == 0:  # the same decision on every rank: the count is global
+            stats["train/skipped_update"] = 1.0
+            return stats
+        trained = self._trained_module()
+        no_sync = getattr(trained, "no_sync", contextlib.nullcontext)
+        params = [p for p in model.parameters() if p.requires_grad]
+        model.train()
+        sums = torch.zeros(4, dtype=torch.float64)  # loss, kl, clipped fraction x passes, real passes
+        norms = []
+        for epoch, chunks in enumerate(plan):
+            for k, rows in enumerate(chunks):
+                tokens, seqs = (float(v) for v in denominators[epoch, k])
+                agg = dict(mode=cfg.loss_agg, global_token_count=max(tokens, 1.0), global_seq_count=max(seqs, 1.0),
+                           max_len_norm=cfg.max_context_tokens or width)
+                micro = list(batch.select(rows).micro_batches(cfg.micro_batch_size)) if len(rows) else []
                 optimizer.zero_grad(set_to_none=True)
-                total = 0.0
-                for mb in mini.micro_batches(cfg.micro_batch_size):
-                    logp = self._forward_logprobs(model, mb)
-                    m = mb.loss_mask.to(logp.device)
-                    per_token, metrics = alg.clipped_policy_loss(
-                        logp, mb.old_logprobs.to(logp.device), mb.advantages.to(logp.device), eps_low=cfg.clip_eps_low,
-                        eps_high=cfg.clip_eps_high, dual_clip_c=cfg.dual_clip_c, loss_mask=m)
-                    agg = dict(mode=cfg.loss_agg, global_token_count=max(tokens, 1.0), global_seq_count=max(seqs, 1.0),
-                               max_len_norm=cfg.max_context_tokens or int(batch.input_ids.shape[1]))
-                    loss = alg.aggregate_loss(per_token, m, **agg)
-                    if self.reference is not None:
-                        kl = alg.kl_penalty(logp, mb.ref_logprobs.to(logp.device), estimator=cfg.kl_estimator)
-                        kl_loss = alg.aggregate_loss(kl, m, **agg)
-                        loss = loss + cfg.kl_coef * kl_loss
-                        kls.append(float(kl_loss.detach()))
-                    loss.backward()
-                    total += float(loss.detach())
-                    clip_fracs.append(float(metrics["clip_frac"]))
-                self.world.sum_gradients([p for p in model.parameters() if p.requires_grad])
-                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
+                count = int(passes[epoch, k])
+                for j in range(count):
+                    with no_sync() if j < count - 1 else contextlib.nullcontext():
+                        if j < len(micro):
+                            loss = self._micro_batch_loss(trained, micro[j], agg, sums)
+                        else:  # this rank ran out of rows: a zero-weight pass so it joins the gradient all-reduce
+                            loss = trained(_placeholder(int(self.tokenizer.pad_token_id or 0))).sum() * 0.0
+                        loss.backward()
+                norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
                 norms.append(float(norm))
                 optimizer.step()
                 scheduler.step()
-                losses.append(total)
         model.eval()
-        stats.update({"train/loss": sum(losses) / len(losses), "train/clip_frac": sum(clip_fracs) / max(len(clip_fracs), 1),
-                      "train/grad_norm": sum(norms) / len(norms), "time/update_s": time.perf_counter() - t0})
-        if kls:
-            stats["train/kl"] = sum(kls) / len(kls)
+        total = self.world.gather(sums).sum(dim=0).tolist()  # each rank's loss is its share of the global loss
+        steps = cfg.ppo_epochs * cfg.mini_batches
+        stats.update({"train/loss": total[0] / steps, "train/clip_frac": total[2] / max(total[3], 1.0),
+                      "train/grad_norm": sum(norms) / len(norms), "train/optimizer_steps": float(steps),
+                      "time/update_s": time.perf_counter() - t0})
+        if self.reference is not None:
+            stats["train/kl"] = total[1] / steps
         return stats
+
+    def _micro_batch_loss(self, trained: Any, mb: TrainingBatch, agg: dict[str, Any], sums: torch.Tensor) -> torch.Tensor:
+        """One micro-batch's share of the mini-batch loss (global denominators in ``agg``); adds to ``sums``."""
+        cfg = self.config
+        logp = trained(mb)
+        m = mb.loss_mask.to(logp.device)
+        per_token, metrics = alg.clipped_policy_loss(
+            logp, mb.old_logprobs.to(logp.device), mb.advantages.to(logp.device), eps_low=cfg.clip_eps_low,
+            eps_high=cfg.clip_eps_high, dual_clip_c=cfg.dual_clip_c, loss_mask=m)
+        loss = alg.aggregate_loss(per_token, m, **agg)
+        if self.reference is not None:
+            kl_loss = alg.aggregate_loss(alg.kl_penalty(logp, mb.ref_logprobs.to(logp.device),
+                                                        estimator=cfg.kl_estimator), m, **agg)
+            loss = loss + cfg.kl_coef * kl_loss
+            sums[1] += float(kl_loss.detach())
+        sums[0] += float(loss.detach())
+        sums[2] += float(metrics["clip_frac"])
+        sums[3] += 1.0
+        return loss
+
+    def _trained_module(self) -> Any:
+        """The module the update's forward and backward go through: :meth:`_forward_logprobs` on the model, in
+        DistributedDataParallel (summing gradients) when data-parallel. Built once per model, on every rank."""
+        cached = getattr(self, "_trained", None)
+        if cached is not None and cached[0] is self.model:
+            return cached[1]
+        trained = data_parallel(ForwardWith(self.model, self._forward_logprobs), self.world)
+        self._trained = (self.model, trained)
+        return trained
 
     def _reference_context(self) -> Any:
         """Disables the LoRA adapters while the reference is the base under them; otherwise does nothing."""
@@ -230,3 +274,16 @@ def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
     if t.shape[1] == width:
         return t
     return torch.nn.functional.pad(t, (0, width - t.shape[1]))
+
+
+def _no_grad_logprobs(forward: Any, model: Any, batch: TrainingBatch, micro_batch_size: int, width: int) -> torch.Tensor:
+    """``[N, width]`` log-probs of every row, micro-batch by micro-batch (``[0, width]`` for an empty batch)."""
+    pieces = [_pad_to(forward(model, mb).cpu(), width) for mb in batch.micro_batches(micro_batch_size)]
+    return torch.cat(pieces) if pieces else torch.zeros((0, width))
+
+
+def _placeholder(pad_id: int) -> TrainingBatch:
+    """A two-token row with no trained tokens: the input of a zero-weight pass (it touches every parameter)."""
+    ids = torch.full((1, 2), pad_id, dtype=torch.long)
+    zeros = torch.zeros((1, 2))
+    return TrainingBatch(ids, torch.ones_like(ids), zeros, zeros.clone(), zeros.clone(), zeros.clone(), zeros.clone())

@@ -1,0 +1,216 @@
+"""Data parallelism (torch DDP over gloo, 2 CPU processes): the update with 2 ranks equals the single-process update
+on the union of their data, a rank whose episodes all errored neither hangs nor changes the result, the number of
+optimizer steps is exactly ``ppo_epochs x mini_batches``, and the whole loop runs under ``torchrun``.
+
+The worker is this file itself: ``torchrun tests/test_data_parallel.py CASES OUT`` runs each case on every rank and
+saves the parameters; pytest runs the same cases in one process on the data every rank held and compares. Every
+launch has a timeout, so a deadlock fails the test instead of blocking the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+REPO = Path(__file__).resolve().parent.parent
+SUITE = "games-calc"
+
+#: name -> settings of one update case; ``ranks`` says which data each rank holds ("A", "B": healthy groups,
+#: "E": episodes that all errored before producing a token, "S": two healthy rows only).
+CASES: dict[str, dict[str, Any]] = {
+    # rank 0 has 2 micro-batches and rank 1 has 3: rank 0 makes one zero-weight pass; KL term included
+    "union": {"ranks": ["A", "B"], "config": {"micro_batch_size": 2, "reference_model": "initial", "kl_coef": 0.1}},
+    "errored": {"ranks": ["A", "E"], "config": {"micro_batch_size": 2, "packing": True}},
+    "lora": {"ranks": ["A", "B"], "config": {"micro_batch_size": 3, "lora": {"r": 4, "alpha": 8},
+                                             "gradient_checkpointing": True}},
+    # 5 rows into 4 mini-batches is 4 steps; rank 1's 2 rows leave it two empty mini-batches, still 4 steps
+    "mini_batches": {"ranks": ["A", "S"], "config": {"micro_batch_size": 2, "mini_batches": 4, "ppo_epochs": 2}},
+}
+
+
+# ---- the data and one update (used by both the ranks and the single-process reference) ----------------------
+def _trajectories(kind: str) -> list[Any]:
+    """Fixed trajectories with token ids; each letter is its own set of groups with distinct scores."""
+    from agentgym.trajectory import Trajectory, Turn
+
+    g = torch.Generator().manual_seed(ord(kind))
+    out = []
+    sizes = {"A": 5, "B": 6, "E": 4, "S": 2}[kind]
+    for i in range(sizes):
+        turns = ()
+        if kind != "E":
+            turns = tuple(Turn(observation="o", action="a", info={"kind": "answer", "calls": []},
+                               prompt_token_ids=tuple(torch.randint(3, 60, (int(torch.randint(2, 6, (1,), generator=g)),),
+                                                                    generator=g).tolist()),
+                               action_token_ids=tuple(torch.randint(3, 60, (int(torch.randint(1, 5, (1,), generator=g)),),
+                                                                    generator=g).tolist()),
+                               action_logprobs=None) for _ in range(1 + i % 2))
+        score = float(i % 3) / 2
+        out.append(Trajectory(env_id="agentgym/Calculator-v0", task_id=f"{kind}{i // 3}", seed=i, turns=turns,
+                              outcome={"success": score >= 1.0, "score": score,
+                                       "end_reason": "error" if kind == "E" else "answered"},
+                              end_reason="error" if kind == "E" else "answered", group_id=f"{kind}/{i // 3}",
+                              error="sandbox died" if kind == "E" else None))
+    return out
+
+
+def _config(model_dir: str, out: str, **overrides: Any) -> Any:
+    from agentgym.trainers.config import GrpoConfig
+
+    values: dict[str, Any] = dict(model=model_dir, suite=SUITE, output_dir=out, steps=1, tasks_per_step=4,
+                                  group_size=4, eval_tasks=2, eval_every=0, checkpoint_every=0, system_prompt="",
+                                  max_tokens_per_turn=8, max_context_tokens=128, tensorboard=False, seed=0)
+    values.update(overrides)
+    return GrpoConfig(**values)
+
+
+def run_update(model_dir: str, out: str, data: str, **config: Any) -> dict[str, Any]:
+    """One GRPO ``_learn`` on ``data``'s trajectories with ``config`` (in whatever world this process is in)."""
+    from agentgym.trainers.grpo import GrpoTrainer
+
+    trainer = GrpoTrainer(_config(model_dir, out, **config))
+    torch.manual_seed(0)  # LoRA's initial adapters are drawn: the same on every rank and in the reference
+    trainer.model, trainer.tokenizer = trainer._load(model_dir)
+    trainer._setup(None)
+    trainer.optimizer = torch.optim.SGD([p for p in trainer.model.parameters() if p.requires_grad], lr=0.5)
+    trainer.scheduler = trainer._schedule(trainer.optimizer)
+    steps = []
+    trainer.optimizer.register_step_post_hook(lambda *_: steps.append(1))
+    stats = trainer._learn(0, [t for kind in data for t in _trajectories(kind)])
+    params = torch.cat([p.detach().flatten().double() for p in trainer.model.parameters() if p.requires_grad])
+    return {"params": params, "optimizer_steps": len(steps), "stats": stats}
+
+
+def _worker(cases: list[str], model_dir: str, out: str) -> None:
+    """Entry point under torchrun: every case on this rank's data, parameters saved per case and rank."""
+    rank = int(os.environ["RANK"])
+    for case in cases:
+        result = run_update(model_dir, os.path.join(out, f"{case}-run"), CASES[case]["ranks"][rank],
+                            **CASES[case]["config"])
+        torch.save(result, os.path.join(out, f"{case}-rank{rank}.pt"))
+    from agentgym.trainers.grpo import GrpoTrainer  # then the whole loop: 2 steps of 2 tasks x 4 episodes
+
+    # weight decay moves the weights even in a step whose groups all score alike (zero advantages)
+    trainer = GrpoTrainer(_config(model_dir, os.path.join(out, "loop-run"), steps=2, tasks_per_step=2,
+                                  micro_batch_size=3, weight_decay=0.1, learning_rate=1e-3))
+    trainer.train()
+    torch.save(_flat(trainer.model), os.path.join(out, f"loop-rank{rank}.pt"))
+
+
+def _flat(model: Any) -> Any:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+# ---- launching ------------------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def torchrun(script: list[str], *, nproc: int = 2, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` (a path and its arguments) on ``nproc`` gloo ranks on 127.0.0.1; a hang fails after
+    ``timeout`` seconds (``subprocess.run`` kills the launcher, whose workers die with it)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
+               f"--master_port={_free_port()}", *script]
+    try:
+        result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the {nproc}-process run did not finish in {timeout:.0f} s (a deadlock?): "
+                    f"{(exc.stderr or b'')[-2000:]!r}")
+    first = result.stderr.find("Traceback")  # the failing rank's own traceback, not only torchrun's summary
+    assert result.returncode == 0, result.stderr[max(first, 0):][:3000] + "\n...\n" + result.stderr[-1500:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from agentgym.models.tiny import TinyModelConfig, build_tiny_model
+    from agentgym.quickstart import demonstration_texts
+
+    small = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=64)
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", texts=demonstration_texts(SUITE, 60),
+                            config=small)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every update case run once on 2 gloo ranks (one launch for all of them)."""
+    out = tmp_path_factory.mktemp("ddp")
+    torchrun([str(Path(__file__).resolve()), ",".join(CASES), str(model_dir), str(out)])
+    return out
+
+
+def _ranks(out: Path, case: str) -> list[dict[str, Any]]:
+    return [torch.load(out / f"{case}-rank{r}.pt") for r in (0, 1)]
+
+
+# ---- the tests --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("case", ["union", "lora"])
+def test_two_ranks_equal_one_process_on_the_union(two_ranks: Path, model_dir: Path, tmp_path: Path, case: str) -> None:
+    ranks = _ranks(two_ranks, case)
+    single = run_update(str(model_dir), str(tmp_path), "".join(CASES[case]["ranks"]), **CASES[case]["config"])
+    assert torch.equal(ranks[0]["params"], ranks[1]["params"]), "ranks must hold identical parameters"
+    if case == "union":
+        before = run_update(str(model_dir), str(tmp_path / "none"), "E", **CASES[case]["config"])["params"]
+        assert not torch.allclose(single["params"], before), "the update must change the parameters"
+    assert torch.allclose(ranks[0]["params"], single["params"], atol=1e-6, rtol=0), \
+        float((ranks[0]["params"] - single["params"]).abs().max())
+    for key in ("train/tokens", "train/loss", "train/clip_frac"):  # metrics are global, not rank 0's share
+        assert ranks[0]["stats"][key] == pytest.approx(single["stats"][key], abs=1e-6), key
+
+
+def test_rank_whose_episodes_all_errored_neither_hangs_nor_changes_the_update(two_ranks: Path, model_dir: Path,
+                                                                              tmp_path: Path) -> None:
+    ranks = _ranks(two_ranks, "errored")
+    assert ranks[1]["stats"]["train/errors"] == 4.0 and ranks[1]["stats"]["train/tokens"] > 0
+    single = run_update(str(model_dir), str(tmp_path), "A", **CASES["errored"]["config"])
+    assert torch.equal(ranks[0]["params"], ranks[1]["params"])
+    assert torch.allclose(ranks[1]["params"], single["params"], atol=1e-6, rtol=0)
+
+
+def test_mini_batch_count_is_exact(two_ranks: Path, model_dir: Path, tmp_path: Path) -> None:
+    """``mini_batches: 4`` over 5 rows is 4 optimizer steps per epoch (``torch.chunk`` would give 3), on every
+    rank, also on one that holds fewer rows than mini-batches."""
+    ranks = _ranks(two_ranks, "mini_batches")
+    assert [r["optimizer_steps"] for r in ranks] == [8, 8]
+    assert torch.equal(ranks[0]["params"], ranks[1]["params"])
+    single = run_update(str(model_dir), str(tmp_path), "A", **CASES["mini_batches"]["config"])
+    assert single["optimizer_steps"] == 8 and single["stats"]["train/optimizer_steps"] == 8.0
+
+
+def test_mini_batches_empty_on_every_rank_leave_the_parameters_alone(model_dir: Path, tmp_path: Path) -> None:
+    """2 rows into 4 mini-batches: 4 optimizer steps, the two empty ones without gradients (skipped on every rank
+    together, as the counts are global), so the parameters equal those of ``mini_batches: 2``."""
+    two = run_update(str(model_dir), str(tmp_path / "2"), "S", micro_batch_size=1, mini_batches=2)
+    four = run_update(str(model_dir), str(tmp_path / "4"), "S", micro_batch_size=1, mini_batches=4)
+    assert (two["optimizer_steps"], four["optimizer_steps"]) == (2, 4)
+    assert torch.equal(two["params"], four["params"])
+
+
+def test_whole_loop_runs_data_parallel_with_gloo(two_ranks: Path, model_dir: Path) -> None:
+    """``torchrun`` on the trainer itself: rollouts sharded, ranks end with identical, updated parameters."""
+    rank0, rank1 = (torch.load(two_ranks / f"loop-rank{r}.pt") for r in (0, 1))
+    assert torch.equal(rank0, rank1), "ranks must hold identical parameters after synchronised updates"
+    from transformers import AutoModelForCausalLM
+
+    assert not torch.equal(rank0, _flat(AutoModelForCausalLM.from_pretrained(model_dir)))
+    metrics = [json.loads(line) for line in (two_ranks / "loop-run" / "metrics.jsonl").read_text().splitlines()]
+    assert any(m.get("train/tokens", 0) > 0 and "train/loss" in m for m in metrics)
+    assert [m["train/episodes_seen"] for m in metrics if "train/episodes_seen" in m][-1] == 2 * 2 * 4
+
+
+if __name__ == "__main__":  # a rank under torchrun: CASES MODEL_DIR OUT
+    _worker(sys.argv[1].split(","), sys.argv[2], sys.argv[3])
