@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import math
-import threading
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -55,17 +54,16 @@ from agentgym.rollout import (
     EnvExecutor,
     EpisodeSpec,
     RolloutConfig,
-    _close_quietly,
     _EnvPool,
     _text_of,
+    apply_action,
     call_env,
     context_limit_outcome,
     context_limit_reached,
-    episode_outcome,
+    discard_env,
+    error_outcome,
     final_state,
-    make_turn,
     open_conversation,
-    read_state_key,
     turn_sampling,
 )
 from agentgym.trajectory import TURN_KINDS, Trajectory, Turn
@@ -396,18 +394,13 @@ class BranchingSampler:
         if live.done or generation is None:
             return
         try:
-            prompt_ids = tuple(live.agent.pending_prompt_ids) if self.policy.tokenizer is not None else None
-            action_ids = live.agent.record_action(generation)
-            t0 = time.perf_counter()
-            state_key = read_state_key(live.env)
-            next_obs, reward, terminated, truncated, info = await call_env(
-                executor, self.rollout.step_timeout_s, live.env.step, generation.text, inline=live.inline)
-            live.timing["env_s"] += time.perf_counter() - t0
-            live.turns.append(make_turn(live.observation, generation, reward, info, prompt_ids, action_ids, state_key))
-            live.observation = _text_of(next_obs)
-            live.agent.add_observation(live.observation)
-            if terminated or truncated:
-                live.outcome = episode_outcome(info, truncated)  # a TimeLimit truncation is max_turns
+            step = await apply_action(self.policy, live.agent, live.env, live.observation, generation, executor,
+                                      self.rollout.step_timeout_s, inline=live.inline)
+            live.timing["env_s"] += step.env_s
+            live.turns.append(step.turn)
+            live.observation = step.observation
+            if step.outcome is not None:
+                live.outcome = step.outcome  # a TimeLimit truncation is max_turns
                 live.healthy = live.outcome.get("end_reason") != "error"
                 live.done = True
         except TimeoutError:
@@ -503,7 +496,7 @@ class BranchingSampler:
     def _abandon(self, child: _Live, exc: Exception | None = None) -> None:
         """Mark a branch whose env could not be copied; :meth:`_fork_all` frees its budget slot."""
         if child.env is not None:
-            threading.Thread(target=_close_quietly, args=(child.env,), daemon=True).start()
+            discard_env(child.env)
             child.env = None
         child.done = True
         child.error = f"branch abandoned: {type(exc).__name__}: {exc}" if exc else "branch abandoned: replay mismatch"
@@ -512,7 +505,7 @@ class BranchingSampler:
     # ---- results -------------------------------------------------------------------------------------
     def _fail(self, live: _Live, exc: BaseException) -> None:
         live.error = f"{type(exc).__name__}: {exc}"
-        live.outcome = {"success": False, "score": 0.0, "end_reason": "error"}
+        live.outcome = error_outcome()
         live.done = True
         live.healthy = False
 
@@ -520,14 +513,11 @@ class BranchingSampler:
         self.policy.end_episode(live.traj_id)
         if live.env is None:
             return
-        if live.healthy:
-            pool.release(live.spec, live.env)
-        else:
-            threading.Thread(target=_close_quietly, args=(live.env,), daemon=True).start()
+        pool.finish(live.spec, live.env, healthy=live.healthy)
         live.env = None
 
     def _trajectory(self, live: _Live) -> Trajectory:
-        outcome = live.outcome or {"success": False, "score": 0.0, "end_reason": "error"}
+        outcome = live.outcome or error_outcome()
         timing = dict(live.timing)
         timing["wall_s"] = time.perf_counter() - live.started
         metadata = {

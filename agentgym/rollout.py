@@ -42,8 +42,10 @@ from agentgym.storage import TrajectoryWriter
 from agentgym.suite import Task, TaskSuite
 from agentgym.trajectory import Trajectory, Turn, jsonable
 
-__all__ = ["EnvExecutor", "EpisodeSpec", "PolicyBatcher", "RolloutConfig", "RolloutEngine", "call_env",
-           "episode_outcome", "episodes_for_suite", "run_reference_episode", "summarize"]
+__all__ = ["EnvExecutor", "EpisodeSpec", "PolicyBatcher", "RolloutConfig", "RolloutEngine", "TurnResult",
+           "apply_action", "call_env", "context_limit_outcome", "context_limit_reached", "discard_env",
+           "episode_outcome", "episodes_for_suite", "error_outcome", "keyed_step", "read_state_key",
+           "run_reference_episode", "summarize"]
 
 logger = logging.getLogger(__name__)
 
@@ -360,6 +362,13 @@ class _EnvPool:
         with self._lock:
             self._idle[self._key(spec)].append(env)
 
+    def finish(self, spec: EpisodeSpec, env: Any, *, healthy: bool) -> None:
+        """An episode is done with ``env``: keep it for the next episode if it ended cleanly, else discard it."""
+        if healthy:
+            self.release(spec, env)
+        else:
+            discard_env(env)
+
     def close(self) -> None:
         with self._lock:
             envs = [e for idle in self._idle.values() for e in idle]
@@ -369,6 +378,12 @@ class _EnvPool:
                 env.close()
             except Exception:
                 logger.warning("closing an env failed", exc_info=True)
+
+
+def discard_env(env: Any) -> None:
+    """Close an env that must not be reused (it failed, timed out or was abandoned), from a daemon thread: a
+    close that hangs (a stuck browser, a dead sandbox) must hold up neither the episode loop nor process exit."""
+    threading.Thread(target=_close_quietly, args=(env,), daemon=True).start()
 
 
 def _close_quietly(env: Any) -> None:
@@ -501,27 +516,23 @@ class RolloutEngine:
             timing["env_s"] += time.perf_counter() - te
             task_id = info.get("task_id", task_id)
             self.policy.begin_episode(episode_id, env)
-            agent = open_conversation(self.policy, cfg, info, _text_of(observation))
+            observation = _text_of(observation)
+            agent = open_conversation(self.policy, cfg, info, observation)
             while True:
                 if context_limit_reached(agent, self.policy, cfg):
                     outcome = context_limit_outcome()
                     healthy = True
                     break
-                prompt_ids = tuple(agent.pending_prompt_ids) if self.policy.tokenizer is not None else None
                 tp = time.perf_counter()
                 generation = await batcher.submit(agent.request(self._sampling_for(spec, index, len(turns)), episode_id), index)
                 timing["policy_s"] += time.perf_counter() - tp
-                action_ids = agent.record_action(generation)
-                te = time.perf_counter()
-                state_key = read_state_key(env)
-                next_obs, reward, terminated, truncated, step_info = await self._call_env(executor, env.step, generation.text, inline=inline)
-                timing["env_s"] += time.perf_counter() - te
-                turns.append(make_turn(_text_of(observation), generation, reward, step_info, prompt_ids, action_ids,
-                                       state_key))
-                observation = next_obs
-                agent.add_observation(_text_of(next_obs))
-                if terminated or truncated:
-                    outcome = episode_outcome(step_info, truncated)
+                step = await apply_action(self.policy, agent, env, observation, generation, executor,
+                                          cfg.step_timeout_s, inline=inline)
+                timing["env_s"] += step.env_s
+                turns.append(step.turn)
+                observation = step.observation
+                if step.outcome is not None:
+                    outcome = step.outcome
                     healthy = outcome.get("end_reason") != "error"
                     break
         except TimeoutError:
@@ -533,15 +544,12 @@ class RolloutEngine:
         finally:
             self.policy.end_episode(episode_id)
             if env is not None:
-                if healthy:
-                    pool.release(spec, env)
-                else:
-                    threading.Thread(target=_close_quietly, args=(env,), daemon=True).start()
+                pool.finish(spec, env, healthy=healthy)
         metadata: dict[str, Any] = {}
         if error is not None:
-            outcome = {"success": False, "score": 0.0, "end_reason": "error"}
+            outcome = error_outcome()
         elif turns:
-            metadata = final_state(agent, _text_of(observation))
+            metadata = final_state(agent, observation)
         timing["wall_s"] = time.perf_counter() - t0
         return Trajectory(
             env_id=spec.env_id, task_id=task_id, seed=spec.seed, turns=tuple(turns), outcome=outcome,
@@ -629,6 +637,11 @@ def context_limit_outcome() -> dict[str, Any]:
     return {"success": False, "score": 0.0, "end_reason": "context_limit"}
 
 
+def error_outcome() -> dict[str, Any]:
+    """The outcome of an episode that failed (env error, timeout, policy error): not a success, score 0."""
+    return {"success": False, "score": 0.0, "end_reason": "error"}
+
+
 def episode_outcome(step_info: Mapping[str, Any], truncated: bool) -> dict[str, Any]:
     """The outcome of an episode that just ended, from the last step's ``info``.
 
@@ -653,6 +666,50 @@ def make_turn(observation: str, generation: Generation, reward: float, step_info
         action_entropies=generation.entropies if action_ids is not None else None,
         finish_reason=generation.finish_reason, state_key=state_key,
     )
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    """What one applied action produced: its :class:`Turn`, the next observation's text, and the episode's
+    outcome when this action ended it (``None`` while it goes on)."""
+
+    turn: Turn
+    observation: str
+    outcome: dict[str, Any] | None
+    env_s: float
+
+
+async def apply_action(policy: Policy, agent: ChatAgent, env: Any, observation: str, generation: Generation,
+                       executor: concurrent.futures.Executor, timeout_s: float, *, inline: bool) -> TurnResult:
+    """One turn after the policy answered: record the action in the conversation, read the env's anchor state
+    and step the env with it (one env call, see :func:`keyed_step`), then add the env's answer to the
+    conversation. The engine and the branching sampler both take every turn through here, so a trajectory
+    records the same fields whichever sampler made it.
+
+    Raises:
+        TimeoutError: The env call ran past ``timeout_s``; any error the env's ``step`` raised.
+    """
+    prompt_ids = tuple(agent.pending_prompt_ids) if policy.tokenizer is not None else None
+    action_ids = agent.record_action(generation)
+    started = time.perf_counter()
+    state_key, (next_obs, reward, terminated, truncated, info) = await call_env(
+        executor, timeout_s, keyed_step, env, generation.text, inline=inline)
+    env_s = time.perf_counter() - started
+    turn = make_turn(observation, generation, reward, info, prompt_ids, action_ids, state_key)
+    next_text = _text_of(next_obs)
+    agent.add_observation(next_text)
+    outcome = episode_outcome(info, truncated) if terminated or truncated else None
+    return TurnResult(turn=turn, observation=next_text, outcome=outcome, env_s=env_s)
+
+
+def keyed_step(env: Any, action: str) -> tuple[str | None, tuple[Any, ...]]:
+    """``env.step(action)`` with the env's :func:`read_state_key` taken just before it.
+
+    One function, so the key is read by the same worker (or inline) as the step, in one executor call: an env
+    is only ever touched from one thread at a time, and the key costs no extra thread hop per turn.
+    """
+    state_key = read_state_key(env)
+    return state_key, env.step(action)
 
 
 def read_state_key(env: Any) -> str | None:
@@ -762,8 +819,7 @@ def run_reference_episode(env: Any, task: Task, seed: int | None = None) -> Traj
     outcome: dict[str, Any] = {}
     while True:
         action = solver(_text_of(observation))
-        state_key = read_state_key(env)
-        next_obs, reward, terminated, truncated, step_info = env.step(action)
+        state_key, (next_obs, reward, terminated, truncated, step_info) = keyed_step(env, action)
         turns.append(Turn(observation=_text_of(observation), action=action, reward=float(reward),
                           info=jsonable(step_info["turn"]), state_key=state_key))
         observation = next_obs
