@@ -46,3 +46,5 @@ benchmarks: install
 	$(PYTHON) benchmarks/browser.py
 	$(PYTHON) benchmarks/retrieval.py
 	$(PYTHON) benchmarks/grader_accuracy.py
+	$(PYTHON) benchmarks/ray_rollouts.py
+	$(PYTHON) benchmarks/async_training.py
