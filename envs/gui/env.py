@@ -277,21 +277,11 @@ class MiniWoBEnv(AgentEnv):
 
     def reference_solver(self) -> ReferenceSolver:
         """Plan pixel actions from the page's DOM (only the tasks in ``solvers.SOLVABLE_TASKS``)."""
-        from agentgym.envs.gui.solvers import PLAN_JS, SOLVABLE_TASKS, plan_to_actions
+        from agentgym.envs.gui.solvers import reference_solver
 
-        if self._page_task not in SOLVABLE_TASKS:
-            raise NotImplementedError(f"No reference solver for MiniWoB task {self._page_task!r}; solvable: "
-                                      f"{', '.join(SOLVABLE_TASKS)}.")
         if not self._started:
             raise AgentGymError("reset() the env before asking for its reference solver.")
-        plan = plan_to_actions(self._session.evaluate(PLAN_JS, self._page_task))
-        width, height = self.screen
-        queue = list(plan) or [f"click({width // 2}, {height // 2})"]
-
-        def solve(observation: Any) -> str:
-            return queue.pop(0) if queue else f"click({width // 2}, {height // 2})"
-
-        return solve
+        return reference_solver(self._page_task, self._session.evaluate)
 
     # ---- gymnasium plumbing ------------------------------------------------------------------------------------------
     def step(self, action: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:  # type: ignore[override]

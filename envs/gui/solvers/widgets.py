@@ -1,0 +1,2 @@
+"""stub"""
+PLANNERS: dict[str, str] = {}
