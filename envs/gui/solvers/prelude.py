@@ -86,6 +86,7 @@ PRELUDE_JS = r"""
   const wait = (ms) => ({wait: ms});
   const drag = (from, to) => ({drag: [Math.round(from[0]), Math.round(from[1]), Math.round(to[0]), Math.round(to[1])]});
   const centre = (el) => { const r = el.getBoundingClientRect(); return [r.left + r.width / 2, r.top + r.height / 2]; };
-  // Click a text field and type into it, unless it already holds the text.
-  const fill = (el, text) => (el.value === String(text) ? [] : [click(el), key('Control+a'), type(text)]);
+  // Click a text field and type into it (replacing what it holds), unless it already holds the text.
+  const fill = (el, text) => (el.value === String(text) ? []
+    : el.value ? [click(el), key('Control+a'), type(text)] : [click(el), type(text)]);
 """
