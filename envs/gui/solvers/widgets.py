@@ -1,2 +1,103 @@
-"""stub"""
-PLANNERS: dict[str, str] = {}
+"""Planners for the widget tasks: sliders, spinners, date pickers, drop-down lists, autocomplete.
+
+Each value is the body of a JS function run with :data:`~.prelude.PRELUDE_JS`; it returns the next steps.
+These planners are state-based: they look at the widget as it is now (its shown value, whether a popup is
+open) and return the one or two steps that bring it closer, so the solver's re-planning drives them.
+"""
+
+from __future__ import annotations
+
+__all__ = ["PLANNERS"]
+
+# Steps that move a jQuery UI slider to `target`: drag the handle to the value's position, then fix the last
+# step or two with the arrow keys (the handle keeps focus after the drag). [] when the slider shows `target`.
+_SLIDER_JS = r"""
+  const sliderSteps = (slider, target, shownValue) => {
+    if (shownValue === target) return [];
+    const handle = slider.querySelector('.ui-slider-handle');
+    const min = jQuery(slider).slider('option', 'min'), max = jQuery(slider).slider('option', 'max');
+    if (document.activeElement === handle && Math.abs(shownValue - target) <= 3) {
+      return [key(shownValue < target ? 'ArrowRight' : 'ArrowLeft')];
+    }
+    const r = slider.getBoundingClientRect(), frac = (target - min) / (max - min);
+    const vertical = slider.classList.contains('ui-slider-vertical');
+    const to = vertical ? [r.left + r.width / 2, r.bottom - frac * r.height] : [r.left + frac * r.width, r.top + r.height / 2];
+    return [drag(centre(handle), to)];
+  };
+"""
+
+# jQuery UI datepicker: open it, page to the month, click the day. The utterance holds MM/DD/YYYY.
+_DATEPICKER = r"""
+  const [, mm, dd, yyyy] = U.match(/(\d\d)\/(\d\d)\/(\d{4})/);
+  const input = byId('datepicker');
+  if (input.value === mm + '/' + dd + '/' + yyyy) return [click(byId('subbtn'))];
+  const picker = byId('ui-datepicker-div');
+  if (!shown(picker)) return [click(input), wait(100)];
+  if (jQuery(':animated').length) return [];
+  const months = ['January', 'February', 'March', 'April', 'May', 'June', 'July', 'August', 'September',
+                  'October', 'November', 'December'];
+  const showing = months.indexOf(txt(picker.querySelector('.ui-datepicker-month'))) +
+                  12 * Number(txt(picker.querySelector('.ui-datepicker-year')));
+  const wanted = Number(mm) - 1 + 12 * Number(yyyy);
+  if (showing > wanted) return [click(picker.querySelector('.ui-datepicker-prev'))];
+  if (showing < wanted) return [click(picker.querySelector('.ui-datepicker-next'))];
+  return [click($$('td a', picker).find((a) => Number(txt(a)) === Number(dd))), wait(100)];
+"""
+
+# jQuery UI autocomplete: type the wanted start, then pick the suggestion that also has the wanted end.
+_AUTOCOMPLETE = r"""
+  const [start, end] = [Q[0], Q.length > 1 ? Q[1] : ''];
+  const field = byId('tags');
+  const fits = (s) => s.startsWith(start) && s.endsWith(end);
+  if (fits(field.value)) return [click(byId('subbtn'))];
+  const menu = $$('ul.ui-autocomplete').find(shown);
+  if (menu) {
+    const item = $$('li', menu).find((li) => fits(txt(li)));
+    if (item) return [click(item), wait(100)];
+  }
+  if (field.value !== start) return [...fill(field, start), wait(300)];
+  return [];
+"""
+
+PLANNERS: dict[str, str] = {
+    "choose-date": _DATEPICKER,
+    "choose-date-easy": _DATEPICKER,
+    "choose-date-medium": _DATEPICKER,
+    "choose-date-nodelay": _DATEPICKER,
+    "choose-list": r"""
+  // A native drop-down: focus it with a click, type the option's name, confirm with Enter.
+  const name = U.match(/^Select (.*) from the list and click Submit\.$/)[1];
+  const select = byId('options');
+  if (select.options[select.selectedIndex].text === name) return [click($$('#area button')[0])];
+  return [click(select), type(name), key('Enter'), wait(100)];
+""",
+    "form-sequence": _SLIDER_JS + r"""
+  const [, n, pos] = U.match(/^Select (-?\d+) with the slider, click the (\w+) checkbox/);
+  const steps = sliderSteps(byId('slider'), Number(n), Number(txt(byId('val'))));
+  if (steps.length) return steps;
+  const box = byId('checkbox-' + (['1st', '2nd', '3rd'].indexOf(pos) + 1));
+  return [...(box.checked ? [] : [click(box)]), click(byId('subbtn'))];
+""",
+    "use-autocomplete": _AUTOCOMPLETE,
+    "use-autocomplete-nodelay": _AUTOCOMPLETE,
+    "use-slider": _SLIDER_JS + r"""
+  const n = Number(U.match(/^Select (-?\d+) with the slider/)[1]);
+  const steps = sliderSteps(byId('slider'), n, Number(txt(byId('val'))));
+  return steps.length ? steps : [click(byId('subbtn'))];
+""",
+    "use-slider-2": _SLIDER_JS + r"""
+  const combo = JSON.parse(U.match(/combination (\[.*\])/)[1]);
+  for (let i = 1; i <= 3; i++) {
+    const steps = sliderSteps(byId('slider-' + i), combo[i - 1], Number(txt(byId('val-' + i))));
+    if (steps.length) return steps;
+  }
+  return [click(byId('subbtn'))];
+""",
+    "use-spinner": r"""
+  // The field ignores typing: step with the spinner's arrow buttons.
+  const n = Number(U.match(/^Select (-?\d+) with the spinner/)[1]);
+  const value = Number(byId('spinner').value);
+  if (value === n) return [click(byId('subbtn'))];
+  return [click(document.querySelector(value < n ? '.ui-spinner-up' : '.ui-spinner-down'))];
+""",
+}
