@@ -46,11 +46,13 @@ MAX_WAIT_MS = 3000
 
 
 def planner_js(task: str) -> str:
-    """The JS function evaluated in the page: ``{"steps": [...]}`` or ``{"error": why}``."""
+    """The JS function evaluated in the page: ``(memory) => {"steps": [...], "memory": {...}}`` or
+    ``{"error": why}``. ``memory`` is the planner's own notes from its earlier plans of this episode (what a
+    person remembers: the guesses made, the cards seen); it lives in the solver, never in the page."""
     if task not in PLANNERS:
         raise KeyError(task)
-    return ("() => {\n" + PRELUDE_JS + "\n  try {\n    const steps = (() => {\n" + PLANNERS[task]
-            + "\n    })();\n    return {steps: Array.isArray(steps) ? steps : []};\n"
+    return ("(memory) => {\n" + PRELUDE_JS + "\n  try {\n    const steps = (() => {\n" + PLANNERS[task]
+            + "\n    })();\n    return {steps: Array.isArray(steps) ? steps : [], memory};\n"
             "  } catch (e) {\n    return {error: String((e && e.message) || e)};\n  }\n}")
 
 
@@ -75,10 +77,10 @@ def step_to_action(step: Mapping[str, Any]) -> str:
     raise ValueError(f"unknown planner step {dict(step)!r}")
 
 
-def reference_solver(task: str, evaluate: Callable[[str], Any]) -> Callable[[Any], str]:
+def reference_solver(task: str, evaluate: Callable[[str, Any], Any]) -> Callable[[Any], str]:
     """A solver for one episode of ``task``: observation -> next action text.
 
-    ``evaluate`` runs a JS function in the episode's page and returns its result. Steps are played one per
+    ``evaluate(script, arg)`` runs a JS function in the episode's page and returns its result. Steps are played one per
     turn; a ``wait`` step pauses (the agent's thinking time, not an action); a scroll ends a plan, because
     every point after it has moved. When no plan can be made, the turn's action says so (a void turn).
     """
@@ -87,13 +89,16 @@ def reference_solver(task: str, evaluate: Callable[[str], Any]) -> Callable[[Any
                                   f"{', '.join(SOLVABLE_TASKS)}.")
     script = planner_js(task)
     queue: list[dict[str, Any]] = []
+    memory: dict[str, Any] = {}
 
     def plan() -> str | None:
-        result = evaluate(script)
+        result = evaluate(script, memory)
         if not isinstance(result, dict):
             return f"the planner returned {result!r}"
         if "error" in result:
             return str(result["error"])
+        memory.clear()
+        memory.update(result.get("memory") or {})
         for step in result.get("steps") or []:
             if isinstance(step, dict):
                 queue.append(step)
