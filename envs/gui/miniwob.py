@@ -43,9 +43,11 @@ START_JS = """([seed, maxTime]) => {
   Math.seedrandom(String(seed));
   core.EPISODE_MAX_TIME = maxTime;
   core.startEpisodeReal();
-  return [WOB_TASK_READY, core.getUtterance()];
+  const u = core.getUtterance();  // three email tasks return {utterance, fields}: only the words are shown
+  return [WOB_TASK_READY, typeof u === 'string' ? u : u.utterance];
 }"""
-READY_JS = "() => [WOB_TASK_READY, core.getUtterance()]"
+READY_JS = ("() => { const u = core.getUtterance(); "
+            "return [WOB_TASK_READY, typeof u === 'string' ? u : u.utterance]; }")
 STATE_JS = "() => [WOB_DONE_GLOBAL, WOB_RAW_REWARD_GLOBAL, WOB_REWARD_REASON]"
 #: Hide MiniWoB's score board and click tracker: they sit beside the task and would leak wall-clock noise.
 HIDE_CHROME_CSS = "#reward-display, #click-canvas, #attention-canvas { display: none !important; }"

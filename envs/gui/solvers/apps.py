@@ -1,2 +1,96 @@
-"""stub"""
-PLANNERS: dict[str, str] = {}
+"""Planners for the small apps: the email inbox family, copy and paste, counting blocks, ordering numbers.
+
+Each value is the body of a JS function run with :data:`~.prelude.PRELUDE_JS`; it returns the next steps.
+The app planners are state-based: they look at which screen is open (inbox, email, reply form) and return
+the steps for that screen, so the solver's re-planning walks through the app.
+"""
+
+from __future__ import annotations
+
+__all__ = ["PLANNERS"]
+
+# The email inbox: what to do comes from the utterance (or, for the natural-language variants, from MiniWoB's
+# own fields of it); then open the sender's email and act on the screen that is open.
+_EMAIL = r"""
+  let task = FIELDS.task, by = FIELDS.by, to = FIELDS.to, message = FIELDS.message;
+  let m;
+  if (!by && (m = U.match(/^Find the email by (.+?) and (.*)$/))) {
+    by = m[1];
+    if ((m = m[2].match(/reply to them with the text "(.*)"/))) { task = 'reply'; message = m[1]; }
+    else if ((m = U.match(/forward that email to (.+)\.$/))) { task = 'forward'; to = m[1]; }
+    else task = /trash/.test(U) ? 'delete' : 'important';
+  }
+  if (!task) task = to ? 'forward' : message !== undefined ? 'reply' : fail('cannot read the task: ' + U);
+  const open = (id) => { const el = byId(id); return el && shown(el) && !el.classList.contains('hide') ? el : null; };
+  if (open('forward')) return [...fill(document.querySelector('#forward .forward-sender'), to), click(byId('send-forward'))];
+  if (open('reply')) return [...fill(byId('reply-text'), message), click(byId('send-reply'))];
+  const email = open('email');
+  if (email) {
+    if (txt(email.querySelector('.email-sender')) !== by) return [click(byId('close-email'))];
+    const target = {delete: '.email-actions .trash', important: '.email-actions .star', reply: '.email-reply',
+                    forward: '.email-forward'}[task];
+    return [click(email.querySelector(target)), wait(50)];
+  }
+  const thread = $$('#main .email-thread').find((t) => txt(t.querySelector('.email-sender')) === by);
+  if (!thread) fail('no email by ' + by);
+  return [click(thread.querySelector('.email-sender')), wait(50)];
+"""
+
+PLANNERS: dict[str, str] = {
+    "ascending-numbers": r"""
+  // The numbers hide behind blank squares once "1" is clicked: note where each one was first.
+  const texts = $$('#area_svg text');
+  if (texts.length) {
+    memory.at = {};
+    for (const t of texts) memory.at[txt(t)] = centre(t).map(Math.round);
+    return [click(texts.find((t) => txt(t) === '1'))];
+  }
+  memory.next = (memory.next || 1) + 1;
+  return [clickAt(...memory.at[String(memory.next)])];
+""",
+    "copy-paste": r"""
+  // Select the text area's text, copy it with the keyboard, paste it into the field.
+  const answer = byId('answer-input');
+  if (answer.value === byId('to-copy').value) return [click(byId('subbtn'))];
+  return [click(byId('to-copy')), key('Control+a'), key('Control+c'), click(answer), key('Control+a'), key('Control+v')];
+""",
+    "copy-paste-2": r"""
+  const index = ['1st', '2nd', '3rd'].indexOf(U.match(/from the (\w+) text area/)[1]) + 1;
+  const source = byId('text-' + index), answer = byId('answer-input');
+  if (answer.value === source.value) return [click(byId('subbtn'))];
+  return [click(source), key('Control+a'), key('Control+c'), click(answer), key('Control+a'), key('Control+v')];
+""",
+    "email-inbox": _EMAIL,
+    "email-inbox-delete": _EMAIL,
+    "email-inbox-forward": _EMAIL,
+    "email-inbox-forward-nl": _EMAIL,
+    "email-inbox-forward-nl-turk": _EMAIL,
+    "email-inbox-important": _EMAIL,
+    "email-inbox-nl-turk": _EMAIL,
+    "email-inbox-noscroll": _EMAIL,
+    "email-inbox-reply": _EMAIL,
+    "email-inbox-star-reply": _EMAIL,
+    "generate-number": r"""
+  // Press Generate until the shown number meets the condition, then Submit.
+  const shownNumber = txt(byId('display-number'));
+  const n = Number(shownNumber), m = U.match(/(less|greater) than (\d+)/);
+  const good = shownNumber !== '-' && shownNumber !== '' && (
+    m ? (m[1] === 'less' ? n < Number(m[2]) : n > Number(m[2])) : /odd/.test(U) ? Math.abs(n) % 2 === 1 : n % 2 === 0);
+  return [click(byId(good ? 'submit' : 'generate'))];
+""",
+    "scroll-text-2": r"""
+  const area = byId('text-area'), r = area.getBoundingClientRect();
+  const down = /to the bottom/.test(U);
+  const atEnd = down ? area.scrollTop + area.clientHeight >= area.scrollHeight - 2 : area.scrollTop === 0;
+  if (atEnd) return [click(byId('subbtn'))];
+  return [{scroll: [Math.round(r.left + r.width / 2), Math.round(r.top + r.height / 2), (down ? 1 : -1) * area.scrollHeight]}];
+""",
+    "scroll-text": r"""
+  const words = byId('text-area').value.trim().split(/\s+/);
+  return [...fill(byId('answer-input'), words[words.length - 1].replace(/[^a-zA-Z0-9]/g, '')), click(byId('subbtn'))];
+""",
+    "visual-addition": r"""
+  const count = (id) => $$('#' + id + ' .addition-block').length;
+  return [...fill(byId('math-answer'), String(count('visual-1') + count('visual-2'))), click(byId('subbtn'))];
+""",
+}

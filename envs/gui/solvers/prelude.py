@@ -12,7 +12,8 @@ their boxes) and returns the steps a person would take next, built with these he
 
 Steps are ``{"click": [x, y]}``, ``{"type": text}``, ``{"key": name}``, ``{"scroll": [x, y, dy]}``,
 ``{"hover": [x, y]}``, ``{"drag": [x1, y1, x2, y2]}`` or ``{"wait": ms}``, in CSS pixels of the viewport. A planner that returns
-``[]`` means "nothing to do yet" (an animation is running); the solver waits and plans again.
+``[]`` means "nothing to do yet" (an animation is running); the solver waits and plans again. ``memory`` (an
+object the planner may update) carries notes from one plan of the episode to the next.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ PRELUDE_JS = r"""
   const byId = (id) => document.getElementById(id);
   const $$ = (selector, root) => Array.from((root || document).querySelectorAll(selector));
   const txt = (el) => (el ? el.textContent : '').replace(/\s+/g, ' ').trim();
-  const U = core.getUtterance();
+  // Three email tasks return {utterance, fields}; FIELDS are MiniWoB's own structured reading of the words.
+  const UTTERANCE = core.getUtterance();
+  const U = typeof UTTERANCE === 'string' ? UTTERANCE : UTTERANCE.utterance;
+  const FIELDS = (typeof UTTERANCE === 'string' ? null : UTTERANCE.fields) || core.currentFields || {};
   const Q = Array.from(U.matchAll(/"([^"]*)"/g)).map((m) => m[1]);
   const area = byId('area');
   const shown = (el) => !!el && el.getClientRects().length > 0 && getComputedStyle(el).visibility !== 'hidden';
