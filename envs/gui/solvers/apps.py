@@ -36,6 +36,12 @@ _EMAIL = r"""
   return [click(thread.querySelector('.email-sender')), wait(50)];
 """
 
+# The social-media feed (#area scrolls): find the posts by the user and press the named control on them.
+_SOCIAL = r"""
+  const posts = (user) => $$('#area .media').filter((p) => txt(p.querySelector('.username')) === user);
+  const CONTROL = {Reply: '.reply', Retweet: '.retweet', Like: '.like', Share: '.share'};
+"""
+
 PLANNERS: dict[str, str] = {
     "ascending-numbers": r"""
   // The numbers hide behind blank squares once "1" is clicked: note where each one was first.
@@ -77,6 +83,51 @@ PLANNERS: dict[str, str] = {
   const good = shownNumber !== '-' && shownNumber !== '' && (
     m ? (m[1] === 'less' ? n < Number(m[2]) : n > Number(m[2])) : /odd/.test(U) ? Math.abs(n) % 2 === 1 : n % 2 === 0);
   return [click(byId(good ? 'submit' : 'generate'))];
+""",
+    "navigate-tree": r"""
+  // Open the collapsed folders above the file (outermost first), then click it.
+  const target = $$('#tree span').filter((sp) => txt(sp) === Q[0]).sort((a, b) => $$('ul', b).length - $$('ul', a).length)
+    .find(shown) || $$('#tree span').find((sp) => txt(sp) === Q[0]);
+  if (shown(target) && pointOf(target)) return [click(target)];
+  const folders = [];
+  for (let li = target.parentElement.parentElement.closest('li'); li; li = li.parentElement.closest('li')) folders.unshift(li);
+  const closed = folders.find((li) => !shown(li.querySelector(':scope > ul')) || getComputedStyle(li.querySelector(':scope > ul')).display === 'none');
+  return closed ? [click(closed.querySelector(':scope > span')), wait(100)] : [click(target)];
+""",
+    "phone-book": r"""
+  // Page through the contacts with ">" until the person shows, then click the asked property.
+  const [, person, property] = U.match(/^Find (.+) in the contact book and click on their (\w+)/);
+  if (txt(document.querySelector('#contact .name')) !== person) return [click(byText('#pagination a', '>'))];
+  return [click(document.querySelector('#contact a.' + property))];
+""",
+    "search-engine": r"""
+  const n = parseInt(U.match(/click the (\d+)/)[1], 10);
+  const input = byId('search-text');
+  if (input.value !== Q[0] || !$$('#page-content a').length) return [...fill(input, Q[0]), click(byId('search')), wait(50)];
+  const page = Math.floor((n - 1) / 3) + 1;
+  const active = document.querySelector('#pagination li.active');
+  if (Number(txt(active)) !== page) return [click(byText('#pagination a', String(page))), wait(50)];
+  return [click($$('#page-content a.search-title')[(n - 1) % 3])];
+""",
+    "social-media": _SOCIAL + r"""
+  const [, user, action] = U.match(/^For the user (\S+), click on the "(.+)" button\.$/);
+  const post = posts(user)[0];
+  if (CONTROL[action]) return [click(post.querySelector(CONTROL[action]))];
+  const menu = post.querySelector('ul');  // the other actions sit in the post's "more" menu
+  if (menu.classList.contains('hide')) return [click(post.querySelector('.more'))];
+  return [click($$('li', menu).find((li) => txt(li).startsWith(action)))];
+""",
+    "social-media-all": _SOCIAL + r"""
+  const [, action, user] = U.match(/^Click the "(.+)" button on all posts by (\S+) and then click Submit\.$/);
+  const todo = posts(user).map((p) => p.querySelector(CONTROL[action])).filter((c) => !c.classList.contains('active'));
+  return todo.length ? [click(todo[0])] : [click(byText('#area button', 'Submit'))];
+""",
+    "social-media-some": _SOCIAL + r"""
+  const [, action, count, user] = U.match(/^Click the "(.+)" button on (\d+) posts? by (\S+) and then click Submit\.$/);
+  const controls = posts(user).map((p) => p.querySelector(CONTROL[action]));
+  const done = controls.filter((c) => c.classList.contains('active')).length;
+  if (done < Number(count)) return [click(controls.find((c) => !c.classList.contains('active')))];
+  return [click(byText('#area button', 'Submit'))];
 """,
     "scroll-text-2": r"""
   const area = byId('text-area'), r = area.getBoundingClientRect();
