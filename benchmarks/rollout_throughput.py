@@ -7,7 +7,10 @@ per-call latency standing in for a model forward pass.
 Part 2 - pipelining under real-world variance: 3-turn episodes whose tool calls take lognormal time,
 with the policy behind an OpenAI-compatible server on 127.0.0.1 whose latency is proportional to the
 tokens it returns and whose batch capacity is bounded. The engine against a synchronous batch loop
-(every episode generates, then every episode steps, turn by turn), same seeds. Target: >= 2x.
+(every episode generates, then every episode steps, turn by turn), same seeds. Target: >= 2x. Each row also
+prints the least wall time any scheduler could reach on the same episodes (no episode ends before its own chain
+of generations and tool calls, and the server decodes at most ``capacity`` requests at once), so the engine's
+ratio reads against the best ratio possible, measured rather than argued.
 
 Run: python benchmarks/rollout_throughput.py [--quick]
 """
@@ -168,12 +171,56 @@ def part2(n: int, in_flight: int, capacity: int, per_token_s: float, median_s: f
         policy.close()
     eng_ok = sum(t.success for t in trajectories)
     assert sync_ok == eng_ok == n, (sync_ok, eng_ok)
+    bound = pipelining_bound(trajectories, capacity, per_token_s)
     return {
         "episodes": n, "in flight": in_flight, "server capacity": capacity, "ms/token": per_token_s * 1000,
         "tool latency": f"lognormal(median {median_s}s, sigma {sigma})",
         "sync batch loop s": sync_wall, "engine s": eng_wall,
         "sync episodes/s": n / sync_wall, "engine episodes/s": n / eng_wall, "ratio": sync_wall / eng_wall,
+        "bound s": bound, "best possible ratio": sync_wall / bound, "engine share of bound": bound / eng_wall,
     }
+
+
+def tool_delays(seed: int) -> list[float]:
+    """The tool latencies episode ``seed`` draws, replayed through the env itself with sleeping recorded, not done."""
+    import _latency_env
+
+    delays: list[float] = []
+    real_sleep = _latency_env.time.sleep
+    _latency_env.time.sleep = delays.append  # type: ignore[assignment]
+    try:
+        env = gym.make(LATENCY_ID)
+        obs, info = env.reset(seed=seed)
+        solver = env.unwrapped.reference_solver()
+        done = False
+        while not done:
+            obs, _, terminated, truncated, _ = env.step(solver(obs))
+            done = terminated or truncated
+        env.close()
+    finally:
+        _latency_env.time.sleep = real_sleep
+    return delays
+
+
+def generated_tokens(action: str) -> int:
+    """A lower bound on the tokens the token-time server spent on ``action`` (it pads with 'think ' beyond 20)."""
+    padding = action.count("think ")
+    return padding + 20 if padding else 16
+
+
+def pipelining_bound(trajectories: list[Any], capacity: int, per_token_s: float) -> float:
+    """The least wall time any scheduler could reach on these episodes (seconds).
+
+    No episode can finish before its own chain of generations and tool calls (each generation at the server's
+    unloaded speed), and the server cannot decode more than ``capacity`` requests at once. The larger of the two
+    bounds the run from below, so ``synchronous time / bound`` is the best ratio any engine could report.
+    """
+    chains, work = [], 0.0
+    for trajectory in trajectories:
+        generation = sum(generated_tokens(turn.action) for turn in trajectory.turns) * per_token_s
+        chains.append(generation + sum(tool_delays(trajectory.seed)))
+        work += generation
+    return max(max(chains), work / capacity)
 
 
 def main() -> None:
@@ -194,7 +241,8 @@ def main() -> None:
         print("  " + " | ".join(f"{k}: {v:.2f}" if isinstance(v, float) else f"{k}: {v}" for k, v in row.items()))
         verdict = "meets" if row["ratio"] >= 2.0 else "MISSES"
         print(f"  {n} episodes, {in_flight} in flight: engine vs synchronous batch loop {row['ratio']:.2f}x "
-              f"({verdict} the 2x target)")
+              f"({verdict} the 2x target); no scheduler can beat {row['best possible ratio']:.2f}x here, "
+              f"the engine reaches {row['engine share of bound']:.0%} of that bound")
 
 
 if __name__ == "__main__":
