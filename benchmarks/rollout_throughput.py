@@ -171,7 +171,7 @@ def part2(n: int, in_flight: int, capacity: int, per_token_s: float, median_s: f
         policy.close()
     eng_ok = sum(t.success for t in trajectories)
     assert sync_ok == eng_ok == n, (sync_ok, eng_ok)
-    bound = pipelining_bound(trajectories, capacity, per_token_s)
+    bound = pipelining_bound(trajectories, in_flight, capacity, per_token_s)
     return {
         "episodes": n, "in flight": in_flight, "server capacity": capacity, "ms/token": per_token_s * 1000,
         "tool latency": f"lognormal(median {median_s}s, sigma {sigma})",
@@ -208,19 +208,20 @@ def generated_tokens(action: str) -> int:
     return padding + 20 if padding else 16
 
 
-def pipelining_bound(trajectories: list[Any], capacity: int, per_token_s: float) -> float:
+def pipelining_bound(trajectories: list[Any], in_flight: int, capacity: int, per_token_s: float) -> float:
     """The least wall time any scheduler could reach on these episodes (seconds).
 
     No episode can finish before its own chain of generations and tool calls (each generation at the server's
     unloaded speed), and the server cannot decode more than ``capacity`` requests at once. The larger of the two
-    bounds the run from below, so ``synchronous time / bound`` is the best ratio any engine could report.
+    bounds the run from below, and so does the chains' total over the ``in_flight`` episodes that may run at once;
+    ``synchronous time / bound`` is the best ratio any engine could report.
     """
     chains, work = [], 0.0
     for trajectory in trajectories:
         generation = sum(generated_tokens(turn.action) for turn in trajectory.turns) * per_token_s
         chains.append(generation + sum(tool_delays(trajectory.seed)))
         work += generation
-    return max(max(chains), work / capacity)
+    return max(max(chains), work / capacity, sum(chains) / in_flight)
 
 
 def main() -> None:
