@@ -140,6 +140,16 @@ PLANNERS: dict[str, str] = {
   const words = byId('text-area').value.trim().split(/\s+/);
   return [...fill(byId('answer-input'), words[words.length - 1].replace(/[^a-zA-Z0-9]/g, '')), click(byId('subbtn'))];
 """,
+    "terminal": r"""
+  // List the files with ls, then rm one with the asked extension (or none).
+  const m = U.match(/extension \.(\S+)$/), ext = m ? m[1] : null;
+  const lines = $$('#terminal-contents > div');
+  const listed = lines.findIndex((l) => txt(l.querySelector('.command')) === 'ls');
+  if (listed < 0) return [click(byId('terminal')), type('ls\n'), wait(50)];
+  const files = txt(lines[listed + 1]).split(' ');
+  const file = files.find((f) => (ext ? f.endsWith('.' + ext) : !f.includes('.')));
+  return [type('rm ' + file + '\n')];
+""",
     "visual-addition": r"""
   const count = (id) => $$('#' + id + ' .addition-block').length;
   return [...fill(byId('math-answer'), String(count('visual-1') + count('visual-2'))), click(byId('subbtn'))];

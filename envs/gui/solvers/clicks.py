@@ -34,6 +34,21 @@ _TAB_LINK = r"""
 # jQuery UI animations (accordion, menus) must settle before the next click lands where it was planned.
 _SETTLED = "if (window.jQuery && jQuery(':animated').length) return [];\n"
 
+# Open the section that holds the link named in the utterance, then click the link.
+_COLLAPSIBLE_2 = _SETTLED + r"""
+  const links = $$('#area .alink').filter((l) => txt(l) === Q[0]);
+  const open = links.find(shown);
+  if (open) return [click(open)];
+  const header = links[0].closest('.ui-accordion-content').previousElementSibling;
+  return [click(header), wait(200)];
+"""
+
+_COLLAPSIBLE = _SETTLED + r"""
+  const content = $$('#area .ui-accordion-content')[0];
+  if (!shown(content)) return [click($$('#area .ui-accordion-header')[0]), wait(200)];
+  return [click(byId('subbtn'))];
+"""
+
 PLANNERS: dict[str, str] = {
     "click-button": r"""
   return [click(byText('#area button', Q[0]))];
@@ -43,19 +58,24 @@ PLANNERS: dict[str, str] = {
 """,
     "click-checkboxes": _CHECKBOXES,
     "click-checkboxes-large": _CHECKBOXES,
+    "click-checkboxes-soft": r"""
+  // "Select words similar to A, B": tick each box whose word shares a synonym group (the page's own
+  // thesaurus, SYNONYMS) with a listed word.
+  const listed = U.match(/^Select words similar to (.*) and click Submit\.$/)[1].split(', ');
+  const group = (word) => SYNONYMS.findIndex((g) => g.includes(word));
+  const wanted = new Set(listed.map(group));
+  const steps = [];
+  for (const label of $$('#boxes label')) {
+    const box = label.querySelector('input');
+    if (wanted.has(group(txt(label))) !== box.checked) steps.push(click(box));
+  }
+  return [...steps, click(byId('subbtn'))];
+""",
     "click-checkboxes-transfer": _CHECKBOXES,
-    "click-collapsible": _SETTLED + r"""
-  const content = $$('#area .ui-accordion-content')[0];
-  if (!shown(content)) return [click($$('#area .ui-accordion-header')[0]), wait(200)];
-  return [click(byId('subbtn'))];
-""",
-    "click-collapsible-2": _SETTLED + r"""
-  const links = $$('#area .alink').filter((l) => txt(l) === Q[0]);
-  const open = links.find(shown);
-  if (open) return [click(open)];
-  const header = links[0].closest('.ui-accordion-content').previousElementSibling;
-  return [click(header), wait(200)];
-""",
+    "click-collapsible": _COLLAPSIBLE,
+    "click-collapsible-nodelay": _COLLAPSIBLE,
+    "click-collapsible-2": _COLLAPSIBLE_2,
+    "click-collapsible-2-nodelay": _COLLAPSIBLE_2,
     "click-color": r"""
   const name = U.match(/^Click on the (.*) colored box\.$/)[1];
   // Compare what is painted: the computed background of each box against the named CSS colour.
@@ -97,6 +117,13 @@ PLANNERS: dict[str, str] = {
   const parent = item.parentElement.closest('li');
   if (parent && !shown(item)) return [hover(parent.querySelector(':scope > div')), wait(500)];
   return [click(item.querySelector(':scope > div'))];
+""",
+    "number-checkboxes": r"""
+  // Copy the digit's 7x4 pattern (the page's example picture, PATTERNS) into the grid of checkboxes.
+  const digit = Number(Q[0]);
+  const boxes = $$('#checkboxes input[type=checkbox]');
+  const todo = boxes.filter((box, i) => (PATTERNS[digit][Math.floor(i / 4)][i % 4] === 1) !== box.checked);
+  return [...todo.map(click), click(byId('subbtn'))];
 """,
     "click-option": r"""
   const name = U.match(/^Select (.*) and click Submit\.$/)[1];

@@ -59,6 +59,26 @@ _AUTOCOMPLETE = r"""
   return [];
 """
 
+# Select text by dragging the mouse across it: from the left edge of its first letter to the right edge of its
+# last one (found with a DOM Range over the text nodes).
+_SELECT_JS = r"""
+  const letterRect = (root, index) => {  // the box of the index-th non-space letter of root's text
+    const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+    let seen = 0;
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      for (let i = 0; i < node.length; i++) {
+        if (/\s/.test(node.data[i])) continue;
+        if (seen++ === index) { const r = document.createRange(); r.setStart(node, i); r.setEnd(node, i + 1); return r.getBoundingClientRect(); }
+      }
+    }
+    return null;
+  };
+  const selectLetters = (root, from, to) => {  // drag over letters from..to (non-space indices)
+    const a = letterRect(root, from), b = letterRect(root, to);
+    return drag([a.left + 0.5, a.top + a.height / 2], [b.right - 0.5, b.top + b.height / 2]);
+  };
+"""
+
 PLANNERS: dict[str, str] = {
     "choose-date": _DATEPICKER,
     "choose-date-easy": _DATEPICKER,
@@ -77,6 +97,49 @@ PLANNERS: dict[str, str] = {
   if (steps.length) return steps;
   const box = byId('checkbox-' + (['1st', '2nd', '3rd'].indexOf(pos) + 1));
   return [...(box.checked ? [] : [click(box)]), click(byId('subbtn'))];
+""",
+    "highlight-text": _SELECT_JS + r"""
+  const text = byId('randomText'), letters = txt(text).replace(/\s/g, '').length;
+  if (window.getSelection().toString().replace(/\s/g, '') === txt(text).replace(/\s/g, '')) return [click(byId('subbtn'))];
+  return [selectLetters(text, 0, letters - 1)];
+""",
+    "highlight-text-2": _SELECT_JS + r"""
+  const index = ['1st', '2nd', '3rd'].indexOf(U.match(/in the (\w+) paragraph/)[1]);
+  const para = $$('#randomText p')[index], letters = txt(para).replace(/\s/g, '').length;
+  if (window.getSelection().toString().replace(/\s/g, '') === txt(para).replace(/\s/g, '')) return [click(byId('subbtn'))];
+  return [selectLetters(para, 0, letters - 1)];
+""",
+    "resize-textarea": r"""
+  // Drag the resizable's right (width) or bottom (height) handle 20 px out or in.
+  const [, dim, dir] = U.match(/the (width|height) is (smaller|larger)/);
+  memory.done = memory.done || false;
+  if (memory.done) return [click(byId('submit'))];
+  const handle = document.querySelector(dim === 'width' ? '.ui-resizable-e' : '.ui-resizable-s');
+  const [x, y] = pointOf(handle) || fail('the resize handle is covered'), d = dir === 'larger' ? 20 : -20;
+  memory.done = true;
+  return [drag([x, y], dim === 'width' ? [x + d, y] : [x, y + d])];
+""",
+    "text-editor": _SELECT_JS + r"""
+  // Select the word (drag) or everything (Control+a), then press the toolbar's style or colour.
+  const editor = document.querySelector('#editor .ql-editor');
+  const all = /everything/.test(U);
+  const m = U.match(/the (?:style|color) (\w+)/);
+  const style = m[1], word = all ? null : U.match(/give the text (\S+) the/)[1];
+  const BUTTON = {bold: '.ql-bold', italics: '.ql-italic', underlined: '.ql-underline'};
+  const PRIMARY = {red: '#e60000', orange: '#ff9900', yellow: '#ffff00', green: '#008a00', blue: '#0066cc', purple: '#9933ff'};
+  if (memory.styled) return [click(byId('subbtn'))];
+  if (!memory.selected) {
+    memory.selected = true;
+    if (all) return [click(editor), key('Control+a')];
+    const words = txt(editor).split(' '), at = words.indexOf(word);
+    const before = words.slice(0, at).join('').length;
+    return [selectLetters(editor, before, before + word.length - 1)];
+  }
+  if (BUTTON[style]) { memory.styled = true; return [click(document.querySelector(BUTTON[style]))]; }
+  const options = document.querySelector('.ql-color .ql-picker-options');
+  if (!shown(options)) return [click(document.querySelector('.ql-color .ql-picker-label'))];
+  memory.styled = true;
+  return [click(options.querySelector('[data-value="' + PRIMARY[style] + '"]'))];
 """,
     "use-autocomplete": _AUTOCOMPLETE,
     "use-autocomplete-nodelay": _AUTOCOMPLETE,
