@@ -17,6 +17,14 @@ The end of a turn is decided on token ids, never on decoded text: when the last 
 token that opens the template's close (``<|im_end|>``, ``<|eot_id|>``, ``<end_of_turn>``, ``</s>``...), the
 close is not added again; otherwise (length cut, plain token) the full close is encoded, so the real special
 id enters the sequence even when the action text ends in ``<|``.
+
+Observations with images (GUI screenshots, :mod:`agentgym.images`) become OpenAI-style content parts,
+``[{"type": "text", "text": ...}, {"type": "image", "image": ImageRef}]``, for a policy that reads images
+(``images=True``); each policy turns the parts into what its backend takes. Text observations stay plain strings,
+so nothing changes for text envs. For a text-only policy an image observation is its text part only: the
+conversation and token ids are exactly those of the text (the images are still recorded in the trajectory).
+A vision-language model's ids come from its Hugging Face processor, which expands each image's placeholder
+into the image tokens the model sees; they are part of the observation's (unsampled, loss-masked) ids.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentgym.errors import AgentGymError
+from agentgym.images import ImageRef, image_parts
 from agentgym.policies.base import Generation, GenerationRequest, SamplingParams
 from agentgym.trajectory import utf8_safe
 
@@ -46,12 +55,22 @@ class ChatAgent:
         check_forks: After each observation, compare the linear ids with the ids of a fresh render of the
             messages and count differing turns in ``template_forks`` (measured about 13 ms per turn at 30k tokens
             with a byte-level tokenizer on a loaded 2-core CPU, against 0.4 ms without; off saves that).
+        images: The policy reads images: observation images go into the messages as content parts. ``False``
+            (text-only policies) keeps only the text of an image observation.
+        processor: A Hugging Face processor of a vision-language model (``AutoProcessor``), needed with ``images``
+            and a tokenizer: its chat template renders image parts and its call expands image placeholders.
     """
 
     def __init__(self, tokenizer: Any = None, *, system_prompt: str | None = None, observation_role: str = "user",
-                 tools: Sequence[Mapping[str, Any]] | None = None, check_forks: bool = True) -> None:
+                 tools: Sequence[Mapping[str, Any]] | None = None, check_forks: bool = True, images: bool = False,
+                 processor: Any = None) -> None:
         if observation_role not in ("user", "tool"):
             raise AgentGymError(f"observation_role must be 'user' or 'tool', got {observation_role!r}.")
+        if images and tokenizer is not None and processor is None:
+            raise AgentGymError(
+                "ChatAgent(images=True) with a tokenizer needs processor=... (the model's AutoProcessor) to turn images "
+                "into tokens; pass the processor, or images=False to show a text-only model the text part only."
+            )
         if tools is not None and not all(isinstance(t, Mapping) for t in tools):
             raise AgentGymError("tools must be a list of JSON-schema dicts (the env's info['tools']) or None.")
         self.tokenizer = tokenizer
@@ -59,6 +78,10 @@ class ChatAgent:
         self.observation_role = observation_role
         self.tools: list[dict[str, Any]] | None = [dict(t) for t in tools] if tools else None
         self.check_forks = check_forks
+        self.images = bool(images)
+        self.processor = processor if images else None
+        #: The images of the latest observation (recorded on the turn that acts on it, whatever the policy reads).
+        self.observation_images: tuple[ImageRef, ...] = ()
         self.messages: list[dict[str, Any]] = []
         self.token_ids: list[int] = []
         self.pending_prompt_ids: list[int] = []
@@ -72,7 +95,10 @@ class ChatAgent:
     # ---- template helpers ----------------------------------------------------------------------
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         # tools only when given: a template that ignores them renders the same text either way.
-        extra = {"tools": self.tools} if self.tools else {}
+        extra: dict[str, Any] = {"tools": self.tools} if self.tools else {}
+        template = getattr(self.processor, "chat_template", None)
+        if template:  # a VLM's processor template renders image parts; the tokenizer's may not
+            extra["chat_template"] = template
         return self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
         )
@@ -80,6 +106,24 @@ class ChatAgent:
     def _encode(self, text: str) -> list[int]:
         # A tokenizer cannot take lone surrogates (sandbox output, model text): the model sees them as "\udXXX".
         return list(self.tokenizer.encode(utf8_safe(text), add_special_tokens=False)) if text else []
+
+    def _encode_images(self, text: str, images: Sequence[ImageRef]) -> list[int]:
+        """Ids of ``text`` whose image placeholders the processor expands into each image's tokens."""
+        if not images:
+            return self._encode(text)
+        out = self.processor(text=[utf8_safe(text)], images=[image.array() for image in images],
+                             add_special_tokens=False)
+        return [int(t) for t in out["input_ids"][0]]
+
+    def _content(self, text: str, images: Sequence[ImageRef]) -> str | list[dict[str, Any]]:
+        """A message's content: the plain text, or text and image parts for a policy that reads images."""
+        if not (self.images and images):
+            return text
+        return [{"type": "text", "text": text}, *({"type": "image", "image": image} for image in images)]
+
+    def all_images(self) -> list[ImageRef]:
+        """Every image in the conversation's messages, in order (what a VLM's prompt ids hold tokens of)."""
+        return [image for m in self.messages for image in image_parts(m.get("content"))]
 
     def _glue(self) -> tuple[str, str, str]:
         """(assistant close, observation prefix, observation suffix), read from the tail of a bridge render.
@@ -114,8 +158,10 @@ class ChatAgent:
         }
 
     # ---- conversation --------------------------------------------------------------------------
-    def start(self, instructions: str, observation: str, tools: Sequence[Mapping[str, Any]] | None = None) -> None:
-        """Begin an episode: system prompt plus the first observation (``tools`` overrides the constructor's)."""
+    def start(self, instructions: str, observation: str, tools: Sequence[Mapping[str, Any]] | None = None,
+              images: Sequence[ImageRef] = ()) -> None:
+        """Begin an episode: system prompt plus the first observation and its ``images`` (``tools`` overrides the
+        constructor's)."""
         if tools is not None:
             self.tools = [dict(t) for t in tools] or None
             self._glue_cache = None
@@ -123,13 +169,15 @@ class ChatAgent:
         self.messages = []
         if system:
             self.messages.append({"role": "system", "content": system})
-        self.messages.append({"role": "user", "content": observation})
+        self.observation_images = tuple(images)
+        self.messages.append({"role": "user", "content": self._content(observation, self.observation_images)})
         self.token_ids = []
         self._last_action_ids = ()
         self.template_forks = 0
         self.prompt_mismatches = 0
         if self.tokenizer is not None:
-            self.pending_prompt_ids = self._encode(self._render(self.messages, add_generation_prompt=True))
+            self.pending_prompt_ids = self._encode_images(self._render(self.messages, add_generation_prompt=True),
+                                                          self.all_images())
             self.token_ids = list(self.pending_prompt_ids)
         else:
             self.pending_prompt_ids = []
@@ -165,25 +213,33 @@ class ChatAgent:
         self.pending_prompt_ids = []
         return self._last_action_ids
 
-    def add_observation(self, observation: str) -> None:
+    def add_observation(self, observation: str, images: Sequence[ImageRef] = ()) -> None:
         """Append an observation: end the assistant turn (unless the model did), then the new turn.
 
         A fork is counted when ``encode(render(messages))`` differs from the linear ids: the template
         re-renders history (Qwen3/R1 strip reasoning), or sampled ids do not re-encode from their text (an
         invalid UTF-8 byte run, a special token inside an action). The linear ids stay the training sequence.
         """
-        self.messages.append({"role": self.observation_role, "content": observation})
+        self.observation_images = tuple(images)
+        message = {"role": self.observation_role, "content": self._content(observation, self.observation_images)}
+        self.messages.append(message)
         if self.tokenizer is None:
             return
         close, prefix, suffix = self._glue()
-        ids = self._encode(close + prefix + observation + suffix)
+        if isinstance(message["content"], str):
+            ids = self._encode(close + prefix + observation + suffix)
+        else:  # parts render per template (image placeholders): take the bridge render's tail, then expand images
+            base = [{"role": "user", "content": _BRIDGE_USER}, {"role": "assistant", "content": _BRIDGE_ACTION}]
+            tail = self._render(base + [message], add_generation_prompt=True).rsplit(_BRIDGE_ACTION, 1)[1]
+            ids = self._encode_images(tail, self.observation_images)
         # End of turn on ids: the model's own end token (sampled) stands for the close's first token; after a
         # length cut or a plain token the whole close is added, its special id included.
         if ids and self._last_action_ids and self._last_action_ids[-1] == ids[0] and ids[0] in self._special_ids():
             ids = ids[1:]
         self.pending_prompt_ids = ids
         self.token_ids.extend(ids)
-        if self.check_forks and self.token_ids != self._encode(self._render(self.messages, add_generation_prompt=True)):
+        if self.check_forks and self.token_ids != self._encode_images(
+                self._render(self.messages, add_generation_prompt=True), self.all_images()):
             self.template_forks += 1
 
     def fork(self) -> ChatAgent:
@@ -202,6 +258,9 @@ class ChatAgent:
         other._glue_cache = self._glue_cache
         other.tools = self.tools
         other.check_forks = self.check_forks
+        other.images = self.images
+        other.processor = self.processor
+        other.observation_images = self.observation_images
         other.template_forks = self.template_forks
         other.prompt_mismatches = self.prompt_mismatches
         return other

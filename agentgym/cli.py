@@ -274,6 +274,7 @@ def _cmd_view(args: argparse.Namespace) -> int:
         return escape(utf8_safe(text))
 
     records = read_trajectories(path)
+    viewed = []
     for i in range(args.limit if args.limit is not None else sys.maxsize):
         try:
             traj = next(records, None)
@@ -283,14 +284,27 @@ def _cmd_view(args: argparse.Namespace) -> int:
             if i == 0 and path.read_bytes().strip():
                 raise ConfigError(_not_a_trajectory_file(path, 1, ValueError("no complete JSON line")))
             break
+        viewed.append(traj)
         console.rule(shown(f"{traj.env_id} {traj.task_id} seed={traj.seed} success={traj.success} ({traj.end_reason})"))
         for turn in traj.turns:
             console.print(f"[cyan]observation[/cyan] {shown(turn.observation)}", markup=True, highlight=False)
+            for image in turn.images:  # the PNG beside the JSONL; --html shows them inline
+                console.print(f"[magenta]image[/magenta] {shown(str(path.parent / image.path))} "
+                              f"({image.width}x{image.height})", markup=True, highlight=False)
             console.print(f"[yellow]action[/yellow] ({turn.kind}) {shown(turn.action)}", markup=True, highlight=False)
         if traj.final_observation is not None:
             console.print(f"[cyan]final observation[/cyan] {shown(traj.final_observation)}", markup=True, highlight=False)
+            for image in traj.final_images:
+                console.print(f"[magenta]image[/magenta] {shown(str(path.parent / image.path))} "
+                              f"({image.width}x{image.height})", markup=True, highlight=False)
         if traj.error:
             console.print(f"[red]error[/red] {shown(traj.error)}", markup=True)
+    if args.html:
+        from agentgym.report import write_html_report
+        from agentgym.rollout import summarize
+
+        report = write_html_report(args.html, summarize(viewed), viewed, title=str(path))
+        console.print(f"report: {shown(str(report))}", markup=True, highlight=False)
     return 0
 
 
@@ -411,6 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("view", help="print saved trajectories")
     p.add_argument("path", help="a trajectories.jsonl file")
     p.add_argument("--limit", type=_positive_int, default=None)
+    p.add_argument("--html", default=None, help="also write these trajectories as an HTML report (observation "
+                   "images inline, copied to images/ beside it)")
     p.set_defaults(func=_cmd_view)
 
     p = sub.add_parser("new-env", help="write the skeleton of an env plugin package (env, suite, passing tests)")

@@ -37,6 +37,7 @@ from typing import Any
 
 from agentgym.agent import ChatAgent
 from agentgym.errors import ConfigError
+from agentgym.images import ImageRef, observation_parts
 from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams
 from agentgym.storage import TrajectoryWriter
 from agentgym.suite import Task, TaskSuite
@@ -516,8 +517,8 @@ class RolloutEngine:
             timing["env_s"] += time.perf_counter() - te
             task_id = info.get("task_id", task_id)
             self.policy.begin_episode(episode_id, env)
-            observation = _text_of(observation)
             agent = open_conversation(self.policy, cfg, info, observation)
+            observation = _text_of(observation)
             while True:
                 if context_limit_reached(agent, self.policy, cfg):
                     outcome = context_limit_outcome()
@@ -609,15 +610,18 @@ def _resolve(future: asyncio.Future[Any], value: Any) -> None:
         future.set_result(value)
 
 
-def open_conversation(policy: Policy, config: RolloutConfig, reset_info: Mapping[str, Any], observation: str) -> ChatAgent:
+def open_conversation(policy: Policy, config: RolloutConfig, reset_info: Mapping[str, Any], observation: Any) -> ChatAgent:
     """The agent's conversation after ``env.reset``: system prompt (the config's, else the policy's default), the
-    env's instructions and first observation, and the env's tool schemas for chat templates that render tools
-    natively (``template_tools: auto``; templates without tools ignore them). Shared by the engine and the
-    branching sampler, so a branched group is prompted exactly as independent rollouts are."""
+    env's instructions and first observation (a ``str``, or ``{"text", "image"}`` whose image the agent shows a
+    policy that ``accepts_images``), and the env's tool schemas for chat templates that render tools natively
+    (``template_tools: auto``; templates without tools ignore them). Shared by the engine and the branching
+    sampler, so a branched group is prompted exactly as independent rollouts are."""
     system_prompt = config.system_prompt if config.system_prompt is not None else policy.default_system_prompt
-    agent = ChatAgent(policy.tokenizer, system_prompt=system_prompt, observation_role=config.observation_role)
+    agent = ChatAgent(policy.tokenizer, system_prompt=system_prompt, observation_role=config.observation_role,
+                      images=policy.accepts_images, processor=policy.processor)
     tools = reset_info.get("tools") if config.template_tools == "auto" else None
-    agent.start(str(reset_info.get("instructions", "")), observation, tools=tools or None)
+    text, images = observation_parts(observation)
+    agent.start(str(reset_info.get("instructions", "")), text, tools=tools or None, images=images)
     return agent
 
 
@@ -657,9 +661,10 @@ def episode_outcome(step_info: Mapping[str, Any], truncated: bool) -> dict[str, 
 
 def make_turn(observation: str, generation: Generation, reward: float, step_info: Mapping[str, Any],
               prompt_ids: tuple[int, ...] | None, action_ids: tuple[int, ...] | None,
-              state_key: str | None = None) -> Turn:
+              state_key: str | None = None, images: tuple[ImageRef, ...] = ()) -> Turn:
     """The :class:`Turn` record of one generated action and the env's answer to it."""
     return Turn(
+        images=images,
         observation=observation, action=generation.text, reward=float(reward),
         info=jsonable(step_info.get("turn", {})), prompt_token_ids=prompt_ids, action_token_ids=action_ids,
         action_logprobs=generation.logprobs if action_ids is not None else None,
@@ -690,14 +695,15 @@ async def apply_action(policy: Policy, agent: ChatAgent, env: Any, observation: 
         TimeoutError: The env call ran past ``timeout_s``; any error the env's ``step`` raised.
     """
     prompt_ids = tuple(agent.pending_prompt_ids) if policy.tokenizer is not None else None
+    images = agent.observation_images
     action_ids = agent.record_action(generation)
     started = time.perf_counter()
     state_key, (next_obs, reward, terminated, truncated, info) = await call_env(
         executor, timeout_s, keyed_step, env, generation.text, inline=inline)
     env_s = time.perf_counter() - started
-    turn = make_turn(observation, generation, reward, info, prompt_ids, action_ids, state_key)
-    next_text = _text_of(next_obs)
-    agent.add_observation(next_text)
+    turn = make_turn(observation, generation, reward, info, prompt_ids, action_ids, state_key, images)
+    next_text, next_images = observation_parts(next_obs)
+    agent.add_observation(next_text, images=next_images)
     outcome = episode_outcome(info, truncated) if terminated or truncated else None
     return TurnResult(turn=turn, observation=next_text, outcome=outcome, env_s=env_s)
 
@@ -737,6 +743,8 @@ def final_state(agent: ChatAgent, observation: str) -> dict[str, Any]:
     already be in ``agent``'s conversation (its last message); its rendered token ids come with it.
     """
     out: dict[str, Any] = {"final_observation": observation}
+    if agent.observation_images:  # saved beside the JSONL like every turn's images
+        out["final_images"] = list(agent.observation_images)
     if agent.tokenizer is not None:
         out["final_prompt_token_ids"] = list(agent.pending_prompt_ids)
         # Turns where a fresh template render differs from the linear sampled sequence, and actions sampled
@@ -818,10 +826,11 @@ def run_reference_episode(env: Any, task: Task, seed: int | None = None) -> Traj
     turns: list[Turn] = []
     outcome: dict[str, Any] = {}
     while True:
-        action = solver(_text_of(observation))
+        text, images = observation_parts(observation)
+        action = solver(text)
         state_key, (next_obs, reward, terminated, truncated, step_info) = keyed_step(env, action)
-        turns.append(Turn(observation=_text_of(observation), action=action, reward=float(reward),
-                          info=jsonable(step_info["turn"]), state_key=state_key))
+        turns.append(Turn(observation=text, action=action, reward=float(reward),
+                          info=jsonable(step_info["turn"]), state_key=state_key, images=images))
         observation = next_obs
         if terminated or truncated:
             outcome = episode_outcome(step_info, truncated)

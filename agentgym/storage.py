@@ -12,6 +12,10 @@ escape as the single code point it was, so even a high surrogate followed by a l
 two code points written, not joined into one character (which is what generic JSON readers would do).
 A trajectory that cannot be serialised at all is logged, counted in :attr:`TrajectoryWriter.failed` and
 kept as a ``repr`` line in a side file, never costing the rest of the batch.
+
+Observation images (GUI screenshots) are never inlined: the writer saves each as a content-hashed PNG,
+``images/<sha256>.png`` beside the JSONL, *before* the line that refers to it, and the line holds only the
+relative path (see :mod:`agentgym.images`). One screenshot seen in many turns or runs is one file.
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ from typing import Any
 from agentgym.errors import DependencyNotInstalled
 from agentgym.trajectory import Trajectory, jsonable, utf8_safe
 
-__all__ = ["TrajectoryWriter", "decode_line", "encode_line", "errors_path", "read_trajectories", "to_hf_dataset",
-           "write_trajectories"]
+__all__ = ["TrajectoryWriter", "decode_line", "encode_line", "errors_path", "read_trajectories", "save_images",
+           "to_hf_dataset", "write_trajectories"]
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +129,7 @@ class TrajectoryWriter:
         except Exception as exc:  # noqa: BLE001 - one unserialisable trajectory must not cost the batch
             self._keep_failed(trajectory, exc)
             return False
+        save_images(trajectory, self.path.parent)  # before the line, so no line refers to a missing file
         with self._lock:
             self._append(line)
             self.count += 1
@@ -170,6 +175,15 @@ class TrajectoryWriter:
         self.close()
 
 
+def save_images(trajectory: Trajectory, folder: str | Path) -> int:
+    """Write every image of ``trajectory`` (turns and final observation) under ``folder/images/``; returns how many
+    references it holds. Files already there (same hash, same bytes) are not written again."""
+    images = [*trajectory.prompt_images, *trajectory.final_images]
+    for image in images:
+        image.save(folder)
+    return len(images)
+
+
 def write_trajectories(path: str | Path, trajectories: Iterable[Trajectory]) -> int:
     """Append many trajectories; returns how many were written."""
     with TrajectoryWriter(path, fsync=False) as writer:
@@ -195,7 +209,7 @@ def read_trajectories(path: str | Path) -> Iterator[Trajectory]:
                 logger.warning("%s: skipping a torn final line (%d bytes) left by an interrupted write", path, len(raw))
                 return
             raise ValueError(f"{path}:{lineno}: corrupt trajectory line ({exc}).") from exc
-        yield Trajectory.from_dict(record)
+        yield Trajectory.from_dict(record, image_root=str(path.parent))
 
 
 def to_hf_dataset(trajectories: Iterable[Trajectory]) -> Any:

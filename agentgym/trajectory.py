@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from agentgym.images import ImageRef
+
 __all__ = ["END_REASONS", "SCHEMA_VERSION", "TURN_KINDS", "TokenView", "Trajectory", "Turn", "jsonable", "utf8_safe"]
 
 SCHEMA_VERSION = 1
@@ -80,6 +82,9 @@ class Turn:
         finish_reason: ``stop`` (end token or stop string) or ``length`` (hit max tokens).
         state_key: The env's ``state_key()`` before this action (the state the action was chosen in, without
             history), or ``None`` where the env gave none: GiGPO groups turns of a task by it.
+        images: The images of ``observation`` (GUI screenshots), in order; stored by reference as
+            ``images/<sha256>.png`` next to the JSONL (see :mod:`agentgym.images`). A vision policy saw them
+            (their placeholder tokens are in ``prompt_token_ids``); a text-only policy saw ``observation`` only.
     """
 
     observation: str
@@ -92,12 +97,15 @@ class Turn:
     action_entropies: tuple[float, ...] | None = None
     finish_reason: str | None = None
     state_key: str | None = None
+    images: tuple[ImageRef, ...] = ()
 
     @property
     def kind(self) -> str:
         return str(self.info.get("kind", ""))
 
     def to_dict(self) -> dict[str, Any]:
+        # Text-only turns keep the exact record they always had: "images" appears only when there are some.
+        extra = {"images": [image.to_dict() for image in self.images]} if self.images else {}
         return {
             "observation": self.observation,
             "action": self.action,
@@ -109,10 +117,11 @@ class Turn:
             "action_entropies": None if self.action_entropies is None else list(self.action_entropies),
             "finish_reason": self.finish_reason,
             "state_key": self.state_key,
-        }
+        } | extra
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Turn:
+    def from_dict(cls, d: Mapping[str, Any], image_root: str | None = None) -> Turn:
+        """The turn of :meth:`to_dict`; image references resolve against ``image_root`` (the JSONL's folder)."""
         def tup(key: str, kind: type) -> tuple[Any, ...] | None:
             # float("-inf") reads back the non-finite log-probs that jsonable stored as strings
             return None if d.get(key) is None else tuple(kind(v) for v in d[key])
@@ -123,6 +132,7 @@ class Turn:
             action_token_ids=tup("action_token_ids", int), action_logprobs=tup("action_logprobs", float),
             action_entropies=tup("action_entropies", float), finish_reason=d.get("finish_reason"),
             state_key=None if d.get("state_key") is None else str(d["state_key"]),
+            images=tuple(ImageRef.from_dict(i, image_root) for i in d.get("images") or ()),
         )
 
 
@@ -172,6 +182,17 @@ class Trajectory:
         """The observation after the last action (``None`` for episodes that failed or never acted)."""
         value = self.metadata.get("final_observation")
         return None if value is None else str(value)
+
+    @property
+    def final_images(self) -> tuple[ImageRef, ...]:
+        """The images of the observation after the last action (``metadata["final_images"]``)."""
+        return tuple(i for i in self.metadata.get("final_images") or () if isinstance(i, ImageRef))
+
+    @property
+    def prompt_images(self) -> tuple[ImageRef, ...]:
+        """Every image in :meth:`token_view`'s sequence, in order (each turn's observation images): what a
+        vision-language model's forward pass needs next to the ids to score it."""
+        return tuple(image for turn in self.turns for image in turn.images)
 
     @property
     def score(self) -> float:
@@ -241,7 +262,9 @@ class Trajectory:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Trajectory:
+    def from_dict(cls, d: Mapping[str, Any], image_root: str | None = None) -> Trajectory:
+        """The trajectory of :meth:`to_dict`; image references resolve against ``image_root`` (the JSONL's
+        folder, which :func:`agentgym.storage.read_trajectories` passes)."""
         version = d.get("schema_version")
         if version != SCHEMA_VERSION:
             raise ValueError(
@@ -249,8 +272,15 @@ class Trajectory:
             )
         return cls(
             env_id=d["env_id"], task_id=d["task_id"], seed=d.get("seed"),
-            turns=tuple(Turn.from_dict(t) for t in d["turns"]), outcome=d.get("outcome") or {},
+            turns=tuple(Turn.from_dict(t, image_root) for t in d["turns"]), outcome=d.get("outcome") or {},
             end_reason=d["end_reason"], policy=d.get("policy", ""), timing=d.get("timing") or {},
             traj_id=d.get("traj_id", ""), group_id=d.get("group_id", ""), error=d.get("error"),
-            metadata=d.get("metadata") or {},
+            metadata=_with_image_refs(d.get("metadata") or {}, image_root),
         )
+
+
+def _with_image_refs(metadata: Mapping[str, Any], image_root: str | None) -> Mapping[str, Any]:
+    """``metadata`` with its stored ``final_images`` references turned back into :class:`ImageRef` objects."""
+    if not metadata.get("final_images"):
+        return metadata
+    return {**metadata, "final_images": [ImageRef.from_dict(i, image_root) for i in metadata["final_images"]]}

@@ -3,20 +3,25 @@
 The ids come straight from each trajectory's token view (the ids the policy sampled and the ids the
 ChatAgent encoded for observations); nothing is re-tokenised. Sequences are right-padded; the loss mask
 is 0 on padding, prompts, observations and template glue.
+
+Trajectories of a vision-language model hold image placeholder tokens in their (masked) observation ids; the
+batch keeps each row's images (:attr:`TrainingBatch.images`) so the log-prob forward pass gets the same pixel
+values the sampler's did (:func:`vision_inputs`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from agentgym.trainers.logprobs import DEFAULT_CHUNK_SIZE, token_logprobs
+from agentgym.images import ImageRef
 from agentgym.trajectory import Trajectory
 
-__all__ = ["TrainingBatch", "build_batch", "sequence_logprobs"]
+__all__ = ["TrainingBatch", "build_batch", "sequence_logprobs", "vision_inputs"]
 
 
 @dataclass
@@ -33,6 +38,7 @@ class TrainingBatch:
         old_logprobs: ``[N, L]`` log-probs of the policy before the update (filled by the trainer).
         ref_logprobs: ``[N, L]`` reference-model log-probs, when a KL term is used.
         turn_index: ``[N, L]`` the turn (step) each token belongs to, ``-1`` on padding.
+        images: Per row, the images whose placeholder tokens its ids hold, in order (``None``: a text batch).
     """
 
     input_ids: torch.Tensor
@@ -43,6 +49,7 @@ class TrainingBatch:
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     turn_index: torch.Tensor | None = None
+    images: list[tuple[ImageRef, ...]] | None = None
 
     def __post_init__(self) -> None:
         n, width = (int(d) for d in self.input_ids.shape)
@@ -61,7 +68,11 @@ class TrainingBatch:
         for k, v in picked.items():
             if v is not None and v.dim() == 2:
                 picked[k] = v[:, :width]
-        return TrainingBatch(**picked)
+        images = None
+        if self.images is not None:
+            rows_picked = range(len(self))[index] if isinstance(index, slice) else torch.as_tensor(index).tolist()
+            images = [self.images[i] for i in ([rows_picked] if isinstance(rows_picked, int) else rows_picked)]
+        return TrainingBatch(**picked, images=images)
 
     def micro_batches(self, size: int) -> Iterator[TrainingBatch]:
         for start in range(0, len(self), size):
@@ -91,8 +102,9 @@ def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float] 
             loss_mask[i, :length] = torch.tensor(view.loss_mask, dtype=torch.float32)
         logps[i, :length] = torch.tensor(view.logprobs, dtype=torch.float32)
         turn_index[i, :length] = torch.tensor(view.turn_index, dtype=torch.long)
+    images = [t.prompt_images for t in trajectories]
     return TrainingBatch(input_ids, attention, loss_mask, torch.as_tensor(advantages, dtype=torch.float32), logps,
-                         turn_index=turn_index)
+                         turn_index=turn_index, images=images if any(images) else None)
 
 
 def _per_token(advantages: Sequence[float] | torch.Tensor, n: int, width: int) -> torch.Tensor:
@@ -105,18 +117,40 @@ def _per_token(advantages: Sequence[float] | torch.Tensor, n: int, width: int) -
     raise ValueError(f"advantages has shape {tuple(adv.shape)}; pass [{n}] (one per trajectory) or [{n}, {width}].")
 
 
+def vision_inputs(batch: TrainingBatch, processor: Any, device: Any = None,
+                  dtype: torch.dtype | None = None) -> dict[str, torch.Tensor] | None:
+    """The image tensors of a batch's rows, row by row in order (how a VLM's forward merges them into the image
+    tokens), from the model's processor; ``None`` for a batch without images.
+
+    Raises:
+        ConfigError: The batch has images but no processor was given.
+    """
+    if not batch.images or not any(batch.images):
+        return None
+    if processor is None:
+        from agentgym.errors import ConfigError
+
+        raise ConfigError("These trajectories hold images (a vision-language model's); pass the model's processor "
+                          "(AutoProcessor.from_pretrained(model_dir)) to compute their pixel values.")
+    from agentgym.policies.hf import pixel_inputs
+
+    return pixel_inputs(processor, [image for row in batch.images for image in row], device, dtype)
+
+
 def sequence_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                      temperature: float = 1.0, chunk_size: int | None = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
+                      temperature: float = 1.0, chunk_size: int | None = DEFAULT_CHUNK_SIZE, *,
+                      vision: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
     """``[N, L]`` log-prob of each token given the ones before it (position 0 gets 0).
 
     Computed in float32 at the sampling temperature, so that with an unchanged model it matches what
     the sampler recorded. ``chunk_size`` token positions go through ``lm_head`` at a time, so at most
     ``chunk_size x V`` float32 logits exist at once, in backward too (see :mod:`agentgym.trainers.logprobs`);
     ``None`` computes the full ``[N, L, V]`` logits (same values, much more memory at large vocabularies).
+    ``vision`` (:func:`vision_inputs`) goes to a vision-language model's forward with the ids.
 
     Raises:
         ConfigError: if ``chunk_size`` is not a positive int or ``None``.
     """
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     return token_logprobs(model, input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          temperature=temperature, chunk_size=chunk_size)
+                          temperature=temperature, chunk_size=chunk_size, extra_inputs=vision)

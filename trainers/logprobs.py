@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -66,7 +66,8 @@ def check_chunk_size(chunk_size: Any) -> int | None:
 
 def token_logprobs(model: Any, input_ids: torch.Tensor, *, attention_mask: torch.Tensor,
                    position_ids: torch.Tensor, temperature: float = 1.0,
-                   chunk_size: int | None = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
+                   chunk_size: int | None = DEFAULT_CHUNK_SIZE,
+                   extra_inputs: Mapping[str, Any] | None = None) -> torch.Tensor:
     """``[N, L]`` float32 log-prob of ``input_ids[:, t]`` given the model's output at ``t - 1``; 0 at ``t = 0``.
 
     Args:
@@ -77,6 +78,8 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, *, attention_mask: torch
         temperature: Logits are divided by it (in float32) before the softmax, as at sampling time.
         chunk_size: Token positions (over all rows together) per ``lm_head`` chunk; ``None`` computes the
             full logits at once (the plain path, also used for models that cannot be split).
+        extra_inputs: More forward inputs, passed to the model (or its backbone) as they are: a vision-language
+            model's ``pixel_values`` for the image tokens of ``input_ids``.
 
     Returns:
         ``[N, L]`` float32 log-probs, differentiable w.r.t. the model's parameters when grad is enabled.
@@ -85,7 +88,7 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, *, attention_mask: torch
         ConfigError: if ``chunk_size`` is not a positive int or ``None``.
     """
     chunk_size = check_chunk_size(chunk_size)
-    kwargs = {"attention_mask": attention_mask, "position_ids": position_ids}
+    kwargs = {"attention_mask": attention_mask, "position_ids": position_ids, **(extra_inputs or {})}
     n, length = input_ids.shape
     if chunk_size is None or length < 2 or not _splits(model, input_ids):
         return full_token_logprobs(model, input_ids, temperature=temperature, **kwargs)
@@ -114,10 +117,11 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, *, attention_mask: torch
 
 
 def full_token_logprobs(model: Any, input_ids: torch.Tensor, *, attention_mask: torch.Tensor,
-                        position_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """The plain path of :func:`token_logprobs`: full ``[N, L, V]`` logits, float32 ``log_softmax``, gather."""
+                        position_ids: torch.Tensor, temperature: float = 1.0, **extra_inputs: Any) -> torch.Tensor:
+    """The plain path of :func:`token_logprobs`: full ``[N, L, V]`` logits, float32 ``log_softmax``, gather.
+    ``extra_inputs`` (a VLM's pixel values) go to the model's forward."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                   use_cache=False).logits
+                   use_cache=False, **extra_inputs).logits
     logits = logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature

@@ -57,7 +57,9 @@ class GenerationRequest:
     """One conversation to continue.
 
     Attributes:
-        messages: OpenAI-style chat messages so far (system, user, assistant, ...).
+        messages: OpenAI-style chat messages so far (system, user, assistant, ...); for a policy that
+            ``accepts_images``, an image observation's content is parts: ``[{"type": "text", "text": ...},
+            {"type": "image", "image": ImageRef}]``.
         prompt_token_ids: The exact prompt tokens, when the agent tokenised it (token-level policies use
             these and never re-tokenise the messages).
         sampling: Sampling parameters.
@@ -113,10 +115,16 @@ class Policy(abc.ABC):
         default_system_prompt: The system prompt the model was trained with (read from the ``agentgym.json``
             its trainer saved), used by the rollout engine when ``RolloutConfig.system_prompt`` is ``None``;
             ``None`` keeps each env's instructions. A model evaluated with a prompt it never saw scores 0.
+        accepts_images: The policy reads images: the ChatAgent then sends observation images as message content
+            parts (``{"type": "image", "image": ImageRef}``); otherwise it shows the text part only.
+        processor: A Hugging Face processor (``AutoProcessor``) when the policy is an in-process vision-language
+            model: the ChatAgent expands image placeholders with it into the exact ids the model sees.
     """
 
     name: str = "policy"
     default_system_prompt: str | None = None
+    accepts_images: bool = False
+    processor: Any = None
     tokenizer: Any = None
     max_batch_size: int = 64
     max_concurrency: int = 1

@@ -15,6 +15,14 @@ lengths and suffixes of different lengths: each row's cache is left padded to th
 suffix is left padded too, so the padding sits between the cached part and the suffix. The attention mask
 hides both gaps and position ids come from the mask, so every row sees exactly its own tokens at their own
 positions, as if its whole prompt had been computed in one pass.
+
+Vision-language models (given a ``processor``, e.g. from ``AutoProcessor``) sample the same way: the prompt ids
+already hold each image's placeholder tokens, expanded by the processor in the
+:class:`~agentgym.agent.ChatAgent`, and the first forward pass of a batch also gets the pixel values of the images
+whose tokens it computes (the image processor's output, in row order). A reused cached prefix never ends inside
+an image's tokens, so every image is encoded whole in exactly one pass. Supported: models whose language model
+uses 1-D positions and merges image features at placeholder tokens (LLaVA-style, Idefics3/SmolVLM); Qwen2-VL's
+3-D rotary positions need the model's own position computation, which this sampler does not do yet.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym.errors import AgentGymError, ConfigError, DependencyNotInstalled
+from agentgym.images import ImageRef, image_parts
 from agentgym.policies.base import (
     Generation,
     GenerationRequest,
@@ -117,9 +126,13 @@ class HFPolicy(InProcessTokenPolicy):
             ``episode_id`` (the rollout engine sets it; ``generate(..., episode_ids=...)`` for direct calls).
         kv_cache_tokens: Most tokens kept over all episodes together: memory is this times the model's KV bytes
             per token (2 x layers x kv_heads x head_dim x dtype size); 0 turns reuse off.
+        processor: The model's Hugging Face processor (``AutoProcessor``) for a vision-language model: the policy
+            then ``accepts_images``, the ChatAgent expands image placeholders with it, and sampling passes pixel
+            values. ``tokenizer`` may then be ``None`` (the processor's tokenizer is used).
 
     Raises:
-        ConfigError: If ``max_batch_size``, ``dtype`` or a KV-cache limit is invalid.
+        ConfigError: If ``max_batch_size``, ``dtype`` or a KV-cache limit is invalid, or the processor does not fit
+            the model.
     """
 
     max_concurrency: int = 1
@@ -135,8 +148,14 @@ class HFPolicy(InProcessTokenPolicy):
         name: str | None = None,
         kv_cache_episodes: int = 64,
         kv_cache_tokens: int = 65536,
+        processor: Any = None,
     ) -> None:
         torch = _import_torch()
+        if processor is not None:
+            tokenizer = tokenizer if tokenizer is not None else getattr(processor, "tokenizer", None)
+            self._image_token_id = _image_token_id(processor, model)
+        if tokenizer is None:
+            raise ConfigError("HFPolicy needs a tokenizer (or a processor that has one).")
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be a positive integer, got {max_batch_size!r}.")
         if isinstance(dtype, str):
@@ -155,6 +174,8 @@ class HFPolicy(InProcessTokenPolicy):
             model = model.to(dtype)
         self.model = model.eval()
         self.tokenizer = tokenizer
+        self.processor = processor
+        self.accepts_images = processor is not None
         self.max_batch_size = max_batch_size
         self.max_concurrency = 1
         config = getattr(model, "config", None)
@@ -213,8 +234,14 @@ class HFPolicy(InProcessTokenPolicy):
         from agentgym.models.tiny import _quiet_progress_bars
 
         with _quiet_progress_bars():
-            model = transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
-            tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
+            if is_vision_model_dir(directory):  # a VLM: its processor and its image-text-to-text model class
+                processor = transformers.AutoProcessor.from_pretrained(directory, local_files_only=True)
+                model = transformers.AutoModelForImageTextToText.from_pretrained(directory, local_files_only=True)
+                kwargs.setdefault("processor", processor)
+                tokenizer = processor.tokenizer
+            else:
+                model = transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
+                tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
         kwargs.setdefault("name", hub_name or directory.name)  # a Hub snapshot's directory name is a commit hash
         policy = cls(model, tokenizer, **kwargs)
         # The trainer's system prompt travels with the model, so a plain RolloutEngine reproduces its training.
@@ -229,8 +256,20 @@ class HFPolicy(InProcessTokenPolicy):
         if not requests:
             return []
         prompts = [self.prompt_ids(r) for r in requests]
+        images = [request_images(r) for r in requests] if self.processor is not None else None
         return await asyncio.to_thread(self.generate, prompts, [r.sampling for r in requests],
-                                       episode_ids=[r.episode_id for r in requests])
+                                       episode_ids=[r.episode_id for r in requests], images=images)
+
+    def prompt_ids(self, request: GenerationRequest) -> list[int]:
+        """The request's exact ids; for a VLM request without ids, its messages rendered and images expanded as
+        the ChatAgent does."""
+        if self.processor is None or request.prompt_token_ids is not None:
+            return super().prompt_ids(request)
+        from agentgym.agent import ChatAgent
+
+        agent = ChatAgent(self.tokenizer, images=True, processor=self.processor)
+        agent.messages = [dict(m) for m in request.messages]
+        return agent._encode_images(agent._render(agent.messages, add_generation_prompt=True), agent.all_images())
 
     def begin_episode(self, episode_id: str, env: Any) -> None:
         """A new episode never inherits a stale cache entry under a reused id."""
@@ -247,6 +286,7 @@ class HFPolicy(InProcessTokenPolicy):
         *,
         cancelled: Sequence[threading.Event | None] | None = None,
         episode_ids: Sequence[str] | None = None,
+        images: Sequence[Sequence[ImageRef]] | None = None,
     ) -> list[Generation]:
         """Continue each prompt; the synchronous core of :meth:`act`, also used directly by trainers.
 
@@ -273,6 +313,8 @@ class HFPolicy(InProcessTokenPolicy):
                 token, and leaves its own (prompt plus sampled tokens) for the next turn. Results equal those
                 of recomputing up to float rounding. Without ids (trainers scoring unrelated prompts) nothing
                 is cached. :meth:`end_episode` frees an episode's entry.
+            images: For a vision-language model, one list per prompt: the images whose placeholder tokens the
+                prompt holds, in order (:func:`request_images` of its request).
 
         Returns:
             One :class:`Generation` per prompt, in order.
@@ -290,6 +332,13 @@ class HFPolicy(InProcessTokenPolicy):
         if episode_ids is not None and len(episode_ids) != len(rows):
             raise ConfigError(f"Got {len(episode_ids)} episode ids for {len(rows)} prompts; pass one per prompt "
                               "('' for rows outside any episode).")
+        row_images = [list(i) for i in images] if images is not None else [[] for _ in rows]
+        if len(row_images) != len(rows):
+            raise ConfigError(f"Got {len(row_images)} image lists for {len(rows)} prompts; pass one per prompt.")
+        if any(row_images) and self.processor is None:
+            raise ConfigError("This HFPolicy has no processor, so it cannot read images; load a vision-language model "
+                              "with HFPolicy.from_pretrained(dir) (it finds the processor) or pass processor=...")
+        spans = [self._image_spans(r, imgs) for r, imgs in zip(rows, row_images)]
         events = list(cancelled) if cancelled is not None else [None] * len(rows)
         episodes = [str(e or "") for e in episode_ids] if episode_ids is not None else [""] * len(rows)
         if not self.kv_cache.enabled or self._kv_reusable is False:
@@ -313,7 +362,8 @@ class HFPolicy(InProcessTokenPolicy):
                     chunk = order[start:start + self.max_batch_size]
                     outputs = self._generate_batch([rows[i] for i in chunk], [params[i] for i in chunk],
                                                    [events[i] for i in chunk], [episodes[i] for i in chunk],
-                                                   [streams[i] for i in chunk])
+                                                   [streams[i] for i in chunk],
+                                                   [(row_images[i], spans[i]) for i in chunk])
                     for i, out in zip(chunk, outputs):
                         results[i] = out
         finally:
@@ -324,7 +374,8 @@ class HFPolicy(InProcessTokenPolicy):
     def _generate_batch(self, prompts: list[list[int]], params: list[SamplingParams],
                         events: list[threading.Event | None] | None = None,
                         episodes: list[str] | None = None,
-                        streams: list[int | None] | None = None) -> list[Generation]:
+                        streams: list[int | None] | None = None,
+                        vision: list[tuple[list[ImageRef], list[tuple[int, int]]]] | None = None) -> list[Generation]:
         torch = self._torch
         watched = [(i, e) for i, e in enumerate(events or ()) if e is not None]
         aborted: set[int] = set()
@@ -339,11 +390,18 @@ class HFPolicy(InProcessTokenPolicy):
         # Row i reuses cached[i] tokens of its episode's cache and runs its suffix. Columns of the batch:
         # [left pad | cached part] (cached_width) then [middle pad | suffix] (suffix_width) then generated ones.
         found = [self.kv_cache.lookup(e, p) if e else (0, None) for e, p in zip(episodes, prompts)]
-        suffix_width = max(n - c for n, (c, _) in zip(lengths, found))
-        # Never wider than recomputing: a row whose suffix is long (a new episode) sets suffix_width anyway, so other
-        # rows may compute more of their prompt at no extra cost instead of widening every later decoding step.
-        cached_width = min(max(c for c, _ in found), max(lengths) - suffix_width)
-        found = [(min(c, cached_width), entry) if min(c, cached_width) else (0, None) for c, entry in found]
+        vision = vision or [([], [])] * batch
+        while True:  # one pass, or (images) until no reused prefix ends inside an image's tokens
+            suffix_width = max(n - c for n, (c, _) in zip(lengths, found))
+            # Never wider than recomputing: a row whose suffix is long (a new episode) sets suffix_width anyway, so
+            # other rows may compute more of their prompt at no extra cost instead of widening every later step.
+            cached_width = min(max(c for c, _ in found), max(lengths) - suffix_width)
+            aligned = [_outside_spans(min(c, cached_width), row_spans) for (c, _), (_, row_spans) in zip(found, vision)]
+            aligned_found = [(a, entry) if a else (0, None) for a, (_, entry) in zip(aligned, found)]
+            if [c for c, _ in aligned_found] == [c for c, _ in found] or not any(s for _, s in vision):
+                found = aligned_found
+                break
+            found = aligned_found
         cached = [c for c, _ in found]
         suffixes = [n - c for n, c in zip(lengths, cached)]
         width = cached_width + suffix_width
@@ -361,6 +419,11 @@ class HFPolicy(InProcessTokenPolicy):
                 full_mask[i, cached_width: width - s] = 0
         position_ids = (full_mask[:, :width].cumsum(-1) - 1).clamp_(min=0)[:, cached_width:]
         next_pos = torch.tensor(lengths, dtype=torch.long, device=device)
+        # The images whose tokens this pass computes (outside the reused prefix), in row order, as the model's
+        # image merge consumes them.
+        pass_images = [img for c, (imgs, row_spans) in zip(cached, vision)
+                       for img, (start, _) in zip(imgs, row_spans) if start >= c]
+        vision_inputs = self._pixel_inputs(pass_images) if pass_images else {}
 
         temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
         greedy = temperature == 0
@@ -383,7 +446,7 @@ class HFPolicy(InProcessTokenPolicy):
         num_generated = torch.zeros(batch, dtype=torch.long, device=device)
         stopped = torch.zeros(batch, dtype=torch.bool, device=device)  # finish_reason "stop"
         # Top-k candidate log-probs per position, for rows that ask for them (entropy-based branching).
-        top_k = min(max(p.top_logprobs for p in params), int(self.model.config.vocab_size))
+        top_k = min(max(p.top_logprobs for p in params), _vocab_size(self.model))
         out_top = torch.zeros((batch, max_new, top_k), dtype=torch.float32, device=device) if top_k else None
         out_top_ids = torch.zeros((batch, max_new, top_k), dtype=torch.long, device=device) if top_k else None
 
@@ -402,7 +465,7 @@ class HFPolicy(InProcessTokenPolicy):
 
         with torch.inference_mode():
             for t in range(max_new):
-                kwargs: dict[str, Any] = {}
+                kwargs: dict[str, Any] = dict(vision_inputs) if t == 0 else {}
                 if self._keep_last_logits:
                     kwargs["logits_to_keep"] = 1
                 out = self.model(
@@ -484,6 +547,17 @@ class HFPolicy(InProcessTokenPolicy):
             top = _top_logprobs(out_top, out_top_ids, out_logprobs, out_tokens, [p.top_logprobs for p in params])
         return self._collect(out_tokens, out_logprobs, out_entropy, num_generated, stopped, stop_strings, top,
                              aborted)
+
+    # ---- images (vision-language models) -------------------------------------------------------------
+    def _image_spans(self, prompt: list[int], images: list[ImageRef]) -> list[tuple[int, int]]:
+        """``[start, end)`` of each image's placeholder tokens in ``prompt``; checks they match ``images``."""
+        if self.processor is None:
+            return []
+        return image_token_spans(prompt, self._image_token_id, len(images))
+
+    def _pixel_inputs(self, images: list[ImageRef]) -> dict[str, Any]:
+        """The image processor's tensors for ``images`` (``pixel_values`` and whatever else the model takes)."""
+        return pixel_inputs(self.processor, images, self.device, dtype=next(self.model.parameters()).dtype)
 
     # ---- KV-cache reuse across turns -----------------------------------------------------------------
     def _weights_version(self) -> tuple[int, int, int]:
@@ -615,6 +689,110 @@ class HFPolicy(InProcessTokenPolicy):
         """Drop the model reference and the cached keys and values so their memory can be freed."""
         self.model = None
         self.kv_cache.clear()
+
+
+def _vocab_size(model: Any) -> int:
+    """The output vocabulary size (a VLM's config keeps it in its text config)."""
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return int(getattr(text, "vocab_size", None) or model.get_output_embeddings().out_features)
+
+
+def is_vision_model_dir(directory: str | Path) -> bool:
+    """Whether a model directory holds a vision-language model (a saved processor with an image processor)."""
+    directory = Path(directory)
+    for name in ("processor_config.json", "preprocessor_config.json"):
+        file = directory / name
+        if file.is_file():
+            import json
+
+            try:
+                data = json.loads(file.read_text())
+            except (OSError, ValueError):
+                return False
+            return "image_processor" in data or "image_processor_type" in data or "image_mean" in data
+    return False
+
+
+def request_images(request: GenerationRequest) -> list[ImageRef]:
+    """The images of a request's messages, in order (the order of their placeholder tokens in the prompt)."""
+    return [image for m in request.messages for image in image_parts(m.get("content"))]
+
+
+def _image_token_id(processor: Any, model: Any) -> int:
+    """The id of the placeholder token the model replaces with image features."""
+    config = getattr(model, "config", None)
+    for source, name in ((processor, "image_token_id"), (config, "image_token_id"), (config, "image_token_index")):
+        value = getattr(source, name, None)
+        if isinstance(value, int):
+            break
+    else:
+        token = getattr(processor, "image_token", None)
+        value = processor.tokenizer.convert_tokens_to_ids(token) if token else None
+    if not isinstance(value, int):
+        raise ConfigError(f"Cannot find the image token of processor {type(processor).__name__}; HFPolicy reads images "
+                          "with processors that name one (LLaVA-style, Idefics3/SmolVLM).")
+    base = getattr(model, "model", model)
+    if hasattr(base, "get_rope_index") or hasattr(model, "get_rope_index"):
+        raise ConfigError(f"{type(model).__name__} uses 3-D (multimodal) rotary positions (Qwen2-VL style), which "
+                          "HFPolicy's sampler does not compute yet; use a LLaVA-style or Idefics3/SmolVLM model, or "
+                          "serve it with vLLM and use OpenAIPolicy(mode='chat').")
+    return int(value)
+
+
+def image_token_spans(ids: Sequence[int], image_token_id: int, count: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of each of ``count`` images' placeholder runs in ``ids``.
+
+    Runs of the image token are split per image: one run per image when the template separates them, else an
+    even split of adjacent runs (models with a fixed number of tokens per image).
+
+    Raises:
+        AgentGymError: The ids hold no placeholders for the images, or a number that does not split.
+    """
+    runs: list[list[int]] = []
+    for i, token in enumerate(ids):
+        if token == image_token_id:
+            if runs and runs[-1][1] == i:
+                runs[-1][1] = i + 1
+            else:
+                runs.append([i, i + 1])
+    if len(runs) == count:
+        return [(a, b) for a, b in runs]
+    total = sum(b - a for a, b in runs)
+    if count and total % count == 0 and total:
+        per = total // count
+        spans = []
+        for a, b in runs:
+            if (b - a) % per:
+                break
+            spans += [(s, s + per) for s in range(a, b, per)]
+        else:
+            return spans
+    raise AgentGymError(f"The prompt holds {total} image tokens in {len(runs)} run(s) for {count} image(s); the ids "
+                        "must come from the model's processor (ChatAgent with policy.processor), one expansion per "
+                        "image.")
+
+
+def pixel_inputs(processor: Any, images: Sequence[ImageRef], device: Any = None, dtype: Any = None) -> dict[str, Any]:
+    """The image processor's tensors for ``images`` in order: what a VLM's forward takes next to the ids
+    (``pixel_values``, plus e.g. ``pixel_attention_mask`` or ``image_sizes`` where the model uses them)."""
+    torch = _import_torch()
+    out = processor.image_processor(images=[image.array() for image in images], return_tensors="pt")
+    tensors = {}
+    for key, value in dict(out).items():
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point() and dtype is not None:
+                value = value.to(dtype)
+            tensors[key] = value.to(device) if device is not None else value
+    return tensors
+
+
+def _outside_spans(cached: int, spans: Sequence[tuple[int, int]]) -> int:
+    """``cached`` moved back to the start of the image span it falls inside, if any (images are encoded whole)."""
+    for start, end in spans:
+        if start < cached < end:
+            return start
+    return cached
 
 
 def _plain_dynamic_layers(past: Any) -> list[Any] | None:

@@ -18,6 +18,11 @@ Two modes, because training and evaluation need different things:
   tokenising agent stops with an error) rather than ids that only look trainable. Training runs should
   use ``completions`` mode, where the server conditions on the agent's own ids.
 
+Images (GUI screenshots) go to the server in chat mode as OpenAI ``image_url`` content parts holding a
+``data:image/png;base64,...`` URI, the form vLLM, ``agentgym serve`` and hosted APIs accept for vision models;
+``images=False`` shows a text-only model the text part of each observation instead. Completions mode sends token
+ids, which cannot carry pixels, so it is text-only.
+
 In both modes ``SamplingParams.top_logprobs = k`` asks the server for the k best alternatives per token
 (``logprobs: k`` or ``top_logprobs: k``) and fills ``Generation.top_logprobs`` with them, the sampled token's
 log-prob appended when it is not among them, as HFPolicy and VLLMPolicy do: that is what ARPO's
@@ -46,6 +51,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from agentgym.errors import AgentGymError, ConfigError, DependencyNotInstalled
+from agentgym.images import ImageRef
 from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams, prompt_token_ids
 
 __all__ = ["OpenAIPolicy", "OpenAIServerError"]
@@ -166,6 +172,21 @@ def _retry_after_s(response: httpx.Response) -> float | None:
         return None
 
 
+def _wire_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A message as OpenAI's API takes it: image parts (:class:`~agentgym.images.ImageRef`) become ``image_url``
+    parts with a PNG data URI; text and plain-string content pass unchanged."""
+    content = message.get("content")
+    if isinstance(content, str) or not content:
+        return dict(message)
+    parts = []
+    for part in content:
+        if isinstance(part, Mapping) and part.get("type") == "image" and isinstance(part.get("image"), ImageRef):
+            parts.append({"type": "image_url", "image_url": {"url": part["image"].data_uri()}})
+        else:
+            parts.append(dict(part))
+    return {**message, "content": parts}
+
+
 def _finish_reason(value: Any) -> str:
     return "length" if value == "length" else "stop"
 
@@ -189,6 +210,9 @@ class OpenAIPolicy(Policy):
         max_concurrency: Most HTTP requests in flight at once (the server batches them).
         extra_body: Extra JSON fields merged into every request body (e.g. vLLM's ``top_k``).
         name: Shown in eval tables; defaults to ``openai:MODEL``.
+        images: In chat mode without a tokenizer, send observation images as ``image_url`` data URIs (a vision
+            model); ``False`` sends the text part only (a text-only model). Completions mode and chat mode with a
+            tokenizer are text-only (the agent's token view has no processor to expand images with).
     """
 
     def __init__(
@@ -205,6 +229,7 @@ class OpenAIPolicy(Policy):
         max_concurrency: int = 64,
         extra_body: Mapping[str, Any] | None = None,
         name: str | None = None,
+        images: bool = True,
     ) -> None:
         if mode not in ("completions", "chat"):
             raise ConfigError(f"OpenAIPolicy mode must be 'completions' or 'chat', got {mode!r}.")
@@ -235,6 +260,9 @@ class OpenAIPolicy(Policy):
         self.backoff_s = float(backoff_s)
         self.extra_body = dict(extra_body or {})
         self._name = name
+        if not isinstance(images, bool):
+            raise ConfigError(f"OpenAIPolicy images must be True or False, got {images!r}.")
+        self.accepts_images = images and mode == "chat" and self.tokenizer is None
         # The server batches on its own, so the rollout engine may keep many act() calls in flight; the
         # per-loop semaphore is what actually bounds the HTTP requests.
         self.max_concurrency = max_concurrency
@@ -426,7 +454,8 @@ class OpenAIPolicy(Policy):
 
     async def _chat(self, state: _LoopState, model: str, request: GenerationRequest) -> Generation:
         payload: dict[str, Any] = {
-            "model": model, "messages": [dict(m) for m in request.messages], **self._sampling_fields(request.sampling),
+            "model": model, "messages": [_wire_message(m) for m in request.messages],
+            **self._sampling_fields(request.sampling),
         }
         k = request.sampling.top_logprobs
         if self.tokenizer is not None:
