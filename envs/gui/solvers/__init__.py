@@ -1,7 +1,7 @@
 """Reference solvers for MiniWoB++ tasks: JS planners that read the page's DOM and act by pixels.
 
 Each solvable task has a planner (a JS function body, see :mod:`.prelude`) in one of the group modules
-(:mod:`.clicks`, :mod:`.forms`, :mod:`.widgets`, :mod:`.reading`, :mod:`.apps`). The solver evaluates the
+(:mod:`.clicks`, :mod:`.forms`, :mod:`.widgets`, :mod:`.drags`, :mod:`.reading`, :mod:`.apps`). The solver evaluates the
 task's planner in the live page, plays the returned steps one per turn as the agent's own action text
 (``click(57, 112)``, ``type("Bob")``, ``key("Enter")``, ``scroll(80, 120, 60)``, ``drag(...)``), and plans
 again whenever its steps run out and the episode is still going, so multi-stage tasks (open a menu, then
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from agentgym.envs.gui.solvers import apps, clicks, forms, reading, widgets
+from agentgym.envs.gui.solvers import apps, clicks, drags, forms, reading, widgets
 from agentgym.envs.gui.solvers.prelude import PRELUDE_JS
 
 __all__ = ["PLANNERS", "SOLVABLE_TASKS", "planner_js", "reference_solver", "step_to_action"]
@@ -35,7 +35,7 @@ def _merge(*groups: Mapping[str, str]) -> dict[str, str]:
 
 
 #: Task id -> JS planner body.
-PLANNERS: dict[str, str] = _merge(clicks.PLANNERS, forms.PLANNERS, widgets.PLANNERS, reading.PLANNERS,
+PLANNERS: dict[str, str] = _merge(clicks.PLANNERS, forms.PLANNERS, widgets.PLANNERS, drags.PLANNERS, reading.PLANNERS,
                                   apps.PLANNERS)
 #: Tasks with a DOM-reading solver, sorted (each one proved by the ``gui-validated`` suite's validate()).
 SOLVABLE_TASKS: tuple[str, ...] = tuple(sorted(PLANNERS))
