@@ -6,6 +6,16 @@ actions on that image: ``click(x, y)``, ``type(text)``, ``key(name)``, ``scroll(
 ``drag(x1, y1, x2, y2)``. The episode ends when the page's own reward function fires
 (``core.endEpisode``); its raw reward (-1..1, partial credit for some tasks) is the env's reward and
 success means the full reward of 1.
+
+Agent aids (BrowserGym-style, all off by default, each one a constructor option):
+
+* ``set_of_marks=True`` draws numbered boxes over the page's interactive elements on the screenshot (with
+  Pillow, after capture: the page's DOM and events are untouched), lists them in the text part
+  (``[3] button "Submit"``) and adds the tool ``click_mark(mark)``, which clicks the centre of that box.
+* ``screenshot_size=(W, H)`` resizes the screenshot to any size; every coordinate the agent writes is in
+  that image's pixels and maps back to the page linearly (``page = image * page_size / image_size``).
+* ``accessibility=True`` adds the page's accessibility tree (Playwright's aria snapshot, no refs) to the
+  text part, beside the pixels.
 """
 
 from __future__ import annotations
@@ -33,6 +43,8 @@ from agentgym.tools.browser.actions import (
     check_text,
 )
 from agentgym.tools.browser.errors import ActionError, BrowserCrashed
+from agentgym.tools.browser.marks import MARKS_JS, MAX_MARKS, Mark, describe_marks, draw_marks, parse_marks
+from agentgym.tools.browser.pool import STILL_CSS
 
 from agentgym.env import AgentEnv, ReferenceSolver
 from agentgym.errors import AgentGymError, ConfigError, TaskError
@@ -48,7 +60,15 @@ from agentgym.toolset import ToolCall, ToolResult, ToolSet, tool
 __all__ = ["MiniWoBEnv"]
 
 TOOL_NAMES = ("click", "type", "key", "scroll", "drag")
+MARK_TOOL = "click_mark"
 READY_POLLS = 40  # x 50 ms: how long a page may take to become ready before the start counts as a crash
+#: One script per look at the page: the task's end state and, when asked, the set-of-marks elements.
+OBSERVE_JS = f"([marks, limit]) => [({STATE_JS})(), marks ? ({MARKS_JS})(limit) : null]"
+#: Added to every page at the start: MiniWoB's side panels hidden, the caret and CSS animations still (so that
+#: equal pages give equal pixels; see ``agentgym.tools.browser.pool.STILL_CSS``).
+_PAGE_CSS_JS = ("(css) => { const s = document.createElement('style'); s.textContent = css; "
+                "document.head.appendChild(s); }")
+SCREENSHOT_LIMITS = (16, 4096)
 
 
 class MiniWoBEnv(AgentEnv):
@@ -59,9 +79,16 @@ class MiniWoBEnv(AgentEnv):
             sets the default screen size.
         tasks: Tasks to draw from (e.g. a suite's split); each names its page in ``metadata["task"]``.
         max_turns: Turns before truncation.
-        screen: ``(width, height)`` of the browser window and of the image; defaults to the task's own
-            size (160x210, or 375x667 for the flight sites). Pages smaller than the screen sit top-left.
-        accessibility: Add the page's accessibility tree (no refs) to the text observation.
+        screen: ``(width, height)`` of the browser window; defaults to the task's own size (160x210, or
+            375x667 for the flight sites). Pages smaller than the screen sit top-left.
+        screenshot_size: ``(width, height)`` of the image the agent sees (16-4096 pixels each way; default:
+            the screen). The screenshot is resized to it, and every coordinate in an action is in its pixels:
+            ``click(x, y)`` clicks the page at ``(x * screen_w / width, y * screen_h / height)``.
+        set_of_marks: Draw numbered boxes over the interactive elements on the image, list them in the text
+            (``[3] button "Submit"``) and add the tool ``click_mark(mark)``. Drawn after capture, so the page
+            never sees them.
+        accessibility: Add the page's accessibility tree (Playwright's aria snapshot, without refs) to the
+            text part of each observation, beside the pixels. Off by default: it costs tokens and a little time.
         browser: Browser options (see :class:`agentgym.tools.browser.BrowserConfig`) as a dict or a config,
             or a :class:`~agentgym.tools.browser.BrowserPool` to use (default: the shared process-wide pool).
         max_action_chars: See :class:`~agentgym.env.AgentEnv`.
@@ -83,6 +110,8 @@ class MiniWoBEnv(AgentEnv):
         tasks: Sequence[Task] | None = None,
         max_turns: int = 10,
         screen: Sequence[int] | None = None,
+        screenshot_size: Sequence[int] | None = None,
+        set_of_marks: bool = False,
         accessibility: bool = False,
         browser: Mapping[str, Any] | Any | None = None,
         max_action_chars: int = 20_000,
@@ -96,12 +125,17 @@ class MiniWoBEnv(AgentEnv):
         width, height = native_screen(task_id) if screen is None else tuple(int(v) for v in screen)
         if not (100 <= width <= 2000 and 100 <= height <= 2000):
             raise ConfigError(f"screen must be (width, height) between 100 and 2000 pixels, got {screen!r}.")
+        image_size = _check_screenshot_size(screenshot_size, (width, height))
         self.task_id = task_id
         self.screen = (width, height)
+        self.image_size = image_size
+        self.set_of_marks = bool(set_of_marks)
         self.accessibility = bool(accessibility)
         self._server = shared_static_server()
         self._pool = pool
-        self._screen = ScreenObservation(height, width)
+        self._screen = ScreenObservation(image_size[1], image_size[0])
+        self._marks: dict[int, Mark] = {}  # the marks of the latest observation, by id
+        self._view: Any = None  # the look taken right after the last action (state, marks, pixels), not yet shown
         self._utterance = ""
         self._page_task = ""
         self._page_key = ""  # the latest screen as state_key() reports it (set whenever the page is observed)
@@ -112,12 +146,27 @@ class MiniWoBEnv(AgentEnv):
 
     # ---- tools -------------------------------------------------------------------------------------------------------
     def _act(self, run: Any) -> ToolResult:
+        self._view = None
         try:
             run()
         except ActionError as exc:
             return ToolResult.error(str(exc))
         self._check_done()
         return ToolResult("")
+
+    def to_page(self, x: Any, y: Any, *, what: str = "point") -> tuple[float, float]:
+        """A point of the screenshot (image pixels) as page pixels; off-image points raise ActionError.
+
+        Linear in each axis (``page = image * screen / image_size``); results within 1e-6 of a whole pixel
+        snap to it, so ``to_page(*to_image(p)) == p`` exactly for every whole page pixel ``p``.
+        """
+        width, height = self.image_size
+        ix, iy = check_point(x, y, width, height, what=what)
+        return _snap(ix * self.screen[0] / width), _snap(iy * self.screen[1] / height)
+
+    def to_image(self, x: float, y: float) -> tuple[float, float]:
+        """A page point as screenshot (image) pixels: the inverse of :meth:`to_page`."""
+        return x * self.image_size[0] / self.screen[0], y * self.image_size[1] / self.screen[1]
 
     @tool
     def click(self, x: float, y: float) -> ToolResult:
@@ -127,8 +176,27 @@ class MiniWoBEnv(AgentEnv):
             x: Pixels from the left edge.
             y: Pixels from the top edge.
         """
-        width, height = self.screen
-        return self._act(lambda: self._session.mouse_click(*check_point(x, y, width, height)))
+        return self._act(lambda: self._session.mouse_click(*self.to_page(x, y)))
+
+    @tool(name=MARK_TOOL)
+    def click_mark(self, mark: int) -> ToolResult:
+        """Click the centre of a numbered box of the latest screenshot (set-of-marks).
+
+        Args:
+            mark: The box's number, as drawn on the screenshot and listed under "Marks".
+        """
+        def run() -> None:
+            number = mark if isinstance(mark, int) and not isinstance(mark, bool) else None
+            if isinstance(mark, float) and mark.is_integer():
+                number = int(mark)
+            target = self._marks.get(number) if number is not None else None
+            if target is None:
+                listed = (f"the marks are 1 to {len(self._marks)}" if self._marks
+                          else "the latest screenshot has no marks; click(x, y) instead")
+                raise ActionError(f"Error: there is no mark {str(mark)[:20]} on the latest screenshot; {listed}.")
+            self._session.mouse_click(*target.center)
+
+        return self._act(run)
 
     @tool(name="type")
     def type_text(self, text: str) -> ToolResult:
@@ -157,11 +225,9 @@ class MiniWoBEnv(AgentEnv):
             y: Pixels from the top edge.
             dy: Pixels to scroll (positive: down, negative: up).
         """
-        width, height = self.screen
-
         def run() -> None:
-            px, py = check_point(x, y, width, height)
-            self._session.wheel(px, py, check_scroll_delta(dy))
+            px, py = self.to_page(x, y)
+            self._session.wheel(px, py, check_scroll_delta(dy) * self.screen[1] / self.image_size[1])
 
         return self._act(run)
 
@@ -175,24 +241,25 @@ class MiniWoBEnv(AgentEnv):
             x2: End, pixels from the left edge.
             y2: End, pixels from the top edge.
         """
-        width, height = self.screen
-
         def run() -> None:
-            start = check_point(x1, y1, width, height, what="start point")
-            end = check_point(x2, y2, width, height, what="end point")
+            start = self.to_page(x1, y1, what="start point")
+            end = self.to_page(x2, y2, what="end point")
             self._session.drag(*start, *end)
 
         return self._act(run)
 
     def _build_tools(self) -> ToolSet:
-        return ToolSet([self.click, self.type_text, self.key, self.scroll, self.drag])
+        marks = [self.click_mark] if self.set_of_marks else []
+        return ToolSet([self.click, *marks, self.type_text, self.key, self.scroll, self.drag])
 
     def _build_parser(self) -> ToolCallParser:
-        return CompositeParser([HermesParser(), FunctionCallParser(TOOL_NAMES, {"type": "text", "key": "name"})])
+        names = (*TOOL_NAMES, MARK_TOOL) if self.set_of_marks else TOOL_NAMES
+        return CompositeParser([HermesParser(), FunctionCallParser(names, {"type": "text", "key": "name"})])
 
     # ---- the task's reward ------------------------------------------------------------------------------------------
     def _check_done(self) -> None:
-        done, raw, _reason = self._session.evaluate(STATE_JS)
+        self._view = self._look()
+        done, raw, _reason = self._view.value[0]
         if not done or self._finished:
             return
         reward = float(raw) if isinstance(raw, (int, float)) and np.isfinite(raw) else 0.0
@@ -201,24 +268,40 @@ class MiniWoBEnv(AgentEnv):
         self.finish(success=success, score=reward, reason="solved" if success else "failed")
 
     # ---- observations ------------------------------------------------------------------------------------------------
+    def _look(self) -> Any:
+        """One call to the browser: the task's state, the marks (if on), the pixels and the tree (if on)."""
+        return self._session.observe(OBSERVE_JS, [self.set_of_marks, MAX_MARKS], aria=self.accessibility)
+
     def _observe(self, messages: str = "") -> dict[str, Any]:
-        width, height = self.screen
+        view, self._view = self._view or self._look(), None
+        width, height = self.image_size
+        image = view.image
+        if self.image_size != self.screen:
+            image = _resize(image, self.image_size)
+        marks = parse_marks(view.value[1]) if self.set_of_marks else []
+        self._marks = {mark.id: mark for mark in marks}
+        if self.set_of_marks:
+            image = draw_marks(image, marks, scale=(width / self.screen[0], height / self.screen[1]))
         lines = [messages] if messages else []
         if self._finished:
             lines.append(f"The task is over (reward {self._score:.2f}).")
         lines.append(f"Task: {self._utterance}")
         lines.append(f"Screen: {width}x{height} pixels; x grows to the right and y downwards from the top-left corner.")
-        page = "Page:\n" + self._session.aria_text() if self.accessibility else ""
-        if page:
-            lines.append(page)
-        observation = self._screen.make("\n".join(lines), self._session.screenshot())  # no image: the last one
+        extra = []
+        if self.set_of_marks:
+            extra.append(f"Marks ({MARK_TOOL}(n) clicks the centre of box n):\n" + describe_marks(marks))
+        if self.accessibility:
+            extra.append("Page:\n" + (view.aria or ""))
+        lines.extend(extra)
+        observation = self._screen.make("\n".join(lines), image)
         pixels = hashlib.sha256(np.ascontiguousarray(observation["image"]).tobytes()).hexdigest()[:16]
-        self._page_key = f"Task: {self._utterance}\nScreen pixels {pixels}" + (f"\n{page}" if page else "")
+        self._page_key = "\n".join([f"Task: {self._utterance}", f"Screen pixels {pixels}", *extra])
         return observation
 
     def state_key(self) -> str:
         """The page as the agent sees it: the task utterance, a digest of the screenshot's pixels (the page's
-        whole visible state: focus, typed text, checked boxes) and, with ``accessibility``, the page tree.
+        whole visible state: focus, typed text, checked boxes), the marks' list with ``set_of_marks`` and,
+        with ``accessibility``, the page tree.
         Recorded when the observation is taken, so asking for it costs no browser call. The page renders
         deterministically, so replaying a seed's actions gives the same keys."""
         if self._finished:
@@ -248,8 +331,7 @@ class MiniWoBEnv(AgentEnv):
         for attempt in range(2):
             try:
                 self._session.start(path, allowed_origins=[self._server.origin])
-                self._session.evaluate("(css) => { const s = document.createElement('style'); s.textContent = css; "
-                                       "document.head.appendChild(s); }", HIDE_CHROME_CSS)
+                self._session.evaluate(_PAGE_CSS_JS, HIDE_CHROME_CSS + "\n" + STILL_CSS)
                 ready, utterance = self._session.evaluate(START_JS, [seed, NO_TIME_LIMIT_MS])
                 for _ in range(READY_POLLS):
                     if ready:
@@ -263,16 +345,22 @@ class MiniWoBEnv(AgentEnv):
                 if attempt:
                     raise BrowserCrashed(f"the MiniWoB page {page_task} failed to start: {exc}") from exc
         self._utterance = str(utterance)
+        self._view = None
+        self._marks = {}
         return self._observe()
 
     def _task_instructions(self) -> str:
-        width, height = self.screen
+        width, height = self.image_size
+        marks = (" Numbered boxes mark the clickable elements on the screenshot and are listed under \"Marks\"; "
+                 f"{MARK_TOOL}(n) clicks the centre of box n.") if self.set_of_marks else ""
+        tree = (" Under \"Page\" you also get the page's accessibility tree as text."
+                if self.accessibility else "")
         return (
             f"You control a web page through its screenshot ({width}x{height} pixels). Each observation gives the "
             "task in words and the current screenshot. Act with the mouse and keyboard at pixel coordinates "
-            "(x to the right, y downwards, from the top-left corner): click(x, y), type(text) into the focused "
-            "field, key(name), scroll(x, y, dy) and drag(x1, y1, x2, y2). The episode ends when the page scores "
-            f"the task. You have {self.max_turns} turns."
+            "of the screenshot (x to the right, y downwards, from the top-left corner): click(x, y), type(text) "
+            f"into the focused field, key(name), scroll(x, y, dy) and drag(x1, y1, x2, y2).{marks}{tree} The "
+            f"episode ends when the page scores the task. You have {self.max_turns} turns."
         )
 
     def reference_solver(self) -> ReferenceSolver:
@@ -281,7 +369,25 @@ class MiniWoBEnv(AgentEnv):
 
         if not self._started:
             raise AgentGymError("reset() the env before asking for its reference solver.")
-        return reference_solver(self._page_task, self._session.evaluate)
+        solve = reference_solver(self._page_task, self._session.evaluate)
+        if self.image_size == self.screen:
+            return solve
+        return lambda observation: self._scale_action(solve(observation))
+
+    def _scale_action(self, action: str) -> str:
+        """A page-pixel action of the reference solver in screenshot pixels (for ``screenshot_size``)."""
+        parsed = self.parser.parse(action)
+        if len(parsed.calls) != 1 or parsed.calls[0].name not in ("click", "scroll", "drag"):
+            return action
+        call = parsed.calls[0]
+        values = list(self.toolset.bind_arguments(call).values())
+        points = values[:2] if call.name != "drag" else values
+        scaled: list[float] = []
+        for i in range(0, len(points), 2):
+            scaled.extend(self.to_image(float(points[i]), float(points[i + 1])))
+        if call.name == "scroll":
+            scaled.append(float(values[2]) * self.image_size[1] / self.screen[1])
+        return f"{call.name}({', '.join(f'{v:g}' if v == int(v) else f'{v:.4f}' for v in scaled)})"
 
     # ---- gymnasium plumbing ------------------------------------------------------------------------------------------
     def step(self, action: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:  # type: ignore[override]
@@ -300,3 +406,31 @@ class MiniWoBEnv(AgentEnv):
         if not self._closed:
             self._session.close()
         super().close()
+
+
+def _check_screenshot_size(size: Sequence[int] | None, screen: tuple[int, int]) -> tuple[int, int]:
+    if size is None:
+        return screen
+    low, high = SCREENSHOT_LIMITS
+    try:
+        width, height = (int(v) for v in size)
+        ok = all(float(v) == int(v) for v in size)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok or not (low <= width <= high and low <= height <= high):
+        raise ConfigError(f"screenshot_size must be (width, height) in whole pixels between {low} and {high}, got "
+                          f"{size!r}; e.g. screenshot_size=(320, 420) for twice the 160x210 MiniWoB screen.")
+    return width, height
+
+
+def _snap(value: float) -> float:
+    """``value``, or the whole pixel within 1e-6 of it (float scaling must not cost a round trip a pixel)."""
+    nearest = round(value)
+    return float(nearest) if abs(value - nearest) < 1e-6 else value
+
+
+def _resize(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """``image`` resized to ``size = (width, height)`` (Lanczos: sharp text when enlarging and shrinking)."""
+    from PIL import Image
+
+    return np.asarray(Image.fromarray(image).resize(size, Image.Resampling.LANCZOS), dtype=np.uint8)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import base64
 import concurrent.futures
 import io
 import logging
@@ -57,7 +58,7 @@ from agentgym.tools.browser.snapshot import (
 
 from agentgym.errors import DependencyNotInstalled
 
-__all__ = ["BrowserPool", "BrowserSession", "default_pool", "resolve_pool"]
+__all__ = ["STILL_CSS", "BrowserPool", "BrowserSession", "PageView", "default_pool", "resolve_pool"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,14 @@ MAX_REDIRECT_HOPS = 10
 #: this long, so quick calls never pay for it).
 LIVENESS_POLL_S = 0.5
 _DEAD_PROXY = "http://127.0.0.1:9"  # the discard port: nothing listens, so proxied requests fail at once
+#: A style that keeps a page's pixels still between two looks: no blinking caret, no CSS animation or
+#: transition mid-way. :meth:`BrowserSession.observe` captures pixels as they are (one CDP call, no per-shot
+#: stilling as ``page.screenshot(animations="disabled", caret="hide")`` does with its extra round trips), so an
+#: env that hashes or compares screenshots adds this style once per page.
+STILL_CSS = ("*, *::before, *::after { caret-color: transparent !important; animation: none !important; "
+             "transition: none !important; }")
+#: ``Page.captureScreenshot`` parameters: lossless PNG, fast zlib level, the viewport only.
+_CAPTURE = {"format": "png", "optimizeForSpeed": True, "captureBeyondViewport": False}
 
 
 def _import_playwright() -> Any:
@@ -128,6 +137,7 @@ class _Lease:
     notices: list[str] = field(default_factory=list)
     broken: str | None = None
     episodes: int = 0
+    cdp: Any = None  # a CDP session on ``page``, opened by the first observe()
 
 
 class BrowserPool:
@@ -532,6 +542,21 @@ class BrowserPool:
         await self._stop_playwright()
 
 
+@dataclass(frozen=True)
+class PageView:
+    """What :meth:`BrowserSession.observe` saw: the script's value, the pixels and the accessibility tree.
+
+    Attributes:
+        value: What the script returned (None without a script).
+        image: The viewport as ``uint8[H, W, 3]`` RGB pixels.
+        aria: The page's accessibility tree as YAML without refs, or None when not asked for.
+    """
+
+    value: Any
+    image: np.ndarray
+    aria: str | None = None
+
+
 class BrowserSession:
     """One env's window into the pool: a leased context, its page and the current episode's URL guard.
 
@@ -734,6 +759,36 @@ class BrowserSession:
             return await lease.page.screenshot(**kwargs)
 
         return decode_png(self._do(shoot, settle=False))
+
+    def observe(self, script: str | None = None, arg: Any = None, *, aria: bool = False) -> PageView:
+        """Everything an env shows after an action, in one call to the browser's thread: the value of
+        ``script`` (run with ``arg``), the viewport's pixels and, with ``aria``, the accessibility tree.
+
+        The three are asked for at once (they only read the page), and the pixels come from one CDP
+        ``Page.captureScreenshot`` instead of Playwright's ``page.screenshot``, which stills the page with
+        several extra round trips per shot. Add :data:`STILL_CSS` to the page once if the pixels must be
+        reproducible (a caret blinks, animations run). Measured in ``benchmarks/browser.py``.
+        """
+
+        async def look(lease: _Lease) -> tuple[Any, bytes, str | None]:
+            if lease.cdp is None:
+                lease.cdp = await lease.context.new_cdp_session(lease.page)
+            jobs: list[Awaitable[Any]] = [lease.cdp.send("Page.captureScreenshot", _CAPTURE)]
+            if script is not None:
+                jobs.append(lease.page.evaluate(script, arg))
+            if aria:
+                jobs.append(lease.page.aria_snapshot(timeout=self.pool.config.navigation_timeout_s * 1000))
+            results = await asyncio.gather(*jobs, return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+            shot = results[0]
+            value = results[1] if script is not None else None
+            tree = results[-1] if aria else None
+            return value, base64.b64decode(shot["data"]), tree
+
+        value, png, tree = self._do(look, settle=False)
+        return PageView(value, decode_png(png), tree)
 
     def evaluate(self, expression: str, arg: Any = None) -> Any:
         """Run JavaScript in the page (for envs reading task state, never for model text)."""
