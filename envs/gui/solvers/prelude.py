@@ -43,9 +43,15 @@ PRELUDE_JS = r"""
   const pointOf = (el) => {
     const r = el.getBoundingClientRect();
     if (r.width <= 0 || r.height <= 0) return null;
+    const clear = (x, y) => x >= 0 && y >= 0 && x < VW && y < VH && hits(el, x, y);
     for (const fy of FRACTIONS) for (const fx of FRACTIONS) {
       const x = Math.round(r.left + r.width * fx), y = Math.round(r.top + r.height * fy);
-      if (x >= 0 && y >= 0 && x < VW && y < VH && hits(el, x, y)) return [x, y];
+      if (clear(x, y)) return [x, y];
+    }
+    // Mostly covered (another widget on top): scan the whole box for a pixel that is still its own.
+    const step = Math.max(1, Math.ceil(Math.sqrt(r.width * r.height / 4000)));
+    for (let y = Math.ceil(r.top); y < r.bottom; y += step) for (let x = Math.ceil(r.left); x < r.right; x += step) {
+      if (clear(x, y)) return [x, y];
     }
     return null;
   };

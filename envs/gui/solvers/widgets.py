@@ -98,6 +98,14 @@ PLANNERS: dict[str, str] = {
   const box = byId('checkbox-' + (['1st', '2nd', '3rd'].indexOf(pos) + 1));
   return [...(box.checked ? [] : [click(box)]), click(byId('subbtn'))];
 """,
+    "form-sequence-3": r"""
+  // A selectric drop-down: open it, click the height, then the button.
+  const [, height, button] = U.match(/^Choose (.+) from the dropdown, then click the button labeled "(.+)"\.$/);
+  if (byId('dropdown').value === height) return [click(byText('#buttons button', button))];
+  const items = document.querySelector('.selectric-items');
+  if (!shown(items)) return [click(document.querySelector('.selectric')), wait(100)];
+  return [click(byText('.selectric-items li', height)), wait(100)];
+""",
     "highlight-text": _SELECT_JS + r"""
   const text = byId('randomText'), letters = txt(text).replace(/\s/g, '').length;
   if (window.getSelection().toString().replace(/\s/g, '') === txt(text).replace(/\s/g, '')) return [click(byId('subbtn'))];
