@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from agentgym.trainers import algorithms as alg
 from agentgym.trainers.batch import TrainingBatch
@@ -29,7 +29,8 @@ from agentgym.trainers.config import GrpoConfig
 from agentgym.trainers.grpo import GrpoTrainer
 from agentgym.trainers.seeding import mix_seed
 
-from agentgym.branching import BranchingConfig, BranchingSampler
+from agentgym.branching import BranchingConfig
+from agentgym.trainers.async_rollouts import RolloutJob
 from agentgym.trajectory import Trajectory
 
 __all__ = ["ArpoConfig", "ArpoTrainer"]
@@ -79,9 +80,6 @@ class ArpoConfig(GrpoConfig):
         if self.initial_rollouts > self.group_size:
             raise self._fail("initial_rollouts", f"({self.initial_rollouts}) exceeds group_size ({self.group_size}), the "
                              "budget M of trajectories per task; use initial_rollouts <= group_size (spec: 8 of 16).")
-        if self.max_staleness:
-            raise self._fail("max_staleness", "ARPO's branching sampler runs synchronously for now: use "
-                                              "max_staleness: 0, or trainer: grpo / gigpo for asynchronous training.")
         if self.hard_dedupe and self.attribution != "hard":
             raise self._fail("hard_dedupe", "only applies to attribution: hard; set attribution: hard or hard_dedupe: false.")
         try:
@@ -104,20 +102,12 @@ class ArpoTrainer(GrpoTrainer):
 
     config: ArpoConfig
 
-    def __init__(self, config: ArpoConfig, **kwargs: Any) -> None:
-        super().__init__(config, **kwargs)
-        self._sampler_stats: dict[str, Any] = {}
-
-    def _sample(self, step: int) -> list[Trajectory]:
-        """M trajectories per task from the branching sampler (the same specs and seeds GRPO would use)."""
-        cfg = self.config
-        specs, sampling = self._rollout_plan(step)
-        branching = dataclasses.replace(cfg.branching(), seed=mix_seed(cfg.seed, step, self.world.rank))
-        self.model.eval()
-        sampler = BranchingSampler(self.policy, self._rollout_config(sampling), branching)
-        trajectories = sampler.run(specs)
-        self._sampler_stats = sampler.stats
-        return trajectories
+    def _rollout_job(self, step: int) -> RolloutJob:
+        """M trajectories per task from the branching sampler (the same specs and seeds GRPO would use), run here
+        or by the asynchronous rollout worker: a branch taken while weights change mid-step continues with the new
+        ones, as any partial rollout does, and inherits its parent's per-turn policy versions."""
+        branching = dataclasses.replace(self.config.branching(), seed=mix_seed(self.config.seed, step, self.world.rank))
+        return dataclasses.replace(super()._rollout_job(step), branching=branching)
 
     def _attribute(self, batch: TrainingBatch, trajectories: list[Trajectory]) -> TrainingBatch:
         cfg = self.config
@@ -134,7 +124,7 @@ class ArpoTrainer(GrpoTrainer):
         return batch
 
     def _rollout_metrics(self, trajectories: list[Trajectory]) -> dict[str, float]:
-        stats = self._sampler_stats
+        stats = self._rollout_stats
         metrics = {f"arpo/{k}": float(v) for k, v in stats.items() if isinstance(v, (int, float))}
         for turn, count in stats.get("branch_points_by_turn", {}).items():
             metrics[f"arpo/branch_points_turn_{turn}"] = float(count)

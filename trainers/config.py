@@ -56,6 +56,11 @@ class TrainerConfig:
     """Asynchronous training: 0 samples each step with the current weights, then learns (synchronous); k >= 1
     generates the next steps' episodes in a background worker while the current step trains, each step starting
     at most k updates behind (1: one-step-off). The update corrects for the lag (``off_policy_correction``)."""
+    async_worker: Literal["thread", "process"] = "thread"
+    """Where asynchronous rollouts (``max_staleness`` >= 1) are generated: a thread of the trainer's process (starts
+    at once; best when env latency and torch kernels, which release the GIL, dominate, and the only choice with vLLM
+    or Ray envs, which run out of process anyway), or a process of its own (``forkserver``: envs, engine and an HF copy of
+    the model; no GIL shared with the trainer, a few seconds to start). See :mod:`agentgym.trainers.async_rollouts`."""
     env_backend: Literal["local", "ray"] = "local"
     """Where rollout envs run: in this process, or as Ray actors across the cluster this process reaches
     (``RAY_ADDRESS``; ``pip install 'agentgym[ray]'``), the policy staying here (see the README's scaling-out notes)."""
@@ -160,9 +165,12 @@ class TrainerConfig:
                                               f"got {self.learning_rate}.")
         if self.max_staleness < 0:
             raise self._fail("max_staleness", f"must be >= 0 (0: synchronous, 1: one-step-off), got {self.max_staleness}.")
-        if self.max_staleness and self.generation_backend != "hf":
-            raise self._fail("max_staleness", "asynchronous rollouts run on a copy of the HF model for now: use "
-                                              "generation_backend: hf, or max_staleness: 0 with vLLM.")
+        if self.max_staleness and self.async_worker == "process" and self.generation_backend != "hf":
+            raise self._fail("async_worker", "'process' runs an HF copy of the model in the worker; vLLM already runs "
+                                             "its engine out of the trainer's process: use async_worker: thread.")
+        if self.max_staleness and self.async_worker == "process" and self.env_backend != "local":
+            raise self._fail("async_worker", "'process' would start its own Ray runtime in the worker; Ray envs already "
+                                             "run out of the trainer's process: use async_worker: thread.")
         if self.weight_decay < 0:
             raise self._fail("weight_decay", f"must be >= 0, got {self.weight_decay}.")
         if self.generation_backend == "vllm" and not self.device.startswith("cuda"):

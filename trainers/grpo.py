@@ -176,9 +176,16 @@ class GrpoTrainer(OnlineTrainer):
                 with self._reference_context():
                     batch.ref_logprobs = _no_grad_logprobs(self._forward_logprobs, self.reference, batch,
                                                            cfg.micro_batch_size, width)
-        if cfg.corrects_off_policy:  # stale samples: weight each token by min(pi_old / pi_behaviour, is_cap)
-            batch.advantages = batch.advantages * alg.behaviour_weights(batch.old_logprobs, batch.sampler_logprobs,
-                                                                        cap=cfg.is_cap)
+        if cfg.corrects_off_policy:  # stale samples: weight each token by pi_old / pi_behaviour, bounded by is_cap
+            weights = alg.behaviour_weights(batch.old_logprobs, batch.sampler_logprobs, cap=cfg.is_cap,
+                                            mode=cfg.behaviour_weight_mode)
+            batch.advantages = batch.advantages * weights
+            sampled = batch.loss_mask > 0  # the weight mean and how many tokens hit the bound (truncated or dropped)
+            raw = alg.behaviour_weights(batch.old_logprobs, batch.sampler_logprobs, cap=float("inf"))[sampled]
+            off_policy = {"train/is_weight_mean": float(weights[sampled].mean()) if sampled.any() else 1.0,
+                          "train/is_bounded_frac": float((raw > cfg.is_cap).float().mean()) if sampled.any() else 0.0}
+        else:
+            off_policy = {}
         mask = batch.loss_mask
         plan = []  # per epoch, exactly mini_batches row sets (tensor_split: 5 rows into 4 gives 4, one may be empty)
         local = torch.zeros(cfg.ppo_epochs, cfg.mini_batches, 3, dtype=torch.float64)
@@ -194,7 +201,7 @@ class GrpoTrainer(OnlineTrainer):
         denominators, passes = counts[..., :2].sum(dim=0), counts[..., 2].amax(dim=0).long()
         trained_tokens = float(everyone[:, -1].sum())
         mismatch = float(((batch.old_logprobs - batch.sampler_logprobs).abs() * mask).sum() / max(mask.sum().item(), 1.0))
-        stats: dict[str, float] = {"train/tokens": trained_tokens, "train/logprob_mismatch": mismatch}
+        stats: dict[str, float] = {"train/tokens": trained_tokens, "train/logprob_mismatch": mismatch, **off_policy}
         if trained_tokens == 0:  # the same decision on every rank: the count is global
             stats["train/skipped_update"] = 1.0
             return stats

@@ -69,13 +69,15 @@ class GrpoConfig(TrainerConfig):
     """Also drop masked trajectories from the group mean/std (the reference code keeps them)."""
     group_filter_std: float | None = None
     """Dynamic sampling: drop groups whose counted reward std is below this (None: keep all)."""
-    off_policy_correction: Literal["auto", "none", "truncated_is"] = "auto"
-    """How the update treats samples drawn by older weights (asynchronous training, or vLLM's numerics): truncated_is
-    weights each token's loss by min(pi_old / pi_behaviour, is_cap), pi_old being the weights before this update
-    (recomputed) and pi_behaviour the log-probs recorded at sampling (decoupled PPO); auto does that when
-    max_staleness > 0 and nothing otherwise."""
+    off_policy_correction: Literal["auto", "none", "truncated_is", "decoupled"] = "auto"
+    """How the update treats samples drawn by older weights (asynchronous training, or vLLM's numerics). Both
+    corrections are decoupled PPO: the clipped ratio is taken against pi_old, the weights before this update
+    (recomputed), and each token's loss is weighted by w = pi_old / pi_behaviour, pi_behaviour being the log-prob
+    recorded when the token was sampled (by whichever weights sampled that turn). truncated_is uses min(w, is_cap);
+    decoupled uses w and drops tokens whose w exceeds is_cap (AReaL's capped decoupled loss); auto is truncated_is
+    when max_staleness > 0 and none otherwise."""
     is_cap: float = 2.0
-    """Upper bound of the truncated importance weight."""
+    """Bound on the behaviour importance weight: truncated_is truncates at it, decoupled drops tokens above it."""
 
     trainer_name: ClassVar[str] = "grpo"
     display_name: ClassVar[str] = "GRPO"
@@ -83,9 +85,14 @@ class GrpoConfig(TrainerConfig):
 
     @property
     def corrects_off_policy(self) -> bool:
-        """Whether the update applies the truncated importance weight (see ``off_policy_correction``)."""
-        return self.off_policy_correction == "truncated_is" or (
+        """Whether the update weights tokens by their behaviour importance weight (see ``off_policy_correction``)."""
+        return self.off_policy_correction in ("truncated_is", "decoupled") or (
             self.off_policy_correction == "auto" and self.max_staleness > 0)
+
+    @property
+    def behaviour_weight_mode(self) -> Literal["truncate", "mask"]:
+        """How :func:`~agentgym.trainers.algorithms.behaviour_weights` bounds the weight for this config."""
+        return "mask" if self.off_policy_correction == "decoupled" else "truncate"
 
     def __post_init__(self) -> None:
         super().__post_init__()

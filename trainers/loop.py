@@ -36,6 +36,7 @@ from agentgym.policies import SamplingParams
 from agentgym.progress import track
 from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, summarize
 from agentgym.suite import Task
+from agentgym.trainers.async_rollouts import RolloutJob
 from agentgym.trainers.bc import behaviour_clone, collect_demonstrations
 from agentgym.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from agentgym.trainers.config import TrainerConfig
@@ -83,6 +84,7 @@ class OnlineTrainer:
         self.eval_tasks = self.eval_suite.split(config.eval_split)[: config.eval_tasks]
         self.episodes = 0
         self._async: Any = None  # the background rollout worker when max_staleness > 0
+        self._rollout_stats: dict[str, Any] = {}  # the sampler's statistics of the step being learned from
 
     # ---- the method's parts (overridden by each trainer) ----------------------------------------------
     def _setup(self, resume_from: Path | None) -> None:
@@ -134,6 +136,10 @@ class OnlineTrainer:
         if cfg.generation_backend == "vllm":
             from agentgym.policies.vllm import VLLMPolicy
 
+            if cfg.max_staleness:  # the rollout worker samples with it and loads each update before a batch
+                from agentgym.trainers.async_rollouts import versioned_policy_class
+
+                VLLMPolicy = versioned_policy_class(VLLMPolicy)  # noqa: N806
             policy = VLLMPolicy(str(model_dir), tokenizer=self.tokenizer, max_batch_size=cfg.max_in_flight,
                                 seed=cfg.seed, name=cfg.trainer_name)
             policy.load_weights(self._sync_weights())  # the BC warm start may have changed them
@@ -197,7 +203,7 @@ class OnlineTrainer:
         if cfg.max_staleness:  # the next steps' rollouts are generated while this one trains
             from agentgym.trainers.async_rollouts import AsyncRollouts
 
-            self._async = AsyncRollouts(self, start, cfg.max_staleness)
+            self._async = AsyncRollouts(self, start, cfg.max_staleness, cfg.async_worker)
         try:
             for step in track(range(start, cfg.steps), f"{cfg.display_name} steps", completed=start, unit="step",
                               enabled=cfg.progress if self.world.is_main else False):
@@ -233,15 +239,15 @@ class OnlineTrainer:
         t0 = time.perf_counter()
         lag: dict[str, float] = {}
         if self._async is not None:
-            trajectories, lag = self._async.take(step)
+            trajectories, self._rollout_stats, lag = self._async.take(step)
         else:
             trajectories = self._sample(step)
         t_rollout = time.perf_counter() - t0
         self.episodes += int(self.world.sum(float(len(trajectories))))
         stats = self._learn(step, trajectories)
-        if self._async is not None:
+        if self._async is not None:  # the worker (and with vLLM the engine) loads them before its next batch
             self._async.publish(self.model)
-        if cfg.generation_backend == "vllm":
+        elif cfg.generation_backend == "vllm":
             self.policy.load_weights(self._sync_weights())
         rollout = summarize(trajectories)
         self._log(step + 1, {
@@ -300,11 +306,18 @@ class OnlineTrainer:
                              max_context_tokens=self.config.max_context_tokens, deterministic=False,
                              env_backend=self.config.env_backend)
 
-    def _sample(self, step: int) -> list[Trajectory]:
-        """``group_size`` independent episodes for each of this step's tasks, with the current policy."""
+    def _rollout_job(self, step: int) -> RolloutJob:
+        """This step's sampling as plain data (run here when synchronous, by the rollout worker when asynchronous):
+        ``group_size`` independent episodes per task; ARPO adds its branching sampler's settings."""
         specs, sampling = self._rollout_plan(step)
+        return RolloutJob(step, tuple(specs), self._rollout_config(sampling))
+
+    def _sample(self, step: int) -> list[Trajectory]:
+        """This step's episodes, sampled now with the current policy (the sampler's statistics go to
+        ``_rollout_stats``)."""
         self.model.eval()
-        return RolloutEngine(self.policy, self._rollout_config(sampling)).run(specs)
+        trajectories, self._rollout_stats = self._rollout_job(step).run(self.policy)
+        return trajectories
 
     # ---- evaluation --------------------------------------------------------------------------------
     def _evaluate(self, step: int) -> dict[str, Any]:

@@ -177,20 +177,30 @@ def reinforce_loss(logp: Tensor, advantages: Tensor) -> Tensor:
     return -adv * logp
 
 
-def behaviour_weights(proximal_logp: Tensor, behaviour_logp: Tensor, *, cap: float = 2.0) -> Tensor:
-    """Truncated importance weights ``min(pi_prox / pi_behav, cap)`` per token, for samples from older weights.
+def behaviour_weights(proximal_logp: Tensor, behaviour_logp: Tensor, *, cap: float = 2.0,
+                      mode: Literal["truncate", "mask"] = "truncate") -> Tensor:
+    """Importance weights ``pi_prox / pi_behav`` per token, for samples drawn by older weights, bounded by ``cap``.
 
     Decoupled PPO (the asynchronous trainers' correction): the clipped ratio is taken against the *proximal*
     policy (the weights before this update, recomputed), and each token's loss is weighted by how much more
     likely the proximal policy makes the token than the behaviour policy that actually sampled it (the log-prob
-    recorded at sampling), truncated at ``cap`` so one stale token cannot dominate. Multiplying a token's
-    advantage by its (detached, positive) weight scales its clipped loss term by the same factor.
+    recorded at sampling). Multiplying a token's advantage by its (detached, non-negative) weight scales its
+    clipped loss term by the same factor. ``cap`` keeps one stale token from dominating, in one of two ways:
+
+    * ``truncate``: ``min(w, cap)`` (truncated importance sampling): every token still counts, at most ``cap``;
+    * ``mask``: ``w`` where ``w <= cap``, else 0: a token the behaviour policy made far less likely than the
+      proximal one leaves the loss (it still counts in the token denominator), the others keep their exact weight
+      (AReaL's decoupled loss with its behaviour-weight cap).
 
     Raises:
-        ConfigError: mismatched shapes or ``cap < 1``.
+        ConfigError: mismatched shapes, ``cap < 1`` or an unknown ``mode``.
     """
     _check_logps(proximal_logp, behaviour_logp, "behaviour_logp")
     if not cap >= 1:
         raise ConfigError(f"cap must be >= 1 (typical 2.0), got {cap}.")
+    check_choice("mode", mode, ("truncate", "mask"))
     log_ratio = (proximal_logp.detach() - behaviour_logp.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return torch.exp(log_ratio).clamp(max=cap)
+    weights = torch.exp(log_ratio)
+    if mode == "truncate":
+        return weights.clamp(max=cap)
+    return torch.where(weights <= cap, weights, torch.zeros_like(weights))
