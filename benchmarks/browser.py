@@ -13,7 +13,23 @@ snapshot), with 1 and with 4 envs stepping concurrently from threads (as the rol
 Reported: reset time (p50/p95), per-action latency (``env.step``: action + snapshot; p50/p95) and
 actions/s over the whole run (resets included).
 
-Run: python benchmarks/browser.py [--episodes 6] [--text-episodes 200]
+MiniWoB-v0 (pixels), in the same run, one env:
+
+* step latency (``env.step("click(x, y)")``: a click that toggles a checkbox, then the new screenshot;
+  p50/p99) for the old look (a separate state poll, then Playwright's ``page.screenshot`` with
+  ``animations="disabled"``, ``caret="hide"``) against ours (one browser call: CDP ``Page.captureScreenshot``
+  with the state script at the same time), and ours with each agent aid on (set-of-marks,
+  ``screenshot_size``, accessibility text);
+* screenshots per second (a loop of looks at an idle page): ``BrowserSession.observe`` against
+  ``page.screenshot``;
+* set-of-marks drawn with Pillow after capture against an overlay injected into the page (add the boxes,
+  capture, remove them), per marked screenshot;
+* resets with pooled contexts against a fresh browser per episode.
+
+The machine is shared with other jobs: the load average is printed before and after, and the figures are
+only comparable within one run.
+
+Run: python benchmarks/browser.py [--episodes 6] [--text-episodes 200] [--miniwob-steps 150] [--only miniwob]
 """
 
 from __future__ import annotations
@@ -24,10 +40,14 @@ import threading
 import time
 from typing import Any
 
+from agentgym.envs.gui.env import MiniWoBEnv
+from agentgym.envs.gui.miniwob import STATE_JS
+from agentgym.envs.gui.tasks import make_task
 from agentgym.envs.web.env import WebShopEnv, WebShopTextEnv
 from agentgym.envs.web.goals import generate_tasks
 from agentgym.tools.browser import BrowserConfig
-from agentgym.tools.browser.pool import BrowserPool
+from agentgym.tools.browser.marks import MARKS_JS, MAX_MARKS, draw_marks, parse_marks
+from agentgym.tools.browser.pool import BrowserPool, PageView
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -107,19 +127,177 @@ def run_text(episodes: int, tasks: list[Any]) -> dict[str, Any]:
             "actions_per_s": len(steps) / wall, "launches": 0}
 
 
+# ---- MiniWoB-v0: pixels ----------------------------------------------------------------------------------------------
+class PlaywrightLookEnv(MiniWoBEnv):
+    """MiniWoB-v0 with the look it had before: a state poll, then Playwright's screenshot (the baseline)."""
+
+    def _look(self) -> PageView:
+        state = self._session.evaluate(STATE_JS)
+        aria = self._session.aria_text() if self.accessibility else None
+        return PageView([state, None], self._session.screenshot(), aria)
+
+
+#: A checkbox of click-checkboxes to click again and again (each click repaints the page).
+_FIRST_BOX_JS = ("() => { const r = document.querySelector('#boxes input').getBoundingClientRect(); "
+                 "return [r.left + r.width / 2, r.top + r.height / 2]; }")
+MINIWOB_TASK = make_task("click-checkboxes", 21)
+
+#: The rejected way of drawing marks: boxes and numbers as page elements, removed after the shot.
+OVERLAY_ADD_JS = """(marks) => {
+  const root = document.createElement('div');
+  root.id = '__marks';
+  root.style.cssText = 'position:fixed;left:0;top:0;width:0;height:0;z-index:2147483647;pointer-events:none';
+  marks.forEach(([x, y, w, h], i) => {
+    const box = document.createElement('div');
+    box.style.cssText = `position:fixed;left:${x}px;top:${y}px;width:${w}px;height:${h}px;outline:1px solid red`;
+    const tag = document.createElement('span');
+    tag.textContent = String(i + 1);
+    tag.style.cssText = 'position:absolute;left:0;top:0;background:red;color:white;font:8px sans-serif';
+    box.appendChild(tag);
+    root.appendChild(box);
+  });
+  document.body.appendChild(root);
+}"""
+OVERLAY_REMOVE_JS = "() => document.getElementById('__marks').remove()"
+
+
+def miniwob_steps(env: MiniWoBEnv, steps: int) -> tuple[list[float], list[float]]:
+    """``steps`` timed clicks on a checkbox (a reset, timed apart, whenever the episode nears its turn limit)."""
+    step_times: list[float] = []
+    resets: list[float] = []
+    while len(step_times) < steps:
+        start = time.perf_counter()
+        env.reset(options={"task": MINIWOB_TASK})
+        resets.append(time.perf_counter() - start)
+        x, y = env.to_image(*env._session.evaluate(_FIRST_BOX_JS))
+        for _ in range(env.max_turns - 1):
+            start = time.perf_counter()
+            _, _, terminated, truncated, _ = env.step(f"click({x:.3f}, {y:.3f})")
+            step_times.append(time.perf_counter() - start)
+            if terminated or truncated or len(step_times) >= steps:
+                break
+    return step_times, resets
+
+
+def rate(fn: Any, seconds: float) -> float:
+    """Calls of ``fn`` per second over ``seconds`` (after one warm-up call)."""
+    fn()
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        fn()
+        count += 1
+    return count / (time.perf_counter() - start)
+
+
+def run_miniwob(steps: int, resets: int, config: BrowserConfig) -> dict[str, Any]:
+    pool = BrowserPool(config)
+    out: dict[str, Any] = {"steps": [], "shots": {}, "marks": {}, "resets": {}}
+    settings: list[tuple[str, type[MiniWoBEnv], dict[str, Any]]] = [
+        ("before: state poll + page.screenshot", PlaywrightLookEnv, {}),
+        ("ours: one look (CDP capture)", MiniWoBEnv, {}),
+        ("ours + set_of_marks", MiniWoBEnv, {"set_of_marks": True}),
+        ("ours + screenshot_size=(320, 420)", MiniWoBEnv, {"screenshot_size": (320, 420)}),
+        ("ours + accessibility text", MiniWoBEnv, {"accessibility": True}),
+    ]
+    try:
+        for name, cls, kwargs in settings:
+            env = cls(browser=pool, **kwargs)
+            try:
+                miniwob_steps(env, 10)  # warm-up outside the clock
+                times, _ = miniwob_steps(env, steps)
+            finally:
+                env.close()
+            out["steps"].append({"setting": name, "steps": len(times), "p50": percentile(times, 0.5),
+                                 "p99": percentile(times, 0.99)})
+        env = MiniWoBEnv(browser=pool, set_of_marks=True)
+        try:
+            env.reset(options={"task": MINIWOB_TASK})
+            session = env._session
+            out["shots"]["observe (CDP)"] = rate(lambda: session.observe(), 3.0)
+            out["shots"]["page.screenshot"] = rate(lambda: session.screenshot(), 3.0)
+            marks = parse_marks(session.evaluate(MARKS_JS, MAX_MARKS))
+            boxes = [list(m.box) for m in marks]
+
+            def pil_marks() -> None:
+                draw_marks(session.observe().image, marks)
+
+            def overlay_marks() -> None:
+                session.evaluate(OVERLAY_ADD_JS, boxes)
+                session.observe()
+                session.evaluate(OVERLAY_REMOVE_JS)
+
+            image = session.observe().image
+            out["marks"] = {"marks": len(marks), "pil_ms": 1000 / rate(pil_marks, 3.0),
+                            "overlay_ms": 1000 / rate(overlay_marks, 3.0),
+                            "draw_only_ms": 1000 / rate(lambda: draw_marks(image, marks), 1.0)}
+        finally:
+            env.close()
+    finally:
+        pool.close()
+    for isolation in ("context", "browser"):
+        pool = BrowserPool(config, isolation=isolation)  # type: ignore[arg-type]
+        env = MiniWoBEnv(browser=pool)
+        try:
+            env.reset(options={"task": MINIWOB_TASK})  # warm-up (the pooled browser's launch)
+            times = []
+            for _ in range(resets):
+                start = time.perf_counter()
+                env.reset(options={"task": MINIWOB_TASK})
+                times.append(time.perf_counter() - start)
+            out["resets"][isolation] = {"p50": percentile(times, 0.5), "p95": percentile(times, 0.95),
+                                        "launches": pool.stats["launches"]}
+        finally:
+            env.close()
+            pool.close()
+    return out
+
+
+def print_miniwob(result: dict[str, Any]) -> None:
+    print("\nMiniWoB-v0 (click-checkboxes, 1 env): env.step = click + screenshot (ms)")
+    header = f"  {'setting':<38} {'steps':>5} {'p50':>7} {'p99':>7}"
+    print(header + "\n  " + "-" * (len(header) - 2))
+    for r in result["steps"]:
+        print(f"  {r['setting']:<38} {r['steps']:>5} {r['p50']:>7.1f} {r['p99']:>7.1f}")
+    before, ours = result["steps"][0], result["steps"][1]
+    print(f"  step p50 {before['p50'] / ours['p50']:.1f}x faster, p99 {before['p99'] / ours['p99']:.1f}x, than before")
+    shots = result["shots"]
+    print(f"\n  screenshots/s: observe (CDP) {shots['observe (CDP)']:.0f}, page.screenshot "
+          f"{shots['page.screenshot']:.0f} ({shots['observe (CDP)'] / shots['page.screenshot']:.1f}x)")
+    marks = result["marks"]
+    print(f"  set-of-marks ({marks['marks']} marks) per marked screenshot: Pillow after capture "
+          f"{marks['pil_ms']:.1f} ms (drawing alone {marks['draw_only_ms']:.2f} ms), overlay in the page "
+          f"{marks['overlay_ms']:.1f} ms ({marks['overlay_ms'] / marks['pil_ms']:.1f}x)")
+    pooled, fresh = result["resets"]["context"], result["resets"]["browser"]
+    print(f"  reset p50/p95: pooled contexts {pooled['p50']:.0f} / {pooled['p95']:.0f} ms, fresh browser per episode "
+          f"{fresh['p50']:.0f} / {fresh['p95']:.0f} ms ({fresh['p50'] / pooled['p50']:.1f}x; launches "
+          f"{pooled['launches']} vs {fresh['launches']})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=6, help="episodes per env (thread) for each browser setting")
     parser.add_argument("--text-episodes", type=int, default=200, help="episodes for the text fallback")
     parser.add_argument("--contexts", type=int, nargs="+", default=[1, 4], help="concurrent envs to measure")
+    parser.add_argument("--miniwob-steps", type=int, default=150, help="timed MiniWoB steps per setting")
+    parser.add_argument("--miniwob-resets", type=int, default=8, help="timed MiniWoB resets per isolation mode")
+    parser.add_argument("--only", choices=["webshop", "miniwob"], help="run one part only")
     args = parser.parse_args()
-    if args.episodes < 1 or args.text_episodes < 1 or min(args.contexts) < 1:
-        parser.error("--episodes, --text-episodes and --contexts must be >= 1")
+    if (args.episodes < 1 or args.text_episodes < 1 or min(args.contexts) < 1 or args.miniwob_steps < 1
+            or args.miniwob_resets < 1):
+        parser.error("--episodes, --text-episodes, --contexts, --miniwob-steps and --miniwob-resets must be >= 1")
 
     import random
 
-    tasks = generate_tasks(random.Random("benchmark"), 32)
     config = BrowserConfig()
+    print(f"load average at start: {' / '.join(f'{v:.1f}' for v in os.getloadavg())} on {os.cpu_count()} cores")
+    if args.only != "webshop":
+        print_miniwob(run_miniwob(args.miniwob_steps, args.miniwob_resets, config))
+    if args.only != "miniwob":
+        run_webshop(args, generate_tasks(random.Random("benchmark"), 32), config)
+    print(f"\nload average at end: {' / '.join(f'{v:.1f}' for v in os.getloadavg())}")
+
+
+def run_webshop(args: argparse.Namespace, tasks: list[Any], config: BrowserConfig) -> None:
     rows = []
     for contexts in args.contexts:
         for setting in ("ours", "fresh browser"):
