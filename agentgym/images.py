@@ -152,6 +152,40 @@ class ImageRef:
         return cls(hashlib.sha256(png).hexdigest(), pixels.shape[1], pixels.shape[0], png=png)
 
     @classmethod
+    def from_data_uri(cls, uri: str) -> ImageRef:
+        """An image sent inline (``data:image/...;base64,...``, what OpenAI clients send). PNGs decode here;
+        other formats (JPEG, WebP) need Pillow. The pixels are re-encoded, so equal pixels get one hash.
+
+        Raises:
+            AgentGymError: Not a base64 data URI, or an image that cannot be decoded.
+        """
+        head, sep, payload = uri.partition(",")
+        if not (sep and head.startswith("data:image/") and head.endswith(";base64")):
+            raise AgentGymError("Images must be sent inline as 'data:image/png;base64,...' URIs (this server reads "
+                                f"nothing from the network); got one starting {uri[:40]!r}.")
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except ValueError as exc:
+            raise AgentGymError(f"The image data URI is not valid base64 ({exc}).") from exc
+        if data.startswith(_PNG_SIGNATURE):
+            try:
+                return cls.from_array(decode_png(data))
+            except AgentGymError:
+                pass  # 16-bit, palette or interlaced PNGs: Pillow reads them
+        try:
+            import io
+
+            from PIL import Image
+        except ImportError as exc:
+            raise AgentGymError(f"Only 8-bit PNG images can be read without Pillow (got {head[5:-7]}); "
+                                "pip install pillow.") from exc
+        try:
+            with Image.open(io.BytesIO(data)) as img:
+                return cls.from_array(np.asarray(img.convert("RGB")))
+        except Exception as exc:  # noqa: BLE001 - any decoder failure is a bad image from the client
+            raise AgentGymError(f"The image could not be decoded ({type(exc).__name__}: {exc}).") from exc
+
+    @classmethod
     def from_dict(cls, d: Mapping[str, Any], root: str | Path | None = None) -> ImageRef:
         """The reference stored by :meth:`to_dict`; ``root`` is the folder its ``path`` is relative to."""
         try:

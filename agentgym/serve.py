@@ -347,13 +347,22 @@ def _parse_sampling(body: Mapping[str, Any], *, max_tokens_key: str = "max_token
     )
 
 
-def _message_text(content: Any, index: int) -> str | None:
-    """Flatten OpenAI content (a string or a list of text parts) to the string chat templates expect."""
+def _message_text(content: Any, index: int, vision: bool = False) -> str | list[dict[str, Any]] | None:
+    """Flatten OpenAI content (a string or a list of text parts) to the string chat templates expect; for a vision
+    model, content with ``image_url`` parts (data URIs) becomes agentgym content parts (text and
+    ``{"type": "image", "image": ImageRef}``), which its processor's template renders."""
     if content is None or isinstance(content, str):
         return content
+    if vision and isinstance(content, list) and any(isinstance(p, Mapping) and p.get("type") == "image_url"
+                                                    for p in content):
+        return _vision_parts(content, index)
     if isinstance(content, list):
         parts = []
         for part in content:
+            if isinstance(part, Mapping) and part.get("type") == "image_url":
+                raise APIError(f"messages[{index}].content has an image, but this server's model reads text only; "
+                               "serve a vision-language model (a directory with its processor) or send text.",
+                               param=f"messages[{index}].content", code="images_unsupported")
             if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
                 raise APIError(
@@ -366,7 +375,29 @@ def _message_text(content: Any, index: int) -> str | None:
                    param=f"messages[{index}].content")
 
 
-def _parse_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _vision_parts(content: list[Any], index: int) -> list[dict[str, Any]]:
+    """Text and image parts of one message for a vision model; images must be inline data URIs."""
+    from agentgym.images import ImageRef
+
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+        if kind == "text" and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind == "image_url":
+            url = part.get("image_url")
+            url = url.get("url") if isinstance(url, Mapping) else url
+            try:
+                parts.append({"type": "image", "image": ImageRef.from_data_uri(str(url))})
+            except AgentGymError as exc:
+                raise APIError(f"messages[{index}].content[{j}]: {exc}", param=f"messages[{index}].content") from exc
+        else:
+            raise APIError(f"messages[{index}].content[{j}]: only text and image_url parts are supported, got "
+                           f"{kind!r}.", param=f"messages[{index}].content")
+    return parts
+
+
+def _parse_messages(body: Mapping[str, Any], vision: bool = False) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise APIError("'messages' must be a non-empty list of {'role', 'content'} objects.", param="messages")
@@ -382,7 +413,7 @@ def _parse_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
                 f"{did_you_mean(str(role), _ROLES)}", param=f"messages[{i}].role",
             )
         clean = dict(msg)
-        clean["content"] = _message_text(msg.get("content"), i)
+        clean["content"] = _message_text(msg.get("content"), i, vision)
         if clean["content"] is None and not msg.get("tool_calls"):
             raise APIError(f"messages[{i}].content is missing.", param=f"messages[{i}].content")
         out.append(clean)
@@ -431,6 +462,8 @@ class _Job:
     future: asyncio.Future[Generation] = field(repr=False)
     #: Set when the client no longer waits; the policy then stops the row at its next decoding step.
     cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    #: The images whose tokens ``prompt_ids`` hold (a vision model's chat request), in order.
+    images: list[Any] = field(default_factory=list, repr=False)
 
 
 def _accepts_cancelled(policy: Any) -> bool:
@@ -481,7 +514,8 @@ class _Batcher:
             self._executor = None
 
     async def submit(self, prompts: Sequence[list[int]],
-                     sampling: SamplingParams | Sequence[SamplingParams]) -> list[Generation]:
+                     sampling: SamplingParams | Sequence[SamplingParams],
+                     images: Sequence[list[Any]] | None = None) -> list[Generation]:
         """Queue one request's sequences (one sampling for all, or one per sequence) and wait for them, in order.
 
         If the caller is cancelled (its client disconnected), queued sequences are skipped and running ones
@@ -496,7 +530,8 @@ class _Batcher:
             )
         loop = asyncio.get_running_loop()
         samplings = [sampling] * len(prompts) if isinstance(sampling, SamplingParams) else list(sampling)
-        jobs = [_Job(list(p), sp, loop.create_future()) for p, sp in zip(prompts, samplings, strict=True)]
+        jobs = [_Job(list(p), sp, loop.create_future(), images=list(images[i]) if images else [])
+                for i, (p, sp) in enumerate(zip(prompts, samplings, strict=True))]
         for job in jobs:
             self._queue.put_nowait(job)
         self.stats.queued = self._queue.qsize()
@@ -523,10 +558,11 @@ class _Batcher:
         """One ``policy.generate`` call (in the worker thread)."""
         prompts = [job.prompt_ids for job in batch]
         samplings = [job.sampling for job in batch]
+        extra: dict[str, Any] = {"images": [job.images for job in batch]} if any(job.images for job in batch) else {}
         if self._cancellable:
-            generations = self.policy.generate(prompts, samplings, cancelled=[job.cancel for job in batch])
+            generations = self.policy.generate(prompts, samplings, cancelled=[job.cancel for job in batch], **extra)
         else:
-            generations = self.policy.generate(prompts, samplings)
+            generations = self.policy.generate(prompts, samplings, **extra)
         if len(generations) != len(batch):
             raise RuntimeError(f"policy.generate returned {len(generations)} generations for {len(batch)} prompts")
         return list(generations)
@@ -598,14 +634,20 @@ class _Batcher:
 # ---- the app ---------------------------------------------------------------------------------------
 
 
-def _max_model_len(policy: Any) -> int | None:
+def _text_config(policy: Any) -> Any:
+    """The language model's config (a vision-language model nests it as its text config)."""
     config = getattr(getattr(policy, "model", None), "config", None)
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def _max_model_len(policy: Any) -> int | None:
+    config = _text_config(policy)
     value = getattr(config, "max_position_embeddings", None)
     return int(value) if isinstance(value, int) and value > 0 else None
 
 
 def _vocab_size(policy: Any) -> int | None:
-    config = getattr(getattr(policy, "model", None), "config", None)
+    config = _text_config(policy)
     sizes = [getattr(config, "vocab_size", None)]
     tokenizer = getattr(policy, "tokenizer", None)
     if tokenizer is not None:
@@ -752,7 +794,7 @@ class _Server:
 
     # -- generation --
     async def _submit(self, prompts: list[list[int]], s: _Sampling, max_tokens: list[int], top_logprobs: int,
-                      seed: int | None) -> list[Generation]:
+                      seed: int | None, images: list[list[Any]] | None = None) -> list[Generation]:
         # Sequences of one request share sampling params except max_tokens (context left differs per prompt).
         by_limit: dict[int, list[int]] = {}
         for i, m in enumerate(max_tokens):
@@ -766,7 +808,8 @@ class _Server:
         for limit, indices in by_limit.items():
             params = [SamplingParams(max_tokens=limit, temperature=s.temperature, top_p=s.top_p, stop=s.stop,
                                      seed=seeds[i], top_logprobs=top_logprobs) for i in indices]
-            calls.append((indices, self.batcher.submit([prompts[i] for i in indices], params)))
+            calls.append((indices, self.batcher.submit([prompts[i] for i in indices], params,
+                                                       [images[i] for i in indices] if images else None)))
         results = await asyncio.gather(*(c for _, c in calls))
         for (indices, _), gens in zip(calls, results):
             for i, gen in zip(indices, gens):
@@ -774,7 +817,7 @@ class _Server:
         return [g for g in out if g is not None]
 
     async def generate(self, prompts: list[list[int]], s: _Sampling, max_tokens: list[int],
-                       top_logprobs: int = 0) -> list[_Output]:
+                       top_logprobs: int = 0, images: list[list[Any]] | None = None) -> list[_Output]:
         """``s.n`` independent samples per prompt (choice ``i * n + j`` is prompt i's sample j), post-processed.
 
         Each copy gets its own seed derived from the request's (independent samples), and the policy samples per
@@ -782,9 +825,10 @@ class _Server:
         """
         seqs = [p for p in prompts for _ in range(s.n)]
         limits = [m for m in max_tokens for _ in range(s.n)]
-        gens = await self._submit(seqs, s, limits, top_logprobs, s.seed)
+        seq_images = [i for i in images for _ in range(s.n)] if images else None
+        gens = await self._submit(seqs, s, limits, top_logprobs, s.seed, seq_images)
         if s.ignore_eos:
-            gens = await self._continue_past_eos(seqs, gens, s, limits, top_logprobs)
+            gens = await self._continue_past_eos(seqs, gens, s, limits, top_logprobs, seq_images)
         return [self.finish(g, s) for g in gens]
 
     def _ended_on_eos(self, gen: Generation, s: _Sampling) -> bool:
@@ -794,7 +838,8 @@ class _Server:
                 and not any(t in s.stop_token_ids for t in ids))
 
     async def _continue_past_eos(self, prompts: list[list[int]], gens: list[Generation], s: _Sampling,
-                                 limits: list[int], top_logprobs: int) -> list[Generation]:
+                                 limits: list[int], top_logprobs: int,
+                                 images: list[list[Any]] | None = None) -> list[Generation]:
         """``ignore_eos``: a row that ended on an end-of-turn token goes on from prompt + output (the token kept in
         context, as vLLM does) until ``max_tokens``; each continuation is one more generation of that row."""
         gens = list(gens)
@@ -807,7 +852,8 @@ class _Server:
             # A different seed per continuation: the same one would replay the random numbers of the first part.
             seed = None if s.seed is None else (s.seed * 1_000_003 + len(made[0])) % (1 << 63)
             more = await self._submit([prompts[i] + m for i, m in zip(todo, made)], s,
-                                      [limits[i] - len(m) for i, m in zip(todo, made)], top_logprobs, seed)
+                                      [limits[i] - len(m) for i, m in zip(todo, made)], top_logprobs, seed,
+                                      [images[i] for i in todo] if images else None)
             for i, extra in zip(todo, more):
                 gens[i] = self._join(gens[i], extra)
 
@@ -1011,8 +1057,14 @@ class _Server:
         yield _SSE_DONE
 
     # -- /v1/chat/completions --
-    def render_chat(self, body: Mapping[str, Any]) -> list[int]:
-        messages = _parse_messages(body)
+    def render_chat(self, body: Mapping[str, Any]) -> tuple[list[int], list[Any]]:
+        """The prompt ids of a chat request and the images whose tokens they hold (a vision model's processor
+        expands each image's placeholder exactly as the ChatAgent does)."""
+        from agentgym.images import image_parts
+
+        processor = getattr(self.policy, "processor", None)
+        messages = _parse_messages(body, vision=processor is not None)
+        images = [image for m in messages for image in image_parts(m.get("content"))]
         if not getattr(self.tokenizer, "chat_template", None):
             raise APIError("This model's tokenizer has no chat template; use /v1/completions with a raw prompt.",
                            param="messages", code="no_chat_template")
@@ -1021,6 +1073,8 @@ class _Server:
         if not isinstance(template_kwargs, Mapping):
             raise APIError("'chat_template_kwargs' must be an object.", param="chat_template_kwargs")
         add_generation_prompt = _get_bool(body, "add_generation_prompt", True)
+        if getattr(processor, "chat_template", None):  # the template that renders image parts
+            template_kwargs = {"chat_template": processor.chat_template, **dict(template_kwargs)}
         try:
             text = self.tokenizer.apply_chat_template(
                 messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt,
@@ -1029,9 +1083,14 @@ class _Server:
         except Exception as exc:
             raise APIError(f"The chat template rejected the messages: {exc}", param="messages") from exc
         # The template already holds any BOS; encoding it again must not add another (what ChatAgent does too).
-        ids = list(self.tokenizer.encode(text, add_special_tokens=_get_bool(body, "add_special_tokens", False)))
+        add_special = _get_bool(body, "add_special_tokens", False)
+        if images:
+            encoded = processor(text=[text], images=[image.array() for image in images], add_special_tokens=add_special)
+            ids = [int(t) for t in encoded["input_ids"][0]]
+        else:
+            ids = list(self.tokenizer.encode(text, add_special_tokens=add_special))
         self.check_prompt_ids(ids, "messages")
-        return ids
+        return ids, images
 
     def tool_calls(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
         """Hermes ``<tool_call>`` blocks of the reply as OpenAI tool calls, and the text outside them.
@@ -1073,13 +1132,14 @@ class _Server:
         s = _parse_sampling(body, max_tokens_key=key, default_max_tokens=None)
         parse_tools = _tool_choice(body, _parse_tools(body)) != "none"
         self.check_n(s.n, 1)
-        prompt_ids = await self.off_loop(self.render_chat, body)
+        prompt_ids, images = await self.off_loop(self.render_chat, body)
         max_tokens = self.resolve_max_tokens(s.max_tokens, len(prompt_ids), "messages")
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         k = top_logprobs if want_logprobs else None
         if s.stream:
-            return self._stream_chat(prompt_ids, s, max_tokens, k, want_logprobs, parse_tools, rid, created)
-        outs = await self.generate([prompt_ids], s, [max_tokens], top_logprobs=top_logprobs or 0)
+            return self._stream_chat(prompt_ids, s, max_tokens, k, want_logprobs, parse_tools, rid, created, images)
+        outs = await self.generate([prompt_ids], s, [max_tokens], top_logprobs=top_logprobs or 0,
+                                   images=[images] if images else None)
         choices = []
         for i, out in enumerate(outs):
             message: dict[str, Any] = {"role": "assistant", "content": out.text}
@@ -1104,7 +1164,8 @@ class _Server:
         return response
 
     async def _stream_chat(self, prompt_ids: list[int], s: _Sampling, max_tokens: int, top_logprobs: int | None,
-                           want_logprobs: bool, parse_tools: bool, rid: str, created: int) -> AsyncIterator[str]:
+                           want_logprobs: bool, parse_tools: bool, rid: str, created: int,
+                           images: list[Any] | None = None) -> AsyncIterator[str]:
         head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
         prompt_tokens = len(prompt_ids)
         sent = 0
@@ -1131,7 +1192,8 @@ class _Server:
             else:
                 yield chunk(c, {"role": "assistant", "content": ""})
         try:
-            outs = await self.generate([prompt_ids], s, [max_tokens], top_logprobs=top_logprobs or 0)
+            outs = await self.generate([prompt_ids], s, [max_tokens], top_logprobs=top_logprobs or 0,
+                                       images=[images] if images else None)
         except APIError as exc:
             yield _sse({"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}})
             yield _SSE_DONE
@@ -1465,6 +1527,7 @@ def run_server(
     port: int = 8000,
     model_name: str | None = None,
     max_batch_size: int = 32,
+    record_dir: str | Path | None = None,
 ) -> None:
     """Serve a local HF model directory until interrupted (what ``agentgym serve`` runs).
 
@@ -1474,6 +1537,7 @@ def run_server(
         port: TCP port.
         model_name: Id clients send as ``model``; defaults to the directory's name.
         max_batch_size: Most sequences per forward batch.
+        record_dir: Put the recording gateway (:mod:`agentgym.gateway`) in front and write sessions here.
     """
     path = _check_model_dir(model_dir)
     if not 0 <= port <= 65535:
@@ -1481,6 +1545,11 @@ def run_server(
     uvicorn = _import_uvicorn()
     name = model_name or _served_name(model_dir, path)
     app = create_app(_load_policy(path), model_name=name, max_batch_size=max_batch_size)
+    if record_dir is not None:
+        from agentgym.gateway import create_gateway_app
+
+        app = create_gateway_app(app, record_dir)
+        logger.info("Recording sessions in %s (name each session: see agentgym.gateway)", record_dir)
     logger.info("Serving %s as %r on http://%s:%d/v1", path, name, host, port)
     uvicorn.run(app, host=host, port=port, log_level="info")
 
@@ -1492,13 +1561,16 @@ class ServerThread:
     known before the thread starts and no other process can take it in between.
 
     Args:
-        model_dir_or_policy: A model directory, or an already loaded policy (tests reuse one model).
+        model_dir_or_policy: A model directory, or an already loaded policy (tests reuse one model), or a ready
+            FastAPI app (e.g. the recording gateway in front of a remote server), served as it is.
         host: Interface to bind.
         port: TCP port; 0 picks a free one.
         model_name: Id clients send as ``model``; defaults to the directory's name or ``policy.name``.
         max_batch_size: Most sequences per forward batch.
         batch_window_s: See :func:`create_app`.
         startup_timeout_s: How long :meth:`start` waits for ``/v1/models`` to answer.
+        record_dir: Put the recording gateway (:mod:`agentgym.gateway`) in front of the model and write sessions
+            here (``app.state.gateway`` opens sessions from Python).
 
     Attributes:
         app: The FastAPI app (``app.state.stats`` counts batches).
@@ -1515,8 +1587,11 @@ class ServerThread:
         max_batch_size: int = 32,
         batch_window_s: float = 0.005,
         startup_timeout_s: float = 60.0,
+        record_dir: str | Path | None = None,
     ) -> None:
-        if isinstance(model_dir_or_policy, (str, Path)):
+        if isinstance(model_dir_or_policy, FastAPI):
+            self.policy, name = getattr(model_dir_or_policy.state, "policy", None), model_name or "model"
+        elif isinstance(model_dir_or_policy, (str, Path)):
             path = _check_model_dir(model_dir_or_policy)
             self.policy = _load_policy(path)
             name = model_name or _served_name(model_dir_or_policy, path)
@@ -1527,8 +1602,15 @@ class ServerThread:
         self.host = host
         self.port = port
         self.startup_timeout_s = startup_timeout_s
-        self.app = create_app(self.policy, model_name=name, max_batch_size=max_batch_size,
-                              batch_window_s=batch_window_s)
+        if isinstance(model_dir_or_policy, FastAPI):
+            self.app = model_dir_or_policy
+        else:
+            self.app = create_app(self.policy, model_name=name, max_batch_size=max_batch_size,
+                                  batch_window_s=batch_window_s)
+        if record_dir is not None:
+            from agentgym.gateway import create_gateway_app
+
+            self.app = create_gateway_app(self.app, record_dir)
         self.base_url = ""
         self._server: Any = None
         self._thread: threading.Thread | None = None

@@ -327,3 +327,33 @@ def test_vlm_rollout_records_images_by_reference_and_a_grpo_step_trains_on_them(
     assert torch.isfinite(loss)
     assert vision_grad > 0, "the loss reaches the vision tower through the image tokens"
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+
+
+def test_serve_takes_image_parts_for_a_vlm_with_the_openai_client(vlm: Any) -> None:
+    openai = pytest.importorskip("openai")
+    pytest.importorskip("fastapi")
+    from agentgym.serve import serve_in_background
+
+    image = ImageRef.from_array(_pixels(7))
+    agent = ChatAgent(vlm.tokenizer, images=True, processor=vlm.processor)
+    agent.start("Act.", "what do you see?", images=[image])
+    content = [{"type": "text", "text": "what do you see?"},
+               {"type": "image_url", "image_url": {"url": image.data_uri()}}]
+    with serve_in_background(vlm, model_name="tiny-vlm") as base_url:
+        client = openai.OpenAI(base_url=base_url, api_key="EMPTY")
+        reply = client.chat.completions.create(
+            model="tiny-vlm", messages=[{"role": "system", "content": "Act."}, {"role": "user", "content": content}],
+            max_tokens=5, temperature=0, extra_body={"return_token_ids": True})
+        choice = reply.choices[0]
+        # The server expands the image exactly as the ChatAgent does, and samples what HFPolicy samples in-process.
+        assert (reply.model_extra or {})["prompt_token_ids"] == agent.token_ids
+        local = vlm.generate([agent.token_ids], SamplingParams(max_tokens=5, temperature=0), images=[[image]])[0]
+        assert (choice.model_extra or {})["token_ids"] == list(local.token_ids)
+        assert choice.message.content == local.text
+        with pytest.raises(openai.BadRequestError, match="data:image"):
+            client.chat.completions.create(model="tiny-vlm", max_tokens=2, messages=[{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "http://example.com/cat.png"}}]}])
+    from agentgym.serve import APIError, _message_text
+
+    with pytest.raises(APIError, match="reads text only"):
+        _message_text(content, 1, vision=False)
