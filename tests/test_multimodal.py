@@ -357,3 +357,24 @@ def test_serve_takes_image_parts_for_a_vlm_with_the_openai_client(vlm: Any) -> N
 
     with pytest.raises(APIError, match="reads text only"):
         _message_text(content, 1, vision=False)
+
+
+@pytest.mark.skipif(not __import__("tests.browsers", fromlist=["HAVE_BROWSER"]).HAVE_BROWSER,
+                    reason="needs Chromium (apt-get install chromium) and playwright")
+def test_a_miniwob_episode_with_the_tiny_vlm(vlm: Any, tmp_path: Path) -> None:
+    if "agentgym/MiniWoB-v0" not in gym.registry:
+        gym.register(id="agentgym/MiniWoB-v0", entry_point="agentgym.envs.gui.env:MiniWoBEnv")
+    config = RolloutConfig(progress=False, sampling=SamplingParams(max_tokens=8, seed=0), step_timeout_s=60)
+    spec = EpisodeSpec("agentgym/MiniWoB-v0", seed=0, env_kwargs={"task_id": "click-button", "max_turns": 2})
+    out = tmp_path / "trajectories.jsonl"
+    with TrajectoryWriter(out) as writer:
+        [traj] = RolloutEngine(vlm, config).run([spec], writer=writer)
+    assert traj.error is None and traj.has_tokens and len(traj.turns) == 2, traj.error
+    image_id = vlm.tokenizer.convert_tokens_to_ids("<image>")
+    for turn in traj.turns:
+        [image] = turn.images
+        assert (image.width, image.height) == (160, 210) and (tmp_path / image.path).is_file()
+        assert turn.prompt_token_ids.count(image_id) == 4  # the screenshot, resized to 28x28: 2x2 patches
+    [back] = list(read_trajectories(out))
+    assert back.turns[0].images[0].array().shape == (210, 160, 3)
+    assert "base64" not in out.read_text()
