@@ -1,6 +1,9 @@
 """Data parallelism (torch DDP over gloo, 2 CPU processes): the update with 2 ranks equals the single-process update
 on the union of their data, a rank whose episodes all errored neither hangs nor changes the result, the number of
-optimizer steps is exactly ``ppo_epochs x mini_batches``, and the whole loop runs under ``torchrun``.
+optimizer steps is exactly ``ppo_epochs x mini_batches``, and the whole loop runs under ``torchrun``. The same for
+ArCHer and filtered BC: two steps on 2 ranks leave the actor, the critic and the target critic as one process
+leaves them, also when all of one rank's episodes errored, and an ArCHer run writes its replay buffer once and
+resumes under ``torchrun``.
 
 The worker is this file itself: ``torchrun tests/test_data_parallel.py CASES OUT`` runs each case on every rank and
 saves the parameters; pytest runs the same cases in one process on the data every rank held and compares. Every
@@ -212,5 +215,155 @@ def test_whole_loop_runs_data_parallel_with_gloo(two_ranks: Path, model_dir: Pat
     assert [m["train/episodes_seen"] for m in metrics if "train/episodes_seen" in m][-1] == 2 * 2 * 4
 
 
-if __name__ == "__main__":  # a rank under torchrun: CASES MODEL_DIR OUT
-    _worker(sys.argv[1].split(","), sys.argv[2], sys.argv[3])
+# ---- ArCHer and filtered BC ------------------------------------------------------------------------------------
+#: name -> trainer, each step's data per rank (letters as in CASES) and config overrides. ``batch_size: 1`` leaves
+#: rank 1 without rows in every micro-batch (zero-weight passes); 5 rows split 3 + 2.
+REPLAY_CASES: dict[str, dict[str, Any]] = {
+    "archer": {"trainer": "archer", "steps": [["A", "B"], ["S", "A"]],
+               "config": {"batch_size": 5, "grad_accum_steps": 2, "critic_steps": 2, "actor_steps": 2}},
+    "archer_errored": {"trainer": "archer", "steps": [["E", "A"], ["E", "B"]],
+                       "config": {"batch_size": 1, "grad_accum_steps": 2, "critic_steps": 2, "actor_steps": 1}},
+    "filtered_bc": {"trainer": "filtered_bc", "steps": [["A", "B"], ["S", "A"]],
+                    "config": {"batch_size": 5, "grad_accum_steps": 2, "actor_steps": 2, "quantile": 0.5}},
+    "filtered_bc_errored": {"trainer": "filtered_bc", "steps": [["A", "E"], ["B", "E"]],
+                            "config": {"batch_size": 3, "actor_steps": 2, "quantile": 0.5}},
+}
+
+
+def _replay_config(trainer: str, model_dir: str, out: str, **overrides: Any) -> Any:
+    from agentgym.trainers.archer import ArcherConfig
+    from agentgym.trainers.filtered_bc import FilteredBCConfig
+
+    values: dict[str, Any] = dict(model=model_dir, suite=SUITE, output_dir=out, steps=2, tasks_per_step=2,
+                                  actor_warmup_steps=0, eval_tasks=2, eval_every=0, checkpoint_every=0,
+                                  system_prompt="", max_tokens_per_turn=6, max_context_tokens=128, tensorboard=False,
+                                  learning_rate=1e-3, seed=0)
+    if trainer == "archer":
+        values.update(critic_max_tokens=48, critic_learning_rate=1e-3, tau=0.5)
+    values.update(overrides)
+    return (ArcherConfig if trainer == "archer" else FilteredBCConfig)(**values)
+
+
+def run_replay_updates(trainer_name: str, model_dir: str, out: str, steps: list[str], **config: Any) -> dict[str, Any]:
+    """``_learn`` of ArCHer or filtered BC on each step's trajectories (``steps``: the data letters of each step),
+    with the optimizers and initial critic of ``train()``, in whatever world this process is in."""
+    from agentgym.trainers.archer import ArcherTrainer
+    from agentgym.trainers.filtered_bc import FilteredBCTrainer
+    from agentgym.trainers.seeding import mix_seed
+
+    cfg = _replay_config(trainer_name, model_dir, out, **config)
+    trainer = (ArcherTrainer if trainer_name == "archer" else FilteredBCTrainer)(cfg)
+    trainer.model, trainer.tokenizer = trainer._load(model_dir)
+    trainer.optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=cfg.learning_rate)
+    trainer.scheduler = trainer._schedule(trainer.optimizer)
+    trainer.policy = trainer._generation_policy(Path(model_dir))
+    torch.manual_seed(mix_seed(cfg.seed, 17))
+    trainer._setup(None)
+    initial_critic = _flat(trainer.critic).double() if trainer_name == "archer" else None
+    stats = [trainer._learn(step, [t for kind in data for t in _trajectories(kind)]) for step, data in enumerate(steps)]
+    result = {"actor": _flat(trainer.model).double(), "stats": stats}
+    if trainer_name == "archer":
+        result.update(critic=_flat(trainer.critic).double(), initial_critic=initial_critic, target=_flat(trainer.target_critic).double(),
+                      replay=[t.to_dict() for t in trainer.replay])
+    else:
+        result["replay"] = [t.to_dict() for t in trainer.pool]
+    return result
+
+
+def _replay_worker(cases: list[str], model_dir: str, out: str) -> None:
+    """Under torchrun: every replay case on this rank's data; then two steps of the whole ArCHer loop (a checkpoint
+    after each), and the same run resumed from its step-1 checkpoint, as a relaunch after a crash would."""
+    import shutil
+
+    from agentgym.trainers.archer import ArcherTrainer
+
+    rank = int(os.environ["RANK"])
+    for case in cases:
+        spec = REPLAY_CASES[case]
+        result = run_replay_updates(spec["trainer"], model_dir, os.path.join(out, f"{case}-run"),
+                                    [data[rank] for data in spec["steps"]], **spec["config"])
+        torch.save(result, os.path.join(out, f"{case}-rank{rank}.pt"))
+    run = Path(out) / "archer-loop"
+    config = _replay_config("archer", model_dir, str(run), checkpoint_every=1, batch_size=3, critic_steps=1,
+                            actor_steps=1)
+    trainer = ArcherTrainer(config)
+    trainer.train()
+    trainer.world.barrier()  # rank 0 has written the final checkpoint
+    torch.save({"actor": _flat(trainer.model), "critic": _flat(trainer.critic), "replay": len(trainer.replay)},
+               os.path.join(out, f"archer-loop-rank{rank}.pt"))
+    if rank == 0:
+        shutil.copy(run / "replay.jsonl", Path(out) / "replay-uninterrupted.jsonl")
+        (run / "checkpoints" / "latest").write_text("step-000001", encoding="utf-8")
+    trainer.world.barrier()
+    resumed = ArcherTrainer(config)
+    resumed.train()
+    torch.save({"actor": _flat(resumed.model), "critic": _flat(resumed.critic), "replay": len(resumed.replay)},
+               os.path.join(out, f"archer-resumed-rank{rank}.pt"))
+
+
+@pytest.fixture(scope="module")
+def two_ranks_replay(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every ArCHer / filtered-BC case and the ArCHer loop on 2 gloo ranks (one launch)."""
+    out = tmp_path_factory.mktemp("ddp-replay")
+    torchrun([str(Path(__file__).resolve()), "replay", ",".join(REPLAY_CASES), str(model_dir), str(out)])
+    return out
+
+
+@pytest.mark.parametrize("case", list(REPLAY_CASES))
+def test_archer_and_filtered_bc_on_two_ranks_equal_one_process(two_ranks_replay: Path, model_dir: Path,
+                                                                tmp_path: Path, case: str) -> None:
+    """Two steps on 2 ranks: the same buffer on both ranks and in one process, and the same actor, critic and
+    target critic (to float rounding: the ranks sum two shares of each micro-batch's gradient)."""
+    spec = REPLAY_CASES[case]
+    ranks = [torch.load(two_ranks_replay / f"{case}-rank{r}.pt", weights_only=False) for r in (0, 1)]
+    single = run_replay_updates(spec["trainer"], str(model_dir), str(tmp_path), ["".join(d) for d in spec["steps"]],
+                                **spec["config"])
+    assert ranks[0]["replay"] == ranks[1]["replay"] == single["replay"], "every rank must hold the single-process buffer"
+    sizes = {"A": 5, "B": 6, "E": 4, "S": 2}  # episodes per letter (_trajectories); E's all errored
+    named = set()
+    for step, data in enumerate(spec["steps"]):  # episodes are named by their index in the whole step
+        letters = "".join(data)
+        named |= {f"{step}:{k}" for k, kind in enumerate(c for c in letters for _ in range(sizes[c])) if kind != "E"}
+    assert {t["episode"] for t in single["replay"]} == named
+    from transformers import AutoModelForCausalLM
+
+    before = _flat(AutoModelForCausalLM.from_pretrained(model_dir)).double()
+    assert not torch.allclose(single["actor"], before), "the updates must change the actor"
+    if spec["trainer"] == "archer":
+        assert not torch.allclose(single["critic"], single["initial_critic"]), "and the critic"
+    for key in ("actor", "critic", "target") if spec["trainer"] == "archer" else ("actor",):
+        assert torch.equal(ranks[0][key], ranks[1][key]), f"ranks must hold identical {key} parameters"
+        assert torch.allclose(ranks[0][key], single[key], atol=1e-5, rtol=0), \
+            (key, float((ranks[0][key] - single[key]).abs().max()))
+    for mine, theirs in zip(ranks[0]["stats"], single["stats"]):  # metrics are global, not rank 0's share
+        for key in ("critic/loss", "actor/loss", "replay/size", "pool/turns", "actor/advantage_mean"):
+            if key in theirs:
+                assert mine[key] == pytest.approx(theirs[key], abs=1e-4), key
+
+
+def test_archer_loop_writes_its_buffer_once_and_resumes_under_torchrun(two_ranks_replay: Path) -> None:
+    """The whole ArCHer loop on 2 ranks: identical weights, every turn of every rank in the buffer once (only rank 0
+    writes replay.jsonl), and resumed from its step-1 checkpoint (rank 0 rolls the file back, rank 1 reads it)
+    it ends with the buffer and the weights of the uninterrupted run."""
+    run = two_ranks_replay / "archer-loop"
+    straight = [torch.load(two_ranks_replay / f"archer-loop-rank{r}.pt") for r in (0, 1)]
+    resumed = [torch.load(two_ranks_replay / f"archer-resumed-rank{r}.pt") for r in (0, 1)]
+    for key in ("actor", "critic"):
+        assert torch.equal(straight[0][key], straight[1][key]) and torch.equal(resumed[0][key], resumed[1][key])
+        assert torch.allclose(resumed[0][key], straight[0][key], atol=1e-6, rtol=0), key
+    first = [json.loads(line) for line in (two_ranks_replay / "replay-uninterrupted.jsonl").read_text().splitlines()]
+    assert len(first) == straight[0]["replay"] == straight[1]["replay"] > 0
+    assert len({(r["episode"], r["turn"]) for r in first}) == len(first), "each turn is written once"
+    assert {r["episode"].split(":")[0] for r in first} == {"0", "1"}
+    assert {int(r["episode"].split(":")[1]) for r in first if r["episode"].startswith("0:")} == {0, 1}, \
+        "both ranks' episodes are stored"
+    assert [json.loads(line) for line in (run / "replay.jsonl").read_text().splitlines()] == first
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["resumed_from"].endswith("step-000001") and summary["episodes"] == 2 * 2
+
+
+if __name__ == "__main__":  # a rank under torchrun: [replay] CASES MODEL_DIR OUT
+    if sys.argv[1] == "replay":
+        _replay_worker(sys.argv[2].split(","), sys.argv[3], sys.argv[4])
+    else:
+        _worker(sys.argv[1].split(","), sys.argv[2], sys.argv[3])

@@ -15,6 +15,11 @@ Every critic input is text decoded from token ids with special tokens kept, for 
 states alike, so Q is read on the same kind of text it was fit on. Gradients are averaged over
 ``grad_accum_steps`` micro-batches (project decision; the reference code sums them, so its ``lr`` equals ours
 divided by ``grad_accum_steps``). The math lives in :mod:`agentgym.trainers.algorithms.archer`.
+
+Under ``torchrun`` every rank holds the same buffer and splits each micro-batch's rows with the others, the critic
+and the actor both in DistributedDataParallel with summed gradients (:mod:`agentgym.trainers.replay_actor` says
+why this is the single-process update); the target critic is never trained, so each rank Polyak-averages its own
+copy towards identical online weights.
 """
 
 from __future__ import annotations
@@ -28,8 +33,8 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from agentgym.trainers.algorithms import archer as alg
-from agentgym.trainers.replay import ReplayBuffer
-from agentgym.trainers.replay_actor import ReplayActorConfig, ReplayActorTrainer
+from agentgym.trainers.distributed import data_parallel
+from agentgym.trainers.replay_actor import ReplayActorConfig, ReplayActorTrainer, gather_rows, sync_on_last
 from agentgym.trainers.seeding import mix_seed
 from agentgym.trajectory import Trajectory
 
@@ -111,7 +116,7 @@ class ArcherTrainer(ReplayActorTrainer):
         for p in self.target_critic.parameters():
             p.requires_grad_(False)
         self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_learning_rate)
-        self.replay = ReplayBuffer(self.output_dir / "replay.jsonl", capacity=cfg.replay_capacity)
+        self.replay = self._store("replay.jsonl", cfg.replay_capacity)
         if resume_from is not None:
             blob = torch.load(resume_from / "critic.pt", weights_only=False)
             self.critic.load_state_dict(blob["critic"])
@@ -146,70 +151,101 @@ class ArcherTrainer(ReplayActorTrainer):
             stats["time/actor_s"] = time.perf_counter() - t0
         return stats
 
+    def _critic_module(self) -> Any:
+        """The online critic in DistributedDataParallel (gradients summed) when data-parallel; built once per
+        critic, at the first critic pass, which every rank reaches at the same point."""
+        cached = getattr(self, "_trained_critic", None)
+        if cached is None or cached[0] is not self.critic:
+            cached = (self.critic, data_parallel(self.critic, self.world))
+            self._trained_critic = cached
+        return cached[1]
+
     def _critic_phase(self, iteration: int, generator: torch.Generator) -> dict[str, float]:
         cfg = self.config
-        losses, norms, q_means, v_means = [], [], [], []
-        fitted, returns = [], []  # min(Q1, Q2) at buffer actions vs their Monte-Carlo returns (diagnostic)
+        norms, losses = [], []
+        rows: dict[str, list[torch.Tensor]] = {"q": [], "v": [], "fitted": [], "returns": []}
+        critic = self._critic_module()
         self.critic.train()
         params = [p for p in self.critic.parameters() if p.requires_grad]
         for step in range(cfg.critic_steps):
             self.critic_optimizer.zero_grad(set_to_none=True)
             total = 0.0
             for micro in range(cfg.grad_accum_steps):
-                b = self.replay.sample(cfg.batch_size, generator)
-                fresh = self._sample_utterances([t.state_ids for t in b], mix_seed(cfg.seed, iteration, 3, step, micro))
-                fresh_text = [self._decode(a) for a in fresh]
-                with torch.no_grad():
-                    h_next = self.target_critic.encode([t.next_state for t in b])
-                    h_s_bar = self.target_critic.encode([t.state for t in b])
-                    y_q = alg.td_targets(torch.tensor([t.reward for t in b]), self.target_critic.v_values(h_next),
-                                         torch.tensor([t.terminated for t in b]), torch.tensor([t.truncated for t in b]),
-                                         gamma=cfg.gamma, bootstrap_truncated=cfg.bootstrap_truncated)
-                    y_v = self.target_critic.q_values(h_s_bar, self.target_critic.encode(fresh_text))
-                # Buffer and fresh actions reach the critic as the same kind of text: decoded from their ids
-                # (special tokens kept), as the states are; Q fit on stripped text but read on raw text
-                # would judge fresh samples on inputs it never saw.
-                actions = [self._decode(t.action_ids) if t.action_ids else t.action for t in b]
-                q, v = self.critic([t.state for t in b], actions)
-                loss = alg.archer_critic_loss(q, v, y_q.to(q.device), y_v.to(q.device)) / cfg.grad_accum_steps
-                loss.backward()
+                b = self.replay.sample(cfg.batch_size, generator)  # the whole micro-batch, the same on every rank
+                mine = self.world.shard(range(len(b)))
+                with sync_on_last(critic, micro, cfg.grad_accum_steps):
+                    if not mine:  # fewer rows than ranks: a zero-weight pass joins the gradient all-reduce
+                        q, v = critic([b[0].state], [b[0].action])
+                        (q.sum() + v.sum()).mul(0.0).backward()
+                        continue
+                    own = [b[i] for i in mine]
+                    seeds = [mix_seed(cfg.seed, iteration, 3, step, micro, i) for i in mine]
+                    fresh_text = [self._decode(a) for a in self._sample_utterances([t.state_ids for t in own], seeds)]
+                    with torch.no_grad():
+                        h_next = self.target_critic.encode([t.next_state for t in own])
+                        h_s_bar = self.target_critic.encode([t.state for t in own])
+                        y_q = alg.td_targets(torch.tensor([t.reward for t in own]), self.target_critic.v_values(h_next),
+                                             torch.tensor([t.terminated for t in own]),
+                                             torch.tensor([t.truncated for t in own]),
+                                             gamma=cfg.gamma, bootstrap_truncated=cfg.bootstrap_truncated)
+                        y_v = self.target_critic.q_values(h_s_bar, self.target_critic.encode(fresh_text))
+                    # Buffer and fresh actions reach the critic as the same kind of text: decoded from their ids
+                    # (special tokens kept), as the states are; Q fit on stripped text but read on raw text
+                    # would judge fresh samples on inputs it never saw.
+                    actions = [self._decode(t.action_ids) if t.action_ids else t.action for t in own]
+                    q, v = critic([t.state for t in own], actions)
+                    # these rows' share of the micro-batch mean: the shares of all ranks sum to it
+                    share = len(own) / (len(b) * cfg.grad_accum_steps)
+                    loss = alg.archer_critic_loss(q, v, y_q.to(q.device), y_v.to(q.device)) * share
+                    loss.backward()
                 total += float(loss.detach())
-                q_means.append(float(q.detach().mean()))
-                v_means.append(float(v.detach().mean()))
-                fitted.append(q.detach().min(dim=0).values.cpu())
-                returns.append(torch.tensor([t.mc_return for t in b], dtype=torch.float32))
+                rows["q"].append(q.detach().mean(dim=0).cpu())
+                rows["v"].append(v.detach().mean(dim=0).cpu())
+                rows["fitted"].append(q.detach().min(dim=0).values.cpu())
+                rows["returns"].append(torch.tensor([t.mc_return for t in own], dtype=torch.float32))
             norms.append(self._clip_and_step(params, self.critic_optimizer))
             alg.polyak_update(self.target_critic, self.critic, cfg.tau)
-            losses.append(total)
+            losses.append(torch.tensor([total], dtype=torch.float64))
         self.critic.eval()
-        return {"critic/loss": sum(losses) / len(losses), "critic/grad_norm": sum(norms) / len(norms),
-                "critic/q_mean": sum(q_means) / len(q_means), "critic/v_mean": sum(v_means) / len(v_means),
-                "critic/explained_variance": alg.explained_variance(torch.cat(fitted), torch.cat(returns))}
+        every = gather_rows(self.world, {**rows, "loss": losses})
+        return {"critic/loss": float(every["loss"].sum()) / cfg.critic_steps, "critic/grad_norm": sum(norms) / len(norms),
+                "critic/q_mean": float(every["q"].mean()), "critic/v_mean": float(every["v"].mean()),
+                "critic/explained_variance": alg.explained_variance(every["fitted"], every["returns"])}
 
     def _actor_phase(self, iteration: int, generator: torch.Generator) -> dict[str, float]:
         cfg = self.config
-        losses, norms, advantages = [], [], []
+        norms, losses, advantages = [], [], []
+        actor = self._actor_module()
         params = [p for p in self.model.parameters() if p.requires_grad]
         for step in range(cfg.actor_steps):
             self.optimizer.zero_grad(set_to_none=True)
             total = 0.0
             for micro in range(cfg.grad_accum_steps):
                 b = self.replay.sample(cfg.batch_size, generator)
-                states = [t.state_ids for t in b]
-                fresh = self._sample_utterances(states, mix_seed(cfg.seed, iteration, 4, step, micro))
-                with torch.no_grad():
-                    q, v = self.critic([t.state for t in b], [self._decode(a) for a in fresh])
-                    adv = alg.utterance_advantage(q, v)
-                self.model.train()
-                logp, mask = self._utterance_logprobs(states, fresh)
-                loss = alg.archer_actor_loss(adv.to(logp.device), logp, mask) / cfg.grad_accum_steps
-                loss.backward()
+                mine = self.world.shard(range(len(b)))
+                with sync_on_last(actor, micro, cfg.grad_accum_steps):
+                    if not mine:
+                        self.model.train()
+                        self._zero_weight_actor_loss().backward()
+                        continue
+                    states = [b[i].state_ids for i in mine]
+                    fresh = self._sample_utterances(states, [mix_seed(cfg.seed, iteration, 4, step, micro, i)
+                                                             for i in mine])
+                    with torch.no_grad():  # the plain critic: no gradient, no collective
+                        q, v = self.critic([b[i].state for i in mine], [self._decode(a) for a in fresh])
+                        adv = alg.utterance_advantage(q, v)
+                    self.model.train()
+                    logp, mask = self._utterance_logprobs(states, fresh)
+                    share = len(mine) / (len(b) * cfg.grad_accum_steps)
+                    loss = alg.archer_actor_loss(adv.to(logp.device), logp, mask) * share
+                    loss.backward()
                 total += float(loss.detach())
-                advantages.extend(adv.tolist())
+                advantages.append(adv.double().cpu())
             norms.append(self._clip_and_step(params, self.optimizer, self.scheduler))
-            losses.append(total)
+            losses.append(torch.tensor([total], dtype=torch.float64))
         self.model.eval()
-        adv = torch.tensor(advantages, dtype=torch.float64)
-        return {"actor/loss": sum(losses) / len(losses), "actor/grad_norm": sum(norms) / len(norms),
+        every = gather_rows(self.world, {"advantage": advantages, "loss": losses})
+        adv = every["advantage"]
+        return {"actor/loss": float(every["loss"].sum()) / cfg.actor_steps, "actor/grad_norm": sum(norms) / len(norms),
                 "actor/advantage_mean": float(adv.mean()), "actor/advantage_abs": float(adv.abs().mean()),
                 "actor/advantage_std": float(adv.std(unbiased=False))}

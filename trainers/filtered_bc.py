@@ -8,6 +8,10 @@ episodes whose return reaches the pool's ``quantile`` (0.9, numpy's linear inter
 step averaging ``grad_accum_steps`` micro-batches of ``batch_size`` turns drawn with replacement. When every
 return in the pool is equal (no success yet) the update is skipped instead of cloning the policy's own
 samples [PROJECT]. There is no critic.
+
+Under ``torchrun`` every rank holds the same pool (each rank's new episodes are gathered), so every rank makes the
+same selection and draws the same micro-batches; each rank trains on its share of every micro-batch's rows and DDP
+sums the gradients (:mod:`agentgym.trainers.replay_actor` says why this is the single-process update).
 """
 
 from __future__ import annotations
@@ -20,8 +24,7 @@ from typing import Any, ClassVar
 import torch
 
 from agentgym.trainers.algorithms.archer import filtered_bc_selection
-from agentgym.trainers.replay import ReplayBuffer
-from agentgym.trainers.replay_actor import ReplayActorConfig, ReplayActorTrainer
+from agentgym.trainers.replay_actor import ReplayActorConfig, ReplayActorTrainer, gather_rows, sync_on_last
 from agentgym.trainers.seeding import mix_seed
 from agentgym.trajectory import Trajectory
 
@@ -55,7 +58,7 @@ class FilteredBCTrainer(ReplayActorTrainer):
     config: FilteredBCConfig
 
     def _setup(self, resume_from: Path | None) -> None:
-        self.pool = ReplayBuffer(self.output_dir / "pool.jsonl", capacity=10**9)
+        self.pool = self._store("pool.jsonl", 10**9)
         if resume_from is None and self.pool.total:
             self.pool.truncate(0)
 
@@ -85,18 +88,27 @@ class FilteredBCTrainer(ReplayActorTrainer):
         generator = torch.Generator().manual_seed(mix_seed(cfg.seed, step, 5))
         params = [p for p in self.model.parameters() if p.requires_grad]
         losses, norms = [], []
+        actor = self._actor_module()
         self.model.train()
         for _ in range(cfg.actor_steps):
             self.optimizer.zero_grad(set_to_none=True)
             total = 0.0
-            for _micro in range(cfg.grad_accum_steps):
+            for micro in range(cfg.grad_accum_steps):
+                # the whole micro-batch is drawn on every rank (the same draws); each trains on its share of it
                 index = torch.randint(len(kept), (cfg.batch_size,), generator=generator).tolist()
-                batch = [kept[i] for i in index]
-                logp, mask = self._utterance_logprobs([t.state_ids for t in batch], [t.action_ids for t in batch])
-                loss = -(logp * mask).sum(dim=1).mean() / cfg.grad_accum_steps
-                loss.backward()
+                mine = [kept[i] for i in self.world.shard(index)]
+                with sync_on_last(actor, micro, cfg.grad_accum_steps):
+                    if not mine:  # fewer rows than ranks: a zero-weight pass joins the gradient all-reduce
+                        self._zero_weight_actor_loss().backward()
+                        continue
+                    logp, mask = self._utterance_logprobs([t.state_ids for t in mine], [t.action_ids for t in mine])
+                    # these rows' share of the micro-batch mean (the shares of all ranks sum to it)
+                    loss = -(logp * mask).sum(dim=1).sum() / (cfg.batch_size * cfg.grad_accum_steps)
+                    loss.backward()
                 total += float(loss.detach())
             norms.append(self._clip_and_step(params, self.optimizer, self.scheduler))
-            losses.append(total)
+            losses.append(torch.tensor([total], dtype=torch.float64))
         self.model.eval()
-        return {**stats, "actor/loss": sum(losses) / len(losses), "actor/grad_norm": sum(norms) / len(norms)}
+        every = gather_rows(self.world, {"loss": losses})
+        return {**stats, "actor/loss": float(every["loss"].sum()) / cfg.actor_steps,
+                "actor/grad_norm": sum(norms) / len(norms)}

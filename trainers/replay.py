@@ -7,6 +7,11 @@ fsynced per batch, so a SIGKILL loses at most the batch being written; a torn la
 A checkpoint records how many transitions it had seen, and :meth:`ReplayBuffer.truncate` rolls the file
 back to that count on resume, so a resumed run sees exactly the buffer of an uninterrupted one.
 
+Under torchrun every rank holds the same buffer (the trainers gather each rank's new transitions), but only one
+rank writes the file: the others open it with ``persist=False``, read it on start and resume (the file lives
+on storage every rank reads, as the checkpoints do), and never append to it, truncate it or repair it, so the
+file holds each transition once.
+
 Memory holds the newest ``capacity`` transitions (FIFO); sampling is uniform with replacement.
 """
 
@@ -126,25 +131,31 @@ class ReplayBuffer:
     Args:
         path: The JSONL file (created if missing; existing records are loaded).
         capacity: Transitions kept for sampling (FIFO ring, spec default 100,000).
+        persist: Whether this buffer writes the file. ``False`` (every rank but the first under torchrun) reads
+            it but keeps appends and roll-backs in memory, so concurrent ranks never write the same file.
     """
 
-    def __init__(self, path: str | Path, capacity: int = 100_000) -> None:
+    def __init__(self, path: str | Path, capacity: int = 100_000, *, persist: bool = True) -> None:
         if capacity < 1:
             raise ConfigError(f"ReplayBuffer capacity must be >= 1, got {capacity}.")
         self.path = Path(path)
         self.capacity = capacity
+        self.persist = persist
         self._items: deque[Transition] = deque(maxlen=capacity)
         self.total = 0
         """Transitions ever appended (the file's record count), including those evicted from memory."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._load()
 
-    def _load(self) -> None:
+    def _load(self, limit: int | None = None) -> None:
+        """Read the file's records (the first ``limit`` of them, if given) into memory."""
         if not self.path.is_file():
             return
         good_bytes = 0
         with self.path.open("rb") as fh:
             for raw in fh:
+                if limit is not None and self.total == limit:
+                    return
                 if not raw.endswith(b"\n"):
                     break  # a torn write from a killed process
                 try:
@@ -153,7 +164,7 @@ class ReplayBuffer:
                     break
                 good_bytes += len(raw)
                 self.total += 1
-        if good_bytes != self.path.stat().st_size:
+        if good_bytes != self.path.stat().st_size and self.persist:
             logger.warning("replay buffer %s: dropping a torn record at byte %d", self.path, good_bytes)
             with self.path.open("r+b") as fh:
                 fh.truncate(good_bytes)
@@ -166,10 +177,11 @@ class ReplayBuffer:
         batch = list(transitions)
         if not batch:
             return
-        with self.path.open("a", encoding="utf-8") as fh:
-            fh.write("".join(json.dumps(t.to_dict()) + "\n" for t in batch))
-            fh.flush()
-            os.fsync(fh.fileno())
+        if self.persist:
+            with self.path.open("a", encoding="utf-8") as fh:
+                fh.write("".join(json.dumps(t.to_dict()) + "\n" for t in batch))
+                fh.flush()
+                os.fsync(fh.fileno())
         self._items.extend(batch)
         self.total += len(batch)
 
@@ -179,6 +191,11 @@ class ReplayBuffer:
             raise ConfigError(f"replay buffer {self.path} holds {self.total} records but the checkpoint expects "
                               f"{total}; the file was deleted or replaced. Restore it, or start a fresh run.")
         if total == self.total:
+            return
+        if not self.persist:  # the writing rank rolls the file back; this one only forgets what came after
+            self._items.clear()
+            self.total = 0
+            self._load(limit=total)
             return
         tmp = self.path.with_suffix(".jsonl.tmp")
         kept = 0
