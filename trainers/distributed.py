@@ -72,6 +72,16 @@ class World:
         dist.all_gather(parts, local)
         return torch.stack(parts).to(tensor.device)
 
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (any picklable value), in rank order (one ``all_gather_object``; every rank must call
+        it). Sizes may differ between ranks, which a tensor all-gather does not allow: ArCHer and filtered BC
+        gather each rank's new transitions with it, so every rank holds the same replay buffer."""
+        if not self.distributed:
+            return [obj]
+        parts: list[Any] = [None] * self.size
+        dist.all_gather_object(parts, obj)
+        return parts
+
     def broadcast_parameters(self, module: torch.nn.Module) -> None:
         """Make every rank hold rank 0's weights (after work done on each rank separately, e.g. BC)."""
         if not self.distributed:
