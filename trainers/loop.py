@@ -74,7 +74,7 @@ class OnlineTrainer:
                                                 "under torchrun.")
         if self.world.distributed and not self.supports_distributed:
             raise config._fail("trainer", f"{config.display_name} runs in one process: launch it without torchrun "
-                                          "(GRPO, GiGPO and ARPO run data-parallel).")
+                                          "(GRPO, GiGPO, ARPO, ArCHer and filtered BC run data-parallel).")
         self.suite, self.eval_suite = config.load_suites()
         self.model_dir = config.check_model_dir("model")  # a local directory, or a Hub id's cached snapshot
         config.check_runtime()
