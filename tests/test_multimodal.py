@@ -378,3 +378,33 @@ def test_a_miniwob_episode_with_the_tiny_vlm(vlm: Any, tmp_path: Path) -> None:
     [back] = list(read_trajectories(out))
     assert back.turns[0].images[0].array().shape == (210, 160, 3)
     assert "base64" not in out.read_text()
+
+
+def test_grpo_trainer_update_on_vlm_trajectories(vlm_dir: Path, tmp_path: Path) -> None:
+    """The trainer's own update path (load, sample, score with pixels, clipped update) on the tiny VLM."""
+    import torch
+
+    from agentgym.trainers.batch import build_batch
+    from agentgym.trainers.config import GrpoConfig
+    from agentgym.trainers.grpo import GrpoTrainer
+
+    config = GrpoConfig(model=str(vlm_dir), suite="games-calc", output_dir=str(tmp_path), steps=1, tasks_per_step=2,
+                        group_size=2, eval_tasks=2, eval_every=0, checkpoint_every=1, system_prompt="",
+                        max_tokens_per_turn=8, tensorboard=False, micro_batch_size=2, seed=0, packing=True)
+    trainer = GrpoTrainer(config)
+    trainer.model, trainer.tokenizer = trainer._load(vlm_dir)
+    trainer.reference = None
+    policy = trainer._generation_policy(vlm_dir)
+    assert policy.accepts_images and type(trainer.model).__name__ == "LlavaForConditionalGeneration"
+    rollout = RolloutConfig(progress=False, sampling=SamplingParams(max_tokens=8, seed=1), deterministic=True)
+    specs = [EpisodeSpec("agentgym-test/Pixel-v0", seed=s, group_id=f"g{s // 2}", env_kwargs={"max_turns": 2})
+             for s in range(4)]
+    trajectories = RolloutEngine(policy, rollout).run(specs)
+    assert all(t.has_tokens and t.prompt_images for t in trajectories)
+    batch = build_batch(trajectories, torch.tensor([1.0, -1.0, -1.0, 1.0]), [True] * 4, pad_id=0)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=1e-3)
+    stats = trainer._update(batch, optimizer, trainer._schedule(optimizer), 0)
+    assert torch.isfinite(torch.tensor(stats["train/loss"])) and stats["train/tokens"] > 0
+    assert stats["train/logprob_mismatch"] < 1e-4, "scored with the sampler's pixels (packing falls back to padded)"
+    assert any(not torch.equal(b, p) for b, p in zip(before, trainer.model.parameters()))

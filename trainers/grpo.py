@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from agentgym.trainers import algorithms as alg
-from agentgym.trainers.batch import TrainingBatch, build_batch, sequence_logprobs
+from agentgym.trainers.batch import TrainingBatch, build_batch, sequence_logprobs, vision_inputs
 from agentgym.trainers.config import GrpoConfig
 from agentgym.trainers.distributed import ForwardWith, World, data_parallel
 from agentgym.trainers.loop import OnlineTrainer
@@ -163,6 +163,10 @@ class GrpoTrainer(OnlineTrainer):
         global token/sequence counts and the most micro-batches any rank has for it; every rank then runs that
         many backward passes (zero-weight ones where it has run out of rows, e.g. when all its episodes errored)
         under ``no_sync`` except the last, whose bucketed all-reduce sums the gradients. A mini-batch empty on
+        if mb.images is not None:  # a VLM's images, merged row by row: scored padded (packing would reorder them)
+            vision = vision_inputs(mb, self._processor(), cfg.device, next(model.parameters()).dtype)
+            return sequence_logprobs(model, mb.input_ids.to(cfg.device), mb.attention_mask.to(cfg.device),
+                                     cfg.temperature, vision=vision)
         every rank gives no gradient, so the optimizer leaves the parameters alone (the scheduler still steps).
         """
         cfg = self.config

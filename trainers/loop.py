@@ -147,7 +147,16 @@ class OnlineTrainer:
         from agentgym.policies.hf import HFPolicy
 
         return HFPolicy(self.model, self.tokenizer, device=cfg.device, max_batch_size=cfg.max_in_flight,
-                        name=cfg.trainer_name)
+                        name=cfg.trainer_name, processor=self._processor())
+
+    def _processor(self) -> Any:
+        """The model's processor when it is a vision-language model (else ``None``), loaded once: sampling and the
+        training forward turn stored images into pixel values with it."""
+        if not hasattr(self, "_loaded_processor"):
+            from agentgym.models.loading import load_processor
+
+            self._loaded_processor = load_processor(self.model_dir)
+        return self._loaded_processor
 
     def _sync_weights(self) -> Any:
         """What vLLM loads after an update: the model itself, or with LoRA the base with the adapters merged in."""

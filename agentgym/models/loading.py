@@ -230,8 +230,14 @@ def load_model(path: str | Path, options: LoadOptions = LoadOptions(), *, adapte
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agentgym.models.tiny import _quiet_progress_bars
+    from agentgym.policies.hf import is_vision_model_dir
 
     directory = resolve_model_dir(path)
+    model_class = AutoModelForCausalLM
+    if is_vision_model_dir(directory):  # a VLM: its image-text-to-text class (the tokenizer loads as usual)
+        from transformers import AutoModelForImageTextToText
+
+        model_class = AutoModelForImageTextToText
     kwargs: dict[str, Any] = {"local_files_only": True, "dtype": _torch_dtype(options.dtype)}
     if options.attn_implementation is not None:
         kwargs["attn_implementation"] = options.attn_implementation
@@ -246,7 +252,7 @@ def load_model(path: str | Path, options: LoadOptions = LoadOptions(), *, adapte
         kwargs["dtype"] = compute
     tokenizer_dir = adapter_dir if adapter_dir is not None and _has_tokenizer(Path(adapter_dir)) else directory
     with _quiet_progress_bars():
-        model = AutoModelForCausalLM.from_pretrained(directory, **kwargs)
+        model = model_class.from_pretrained(directory, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
     if not options.load_in_4bit:
         model = model.to(options.device)
@@ -271,6 +277,19 @@ def load_model(path: str | Path, options: LoadOptions = LoadOptions(), *, adapte
         model = _with_lora(model, options.lora, adapter_dir)
     model.eval()
     return model, tokenizer
+
+
+def load_processor(path: str | Path) -> Any:
+    """The Hugging Face processor saved with a vision-language model (``None`` for a text model): what turns its
+    images into pixel values and expands their placeholder tokens, for sampling and for the training forward."""
+    from agentgym.policies.hf import is_vision_model_dir
+
+    directory = resolve_model_dir(path)
+    if not is_vision_model_dir(directory):
+        return None
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(directory, local_files_only=True)
 
 
 def _has_tokenizer(directory: Path) -> bool:
