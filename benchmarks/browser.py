@@ -141,6 +141,7 @@ class PlaywrightLookEnv(MiniWoBEnv):
 _FIRST_BOX_JS = ("() => { const r = document.querySelector('#boxes input').getBoundingClientRect(); "
                  "return [r.left + r.width / 2, r.top + r.height / 2]; }")
 MINIWOB_TASK = make_task("click-checkboxes", 21)
+MARKS_TASK = make_task("click-checkboxes-large", 21)  # a busier page for the screenshot and marks timings
 
 #: The rejected way of drawing marks: boxes and numbers as page elements, removed after the shot.
 OVERLAY_ADD_JS = """(marks) => {
@@ -161,32 +162,32 @@ OVERLAY_ADD_JS = """(marks) => {
 OVERLAY_REMOVE_JS = "() => document.getElementById('__marks').remove()"
 
 
-def miniwob_steps(env: MiniWoBEnv, steps: int) -> tuple[list[float], list[float]]:
-    """``steps`` timed clicks on a checkbox (a reset, timed apart, whenever the episode nears its turn limit)."""
-    step_times: list[float] = []
-    resets: list[float] = []
-    while len(step_times) < steps:
+def miniwob_episode(env: MiniWoBEnv, step_times: list[float]) -> None:
+    """One episode of timed clicks on a checkbox (each toggles it: the page repaints every step)."""
+    env.reset(options={"task": MINIWOB_TASK})
+    x, y = env.to_image(*env._session.evaluate(_FIRST_BOX_JS))
+    for _ in range(env.max_turns - 1):
         start = time.perf_counter()
-        env.reset(options={"task": MINIWOB_TASK})
-        resets.append(time.perf_counter() - start)
-        x, y = env.to_image(*env._session.evaluate(_FIRST_BOX_JS))
-        for _ in range(env.max_turns - 1):
-            start = time.perf_counter()
-            _, _, terminated, truncated, _ = env.step(f"click({x:.3f}, {y:.3f})")
-            step_times.append(time.perf_counter() - start)
-            if terminated or truncated or len(step_times) >= steps:
-                break
-    return step_times, resets
+        env.step(f"click({x:.3f}, {y:.3f})")
+        step_times.append(time.perf_counter() - start)
 
 
-def rate(fn: Any, seconds: float) -> float:
-    """Calls of ``fn`` per second over ``seconds`` (after one warm-up call)."""
-    fn()
-    count, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
+def rates(fns: dict[str, Any], seconds: float, block: int = 5) -> dict[str, float]:
+    """Calls per second of each function, measured in alternating blocks over ``seconds`` in all (after one
+    warm-up call each), so that all of them see the same machine load."""
+    spent = dict.fromkeys(fns, 0.0)
+    counts = dict.fromkeys(fns, 0)
+    for fn in fns.values():
         fn()
-        count += 1
-    return count / (time.perf_counter() - start)
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(block):
+                fn()
+            spent[name] += time.perf_counter() - start
+            counts[name] += block
+    return {name: counts[name] / spent[name] for name in fns}
 
 
 def run_miniwob(steps: int, resets: int, config: BrowserConfig) -> dict[str, Any]:
@@ -200,21 +201,27 @@ def run_miniwob(steps: int, resets: int, config: BrowserConfig) -> dict[str, Any
         ("ours + accessibility text", MiniWoBEnv, {"accessibility": True}),
     ]
     try:
-        for name, cls, kwargs in settings:
-            env = cls(browser=pool, **kwargs)
-            try:
-                miniwob_steps(env, 10)  # warm-up outside the clock
-                times, _ = miniwob_steps(env, steps)
-            finally:
+        # Settings take turns episode by episode, so a load change on this shared machine hits them all alike.
+        envs = [cls(browser=pool, **kwargs) for _, cls, kwargs in settings]
+        times: list[list[float]] = [[] for _ in settings]
+        try:
+            for env in envs:
+                miniwob_episode(env, [])  # warm-up outside the clock
+            while min(len(t) for t in times) < steps:
+                for env, samples in zip(envs, times):
+                    miniwob_episode(env, samples)
+        finally:
+            for env in envs:
                 env.close()
-            out["steps"].append({"setting": name, "steps": len(times), "p50": percentile(times, 0.5),
-                                 "p99": percentile(times, 0.99)})
+        for (name, _, _), samples in zip(settings, times):
+            out["steps"].append({"setting": name, "steps": len(samples), "p50": percentile(samples, 0.5),
+                                 "p99": percentile(samples, 0.99)})
         env = MiniWoBEnv(browser=pool, set_of_marks=True)
         try:
-            env.reset(options={"task": MINIWOB_TASK})
+            env.reset(options={"task": MARKS_TASK})
             session = env._session
-            out["shots"]["observe (CDP)"] = rate(lambda: session.observe(), 3.0)
-            out["shots"]["page.screenshot"] = rate(lambda: session.screenshot(), 3.0)
+            out["shots"] = rates({"observe (CDP)": lambda: session.observe(),
+                                  "page.screenshot": lambda: session.screenshot()}, 6.0)
             marks = parse_marks(session.evaluate(MARKS_JS, MAX_MARKS))
             boxes = [list(m.box) for m in marks]
 
@@ -227,9 +234,10 @@ def run_miniwob(steps: int, resets: int, config: BrowserConfig) -> dict[str, Any
                 session.evaluate(OVERLAY_REMOVE_JS)
 
             image = session.observe().image
-            out["marks"] = {"marks": len(marks), "pil_ms": 1000 / rate(pil_marks, 3.0),
-                            "overlay_ms": 1000 / rate(overlay_marks, 3.0),
-                            "draw_only_ms": 1000 / rate(lambda: draw_marks(image, marks), 1.0)}
+            per_s = rates({"pil": pil_marks, "overlay": overlay_marks,
+                           "draw": lambda: draw_marks(image, marks)}, 6.0)
+            out["marks"] = {"marks": len(marks), "pil_ms": 1000 / per_s["pil"], "overlay_ms": 1000 / per_s["overlay"],
+                            "draw_only_ms": 1000 / per_s["draw"]}
         finally:
             env.close()
     finally:

@@ -182,6 +182,16 @@ def test_fast_look_gives_the_same_pixels_as_playwright_screenshots(envs):
     assert np.array_equal(session.observe().image, view.image)
 
 
+def test_a_page_without_the_task_reads_as_not_done(envs):
+    env = envs("marks", set_of_marks=True)
+    env.reset(options={"task": make_task("click-test", 2)})
+    env.unwrapped._session.goto("/core/core.css")  # no MiniWoB globals here (the agent cannot get here itself)
+    obs, reward, terminated, _, info = env.step("click(5, 5)")
+    assert info["turn"]["kind"] == "tool_call" and not terminated and reward == 0.0
+    assert "(no interactive elements marked)" in obs["text"]
+
+
+@pytest.mark.slow  # check_agent_env steps ~200 times through a real browser: ~30 s idle, minutes under load
 def test_contract_with_every_aid_on():
     check_agent_env("agentgym/MiniWoB-v0", fuzz_examples=3,
                     env_kwargs={"set_of_marks": True, "screenshot_size": (120, 300), "accessibility": True})

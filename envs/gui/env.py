@@ -63,7 +63,9 @@ TOOL_NAMES = ("click", "type", "key", "scroll", "drag")
 MARK_TOOL = "click_mark"
 READY_POLLS = 40  # x 50 ms: how long a page may take to become ready before the start counts as a crash
 #: One script per look at the page: the task's end state and, when asked, the set-of-marks elements.
-OBSERVE_JS = f"([marks, limit]) => [({STATE_JS})(), marks ? ({MARKS_JS})(limit) : null]"
+#: A page without MiniWoB's globals (the agent left the task page) reads as "not done".
+OBSERVE_JS = (f"([marks, limit]) => {{ let state; try {{ state = ({STATE_JS})(); }} catch (e) {{ "
+              f"state = [false, null, String(e)]; }} return [state, marks ? ({MARKS_JS})(limit) : null]; }}")
 #: Added to every page at the start: MiniWoB's side panels hidden, the caret and CSS animations still (so that
 #: equal pages give equal pixels; see ``agentgym.tools.browser.pool.STILL_CSS``).
 _PAGE_CSS_JS = ("(css) => { const s = document.createElement('style'); s.textContent = css; "
@@ -269,8 +271,18 @@ class MiniWoBEnv(AgentEnv):
 
     # ---- observations ------------------------------------------------------------------------------------------------
     def _look(self) -> Any:
-        """One call to the browser: the task's state, the marks (if on), the pixels and the tree (if on)."""
-        return self._session.observe(OBSERVE_JS, [self.set_of_marks, MAX_MARKS], aria=self.accessibility)
+        """One call to the browser: the task's state, the marks (if on), the pixels and the tree (if on).
+
+        A look only reads the page, so a failure is not the agent's doing: it is tried once more (a navigation
+        may have replaced the page's context just then), and a second failure ends the episode as a crash.
+        """
+        for attempt in range(2):
+            try:
+                return self._session.observe(OBSERVE_JS, [self.set_of_marks, MAX_MARKS], aria=self.accessibility)
+            except ActionError as exc:
+                if attempt:
+                    raise BrowserCrashed(f"the page could not be observed: {exc}") from exc
+        raise AssertionError("unreachable")
 
     def _observe(self, messages: str = "") -> dict[str, Any]:
         view, self._view = self._view or self._look(), None
