@@ -67,6 +67,11 @@ class TrainerConfig:
     generation_backend: Literal["hf", "vllm"] = "hf"
     """Who samples rollouts: the training model itself through HF (CPU or GPU), or an in-process vLLM engine
     (GPU only, ``agentgym[vllm]``) whose weights are synced from the trained model after every update."""
+    parallelism: Literal["ddp", "fsdp"] = "ddp"
+    """How ranks share the policy under ``torchrun`` (no effect in one process): ``ddp`` replicates it on every rank
+    and sums gradients; ``fsdp`` shards weights, gradients and optimizer states across ranks (FSDP2 ``fully_shard``
+    per decoder layer) for models whose training state does not fit one device: the same update, gathered to full
+    weights on each rank only to sample. GRPO, GiGPO and ARPO; HF generation."""
     train_split: str = "train"
     """Split of ``suite`` to train on."""
     eval_suite: str | None = None
@@ -175,6 +180,13 @@ class TrainerConfig:
             raise self._fail("weight_decay", f"must be >= 0, got {self.weight_decay}.")
         if self.generation_backend == "vllm" and not self.device.startswith("cuda"):
             raise self._fail("generation_backend", "'vllm' needs a CUDA GPU: set device: cuda, or use generation_backend: hf.")
+        if self.parallelism == "fsdp" and self.generation_backend != "hf":
+            raise self._fail("parallelism", "'fsdp' samples with the trained model gathered on each rank (HF); "
+                                            "syncing sharded weights into vLLM is not supported yet: use "
+                                            "generation_backend: hf, or parallelism: ddp with vLLM.")
+        if self.parallelism == "fsdp" and self.load_in_4bit:
+            raise self._fail("parallelism", "'fsdp' cannot shard a 4-bit (bitsandbytes) base: use parallelism: ddp for "
+                                            "QLoRA, or load_in_4bit: false (dtype: bfloat16 also halves the memory).")
         if self.generation_backend == "vllm" and self.load_in_4bit:
             raise self._fail("load_in_4bit", "with generation_backend: vllm the trained weights are synced into vLLM "
                                              "after every update, which a 4-bit base cannot give: use "

@@ -15,19 +15,44 @@ The trainer's update then makes the single-process update on the union of all ra
 DDP buckets the gradients (one all-reduce per ~25 MB bucket, overlapped with backward) instead of one
 all-reduce per parameter. Passes without gradients (old/reference log-probs, generation) use the unwrapped
 model and make no collectives.
+
+**FSDP2** (``parallelism: fsdp``, :class:`Sharding`): for a policy whose weights, gradients and AdamW states do not
+fit one device, ``torch.distributed.fsdp.fully_shard`` shards each decoder layer, then the root (the trainer's
+:class:`ForwardWith` around the model, so the embeddings, final norm and ``lm_head`` that the chunked log-prob
+function calls outside the model's own ``forward`` are all-gathered too). The same guarantees hold:
+
+* gradients are **summed**: each FSDP module gets ``set_gradient_divide_factor(1.0)`` (FSDP averages by default)
+  and ``set_force_sum_reduction_for_comms(True)`` (a plain SUM reduce-scatter; the PREMUL_SUM a divide factor
+  otherwise uses does not exist in gloo);
+* every pass, real or zero-weight, goes through the root, so every rank makes the same all-gathers and
+  reduce-scatters; the gradients are reduce-scattered after every micro-batch (FSDP's default) and accumulate
+  sharded, so no rank ever holds the full gradients;
+* passes without gradients differ in number between ranks (each rank has its own rows), and generation differs in
+  length, so they must make no collectives: :meth:`Sharding.full_weights` all-gathers the full weights once, on
+  every rank together, switches off resharding after forward, runs the passes (generation, old and reference
+  log-probs, evaluation on rank 0 only), then reshards every layer and resets FSDP's per-iteration state. Only the
+  weights are gathered, never gradients or optimizer states: a rank samples with full weights (as vLLM would), so a
+  model must fit one device for inference, while training memory (gradients, AdamW's two moments) is divided by the
+  number of ranks. The KL reference, when it is a separate model, is sharded the same way and gathered only for
+  its own pass;
+* checkpoints and the final save gather full state dicts (``get_model_state_dict`` / ``get_optimizer_state_dict``
+  with ``full_state_dict=True, cpu_offload=True``: streamed to rank 0's CPU memory, one parameter at a time),
+  which rank 0 writes in the usual format; a resumed run loads the full model on every rank, shards it, and each
+  rank takes its shard of the saved optimizer state (``set_optimizer_state_dict``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["ForwardWith", "World", "data_parallel", "init_world"]
+__all__ = ["ForwardWith", "Sharding", "World", "data_parallel", "init_world"]
 
 
 class World:
@@ -142,6 +167,101 @@ def data_parallel(module: torch.nn.Module, world: World) -> torch.nn.Module:
                                       **no_buffer_sync)
     wrapped.register_comm_hook(None, _sum_allreduce)
     return wrapped
+
+
+class Sharding:
+    """FSDP2 for the trainer's modules (``parallelism: fsdp`` under torchrun); inactive otherwise, when every method
+    is a no-op and the trainer runs unsharded (one process) or with DDP. See the module docstring for the design."""
+
+    def __init__(self, world: World, enabled: bool) -> None:
+        self.world = world
+        self.active = enabled and world.distributed
+        self._roots: dict[int, torch.nn.Module] = {}  # id(model) -> the FSDP root that shards it
+
+    def is_sharded(self, module: Any) -> bool:
+        return id(module) in self._roots
+
+    def shard(self, model: torch.nn.Module, root: torch.nn.Module | None = None) -> torch.nn.Module:
+        """Shard ``model``'s decoder layers, then ``root`` (``model`` itself, or a module holding it such as
+        :class:`ForwardWith`), in place, with summed gradients; returns ``root``. Every rank must call it at the
+        same point, before an optimizer takes the parameters (they become sharded ``DTensor`` s)."""
+        root = model if root is None else root
+        if not self.active:
+            return root
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        mesh = init_device_mesh(_collective_device().type, (self.world.size,))
+        for layer in decoder_layers(model):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(root, mesh=mesh)
+        for module in root.modules():
+            if isinstance(module, FSDPModule):
+                module.set_gradient_divide_factor(1.0)  # a SUM, as one process over the union of the data
+                module.set_force_sum_reduction_for_comms(True)
+        # FSDP takes the first module whose forward runs as its root; passes under full_weights call the model (not
+        # ``root``) first, so fix the root now, as its first forward would (torch 2.13 has no public call for it)
+        root._get_fsdp_state()._lazy_init()  # type: ignore[operator]
+        self._roots[id(model)] = root
+        return root
+
+    @contextlib.contextmanager
+    def full_weights(self, model: Any) -> Iterator[None]:
+        """Within it, ``model`` holds its full weights and its passes make no collectives (if it is sharded; else a
+        no-op). Every rank must enter it together (one all-gather per FSDP module); inside, ranks may run different
+        passes, or none. Leaving reshards every layer, whatever ran inside."""
+        root = self._roots.get(id(model))
+        if root is None:
+            yield
+            return
+        from torch.distributed.fsdp import FSDPModule
+
+        modules = [m for m in root.modules() if isinstance(m, FSDPModule)]
+        try:
+            for module in modules:
+                module.unshard()
+                module.set_reshard_after_forward(False, recurse=False)
+            yield
+        finally:
+            for module in modules:  # fully_shard's settings: layers reshard after forward, the root does not
+                module.set_reshard_after_forward(module is not root, recurse=False)
+            root.reset_iter_state()  # type: ignore[operator]  # reshards; forgets the forward order seen inside
+
+    def full_state_dicts(self, model: torch.nn.Module,
+                         optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """``(model, optimizer)`` full state dicts of a sharded ``model`` on rank 0's CPU, keyed by parameter name
+        (every rank must call it; the others get empty dicts); ``(None, None)`` when ``model`` is not sharded (its
+        own ``state_dict`` is complete)."""
+        if not self.is_sharded(model):
+            return None, None
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict)
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return (get_model_state_dict(model, options=options),
+                get_optimizer_state_dict(model, optimizer, options=options))
+
+
+def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load a full, name-keyed optimizer state (:meth:`Sharding.full_state_dicts`) into ``optimizer``: each rank
+    keeps its shard when ``model`` is sharded; an unsharded model takes it whole."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks FSDP shards one by one: the modules whose class the model names in ``_no_split_modules``
+    (every Hugging Face causal LM does, e.g. ``LlamaDecoderLayer``; under LoRA, the base model's)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = set(getattr(base, "_no_split_modules", None) or ())
+    layers = [m for m in base.modules() if type(m).__name__ in names]
+    if not layers:
+        from agentgym.errors import ConfigError
+
+        raise ConfigError(f"parallelism: fsdp shards a model's decoder layers, but {type(base).__name__} names none "
+                          "in _no_split_modules: use parallelism: ddp for this model.")
+    return layers
 
 
 def _collective_device() -> torch.device:

@@ -38,6 +38,7 @@ class GrpoTrainer(OnlineTrainer):
 
     config: GrpoConfig
     supports_distributed = True
+    supports_fsdp = True
 
     def __init__(self, config: GrpoConfig, *, world: World | None = None) -> None:
         super().__init__(config, world=world)
@@ -45,7 +46,21 @@ class GrpoTrainer(OnlineTrainer):
             config.check_model_dir("reference_model")
 
     def _setup(self, resume_from: Path | None) -> None:
+        if not self.sharding.is_sharded(self.model):  # with FSDP, _parallelize built it before sharding the policy
+            self.reference = self._reference_model(self.model)
+
+    def _parallelize(self) -> None:
+        """FSDP: shard the policy inside the module the update runs through (:meth:`_trained_module`), and the KL
+        reference, built first since a copy of the policy needs its full weights."""
+        if not self.sharding.active:
+            return
         self.reference = self._reference_model(self.model)
+        with torch.no_grad():  # a model's first log-prob pass checks its backbone + head split with an extra forward:
+            for model in {id(m): m for m in (self.model, self.reference) if m is not None}.values():  # now, not
+                self._forward_logprobs(model, _placeholder(int(self.tokenizer.pad_token_id or 0)))  # on one rank
+        self._trained = (self.model, self.sharding.shard(self.model, ForwardWith(self.model, self._forward_logprobs)))
+        if self.reference is not None and self.reference is not self.model:
+            self.sharding.shard(self.reference)
 
     def _reference_model(self, model: Any) -> Any:
         """The frozen KL reference. With LoRA and no BC warm start, ``initial`` is the training model with its
@@ -175,9 +190,10 @@ class GrpoTrainer(OnlineTrainer):
         width = int(batch.input_ids.shape[1])
         with torch.no_grad():  # the unwrapped model: no collectives, so ranks may differ in how many passes run
             model.eval()
-            batch.old_logprobs = _no_grad_logprobs(self._forward_logprobs, model, batch, cfg.micro_batch_size, width)
+            with self.sharding.full_weights(model):  # FSDP: gathered by every rank together first
+                batch.old_logprobs = _no_grad_logprobs(self._forward_logprobs, model, batch, cfg.micro_batch_size, width)
             if self.reference is not None:
-                with self._reference_context():
+                with self.sharding.full_weights(self.reference), self._reference_context():
                     batch.ref_logprobs = _no_grad_logprobs(self._forward_logprobs, self.reference, batch,
                                                            cfg.micro_batch_size, width)
         if cfg.corrects_off_policy:  # stale samples: weight each token by pi_old / pi_behaviour, bounded by is_cap
@@ -231,7 +247,7 @@ class GrpoTrainer(OnlineTrainer):
                             loss = trained(_placeholder(int(self.tokenizer.pad_token_id or 0))).sum() * 0.0
                         loss.backward()
                 norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
-                norms.append(float(norm))
+                norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))  # FSDP: a DTensor
                 optimizer.step()
                 scheduler.step()
         model.eval()

@@ -40,7 +40,7 @@ from agentgym.trainers.async_rollouts import RolloutJob
 from agentgym.trainers.bc import behaviour_clone, collect_demonstrations
 from agentgym.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from agentgym.trainers.config import TrainerConfig
-from agentgym.trainers.distributed import World, init_world
+from agentgym.trainers.distributed import Sharding, World, init_world
 from agentgym.trainers.metrics import MetricsLogger, plot_learning_curve
 from agentgym.trainers.seeding import mix_seed
 from agentgym.trajectory import Trajectory
@@ -65,6 +65,8 @@ class OnlineTrainer:
     config: TrainerConfig
     #: Whether the method can run data-parallel under torchrun (gradients summed across ranks).
     supports_distributed = False
+    #: Whether it can shard its policy with FSDP2 (``parallelism: fsdp``; :meth:`_parallelize`).
+    supports_fsdp = False
 
     def __init__(self, config: TrainerConfig, *, world: World | None = None) -> None:
         self.config = config
@@ -75,6 +77,10 @@ class OnlineTrainer:
         if self.world.distributed and not self.supports_distributed:
             raise config._fail("trainer", f"{config.display_name} runs in one process: launch it without torchrun "
                                           "(GRPO, GiGPO, ARPO, ArCHer and filtered BC run data-parallel).")
+        if self.world.distributed and config.parallelism == "fsdp" and not self.supports_fsdp:
+            raise config._fail("parallelism", f"{config.display_name} does not shard its models yet: use parallelism: "
+                                              "ddp (GRPO, GiGPO and ARPO run with fsdp).")
+        self.sharding = Sharding(self.world, config.parallelism == "fsdp")
         self.suite, self.eval_suite = config.load_suites()
         self.model_dir = config.check_model_dir("model")  # a local directory, or a Hub id's cached snapshot
         config.check_runtime()
@@ -93,6 +99,9 @@ class OnlineTrainer:
     def _learn(self, step: int, trajectories: list[Trajectory]) -> dict[str, float]:
         """Learn from one step's episodes; returns the metrics to log."""
         raise NotImplementedError
+
+    def _parallelize(self) -> None:
+        """Shard the policy (``parallelism: fsdp`` under torchrun) before the optimizer takes its parameters."""
 
     def _checkpoint_state(self) -> dict[str, Any]:
         """Extra JSON state stored in each checkpoint's ``state.json`` (e.g. how many transitions were kept)."""
@@ -196,12 +205,13 @@ class OnlineTrainer:
         trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapters only
         self.optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
         self.scheduler = self._schedule(self.optimizer)
+        self._parallelize()
         self.policy = self._generation_policy(resume_from / "model" if resume_from and not cfg.lora else self.model_dir)
         torch.manual_seed(mix_seed(cfg.seed, 17))  # the method's modules start the same whether or not we resume
         self._setup(resume_from)
         start = 0
         if resume_from is not None:  # after _setup, so building modules does not shift the restored RNG
-            state = load_checkpoint(resume_from, self.optimizer, self.scheduler)
+            state = load_checkpoint(resume_from, self.optimizer, self.scheduler, model=self.model)
             start, self.episodes = int(state["step"]), int(state.get("episodes", 0))
             self._restore_state(state, resume_from)
             summary["resumed_from"] = str(resume_from)
@@ -231,13 +241,14 @@ class OnlineTrainer:
         if self.world.is_main:
             from agentgym.models.loading import save_trained_model
 
+        states = self.sharding.full_state_dicts(self.model, self.optimizer)  # FSDP: every rank gathers, rank 0 gets
             # LoRA: model/ is the merged model (loads like any model directory) and adapter/ the adapter alone
             final = save_trained_model(self.model, self.tokenizer, self.output_dir, base=self.model_dir,
-                                       options=cfg.load_options())
+                                       options=cfg.load_options(), state_dict=states[0])
             self._save_defaults(final)
             if (self.output_dir / "adapter").is_dir() and cfg.lora is not None:
                 self._save_defaults(self.output_dir / "adapter")
-            self._checkpoint(cfg.steps)
+            self._checkpoint(cfg.steps, states)
             plot_learning_curve(self.metrics.path, self.output_dir / "learning_curve.png")
             (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
         self.metrics.close()
@@ -250,7 +261,8 @@ class OnlineTrainer:
         if self._async is not None:
             trajectories, self._rollout_stats, lag = self._async.take(step)
         else:
-            trajectories = self._sample(step)
+            with self.sharding.full_weights(self.model):  # FSDP: each rank samples with the full weights
+                trajectories = self._sample(step)
         t_rollout = time.perf_counter() - t0
         self.episodes += int(self.world.sum(float(len(trajectories))))
         stats = self._learn(step, trajectories)
@@ -270,7 +282,9 @@ class OnlineTrainer:
             "lr": self.scheduler.get_last_lr()[0],
         })
 
-    def _checkpoint(self, done: int) -> None:
+    def _checkpoint(self, done: int, states: tuple[Any, Any] | None = None) -> None:
+        """Rank 0 writes the checkpoint; with FSDP every rank first gathers the full states (or passes them)."""
+        model_state, optimizer_state = states or self.sharding.full_state_dicts(self.model, self.optimizer)
         if not self.world.is_main:
             return
 
@@ -280,7 +294,8 @@ class OnlineTrainer:
 
         save_checkpoint(self.checkpoint_dir, done, self.model, self.tokenizer, self.optimizer, self.scheduler,
                         {"data_cursor": done * self.config.tasks_per_step, "episodes": self.episodes,
-                         **self._checkpoint_state()}, self.config.keep_checkpoints, extra)
+                         **self._checkpoint_state()}, self.config.keep_checkpoints, extra,
+                        model_state=model_state, optimizer_state=optimizer_state)
 
     # ---- sampling ----------------------------------------------------------------------------------
     def _tasks_for_step(self, step: int) -> list[Task]:
@@ -333,16 +348,17 @@ class OnlineTrainer:
         """Held-out success with the current weights (rank 0; other ranks wait)."""
         cfg = self.config
         result: dict[str, Any] = {}
-        if self.world.is_main:
-            sampling = SamplingParams(max_tokens=cfg.max_tokens_per_turn, temperature=cfg.eval_temperature,
-                                      seed=mix_seed(cfg.seed, 999))
-            specs = [EpisodeSpec(self.eval_suite.env_id, task=t, seed=i, env_kwargs=dict(self.eval_suite.env_kwargs))
-                     for i, t in enumerate(self.eval_tasks)]
-            started = time.perf_counter()
-            self.model.eval()
-            result = summarize(RolloutEngine(self.policy, self._rollout_config(sampling)).run(specs))
-            result["wall_s"] = time.perf_counter() - started
-            self._log(step, {**{f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))},
-                             "eval/episodes_seen": float(self.episodes)})
+        with self.sharding.full_weights(self.model):  # FSDP: every rank gathers the weights, rank 0 uses them
+            if self.world.is_main:
+                sampling = SamplingParams(max_tokens=cfg.max_tokens_per_turn, temperature=cfg.eval_temperature,
+                                          seed=mix_seed(cfg.seed, 999))
+                specs = [EpisodeSpec(self.eval_suite.env_id, task=t, seed=i,
+                                     env_kwargs=dict(self.eval_suite.env_kwargs)) for i, t in enumerate(self.eval_tasks)]
+                started = time.perf_counter()
+                self.model.eval()
+                result = summarize(RolloutEngine(self.policy, self._rollout_config(sampling)).run(specs))
+                result["wall_s"] = time.perf_counter() - started
+                self._log(step, {**{f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))},
+                                 "eval/episodes_seen": float(self.episodes)})
         self.world.barrier()
         return result

@@ -357,23 +357,25 @@ def merged_state_dict(model: Any) -> dict[str, Any]:
 
 
 def save_trained_model(model: Any, tokenizer: Any, output_dir: str | Path, *, base: str | Path,
-                       options: LoadOptions = LoadOptions()) -> Path:
+                       options: LoadOptions = LoadOptions(), state_dict: Mapping[str, Any] | None = None) -> Path:
     """Write ``output_dir/model``: a complete model directory that ``HFPolicy.from_pretrained`` and
     ``agentgym serve`` load as is. For LoRA, also ``output_dir/adapter`` (the adapter alone, with the tokenizer),
     and ``model`` is the base with the adapter merged in (base reloaded unquantised on the CPU, so QLoRA merges
-    cleanly). Returns the model directory (the caller adds ``agentgym.json``).
+    cleanly). Returns the model directory (the caller adds ``agentgym.json``). ``state_dict``: the full weights
+    gathered from a model sharded across ranks (FSDP), written instead of ``model``'s own shards.
     """
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     out = Path(output_dir)
     model_dir = out / "model"
+    weights = {} if state_dict is None else {"state_dict": dict(state_dict)}
     if not is_peft_model(model):
-        model.save_pretrained(model_dir)
+        model.save_pretrained(model_dir, **weights)
         tokenizer.save_pretrained(model_dir)
         return model_dir
     adapter_dir = out / "adapter"
-    model.save_pretrained(adapter_dir)
+    model.save_pretrained(adapter_dir, **weights)
     tokenizer.save_pretrained(adapter_dir)
     from peft import PeftModel
 
