@@ -238,10 +238,10 @@ class OnlineTrainer:
                 self._async.close()
         summary["eval_after"] = self._evaluate(cfg.steps)
         summary["episodes"] = self.episodes
+        states = self.sharding.full_state_dicts(self.model, self.optimizer)  # FSDP: every rank gathers, rank 0 gets
         if self.world.is_main:
             from agentgym.models.loading import save_trained_model
 
-        states = self.sharding.full_state_dicts(self.model, self.optimizer)  # FSDP: every rank gathers, rank 0 gets
             # LoRA: model/ is the merged model (loads like any model directory) and adapter/ the adapter alone
             final = save_trained_model(self.model, self.tokenizer, self.output_dir, base=self.model_dir,
                                        options=cfg.load_options(), state_dict=states[0])
