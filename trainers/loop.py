@@ -202,10 +202,10 @@ class OnlineTrainer:
             if cfg.warmstart == "bc":
                 self._warm_start(summary)
 
+        self._parallelize()
         trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapters only
         self.optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
         self.scheduler = self._schedule(self.optimizer)
-        self._parallelize()
         self.policy = self._generation_policy(resume_from / "model" if resume_from and not cfg.lora else self.model_dir)
         torch.manual_seed(mix_seed(cfg.seed, 17))  # the method's modules start the same whether or not we resume
         self._setup(resume_from)
