@@ -408,3 +408,11 @@ def test_grpo_trainer_update_on_vlm_trajectories(vlm_dir: Path, tmp_path: Path) 
     assert torch.isfinite(torch.tensor(stats["train/loss"])) and stats["train/tokens"] > 0
     assert stats["train/logprob_mismatch"] < 1e-4, "scored with the sampler's pixels (packing falls back to padded)"
     assert any(not torch.equal(b, p) for b, p in zip(before, trainer.model.parameters()))
+    # What the trainer writes for a trained model or a checkpoint loads back as a VLM.
+    from agentgym.policies.hf import HFPolicy
+
+    saved = tmp_path / "saved"
+    trainer.model.save_pretrained(saved)
+    trainer.tokenizer.save_pretrained(saved)
+    trainer._save_defaults(saved)
+    assert HFPolicy.from_pretrained(saved).accepts_images

@@ -179,6 +179,9 @@ class OnlineTrainer:
 
         save_rollout_defaults(model_dir, system_prompt=self.config.system_prompt,
                               max_tokens=self.config.max_tokens_per_turn, suite=self.config.suite)
+        processor = self._processor()
+        if processor is not None:  # a VLM's directory loads as one (and reads images) only with its processor
+            processor.save_pretrained(model_dir)
 
     def _log(self, step: int, metrics: dict[str, Any]) -> None:
         if self.world.is_main:
