@@ -15,7 +15,7 @@ import gymnasium as gym
 
 from agentgym.errors import RegistrationError, did_you_mean
 
-__all__ = ["CATALOGUE", "CatalogueEntry", "all_entries", "env_ids", "get_entry", "register_all"]
+__all__ = ["CATALOGUE", "CLIENT_CATALOGUE", "CatalogueEntry", "all_entries", "env_ids", "get_entry", "register_all"]
 
 NAMESPACE = "agentgym"
 
@@ -126,14 +126,27 @@ CATALOGUE: tuple[CatalogueEntry, ...] = (
 )
 
 
+#: Ids that are clients of a server rather than envs of their own: registered like the others, but they need
+#: arguments (``url=...``) to be made, so :func:`env_ids` (the ids every conformance test makes bare) leaves them out.
+CLIENT_CATALOGUE: tuple[CatalogueEntry, ...] = (
+    CatalogueEntry(
+        "agentgym/Remote-v0",
+        "agentgym.remote_env:RemoteEnv",
+        "Any env served by 'agentgym serve-env' (OpenEnv's protocol): gym.make('agentgym/Remote-v0', url=...).",
+        "remote",
+    ),
+)
+
+
 def env_ids() -> list[str]:
+    """The ids of the envs themselves (not :data:`CLIENT_CATALOGUE`): each can be made with no arguments."""
     return [e.id for e in CATALOGUE]
 
 
 def get_entry(env_id: str) -> CatalogueEntry:
     """Look up an id (with or without the ``agentgym:`` module prefix); unknown ids get 'did you mean'."""
     bare = env_id.split(":", 1)[1] if env_id.startswith("agentgym:") else env_id
-    for entry in CATALOGUE:
+    for entry in CATALOGUE + CLIENT_CATALOGUE:
         if entry.id == bare:
             return entry
     raise RegistrationError(
@@ -143,7 +156,7 @@ def get_entry(env_id: str) -> CatalogueEntry:
 
 def register_all() -> None:
     """Register every catalogue entry with Gymnasium, then the env ids of installed plugins (idempotent)."""
-    for entry in CATALOGUE:
+    for entry in CATALOGUE + CLIENT_CATALOGUE:
         if entry.id in gym.registry:
             continue
         gym.register(id=entry.id, entry_point=entry.entry_point, kwargs=dict(entry.kwargs), disable_env_checker=False)
@@ -156,4 +169,4 @@ def all_entries() -> list[CatalogueEntry]:
     """Our catalogue followed by the env ids that installed plugins declare (see :mod:`agentgym.plugins`)."""
     from agentgym.plugins import plugin_entries
 
-    return list(CATALOGUE) + plugin_entries()
+    return list(CATALOGUE) + list(CLIENT_CATALOGUE) + plugin_entries()

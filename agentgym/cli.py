@@ -1,4 +1,4 @@
-"""The ``agentgym`` command line: list, play, eval, train, serve, view, new-env.
+"""The ``agentgym`` command line: list, play, eval, train, serve, serve-env, view, new-env.
 
 Every argument is validated before work starts, and a bad one exits with status 2 and a message that
 says how to fix it (never a traceback).
@@ -250,6 +250,44 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve_env(args: argparse.Namespace) -> int:
+    import gymnasium as gym
+
+    import agentgym  # noqa: F401 - registers the ids
+    from agentgym.catalogue import get_entry
+
+    if args.env_id not in gym.registry:
+        get_entry(args.env_id)  # unknown id: RegistrationError with "did you mean"
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port must be in 0..65535 (0 picks a free port), got {args.port}.")
+    try:
+        env_kwargs = json.loads(args.env_kwargs)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--env-kwargs must be a JSON object such as '{{\"max_turns\": 5}}', got {args.env_kwargs!r} "
+                          f"({exc.msg}).") from None
+    if not isinstance(env_kwargs, dict):
+        raise ConfigError(f"--env-kwargs must be a JSON object (keyword arguments for gym.make), got {args.env_kwargs!r}.")
+    from agentgym.env_server import bind_socket, serve_env
+
+    sock = bind_socket(args.host, args.port)
+
+    def ready(url: str) -> None:
+        sys.stdout.write(f"agentgym env server: {args.env_id} on {url} (max {args.max_sessions} sessions; "
+                         f"OpenEnv clients connect to {url.replace('http', 'ws', 1)}/ws)\n")
+        sys.stdout.flush()
+
+    serve_env(args.env_id, env_kwargs=env_kwargs, max_sessions=args.max_sessions, idle_timeout_s=args.idle_timeout,
+              sock=sock, on_ready=ready)
+    return 0
+
+
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value}")
+    return value
+
+
 def _cmd_new_env(args: argparse.Namespace) -> int:
     from agentgym.scaffold import write_env_package
 
@@ -408,6 +446,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-name", default=None, help="name clients use (default: the directory name)")
     p.add_argument("--max-batch-size", type=_positive_int, default=32)
     p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("serve-env", help="serve an env over HTTP/WebSocket with OpenEnv's protocol (one env per session)")
+    p.add_argument("env_id", help="an id from 'agentgym list', e.g. agentgym/Calculator-v0")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 to accept other machines)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (0 picks a free one; the URL is printed)")
+    p.add_argument("--max-sessions", type=_positive_int, default=64,
+                   help="concurrent sessions (envs); more connections get OpenEnv's CAPACITY_REACHED error")
+    p.add_argument("--env-kwargs", default="{}", help="JSON object of gym.make keyword arguments, e.g. '{\"max_turns\": 5}'")
+    p.add_argument("--idle-timeout", type=_positive_float, default=None,
+                   help="close sessions idle this many seconds (default: keep them while connected)")
+    p.set_defaults(func=_cmd_serve_env)
 
     p = sub.add_parser("tasks", help="build or verify generated task data (e.g. 'agentgym tasks build swe')")
     p.add_argument("action", choices=["build", "verify"])
