@@ -442,7 +442,8 @@ def _snap(value: float) -> float:
 
 
 def _resize(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """``image`` resized to ``size = (width, height)`` (Lanczos: sharp text when enlarging and shrinking)."""
+    """``image`` resized to ``size = (width, height)``: bilinear, which Pillow widens into an antialiasing filter
+    when shrinking. Lanczos is a little sharper but cost 1.6-3x the time here (9 against 16 ms for 320x420)."""
     from PIL import Image
 
-    return np.asarray(Image.fromarray(image).resize(size, Image.Resampling.LANCZOS), dtype=np.uint8)
+    return np.asarray(Image.fromarray(image).resize(size, Image.Resampling.BILINEAR), dtype=np.uint8)
