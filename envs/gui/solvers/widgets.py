@@ -138,10 +138,10 @@ PLANNERS: dict[str, str] = {
   if (memory.styled) return [click(byId('subbtn'))];
   if (!memory.selected) {
     memory.selected = true;
-    if (all) return [click(editor), key('Control+a')];
+    if (all) return [click(editor), key('Control+a'), wait(300)];
     const words = txt(editor).split(' '), at = words.indexOf(word);
     const before = words.slice(0, at).join('').length;
-    return [selectLetters(editor, before, before + word.length - 1)];
+    return [selectLetters(editor, before, before + word.length - 1), wait(300)];  // Quill syncs its selection late
   }
   if (BUTTON[style]) { memory.styled = true; return [click(document.querySelector(BUTTON[style]))]; }
   const options = document.querySelector('.ql-color .ql-picker-options');
