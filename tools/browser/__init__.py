@@ -10,6 +10,10 @@ Usage::
     session.click("e4")                 # web actions by ref: click, type, select, scroll, goto, back
     session.mouse_click(10, 20)         # GUI actions by pixel: mouse_click, keyboard_type, press, wheel, drag
     image = session.screenshot()        # uint8[H, W, 3]
+    view = session.observe("() => document.title", aria=True)  # script value + pixels + tree, one call
+
+Set-of-marks (numbered boxes over interactive elements, drawn on the pixels) lives in
+:mod:`agentgym.tools.browser.marks`.
 
 The pool launches the system Chromium (``apt-get install -y chromium``; ``playwright install`` cannot
 download here) with ``pip install 'agentgym[web]'``. Importing this package does not import Playwright.
