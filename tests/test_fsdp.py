@@ -119,10 +119,13 @@ def test_sharded_update_equals_one_process_on_the_union(two_ranks: Path, model_d
     data = "".join(CASES[case]["ranks"])
     single = run_learn(str(model_dir), str(tmp_path), data, **CASES[case]["config"])
     assert not single["sharded"]
-    before = run_learn(str(model_dir), str(tmp_path / "none"), "E", **CASES[case]["config"])["params"]
     assert sharded["params"].keys() == single["params"].keys() and single["params"]
-    moved = max(float((single["params"][k] - before[k]).abs().max()) for k in before)
-    assert moved > 1e-3, "the updates must change the parameters"
+    if case == "union":
+        from transformers import AutoModelForCausalLM
+
+        before = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+        moved = max(float((single["params"][k] - before[k]).abs().max()) for k in single["params"])
+        assert moved > 1e-3, "the updates must change the parameters"
     for name, value in single["params"].items():
         error = float((sharded["params"][name] - value).abs().max())
         assert error < 1e-5, f"{name} differs from one process by {error:.3g}"

@@ -281,7 +281,9 @@ class GrpoTrainer(OnlineTrainer):
 
     def _trained_module(self) -> Any:
         """The module the update's forward and backward go through: :meth:`_forward_logprobs` on the model, in
-        DistributedDataParallel (summing gradients) when data-parallel. Built once per model, on every rank."""
+        DistributedDataParallel (summing gradients) when data-parallel, or sharded by FSDP (built by
+        :meth:`_parallelize`; no ``no_sync``: every pass reduce-scatters its gradients). Built once per model, on every
+        rank."""
         cached = getattr(self, "_trained", None)
         if cached is not None and cached[0] is self.model:
             return cached[1]
