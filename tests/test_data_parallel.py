@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.torchrun import build_small_model, torchrun  # noqa: E402
+
 SUITE = "games-calc"
 
 #: name -> settings of one update case; ``ranks`` says which data each rank holds ("A", "B": healthy groups,
@@ -114,38 +113,9 @@ def _flat(model: Any) -> Any:
     return torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
-# ---- launching ------------------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def torchrun(script: list[str], *, nproc: int = 2, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    """Run ``script`` (a path and its arguments) on ``nproc`` gloo ranks on 127.0.0.1; a hang fails after
-    ``timeout`` seconds (``subprocess.run`` kills the launcher, whose workers die with it)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
-               f"--master_port={_free_port()}", *script]
-    try:
-        result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"the {nproc}-process run did not finish in {timeout:.0f} s (a deadlock?): "
-                    f"{(exc.stderr or b'')[-2000:]!r}")
-    first = result.stderr.find("Traceback")  # the failing rank's own traceback, not only torchrun's summary
-    assert result.returncode == 0, result.stderr[max(first, 0):][:3000] + "\n...\n" + result.stderr[-1500:]
-    return result
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from agentgym.models.tiny import TinyModelConfig, build_tiny_model
-    from agentgym.quickstart import demonstration_texts
-
-    small = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=64)
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", texts=demonstration_texts(SUITE, 60),
-                            config=small)
+    return build_small_model(tmp_path_factory.mktemp("tiny") / "model", SUITE)
 
 
 @pytest.fixture(scope="module")
@@ -339,6 +309,25 @@ def test_archer_and_filtered_bc_on_two_ranks_equal_one_process(two_ranks_replay:
         for key in ("critic/loss", "actor/loss", "replay/size", "pool/turns", "actor/advantage_mean"):
             if key in theirs:
                 assert mine[key] == pytest.approx(theirs[key], abs=1e-4), key
+
+
+@pytest.mark.parametrize("encoder", ["policy", "minilm"])
+def test_the_critic_loss_reaches_every_trainable_critic_parameter(model_dir: Path, encoder: str) -> None:
+    """DDP's precondition for the critic (without ``find_unused_parameters``): a trainable parameter the loss never
+    reaches (BERT's pooler under MiniLM) would stop the next update with a reduction error under torchrun."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentgym.errors import DependencyNotInstalled
+    from agentgym.trainers.critic import UtteranceCritic
+
+    try:
+        critic = (UtteranceCritic.from_minilm(max_tokens=16) if encoder == "minilm" else UtteranceCritic.from_policy(
+            AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir), max_tokens=16))
+    except DependencyNotInstalled as exc:
+        pytest.skip(str(exc))
+    q, v = critic(["calc(2*3)", "answer"], ["6", "answer(6)"])
+    (q.sum() + v.sum()).backward()
+    assert [n for n, p in critic.named_parameters() if p.requires_grad and p.grad is None] == []
 
 
 def test_archer_loop_writes_its_buffer_once_and_resumes_under_torchrun(two_ranks_replay: Path) -> None:
