@@ -1230,7 +1230,7 @@ class _Server:
     # -- /tokenize and /detokenize (vLLM) --
     def _tokenize(self, body: Mapping[str, Any]) -> list[int]:
         if "messages" in body:
-            return self.render_chat(body)
+            return self.render_chat(body)[0]
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
             raise APIError(f"'prompt' must be a string, got {type(prompt).__name__}.", param="prompt")

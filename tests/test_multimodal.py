@@ -350,6 +350,10 @@ def test_serve_takes_image_parts_for_a_vlm_with_the_openai_client(vlm: Any) -> N
         local = vlm.generate([agent.token_ids], SamplingParams(max_tokens=5, temperature=0), images=[[image]])[0]
         assert (choice.model_extra or {})["token_ids"] == list(local.token_ids)
         assert choice.message.content == local.text
+        stream = client.chat.completions.create(
+            model="tiny-vlm", messages=[{"role": "system", "content": "Act."}, {"role": "user", "content": content}],
+            max_tokens=5, temperature=0, stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == local.text
         with pytest.raises(openai.BadRequestError, match="data:image"):
             client.chat.completions.create(model="tiny-vlm", max_tokens=2, messages=[{"role": "user", "content": [
                 {"type": "image_url", "image_url": {"url": "http://example.com/cat.png"}}]}])
