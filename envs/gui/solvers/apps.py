@@ -21,6 +21,7 @@ _EMAIL = r"""
     else task = /trash/.test(U) ? 'delete' : 'important';
   }
   if (!task) task = to ? 'forward' : message !== undefined ? 'reply' : fail('cannot read the task: ' + U);
+  if (task === 'star') task = 'important';  // the natural-language variants' name for it
   const open = (id) => { const el = byId(id); return el && shown(el) && !el.classList.contains('hide') ? el : null; };
   if (open('forward')) return [...fill(document.querySelector('#forward .forward-sender'), to), click(byId('send-forward'))];
   if (open('reply')) return [...fill(byId('reply-text'), message), click(byId('send-reply'))];
