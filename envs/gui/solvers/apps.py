@@ -55,6 +55,17 @@ PLANNERS: dict[str, str] = {
   memory.next = (memory.next || 1) + 1;
   return [clickAt(...memory.at[String(memory.next)])];
 """,
+    "buy-ticket": r"""
+  // Read each ticket's duration ("3h 43m") and price ("Book for $459"); book the one the utterance asks for.
+  const want = U.match(/^Buy the ticket with the (.+)\.$/)[1];
+  const tickets = $$('#area .flight').map((f) => {
+    const [h, m] = txt(f.querySelector('.time-duration')).match(/\d+/g).map(Number);
+    return {button: f.querySelector('.buy-ticket'), minutes: 60 * h + m, price: Number(txt(f.querySelector('.buy-ticket')).match(/\$(\d+)/)[1])};
+  });
+  const key = {'cheapest cost': (t) => t.price, 'most expensive cost': (t) => -t.price,
+               'shortest duration': (t) => t.minutes, 'longest duration': (t) => -t.minutes}[want];
+  return [click(tickets.reduce((a, b) => (key(b) < key(a) ? b : a)).button)];
+""",
     "copy-paste": r"""
   // Select the text area's text, copy it with the keyboard, paste it into the field.
   const answer = byId('answer-input');

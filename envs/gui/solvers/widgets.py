@@ -91,6 +91,31 @@ PLANNERS: dict[str, str] = {
   if (select.options[select.selectedIndex].text === name) return [click($$('#area button')[0])];
   return [click(select), type(name), key('Enter'), wait(100)];
 """,
+    "click-scroll-list": r"""
+  // A multi-select list: click the first wanted option (that selects it alone), then walk down with
+  // Control+ArrowDown (moves without selecting) and add each other wanted option with Control+Space.
+  const options = $$('#options option'), names = options.map((o) => o.text);
+  const parts = U.match(/^Select (.*) from the scroll list and click Submit\.$/)[1].split(', ');
+  const wanted = [];
+  for (let i = 0, name = ''; i < parts.length; i++) {  // names may themselves hold ", "
+    name = name ? name + ', ' + parts[i] : parts[i];
+    if (names.includes(name)) { wanted.push(names.indexOf(name)); name = ''; }
+  }
+  const chosen = options.map((o) => o.selected);
+  if (chosen.every((c, i) => c === wanted.includes(i))) return [click(byText('#area button', 'Submit'))];
+  if (memory.walked) fail('the list selection went wrong');
+  memory.walked = true;
+  wanted.sort((a, b) => a - b);
+  const start = pointOf(options[wanted[0]]) ? wanted[0] : 0;
+  const steps = [click(options[start])];
+  if (!wanted.includes(start)) steps.push(key('Control+Space'));
+  let at = start;
+  for (const index of wanted.filter((i) => i > start)) {
+    for (; at < index; at++) steps.push(key('Control+ArrowDown'));
+    steps.push(key('Control+Space'));
+  }
+  return steps;
+""",
     "form-sequence": _SLIDER_JS + r"""
   const [, n, pos] = U.match(/^Select (-?\d+) with the slider, click the (\w+) checkbox/);
   const steps = sliderSteps(byId('slider'), Number(n), Number(txt(byId('val'))));
