@@ -6,12 +6,16 @@ settings train for the same steps, tasks and group size from the same warm start
 
 * synchronous (``max_staleness: 0``): sample a step's episodes, then learn from them;
 * one-step-off (``max_staleness: 1``): the next step's episodes are generated while this step trains;
-* staleness 2 (``max_staleness: 2``).
+* staleness 2 (``max_staleness: 2``);
+
+each asynchronous setting with its rollout worker in a thread of the trainer (``async_worker: thread``) and in a
+process of its own (``async_worker: process``; ``--workers`` picks which).
 
 Reports wall time per training step (the goal: asynchronous at least 1.5x faster on 2 CPU cores) and final greedy
 held-out success per seed (the goal: within the seed spread of synchronous), plus the measured lag.
 
-    python benchmarks/async_training.py            # 3 seeds x 3 settings
+    python benchmarks/async_training.py            # 3 seeds x 5 settings
+    python benchmarks/async_training.py --workers thread   # only the thread worker's rows
     python benchmarks/async_training.py --quick    # 1 seed, 3 steps: a smoke run
 """
 
@@ -30,6 +34,7 @@ import numpy as np
 
 SLOW_ID = "agentgym-bench/SlowCalculator-v0"
 SETTINGS = (("synchronous", 0), ("one-step-off", 1), ("staleness 2", 2))
+WORKERS = ("thread", "process")
 
 
 class ToolLatency(gym.Wrapper):
@@ -50,11 +55,16 @@ class ToolLatency(gym.Wrapper):
         return self.env.step(action)
 
 
-def register(median_s: float, sigma: float) -> None:
+def slow_calculator(median_s: float, sigma: float, **kwargs: Any) -> gym.Env:
+    """The calculator behind tool latency (a module-level factory, so a rollout worker process can build it)."""
     from agentgym.envs.games.calculator import CalculatorEnv
 
+    return ToolLatency(CalculatorEnv(**kwargs), median_s, sigma)
+
+
+def register(median_s: float, sigma: float) -> None:
     if SLOW_ID not in gym.registry:
-        gym.register(id=SLOW_ID, entry_point=lambda **kw: ToolLatency(CalculatorEnv(**kw), median_s, sigma))
+        gym.register(id=SLOW_ID, entry_point=slow_calculator, kwargs={"median_s": median_s, "sigma": sigma})
 
 
 def slow_suite(workdir: Path) -> Path:
@@ -90,7 +100,8 @@ def warm_start(workdir: Path, bc_steps: int) -> Path:
     return target
 
 
-def run_one(model: Path, suite: Path, staleness: int, seed: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+def run_one(model: Path, suite: Path, staleness: int, worker: str, seed: int, args: argparse.Namespace,
+            out: Path) -> dict[str, Any]:
     from agentgym.trainers import make_trainer
     from agentgym.trainers.config import config_from_dict
 
@@ -99,17 +110,20 @@ def run_one(model: Path, suite: Path, staleness: int, seed: int, args: argparse.
         "output_dir": str(out), "seed": seed, "system_prompt": "", "steps": args.steps, "tasks_per_step": 8,
         "group_size": 8, "learning_rate": 3e-4, "warmup_steps": 2, "eval_every": 0, "eval_tasks": args.eval_tasks,
         "checkpoint_every": 0, "max_tokens_per_turn": 24, "max_context_tokens": 256, "tensorboard": False,
-        "progress": False, "max_staleness": staleness, "max_in_flight": 64,
+        "progress": False, "max_staleness": staleness, "max_in_flight": 64, "async_worker": worker,
     })
     started = time.perf_counter()
     summary = make_trainer(config).train()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/episodes" in r]
-    return {"staleness": staleness, "seed": seed, "wall_s": time.perf_counter() - started,
+    return {"staleness": staleness, "worker": worker if staleness else "-", "seed": seed,
+            "wall_s": time.perf_counter() - started,
             "step_s": statistics.mean(r["time/step_s"] for r in steps) if steps else float("nan"),
             "train_wall_s": sum(r["time/step_s"] for r in steps),
             "before": summary["eval_before"]["success_rate"], "after": summary["eval_after"]["success_rate"],
-            "lag": statistics.mean(r.get("async/staleness", 0.0) for r in steps) if steps else 0.0}
+            "lag": statistics.mean(r.get("async/staleness", 0.0) for r in steps) if steps else 0.0,
+            "token_lag": statistics.mean(r.get("async/token_staleness_mean", 0.0) for r in steps) if steps else 0.0,
+            "first_wait_s": steps[0].get("async/wait_s", 0.0) if steps else 0.0}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,7 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bc-steps", type=int, default=600)
     p.add_argument("--workdir", default="runs/async_training")
     p.add_argument("--quick", action="store_true", help="1 seed, 3 steps, 20 eval tasks, 100 BC steps")
+    p.add_argument("--workers", default=",".join(WORKERS), help="rollout workers of the asynchronous rows, "
+                   "comma-separated (thread, process)")
     args = p.parse_args(argv)
+    workers = [w.strip() for w in args.workers.split(",") if w.strip()]
+    if not workers or set(workers) - set(WORKERS):
+        p.error(f"--workers takes a comma-separated subset of {', '.join(WORKERS)}, got {args.workers!r}")
     if args.quick:
         args.seeds, args.steps, args.eval_tasks, args.bc_steps = 1, 3, 20, 100
         args.workdir += "-quick"
@@ -138,25 +157,31 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     register(args.latency_median, args.latency_sigma)
     model, suite = warm_start(workdir, args.bc_steps), slow_suite(workdir)
+    rows = [(name, staleness, "-") for name, staleness in SETTINGS if not staleness]
+    rows += [(name, staleness, worker) for worker in workers for name, staleness in SETTINGS if staleness]
     results = []
     for seed in range(args.seeds):
-        for name, staleness in SETTINGS:
-            r = run_one(model, suite, staleness, seed, args, workdir / f"k{staleness}" / f"seed{seed}")
+        for name, staleness, worker in rows:
+            out = workdir / (f"k{staleness}-{worker}" if staleness else "k0") / f"seed{seed}"
+            r = run_one(model, suite, staleness, worker, seed, args, out)
             results.append(r)
-            print(f"{name} seed {seed}: {r['step_s']:.2f} s/step, held-out {r['before']:.3f} -> {r['after']:.3f}, "
-                  f"mean lag {r['lag']:.2f}", flush=True)
+            print(f"{name} ({worker}) seed {seed}: {r['step_s']:.2f} s/step, held-out {r['before']:.3f} -> "
+                  f"{r['after']:.3f}, mean lag {r['lag']:.2f} (per token {r['token_lag']:.2f}), first wait "
+                  f"{r['first_wait_s']:.1f} s", flush=True)
     sync_step = statistics.mean(r["step_s"] for r in results if r["staleness"] == 0)
     print(f"\nGRPO on games-calc, {args.steps} steps x 8 tasks x 8 rollouts, env step latency lognormal(median "
           f"{args.latency_median} s, sigma {args.latency_sigma})")
-    print("| setting | s / step (mean) | speed-up | held-out after (mean ± sd) | per seed | mean lag |")
-    print("|---|---|---|---|---|---|")
-    for name, staleness in SETTINGS:
-        rs = [r for r in results if r["staleness"] == staleness]
+    print("| setting | worker | s / step (mean) | speed-up | held-out after (mean ± sd) | per seed | mean lag "
+          "(per token) |")
+    print("|---|---|---|---|---|---|---|")
+    for name, staleness, worker in rows:
+        rs = [r for r in results if r["staleness"] == staleness and r["worker"] == worker]
         after = [r["after"] for r in rs]
         sd = statistics.stdev(after) if len(after) > 1 else 0.0
         step_s = statistics.mean(r["step_s"] for r in rs)
-        print(f"| {name} | {step_s:.2f} | {sync_step / step_s:.2f}x | {statistics.mean(after):.3f} ± {sd:.3f} | "
-              f"{', '.join(f'{a:.3f}' for a in after)} | {statistics.mean(r['lag'] for r in rs):.2f} |")
+        print(f"| {name} | {worker} | {step_s:.2f} | {sync_step / step_s:.2f}x | {statistics.mean(after):.3f} ± "
+              f"{sd:.3f} | {', '.join(f'{a:.3f}' for a in after)} | {statistics.mean(r['lag'] for r in rs):.2f} "
+              f"({statistics.mean(r['token_lag'] for r in rs):.2f}) |")
     (workdir / "results.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
     return 0
 

@@ -28,7 +28,8 @@ Where the worker runs (``async_worker``):
   copy of the weights in shared memory. Envs registered at run time in the trainer's process are registered again
   in the worker, so their entry points must be importable (a module-level function or a ``"module:attr"`` string).
   A worker that crashes or is killed surfaces in the trainer as :class:`RolloutWorkerDied` (the steps it had
-  already delivered are still trained on); ``close`` stops it and leaves no child process.
+  already delivered are still trained on); ``close`` stops it and leaves no child process. The worker is a daemon
+  process (it never outlives the trainer), so envs in it may start subprocesses but not ``multiprocessing`` children.
 
 Reproducibility does not depend on the worker or its timing: every episode samples from its own seed, so the same
 episode sampled by the same weights gives the same tokens in a thread, a process or synchronously (tested).
@@ -185,6 +186,13 @@ class _Versioned:
         self._mailbox, self._load_weights, self.loaded_version = mailbox, load, version
         self._stop_event = stop
         self._gate = threading.Lock()
+
+    def detach_mailbox(self) -> None:
+        """Load the newest published weights one last time, then sample as the plain policy again (a vLLM engine
+        the trainer keeps using for evaluation after its rollout worker closed)."""
+        if self._mailbox is not None:
+            self.refresh()
+            self._mailbox = None
 
     def refresh(self) -> int:
         """Load the newest published weights if there are newer ones; returns the version now held."""
@@ -505,6 +513,8 @@ class AsyncRollouts:
             self._thread.join(timeout=_STOP_GRACE_S)
             if self._thread.is_alive():
                 logger.warning("the rollout worker thread is still finishing a generation batch; it stops after it")
+            if self.policy is self.trainer.policy:  # vLLM: the engine serves the trainer's evaluations from now on
+                self.policy.detach_mailbox()
             return
         process = self._process
         process.join(timeout=_STOP_GRACE_S)
@@ -523,11 +533,12 @@ class AsyncRollouts:
 def _worker_context() -> Any:
     """``forkserver`` with torch, transformers and this module preloaded in the server: the first worker of a
     Python session pays for importing them (seconds), later ones start in milliseconds; unlike ``fork``, the
-    server has no threads (torch's, the trainer's) whose locks a child could inherit held."""
+    server has no threads (torch's, the trainer's) whose locks a child could inherit held. The main script is
+    preloaded too (as ``spawn`` would import it), so env factories defined in it reach the worker."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "transformers", "agentgym.policies.hf", __name__])
+    ctx.set_forkserver_preload(["__main__", "torch", "transformers", "agentgym.policies.hf", __name__])
     return ctx
 
 
