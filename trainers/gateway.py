@@ -1,0 +1,133 @@
+"""GRPO where a black-box agent program plays every episode through the recording gateway.
+
+The one online loop (:class:`~agentgym.trainers.loop.OnlineTrainer`) with a different sampler: each step, the
+trainer opens ``tasks_per_step x group_size`` env sessions on a :mod:`agentgym.gateway` served in-process in front
+of the training model itself, runs the agent program once per session (``agent(base_url)``, where ``base_url`` is
+the session's ``http://127.0.0.1:PORT/s/<session>/v1``), and learns with GRPO from the recorded sessions
+(:func:`~agentgym.gateway.sessions_to_trajectories`). The agent program is anything that talks the OpenAI API, e.g.
+the ``openai``-only loop in ``examples/gateway_agent.py``; it never sees agentgym. Held-out evaluation runs the
+same program on the eval split's tasks with fixed seeds, so "success" is the agent program's success.
+
+The recorded log-probs are not needed for the update (GRPO recomputes the old policy's log-probs at
+``temperature``), but the sampling temperature must be the config's: a session sampled at another temperature is
+refused with a message saying so.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agentgym.errors import ConfigError
+from agentgym.rollout import summarize
+from agentgym.suite import Task
+from agentgym.trainers.config import GrpoConfig
+from agentgym.trainers.grpo import GrpoTrainer
+from agentgym.trainers.seeding import mix_seed
+from agentgym.trajectory import Trajectory
+
+__all__ = ["AgentProgram", "GatewayGrpoTrainer"]
+
+logger = logging.getLogger(__name__)
+
+#: The agent program: plays one session given its base URL (the session is in the URL); its return is ignored.
+AgentProgram = Callable[[str], Any]
+
+
+class GatewayGrpoTrainer(GrpoTrainer):
+    """``GatewayGrpoTrainer(config, agent).train()``: GRPO on sessions an agent program plays through the gateway.
+
+    Args:
+        config: A GRPO config (``max_in_flight`` bounds how many sessions run at once).
+        agent: The agent program, called as ``agent(base_url)`` once per session, from worker threads.
+    """
+
+    supports_distributed = False
+
+    def __init__(self, config: GrpoConfig, agent: AgentProgram) -> None:
+        if not callable(agent):
+            raise ConfigError(f"agent must be a callable agent(base_url) that plays one session, got {agent!r}.")
+        super().__init__(config)
+        self.agent = agent
+        self.record_dir = Path(config.output_dir) / "sessions"
+        self._server: Any = None
+        self.session_stats: dict[str, float] = {}
+
+    def _setup(self, resume_from: Path | None) -> None:
+        super()._setup(resume_from)
+        from agentgym.serve import ServerThread
+
+        self._server = ServerThread(self.policy, model_name="policy", max_batch_size=self.config.max_in_flight,
+                                    record_dir=self.record_dir)
+        self._server.start()
+        self.gateway = self._server.app.state.gateway
+        self.root_url = self._server.base_url.removesuffix("/v1")
+
+    def train(self) -> dict[str, Any]:
+        try:
+            return super().train()
+        finally:
+            if self._server is not None:
+                self._server.stop()
+                self._server = None
+
+    def _play(self, sessions: list[str]) -> None:
+        """Run the agent program once per session, ``max_in_flight`` at a time (their calls batch on the server)."""
+        workers = max(1, min(self.config.max_in_flight, len(sessions)))
+        with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="agent") as pool:
+            futures = [pool.submit(self.agent, f"{self.root_url}/s/{sid}/v1") for sid in sessions]
+            for future, sid in zip(futures, sessions):
+                try:
+                    future.result()
+                except Exception:  # the program's failure is the episode's: recorded as an open session, skipped
+                    logger.exception("The agent program failed in session %s", sid)
+
+    def _run_sessions(self, tag: str, plan: list[tuple[Task, int, str]], suite: Any) -> tuple[list[Trajectory],
+                                                                                               dict[str, float]]:
+        """Open one session per (task, seed, group) of ``plan``, let the agent play them, read them back."""
+        from agentgym.gateway import sessions_to_trajectories
+
+        sessions = [self.gateway.open_session(f"{tag}-{i}", env_id=suite.env_id, task=task, seed=seed,
+                                              group_id=group, env_kwargs=dict(suite.env_kwargs))
+                    for i, (task, seed, group) in enumerate(plan)]
+        self.model.eval()
+        self._play(sessions)
+        recorded = sessions_to_trajectories(self.record_dir, sessions)
+        for t in recorded.trajectories:
+            temperature = t.metadata.get("temperature")
+            if temperature is not None and abs(float(temperature) - self.config.temperature) > 1e-6:
+                raise ConfigError(f"Session {t.metadata['session']} sampled at temperature {temperature}, but the "
+                                  f"trainer computes log-probs at temperature {self.config.temperature}: make the agent "
+                                  "program sample at the config's temperature (or set the config's to its).")
+        return recorded.trajectories, recorded.stats()
+
+    def _sample(self, step: int) -> list[Trajectory]:
+        cfg = self.config
+        plan = [(task, mix_seed(cfg.seed, step, k, g) % (2**31), f"{step}/{k}")
+                for k, task in enumerate(self._tasks_for_step(step)) for g in range(cfg.group_size)]
+        trajectories, self.session_stats = self._run_sessions(f"s{step}", plan, self.suite)
+        return trajectories
+
+    def _rollout_metrics(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        return dict(self.session_stats)
+
+    def _evaluate(self, step: int) -> dict[str, Any]:
+        """Held-out success of the agent program (the eval split's tasks, seeds 0..n-1)."""
+        started = time.perf_counter()
+        trajectories, stats = self._run_sessions(f"e{step}", [(t, i, f"eval/{step}/{i}")
+                                                              for i, t in enumerate(self.eval_tasks)],
+                                                  self.eval_suite)
+        # one trajectory per session: a session that split into segments counts once
+        firsts = [t for t in trajectories if t.metadata.get("segment") == 0]
+        result: dict[str, Any] = summarize(firsts)
+        result["success_rate"] = sum(t.success for t in firsts) / max(len(self.eval_tasks), 1)
+        result["sessions_ended"] = stats["gateway/sessions"]
+        result["mismatches"] = stats["gateway/mismatches"]
+        result["wall_s"] = time.perf_counter() - started
+        self._log(step, {**{f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))},
+                         "eval/episodes_seen": float(self.episodes)})
+        return result
