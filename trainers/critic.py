@@ -87,6 +87,10 @@ class UtteranceCritic(nn.Module):
 
         path = default_model_dir()
         encoder = AutoModel.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+        if getattr(encoder, "pooler", None) is not None:
+            # BERT's pooler output is never read (the critic pools token states itself), so the loss never reaches
+            # it; frozen, it is not among the parameters DDP expects a gradient for under torchrun.
+            encoder.pooler.requires_grad_(False)
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         return cls(encoder, tokenizer, **kwargs)
 
