@@ -243,10 +243,19 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    if args.proxy is not None:  # the recording gateway in front of another server (e.g. vllm serve)
+        if args.record is None or args.model_dir is not None:
+            raise ConfigError("--proxy URL records another server's sessions: give --record DIR and no MODEL_DIR.")
+        from agentgym.gateway import run_gateway
+
+        run_gateway(args.proxy, args.record, host=args.host, port=args.port, tokenizer=args.tokenizer)
+        return 0
+    if args.model_dir is None:
+        raise ConfigError("agentgym serve needs a MODEL_DIR (or --proxy URL --record DIR to record another server).")
     from agentgym.serve import run_server
 
     run_server(args.model_dir, host=args.host, port=args.port, model_name=args.model_name,
-               max_batch_size=args.max_batch_size)
+               max_batch_size=args.max_batch_size, record_dir=args.record)
     return 0
 
 
@@ -440,7 +449,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("serve", help="serve a local HF model directory as an OpenAI-compatible API")
-    p.add_argument("model_dir")
+    p.add_argument("model_dir", nargs="?", default=None)
+    p.add_argument("--record", default=None, metavar="DIR",
+                   help="record every session's token-exact calls here (the recording gateway, agentgym.gateway)")
+    p.add_argument("--proxy", default=None, metavar="URL",
+                   help="with --record: record the sessions of another OpenAI-compatible server (e.g. vllm serve)")
+    p.add_argument("--tokenizer", default=None, help="with --proxy: tokenizer for servers that return no token ids")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_positive_int, default=8000)
     p.add_argument("--model-name", default=None, help="name clients use (default: the directory name)")

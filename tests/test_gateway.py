@@ -276,3 +276,44 @@ def test_grpo_through_the_gateway_improves_held_out_success(tmp_path: Path) -> N
     before, after = summary["eval_before"]["success_rate"], summary["eval_after"]["success_rate"]
     assert after - before >= 0.2, (before, after)
     assert summary["eval_after"]["mismatches"] <= 0.1 * summary["eval_after"]["sessions_ended"]
+
+
+def test_cli_records_another_server_through_the_proxy_mode(hf_policy: Any, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """`agentgym serve --proxy URL --record DIR` in a subprocess, in front of a (scripted) upstream server."""
+    import socket
+    import subprocess
+    import time
+
+    from agentgym.cli import main
+
+    assert main(["serve", "--proxy", "http://127.0.0.1:1/v1"]) == 2
+    assert "--record DIR" in capsys.readouterr().err
+    assert main(["serve"]) == 2 and "MODEL_DIR" in capsys.readouterr().err
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with ServerThread(CalcScript(hf_policy.tokenizer), model_name="script") as upstream:
+        proc = subprocess.Popen([sys.executable, "-m", "agentgym.cli", "serve", "--proxy", upstream.base_url,
+                                 "--record", str(tmp_path / "rec"), "--port", str(port)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()
+                time.sleep(0.2)
+            with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/s/cli-1/v1", api_key="unused") as client:
+                reply = client.chat.completions.create(model="script",
+                                                       messages=[{"role": "user", "content": "What is 12*34?"}])
+            assert reply.choices[0].message.content == "calc(12*34)"
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    call = [json.loads(line) for line in (tmp_path / "rec" / "cli-1.jsonl").read_text().splitlines()][-1]
+    assert call["type"] == "call" and call["text"] == "calc(12*34)" and call["ids_source"] == "server"
+    assert hf_policy.tokenizer.decode(call["token_ids"], skip_special_tokens=True) == "calc(12*34)"
