@@ -1,8 +1,8 @@
 """Reference solvers for MiniWoB++ tasks: JS planners that read the page's DOM and act by pixels.
 
 Each solvable task has a planner (a JS function body, see :mod:`.prelude`) in one of the group modules
-(:mod:`.clicks`, :mod:`.forms`, :mod:`.widgets`, :mod:`.drags`, :mod:`.reading`, :mod:`.apps`). The solver evaluates the
-task's planner in the live page, plays the returned steps one per turn as the agent's own action text
+(:mod:`.clicks`, :mod:`.forms`, :mod:`.widgets`, :mod:`.drags`, :mod:`.reading`, :mod:`.apps`). The solver
+evaluates the task's planner in the live page, plays the returned steps one per turn as the agent's own action text
 (``click(57, 112)``, ``type("Bob")``, ``key("Enter")``, ``scroll(80, 120, 60)``, ``drag(...)``), and plans
 again whenever its steps run out and the episode is still going, so multi-stage tasks (open a menu, then
 pick an item) are planned from the page as it is now. A planner may read anything in the DOM (it is a
@@ -35,8 +35,8 @@ def _merge(*groups: Mapping[str, str]) -> dict[str, str]:
 
 
 #: Task id -> JS planner body.
-PLANNERS: dict[str, str] = _merge(clicks.PLANNERS, forms.PLANNERS, widgets.PLANNERS, drags.PLANNERS, reading.PLANNERS,
-                                  apps.PLANNERS)
+PLANNERS: dict[str, str] = _merge(clicks.PLANNERS, forms.PLANNERS, widgets.PLANNERS, drags.PLANNERS,
+                                  reading.PLANNERS, apps.PLANNERS)
 #: Tasks with a DOM-reading solver, sorted (each one proved by the ``gui-validated`` suite's validate()).
 SOLVABLE_TASKS: tuple[str, ...] = tuple(sorted(PLANNERS))
 

@@ -60,7 +60,8 @@ PLANNERS: dict[str, str] = {
   const want = U.match(/^Buy the ticket with the (.+)\.$/)[1];
   const tickets = $$('#area .flight').map((f) => {
     const [h, m] = txt(f.querySelector('.time-duration')).match(/\d+/g).map(Number);
-    return {button: f.querySelector('.buy-ticket'), minutes: 60 * h + m, price: Number(txt(f.querySelector('.buy-ticket')).match(/\$(\d+)/)[1])};
+    const button = f.querySelector('.buy-ticket');
+    return {button, minutes: 60 * h + m, price: Number(txt(button).match(/\$(\d+)/)[1])};
   });
   const key = {'cheapest cost': (t) => t.price, 'most expensive cost': (t) => -t.price,
                'shortest duration': (t) => t.minutes, 'longest duration': (t) => -t.minutes}[want];
@@ -103,7 +104,8 @@ PLANNERS: dict[str, str] = {
   if (shown(target) && pointOf(target)) return [click(target)];
   const folders = [];
   for (let li = target.parentElement.parentElement.closest('li'); li; li = li.parentElement.closest('li')) folders.unshift(li);
-  const closed = folders.find((li) => !shown(li.querySelector(':scope > ul')) || getComputedStyle(li.querySelector(':scope > ul')).display === 'none');
+  const isOpen = (li) => { const ul = li.querySelector(':scope > ul'); return shown(ul) && getComputedStyle(ul).display !== 'none'; };
+  const closed = folders.find((li) => !isOpen(li));
   return closed ? [click(closed.querySelector(':scope > span')), wait(100)] : [click(target)];
 """,
     "phone-book": r"""

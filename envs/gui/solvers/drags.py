@@ -71,7 +71,10 @@ PLANNERS: dict[str, str] = {
   const TAG = {rectangles: 'rect', circles: 'circle', triangles: 'polygon'};
   const kind = TAG[U.match(/^Drag all (\w+) into/)[1]];
   const box = byId('shape-container').getBoundingClientRect();
-  const inBox = (el) => { const [x, y] = centre(el); return x > box.left + 4 && x < box.right - 4 && y > box.top + 4 && y < box.bottom - 4; };
+  const inBox = (el) => {
+    const [x, y] = centre(el);
+    return x > box.left + 4 && x < box.right - 4 && y > box.top + 4 && y < box.bottom - 4;
+  };
   const todo = $$('#area_svg > ' + kind).filter((el) => el.id !== 'shape-container' && !inBox(el));
   if (!todo.length) return [click(byId('subbtn'))];
   memory.placed = (memory.placed || 0) + 1;

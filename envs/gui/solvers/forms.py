@@ -1,8 +1,9 @@
 """Planners for the form tasks: text fields, passwords, dates and times, logins, multi-step forms.
 
 Each value is the body of a JS function run with :data:`~.prelude.PRELUDE_JS`; it returns the next steps.
-Fields are filled with ``fill(el, text)`` (click, type; select all first when it holds text), which plans nothing for a field that
-already holds the text, so a planner run again after a popup or a scroll resumes where it stopped.
+Fields are filled with ``fill(el, text)`` (click, type; select all first when it holds text), which plans
+nothing for a field that already holds the text, so a planner run again after a popup or a scroll resumes
+where it stopped.
 """
 
 from __future__ import annotations

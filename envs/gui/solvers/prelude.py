@@ -11,9 +11,9 @@ their boxes) and returns the steps a person would take next, built with these he
 - ``clickAt(x, y)``, ``type(text)``, ``key(name)``, ``drag(from, to)``, ``wait(ms)``.
 
 Steps are ``{"click": [x, y]}``, ``{"type": text}``, ``{"key": name}``, ``{"scroll": [x, y, dy]}``,
-``{"hover": [x, y]}``, ``{"drag": [x1, y1, x2, y2]}`` or ``{"wait": ms}``, in CSS pixels of the viewport. A planner that returns
-``[]`` means "nothing to do yet" (an animation is running); the solver waits and plans again. ``memory`` (an
-object the planner may update) carries notes from one plan of the episode to the next.
+``{"hover": [x, y]}``, ``{"drag": [x1, y1, x2, y2]}`` or ``{"wait": ms}``, in CSS pixels of the viewport.
+A planner that returns ``[]`` means "nothing to do yet" (an animation is running); the solver waits and plans
+again. ``memory`` (an object the planner may update) carries notes from one plan of the episode to the next.
 """
 
 from __future__ import annotations

@@ -73,9 +73,12 @@ PLANNERS: dict[str, str] = {
   // Bisect 0-9 with the page's feedback ("higher than 4" / "lower than 7").
   memory.lo = memory.lo ?? 0; memory.hi = memory.hi ?? 9;
   const field = byId('tt');
-  const higher = byId('higher'), lower = byId('lower');
-  if (shown(higher) && txt(higher.querySelector('span')) !== '') memory.lo = Math.max(memory.lo, Number(txt(higher.querySelector('span'))) + 1);
-  if (shown(lower) && txt(lower.querySelector('span')) !== '') memory.hi = Math.min(memory.hi, Number(txt(lower.querySelector('span'))) - 1);
+  const said = (id) => {  // the number in "higher than 4" / "lower than 7", when that line shows
+    const shownNumber = txt(byId(id).querySelector('span'));
+    return shown(byId(id)) && shownNumber !== '' ? Number(shownNumber) : null;
+  };
+  if (said('higher') !== null) memory.lo = Math.max(memory.lo, said('higher') + 1);
+  if (said('lower') !== null) memory.hi = Math.min(memory.hi, said('lower') - 1);
   const guess = Math.floor((memory.lo + memory.hi) / 2);
   // Enter submits the form and keeps the focus in the field for the next guess.
   const focus = document.activeElement === field ? [] : [click(field)];

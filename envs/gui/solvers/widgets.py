@@ -68,7 +68,11 @@ _SELECT_JS = r"""
     for (let node = walker.nextNode(); node; node = walker.nextNode()) {
       for (let i = 0; i < node.length; i++) {
         if (/\s/.test(node.data[i])) continue;
-        if (seen++ === index) { const r = document.createRange(); r.setStart(node, i); r.setEnd(node, i + 1); return r.getBoundingClientRect(); }
+        if (seen++ !== index) continue;
+        const range = document.createRange();
+        range.setStart(node, i);
+        range.setEnd(node, i + 1);
+        return range.getBoundingClientRect();
       }
     }
     return null;
