@@ -70,6 +70,10 @@ def run_learn(model_dir: str, out: str, data: str, **config: Any) -> dict[str, A
     names = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
     full, _ = trainer.sharding.full_state_dicts(trainer.model, trainer.optimizer)
     state = full if full is not None else trainer.model.state_dict()
+    if config.get("lora") and trainer.world.is_main:  # the final save's path: adapter/ and the merged model/
+        from agentgym.models.loading import save_trained_model
+
+        save_trained_model(trainer.model, trainer.tokenizer, Path(out) / "final", base=model_dir, state_dict=full)
     return {"params": {k: v.detach().double().clone() for k, v in state.items() if k in names},
             "sharded": trainer.sharding.is_sharded(trainer.model), "stats": stats}
 
@@ -132,6 +136,15 @@ def test_sharded_update_equals_one_process_on_the_union(two_ranks: Path, model_d
     for step in range(LEARN_STEPS):  # metrics are global, not rank 0's share
         for key in ("train/tokens", "train/loss", "train/grad_norm"):
             assert sharded["stats"][step][key] == pytest.approx(single["stats"][step][key], rel=1e-5, abs=1e-6), key
+    if case == "lora":  # the merged model rank 0 saved from the gathered adapters is one process's
+        from transformers import AutoModelForCausalLM
+
+        merged = [AutoModelForCausalLM.from_pretrained(d / "final" / "model")
+                  for d in (two_ranks / "lora-run", tmp_path)]
+        base = AutoModelForCausalLM.from_pretrained(model_dir)
+        pairs = list(zip(merged[0].parameters(), merged[1].parameters(), base.parameters()))
+        assert max(float((a - b).abs().max()) for a, b, _ in pairs) < 1e-5
+        assert max(float((a - c).abs().max()) for a, _, c in pairs) > 1e-4, "the adapters must be merged in"
     if case == "errored":
         rank1 = torch.load(two_ranks / f"{case}-rank1.pt")
         assert rank1["stats"][0]["train/errors"] == 4.0 and rank1["stats"][0]["train/tokens"] > 0
@@ -156,8 +169,9 @@ def test_checkpoint_holds_full_states_that_load_in_one_process(two_ranks: Path) 
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     assert load_checkpoint(checkpoint, optimizer, scheduler, model=model)["step"] == 1
-    first = model.get_parameter("model.layers.0.mlp.down_proj.weight")
-    assert torch.equal(optimizer.state[first]["exp_avg"], blob["optimizer"]["state"]["model.layers.0.mlp.down_proj.weight"]["exp_avg"])
+    name = "model.layers.0.mlp.down_proj.weight"
+    saved = blob["optimizer"]["state"][name]["exp_avg"]
+    assert torch.equal(optimizer.state[model.get_parameter(name)]["exp_avg"], saved)
 
 
 def test_resumed_sharded_run_equals_the_uninterrupted_one(two_ranks: Path, model_dir: Path) -> None:
