@@ -83,6 +83,26 @@ _SELECT_JS = r"""
   };
 """
 
+# A jscolor field: its text is the colour's hex code, so type the wanted colour's code (as the browser paints
+# it) into the field, click beside the picker (which closes it, uncovering Submit), then submit.
+_COLOR_FIELD = r"""
+  const hex = (css) => {
+    const probe = document.createElement('div');
+    probe.style.backgroundColor = css;
+    document.body.appendChild(probe);
+    const rgb = getComputedStyle(probe).backgroundColor.match(/\d+/g).slice(0, 3).map(Number);
+    probe.remove();
+    return rgb.map((c) => c.toString(16).padStart(2, '0')).join('');
+  };
+  const field = byId('col');
+  const pointed = $$('#query .cc')[0];
+  const want = hex(pointed ? pointed.style.backgroundColor : U.match(/^Select (\w+) with the color picker/)[1]);
+  if (field.value.toLowerCase() === want && !memory.typed) memory.typed = true;
+  if (memory.typed) return [click(byId('subbtn'))];
+  memory.typed = true;
+  return [click(field), key('Control+a'), type(want), click(byId('query')), wait(100)];  // a click outside closes the picker
+"""
+
 PLANNERS: dict[str, str] = {
     "choose-date": _DATEPICKER,
     "choose-date-easy": _DATEPICKER,
@@ -180,6 +200,8 @@ PLANNERS: dict[str, str] = {
 """,
     "use-autocomplete": _AUTOCOMPLETE,
     "use-autocomplete-nodelay": _AUTOCOMPLETE,
+    "use-colorwheel": _COLOR_FIELD,
+    "use-colorwheel-2": _COLOR_FIELD,
     "use-slider": _SLIDER_JS + r"""
   const n = Number(U.match(/^Select (-?\d+) with the slider/)[1]);
   const steps = sliderSteps(byId('slider'), n, Number(txt(byId('val'))));
