@@ -34,6 +34,16 @@ _SORTABLE_JS = r"""
   };
 """
 
+# Drag the one shape 30 px the asked way ("Drag the item left", "Drag the circle up"), then submit.
+_DRAG_ONE = r"""
+  const dir = U.match(/^Drag the \w+ (\w+)/)[1];
+  if (memory.dragged) return [click(byId('subbtn'))];
+  const shape = document.querySelector('.black-shape, .black-circle'), from = pointOf(shape) || fail('the shape is covered');
+  const D = {left: [-30, 0], right: [30, 0], up: [0, -30], down: [0, 30]}[dir];
+  memory.dragged = true;
+  return [drag(from, [from[0] + D[0], from[1] + D[1]])];
+"""
+
 PLANNERS: dict[str, str] = {
     "drag-box": r"""
   // Put the small box's top-left corner 15 px inside the large box's.
@@ -45,6 +55,7 @@ PLANNERS: dict[str, str] = {
   memory.dragged = true;
   return [drag(from, [from[0] + (l.left + 15 - s.left), from[1] + (l.top + 15 - s.top)])];
 """,
+    "drag-circle": _DRAG_ONE,
     "drag-items": _SORTABLE_JS + r"""
   const [, name, where] = U.match(/^Drag (.+?) (to the .*|up by one position\.|down by one position\.)$/);
   const items = $$('#sortable li'), from = items.findIndex((li) => txt(li) === name);
@@ -81,14 +92,7 @@ PLANNERS: dict[str, str] = {
   const spot = [box.left + box.width * (0.25 + 0.25 * ((memory.placed - 1) % 3)), box.top + box.height / 2];
   return [drag(pointOf(todo[0]) || fail('the shape is covered'), spot)];
 """,
-    "drag-single-shape": r"""
-  const dir = U.match(/^Drag the item (\w+)/)[1];
-  if (memory.dragged) return [click(byId('subbtn'))];
-  const shape = document.querySelector('.black-shape'), from = pointOf(shape) || fail('the shape is covered');
-  const D = {left: [-30, 0], right: [30, 0], up: [0, -30], down: [0, 30]}[dir];
-  memory.dragged = true;
-  return [drag(from, [from[0] + D[0], from[1] + D[1]])];
-""",
+    "drag-single-shape": _DRAG_ONE,
     "drag-sort-numbers": _SORTABLE_JS + r"""
   // Selection sort by drags: bring the smallest misplaced number up to its slot, one drag per plan.
   const items = $$('#sortable li'), values = items.map((li) => Number(txt(li)));
