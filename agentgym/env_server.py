@@ -41,6 +41,7 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
 import numpy as np
@@ -225,14 +226,35 @@ class AgentGymEnvironment(Environment):
 
     SUPPORTS_CONCURRENT_SESSIONS = True
 
-    def __init__(self, env_id: str, env_kwargs: Mapping[str, Any], observation_space: Mapping[str, Any]) -> None:
+    def __init__(self, env_id: str, env_kwargs: Mapping[str, Any], observation_space: Mapping[str, Any],
+                 inline: bool = False) -> None:
         super().__init__()
         self.env_id = env_id
         self.env_kwargs = dict(env_kwargs)
         self._space = dict(observation_space)
+        self._inline = bool(inline)
+        self._executor: ThreadPoolExecutor | None = None
         self._env: Any = None
         self._closed = False
         self._state = AgentGymState(env_id=env_id, observation_space=self._space)
+
+    async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run an env call: inline on the event loop for ``cheap_steps`` envs (microseconds of pure computation, as
+        the rollout engine does), else in this session's own worker thread, where the env is made, steps and
+        closes (browser envs need one thread)."""
+        if self._inline:
+            return fn(*args, **kwargs)
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentgym-env")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+
+    async def reset_async(self, seed: Optional[int] = None, episode_id: Optional[str] = None,
+                          options: Optional[dict[str, Any]] = None, **kwargs: Any) -> AgentGymObservation:
+        return await self._call(self.reset, seed=seed, episode_id=episode_id, options=options, **kwargs)
+
+    async def step_async(self, action: AgentGymAction, timeout_s: Optional[float] = None,
+                         **kwargs: Any) -> AgentGymObservation:
+        return await self._call(self.step, action, timeout_s=timeout_s, **kwargs)
 
     def _ensure_env(self) -> Any:
         if self._closed:
@@ -297,9 +319,17 @@ class AgentGymEnvironment(Environment):
     def close(self) -> None:
         self._closed = True
         env, self._env = self._env, None
-        if env is not None:
-            LIVE_ENVS.add(-1)
-            env.close()
+        executor, self._executor = self._executor, None
+        try:
+            if env is not None:
+                LIVE_ENVS.add(-1)
+                if executor is not None:
+                    executor.submit(env.close).result()
+                else:
+                    env.close()
+        finally:
+            if executor is not None:
+                executor.shutdown(wait=False)
 
 
 def _version() -> str:
@@ -348,12 +378,14 @@ def create_env_app(env_id: str, *, env_kwargs: Mapping[str, Any] | None = None, 
     probe = gym.make(env_id, **kwargs)
     try:
         space = space_to_json(probe.observation_space)
+        inline = bool(getattr(probe.unwrapped, "cheap_steps", False))
     finally:
         probe.close()
 
     app = FastAPI(title=f"agentgym env server: {env_id}", version=_version(),
                   description="An agentgym env behind OpenEnv's protocol (openenv-core's HTTPEnvServer).")
-    factory = functools.partial(AgentGymEnvironment, env_id=env_id, env_kwargs=kwargs, observation_space=space)
+    factory = functools.partial(AgentGymEnvironment, env_id=env_id, env_kwargs=kwargs, observation_space=space,
+                                inline=inline)
     server = HTTPEnvServer(factory, AgentGymAction, AgentGymObservation,
                            concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions,
                                                                 session_timeout=idle_timeout_s))

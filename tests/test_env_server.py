@@ -217,8 +217,14 @@ def test_capacity_error_then_killed_server_ends_episode_with_error() -> None:
         with pytest.raises(EnvServerError, match="CAPACITY_REACHED.*2/2.*--max-sessions") as caught:
             gym.make("agentgym/Remote-v0", url=proc.url)
         assert caught.value.code == "CAPACITY_REACHED"
-        with GenericEnvClient(base_url=proc.url).sync() as client, pytest.raises(RuntimeError, match="CAPACITY_REACHED"):
-            client.reset()
+        # On the wire: the server answers the connection itself with OpenEnv's error message and closes it (so
+        # OpenEnv's GenericEnvClient sees either that error or the closed socket, whichever its first send meets).
+        from websockets.sync.client import connect
+
+        with connect(proc.url.replace("http", "ws", 1) + "/ws", open_timeout=30) as ws:
+            answer = json.loads(ws.recv(timeout=30))
+        assert answer["type"] == "error" and answer["data"]["code"] == "CAPACITY_REACHED"
+        assert answer["data"]["max_sessions"] == 2 and "Server at capacity" in answer["data"]["message"]
         b.close()
         assert wait_for(lambda: sessions(proc.url)["active_sessions"] == 1)
         actions, results, _ = reference_episode(seed=4)
