@@ -49,12 +49,12 @@ _AUTOCOMPLETE = r"""
   const [start, end] = [Q[0], Q.length > 1 ? Q[1] : ''];
   const field = byId('tags');
   const fits = (s) => s.startsWith(start) && s.endsWith(end);
-  if (fits(field.value)) return [click(byId('subbtn'))];
-  const menu = $$('ul.ui-autocomplete').find(shown);
+  const menu = $$('ul.ui-autocomplete').find(shown);  // open, it may cover Submit: pick from it first
   if (menu) {
     const item = $$('li', menu).find((li) => fits(txt(li)));
     if (item) return [click(item), wait(100)];
   }
+  if (fits(field.value)) return [click(byId('subbtn'))];
   if (field.value !== start) return [...fill(field, start), wait(300)];
   return [];
 """
