@@ -311,6 +311,27 @@ def test_archer_and_filtered_bc_on_two_ranks_equal_one_process(two_ranks_replay:
                 assert mine[key] == pytest.approx(theirs[key], abs=1e-4), key
 
 
+def test_a_reading_rank_never_writes_the_replay_file(tmp_path: Path) -> None:
+    """``persist=False`` (ranks other than 0): the file is read, but appends and roll-backs stay in memory, and a
+    torn record is skipped without repairing the file (the writing rank does that)."""
+    from agentgym.trainers.replay import ReplayBuffer, Transition
+
+    turns = [Transition(state=f"s{i}", action="a", reward=0.0, next_state="n", terminated=False, truncated=False,
+                        episode=f"0:{i}") for i in range(4)]
+    path = tmp_path / "replay.jsonl"
+    ReplayBuffer(path).extend(turns[:3])
+    with path.open("ab") as fh:
+        fh.write(b'{"state": "torn')
+    before = path.read_bytes()
+    reader = ReplayBuffer(path, persist=False)
+    assert reader.total == 3 and [t.state for t in reader] == ["s0", "s1", "s2"]
+    reader.extend(turns[3:])
+    assert reader.total == 4 and len(reader) == 4
+    reader.truncate(2)
+    assert reader.total == 2 and [t.state for t in reader] == ["s0", "s1"]
+    assert path.read_bytes() == before, "a reading rank must leave the file alone"
+
+
 @pytest.mark.parametrize("encoder", ["policy", "minilm"])
 def test_the_critic_loss_reaches_every_trainable_critic_parameter(model_dir: Path, encoder: str) -> None:
     """DDP's precondition for the critic (without ``find_unused_parameters``): a trainable parameter the loss never
