@@ -399,7 +399,8 @@ class MiniWoBEnv(AgentEnv):
             scaled.extend(self.to_image(float(points[i]), float(points[i + 1])))
         if call.name == "scroll":
             scaled.append(float(values[2]) * self.image_size[1] / self.screen[1])
-        return f"{call.name}({', '.join(f'{v:g}' if v == int(v) else f'{v:.4f}' for v in scaled)})"
+        # repr() round-trips floats exactly, so to_page() gives back the solver's own page pixels.
+        return f"{call.name}({', '.join(str(int(v)) if v == int(v) else repr(v) for v in scaled)})"
 
     # ---- gymnasium plumbing ------------------------------------------------------------------------------------------
     def step(self, action: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:  # type: ignore[override]
