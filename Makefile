@@ -48,3 +48,4 @@ benchmarks: install
 	$(PYTHON) benchmarks/grader_accuracy.py
 	$(PYTHON) benchmarks/ray_rollouts.py
 	$(PYTHON) benchmarks/async_training.py
+	$(PYTHON) benchmarks/env_server.py

@@ -417,6 +417,14 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _drop_close_after_disconnect(record: logging.LogRecord) -> bool:
+    """Drop uvicorn's "Exception in ASGI application" for a client that left first: openenv-core's /ws handler
+    closes the socket after destroying the session and catches only RuntimeError, so every client that closes
+    first logs a WebSocketDisconnect traceback although nothing went wrong (its env is already closed)."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return type(exc).__name__ not in ("WebSocketDisconnect", "ClientDisconnected")
+
+
 def serve_env(env_id: str, *, host: str = "127.0.0.1", port: int = 8000, env_kwargs: Mapping[str, Any] | None = None,
               max_sessions: int = 64, idle_timeout_s: float | None = None, sock: socket.socket | None = None,
               on_ready: Any = None) -> None:
@@ -434,6 +442,7 @@ def serve_env(env_id: str, *, host: str = "127.0.0.1", port: int = 8000, env_kwa
     bound_host, bound_port = sock.getsockname()[:2]
     url = f"http://{'[' + bound_host + ']' if ':' in bound_host else bound_host}:{bound_port}"
     config = uvicorn.Config(app, log_level="warning", ws_max_size=100 * 2**20, timeout_graceful_shutdown=10)
+    logging.getLogger("uvicorn.error").addFilter(_drop_close_after_disconnect)  # after Config: it sets up logging
     server = uvicorn.Server(config)
     if on_ready is not None:
         on_ready(url)

@@ -78,6 +78,13 @@ def time_steps(env: Any, plans: dict[int, list[str]], seconds: float) -> list[fl
     return latencies
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (a load-independent cost on a shared machine)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def server_resources(url: str, pid: int) -> dict[str, int]:
     """What a leak would show: sessions, live envs, open fds, threads and child processes of the server."""
     info = httpx.get(f"{url}/sessions", timeout=10).json()
@@ -162,12 +169,16 @@ def load(url: str, pid: int, *, sessions: int, seconds: float, env_id: str = DEF
 
     asyncio.run(warm_up())
     before = settled(url, pid, None)
+    server_cpu, client_cpu = cpu_seconds(pid), time.process_time()
     latencies, errors, wall = asyncio.run(_load(url, plans, sessions, seconds))
+    server_cpu, client_cpu = cpu_seconds(pid) - server_cpu, time.process_time() - client_cpu
     after = settled(url, pid, before)
     return {
         "sessions": sessions, "seconds": wall, "steps": len(latencies), "errors": len(errors),
         "first_errors": errors[:3], "steps_per_s": len(latencies) / wall if wall else 0.0,
         "p50_ms": 1000 * percentile(latencies, 50), "p99_ms": 1000 * percentile(latencies, 99),
+        "server_cpu_ms_per_step": 1000 * server_cpu / max(len(latencies), 1),
+        "client_cpu_ms_per_step": 1000 * client_cpu / max(len(latencies), 1),
         "before": before, "after": after,
         "leaks": {k: (before[k], after[k]) for k in before if after[k] > before[k]},
     }
@@ -188,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
 
     plans = reference_actions(args.env_id, range(32))
     local = gym.make(args.env_id)
+    cpu = time.process_time()
     in_process = time_steps(local, plans, args.sequential_seconds)
+    in_process_cpu_ms = 1000 * (time.process_time() - cpu) / len(in_process)  # includes the resets
     local.close()
     with launch_env_server(args.env_id, max_sessions=args.sessions) as server:
         remote = gym.make("agentgym/Remote-v0", url=server.url, env_id=args.env_id)
@@ -214,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<40} {n:>8} {p50:>8.3f} {p99:>8.3f}   {overhead}")
     print(f"throughput under load: {result['steps_per_s']:.0f} steps/s; errors: {result['errors']} "
           f"{result['first_errors']}; mean in-process step {1000 * statistics.fmean(in_process):.3f} ms")
+    print(f"CPU per step (load-independent): in-process {in_process_cpu_ms:.3f} ms (resets included); under load "
+          f"server {result['server_cpu_ms_per_step']:.3f} ms + client {result['client_cpu_ms_per_step']:.3f} ms")
     print(f"server before: {result['before']}")
     print(f"server after:  {result['after']}")
     print(f"leaks: {result['leaks'] or 'none'}")
