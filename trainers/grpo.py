@@ -163,6 +163,10 @@ class GrpoTrainer(OnlineTrainer):
     def _forward_logprobs(self, model: Any, mb: TrainingBatch) -> torch.Tensor:
         """``[n, L]`` per-token log-probs of a micro-batch, padded or packed (identical values)."""
         cfg = self.config
+        if mb.images is not None:  # a VLM's images, merged row by row: scored padded (packing would reorder them)
+            vision = vision_inputs(mb, self._processor(), cfg.device, next(model.parameters()).dtype)
+            return sequence_logprobs(model, mb.input_ids.to(cfg.device), mb.attention_mask.to(cfg.device),
+                                     cfg.temperature, vision=vision)
         if not cfg.packing:
             return sequence_logprobs(model, mb.input_ids.to(cfg.device), mb.attention_mask.to(cfg.device), cfg.temperature)
         width = int(mb.input_ids.shape[1])
@@ -178,10 +182,6 @@ class GrpoTrainer(OnlineTrainer):
         global token/sequence counts and the most micro-batches any rank has for it; every rank then runs that
         many backward passes (zero-weight ones where it has run out of rows, e.g. when all its episodes errored)
         under ``no_sync`` except the last, whose bucketed all-reduce sums the gradients. A mini-batch empty on
-        if mb.images is not None:  # a VLM's images, merged row by row: scored padded (packing would reorder them)
-            vision = vision_inputs(mb, self._processor(), cfg.device, next(model.parameters()).dtype)
-            return sequence_logprobs(model, mb.input_ids.to(cfg.device), mb.attention_mask.to(cfg.device),
-                                     cfg.temperature, vision=vision)
         every rank gives no gradient, so the optimizer leaves the parameters alone (the scheduler still steps).
         """
         cfg = self.config
