@@ -233,7 +233,8 @@ def run_replay_updates(trainer_name: str, model_dir: str, out: str, steps: list[
     stats = [trainer._learn(step, [t for kind in data for t in _trajectories(kind)]) for step, data in enumerate(steps)]
     result = {"actor": _flat(trainer.model).double(), "stats": stats}
     if trainer_name == "archer":
-        result.update(critic=_flat(trainer.critic).double(), initial_critic=initial_critic, target=_flat(trainer.target_critic).double(),
+        result.update(critic=_flat(trainer.critic).double(), initial_critic=initial_critic,
+                      target=_flat(trainer.target_critic).double(),
                       replay=[t.to_dict() for t in trainer.replay])
     else:
         result["replay"] = [t.to_dict() for t in trainer.pool]
@@ -288,7 +289,7 @@ def test_archer_and_filtered_bc_on_two_ranks_equal_one_process(two_ranks_replay:
     ranks = [torch.load(two_ranks_replay / f"{case}-rank{r}.pt", weights_only=False) for r in (0, 1)]
     single = run_replay_updates(spec["trainer"], str(model_dir), str(tmp_path), ["".join(d) for d in spec["steps"]],
                                 **spec["config"])
-    assert ranks[0]["replay"] == ranks[1]["replay"] == single["replay"], "every rank must hold the single-process buffer"
+    assert ranks[0]["replay"] == ranks[1]["replay"] == single["replay"], "each rank must hold the single-process buffer"
     sizes = {"A": 5, "B": 6, "E": 4, "S": 2}  # episodes per letter (_trajectories); E's all errored
     named = set()
     for step, data in enumerate(spec["steps"]):  # episodes are named by their index in the whole step

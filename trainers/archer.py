@@ -208,7 +208,8 @@ class ArcherTrainer(ReplayActorTrainer):
             losses.append(torch.tensor([total], dtype=torch.float64))
         self.critic.eval()
         every = gather_rows(self.world, {**rows, "loss": losses})
-        return {"critic/loss": float(every["loss"].sum()) / cfg.critic_steps, "critic/grad_norm": sum(norms) / len(norms),
+        return {"critic/loss": float(every["loss"].sum()) / cfg.critic_steps,
+                "critic/grad_norm": sum(norms) / len(norms),
                 "critic/q_mean": float(every["q"].mean()), "critic/v_mean": float(every["v"].mean()),
                 "critic/explained_variance": alg.explained_variance(every["fitted"], every["returns"])}
 

@@ -18,7 +18,8 @@ by two choices:
   The gather is cheap (one step's turns as text and ids); what costs is the update, and that is split:
 * **each micro-batch's rows are split across ranks** (contiguous shares, :meth:`World.shard`). A rank samples
   fresh utterances for its rows only, each row from its own seed (iteration, phase, optimizer step,
-  micro-batch, row), so a row draws the same tokens whichever rank runs it; its loss is its rows' share of the
+  micro-batch, row), so a row draws the same tokens whichever rank runs it (as the rollout engine's episodes do,
+  up to float rounding of batched logits at a sampling boundary); its loss is its rows' share of the
   micro-batch mean (divided by the whole micro-batch's size), and DDP sums the gradients, so the summed shares
   are the single-process gradient. Every rank makes the same passes (``grad_accum_steps`` per optimizer step,
   a zero-weight pass where a micro-batch has fewer rows than there are ranks), hence the same collectives; a
@@ -157,7 +158,8 @@ class ReplayActorTrainer(OnlineTrainer):
         logp, _ = self._utterance_logprobs([(pad,)], [(pad,)])
         return logp.sum() * 0.0
 
-    def _utterance_logprobs(self, states: list[tuple[int, ...]], actions: list[tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _utterance_logprobs(self, states: list[tuple[int, ...]],
+                            actions: list[tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
         """``([B, L] log-probs, [B, L] mask)`` of each utterance given its state (right-padded, exact ids), through
         the data-parallel actor (:meth:`_actor_module`)."""
         cfg = self.config
