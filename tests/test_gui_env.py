@@ -41,7 +41,7 @@ def test_all_128_bundled_tasks_are_listed_with_their_pages():
         assert sorted(t.metadata["task"] for t in suite.split(split)) == sorted(ids)
     assert not {t.metadata["seed"] for t in suite.train} & {t.metadata["seed"] for t in suite.test}
     smoke = load_suite("gui-smoke")
-    assert {t.metadata["task"] for t in smoke} == set(SOLVABLE_TASKS)
+    assert {t.metadata["task"] for t in smoke} <= set(SOLVABLE_TASKS)
     assert generate_tasks(__import__("random").Random(1), 3, tasks=["click-test"])[0].metadata["task"] == "click-test"
 
 
