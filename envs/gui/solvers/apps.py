@@ -108,6 +108,22 @@ PLANNERS: dict[str, str] = {
   const closed = folders.find((li) => !isOpen(li));
   return closed ? [click(closed.querySelector(':scope > span')), wait(100)] : [click(target)];
 """,
+    "order-food": r"""
+  // "Order one of each item: A, B" or "Order 3 items that are vegan" (each dish shows its kinds as icons).
+  const items = $$('#area .food-item');
+  const name = (it) => txt(it.querySelector('.item-name'));
+  const count = (it) => Number(txt(it.querySelector('.quantity')) || 0);
+  const order = byText('#area button', 'Order!');
+  const byName = U.match(/^Order one of each item: (.*)$/);
+  if (byName) {
+    const wanted = byName[1].split(', ');
+    const todo = items.find((it) => wanted.includes(name(it)) && count(it) < 1);
+    return todo ? [click(todo.querySelector('.add'))] : [click(order)];
+  }
+  const [, n, kind] = U.match(/^Order (\d+) items that are (.+)$/);
+  const dish = items.find((it) => $$('.types img', it).some((img) => img.alt === kind));
+  return count(dish) < Number(n) ? [click(dish.querySelector('.add'))] : [click(order)];
+""",
     "phone-book": r"""
   // Page through the contacts with ">" until the person shows, then click the asked property.
   const [, person, property] = U.match(/^Find (.+) in the contact book and click on their (\w+)/);
