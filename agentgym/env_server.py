@@ -39,7 +39,6 @@ import math
 import re
 import socket
 import threading
-import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
@@ -68,6 +67,7 @@ __all__ = [
     "AgentGymObservation",
     "AgentGymState",
     "EnvServerError",
+    "action_to_wire",
     "create_env_app",
     "observation_from_wire",
     "serve_env",
@@ -507,23 +507,7 @@ def finite_or_zero(value: Any) -> float:
     return number
 
 
-def wait_until_healthy(url: str, timeout_s: float = 60.0) -> None:
-    """Block until ``GET url/health`` answers 200 (for scripts and tests that start a server)."""
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError as exc:
-            last = exc
-        time.sleep(0.1)
-    raise EnvCrashed(f"The env server at {url} did not become healthy within {timeout_s} s ({last}).")
-
-
-def _json_safe_action(action: Any) -> AgentGymAction:
+def action_to_wire(action: Any) -> AgentGymAction:
     """The wire form of any action the client was given (see the module docstring)."""
     try:
         json.dumps(action, allow_nan=False)

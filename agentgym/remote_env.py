@@ -136,7 +136,7 @@ class RemoteEnv(gym.Env):
         if not self._in_episode:
             raise AgentGymError("Call reset() before step(): no episode is running (or the last one ended).")
         try:
-            result = self._client.step(self._wire._json_safe_action(action))
+            result = self._client.step(self._wire.action_to_wire(action))
         except self._wire.EnvServerError:
             raise
         except Exception as exc:  # noqa: BLE001 - transport failure: end this episode as an infrastructure error

@@ -39,7 +39,7 @@ def test_every_family_has_a_dockerfile_that_runs_serve_env() -> None:
     build = _build_module()
     for family in build.FAMILIES:
         text = (ROOT / "docker" / family / "Dockerfile").read_text()
-        assert f"FROM ${{BASE}}" in text and f"agentgym-python-{family}:local" in text
+        assert "FROM ${BASE}" in text and f"agentgym-python-{family}:local" in text
         assert '"serve-env"' in text and "agentgym/" in text.split("CMD", 1)[1]
     assert {p.name for p in (ROOT / "docker").iterdir() if p.is_dir()} == set(build.FAMILIES)
 
