@@ -51,6 +51,18 @@ CATALOGUE: tuple[CatalogueEntry, ...] = (
         "games",
     ),
     CatalogueEntry(
+        "agentgym/Sokoban-v0",
+        "agentgym.envs.games.sokoban:SokobanEnv",
+        "Push every box onto a target in a generated text-grid Sokoban room (6x6, 1-2 boxes) with move(direction).",
+        "games",
+    ),
+    CatalogueEntry(
+        "agentgym/BabyAI-v0",
+        "agentgym.envs.babyai.env:BabyAIEnv",
+        "Follow a BabyAI mission in a minigrid world described as text (BALROG style): turn, go forward, pick up.",
+        "babyai",
+    ),
+    CatalogueEntry(
         "agentgym/CodeInterpreter-v1",
         "agentgym.envs.code_interpreter.env:CodeInterpreterEnv",
         "Solve math/algorithmic problems by running Python in a sandbox (SimpleTIR style); answer in \\boxed{}.",
