@@ -267,7 +267,9 @@ class BabyAIEnv(AgentEnv):
             raise TaskError(f"BabyAI task {task.id!r} needs metadata level (a minigrid BabyAI id) and an "
                             "integer seed.") from None
         world = self._level_env(level)
-        with contextlib.redirect_stdout(io.StringIO()):  # minigrid prints its level-sampling retries
+        # minigrid prints each rejected level sample; keep stdout clean for CLI tables (a reset takes ~5 ms,
+        # so another thread's print in that window is the only thing that could be swallowed).
+        with contextlib.redirect_stdout(io.StringIO()):
             obs, _ = world.reset(seed=seed)
         self._world, self._mission = world, str(obs["mission"])
         if self._fixed_max_turns is None:

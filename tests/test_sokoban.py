@@ -1,0 +1,121 @@
+"""Sokoban: push rules, the solver, the reverse-play generator, the env's tools, state keys and the suite."""
+
+from __future__ import annotations
+
+import random
+
+import gymnasium as gym
+import pytest
+from agentgym.envs.games import sokoban
+from agentgym.envs.games.sokoban import Puzzle, SokobanEnv, solve
+
+from agentgym.errors import TaskError
+from agentgym.rollout import run_reference_episode
+from agentgym.suite import Task, load_suite
+
+ROOM = ["######",
+        "#@$_.#",
+        "#____#",
+        "######"]
+
+
+def test_push_rules_and_solver() -> None:
+    p = Puzzle.parse(ROOM)
+    assert p.push("up") is None  # wall
+    moved, pushed = p.push("right")  # type: ignore[misc]
+    assert pushed and moved.player == (1, 2) and moved.boxes == ((1, 3),)
+    assert solve(p) == ["right", "right"]
+    two = Puzzle.parse(["#######", "#@$$_.#", "#.____#", "#######"])
+    assert two.push("right") is None  # two boxes in a row do not move
+    cornered = Puzzle.parse(["#####", "#$_.#", "#_@_#", "#####"])  # box in a corner, target elsewhere
+    assert solve(cornered) is None
+    assert solve(Puzzle.parse(["####", "#@*#", "####"])) == []
+
+
+@pytest.mark.parametrize("rows", [[], ["##", "###"], ["#@$.?#"], ["#$.#"], ["#@@$.#"], ["#@$$.#"]])
+def test_bad_grids_are_refused(rows: list[str]) -> None:
+    with pytest.raises(TaskError):
+        Puzzle.parse(rows)
+
+
+def test_generated_puzzles_are_solvable_distinct_and_held_out() -> None:
+    train = sokoban.generate_tasks(random.Random(0), 30, boxes=[1, 2])
+    assert train == sokoban.generate_tasks(random.Random(0), 30, boxes=[1, 2])
+    assert {t.metadata["boxes"] for t in train} == {1, 2}
+    for task in train:
+        puzzle = Puzzle.parse(task.metadata["rows"])
+        plan = solve(puzzle)
+        assert plan is not None and len(plan) == task.metadata["optimal_moves"] >= 4
+        for move in plan:  # the proof: replaying the shortest solution solves the puzzle
+            puzzle = puzzle.push(move)[0]  # type: ignore[index]
+        assert puzzle.solved()
+    test = sokoban.generate_tasks(random.Random(0), 30, seeds="test")
+    assert all(t.metadata["seed"] >= 2**30 > s.metadata["seed"] for t in test for s in train)
+    with pytest.raises(TaskError, match="sides"):
+        sokoban.generate_tasks(random.Random(0), 1, width=3)
+    with pytest.raises(TaskError, match="boxes"):
+        sokoban.generate_tasks(random.Random(0), 1, boxes=0)
+
+
+def test_env_moves_reward_and_state_key() -> None:
+    env = gym.make("agentgym/Sokoban-v0")
+    task = Task("s", "Push the box.", None, {"rows": ROOM})
+    obs, info = env.reset(seed=0, options={"task": task})
+    core = env.unwrapped
+    assert "#@$_.#" in obs and info["max_turns"] == 3 * 2 + 10
+    start_key = core.state_key()
+    obs, reward, term, _, step = env.step('move("up")')
+    assert "blocks" in obs and core.state_key() == start_key and reward == 0 and not term
+    env.step('move("down")')
+    assert core.state_key() != start_key
+    env.step('<tool_call>{"name": "move", "arguments": {"direction": "up"}}</tool_call>')
+    assert core.state_key() == start_key  # the same position, reached by another path
+    obs, reward, term, _, step = env.step("I think I should push the box right")
+    assert step["turn"]["kind"] == "void" and not term
+    obs, reward, term, _, step = env.step('move("sideways")')
+    assert step["turn"]["kind"] == "invalid"
+    forked = core.fork()
+    obs, reward, term, _, step = env.step('move("right") move("right")')
+    assert term and reward == 1.0 and step["outcome"] == {"success": True, "score": 1.0, "end_reason": "solved"}
+    assert forked.state_key() == start_key  # the copy did not move
+    with pytest.raises(TaskError, match="rows"):
+        env.reset(options={"task": Task("x", "p", None, {"width": 6})})
+    with pytest.raises(TaskError, match="starts solved"):
+        env.reset(options={"task": Task("x", "p", None, {"rows": ["####", "#@*#", "####"]})})
+    env.close()
+
+
+def test_reference_solver_replans_after_a_detour() -> None:
+    env = gym.make("agentgym/Sokoban-v0")
+    task = sokoban.generate_tasks(random.Random(5), 1, boxes=2)[0]
+    env.reset(seed=0, options={"task": task})
+    solver = env.unwrapped.reference_solver()
+    env.step(solver(""))
+    for move in ("left", "up", "right", "down"):  # wander off the plan (maybe pushing a box), then let it finish
+        env.step(f'move("{move}")')
+    if solve(env.unwrapped._puzzle) is None:
+        pytest.skip("the detour made this puzzle unsolvable")
+    for _ in range(60):
+        _, _, term, trunc, step = env.step(solver(""))
+        if term or trunc:
+            break
+    assert step["outcome"]["success"]
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_suite_validates_and_test_split_differs(split: str) -> None:
+    suite = load_suite("sokoban")
+    report = suite.validate(split=split, limit=25)
+    assert report.ok and report.checked == 25, str(report)
+    assert {t.metadata["width"] for t in suite.train}.isdisjoint({t.metadata["width"] for t in suite.test})
+    assert {t.metadata["seed"] for t in suite.split("validation")}.isdisjoint(t.metadata["seed"] for t in suite.train)
+    traj = run_reference_episode(suite.make_env(), suite.test[0], seed=0)
+    assert traj.outcome["success"] and len({t.state_key for t in traj.turns}) == len(traj.turns)
+
+
+@pytest.mark.slow
+def test_whole_suite_validates() -> None:
+    suite = load_suite("sokoban")
+    for split in ("train", "test", "validation"):
+        report = suite.validate(split=split)
+        assert report.ok, str(report)
