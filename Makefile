@@ -49,3 +49,4 @@ benchmarks: install
 	$(PYTHON) benchmarks/ray_rollouts.py
 	$(PYTHON) benchmarks/async_training.py
 	$(PYTHON) benchmarks/env_server.py
+	$(PYTHON) benchmarks/new_envs.py
