@@ -38,6 +38,7 @@ PREFIX = "/opt/python"
 #: family -> (pyproject extras beyond serve-env, host programs it runs, host folders it needs whole)
 FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     "games": ((), (), ()),
+    "babyai": (("babyai",), (), ()),
     "code_interpreter": (("code",), ("bwrap",), ()),
     "search": (("search",), (), ()),
     "swe": (("swe",), ("bwrap", "git"), ("/usr/lib/git-core", "/usr/share/git-core")),
