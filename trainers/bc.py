@@ -18,7 +18,7 @@ from agentgym.policies import ReferencePolicy, SamplingParams
 from agentgym.progress import track
 from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
 from agentgym.suite import TaskSuite
-from agentgym.trainers.batch import build_batch, sequence_logprobs
+from agentgym.trainers.batch import build_batch, sequence_logprobs, vision_inputs
 from agentgym.trajectory import Trajectory
 
 __all__ = ["behaviour_clone", "collect_demonstrations"]
@@ -27,11 +27,21 @@ logger = logging.getLogger(__name__)
 
 
 def collect_demonstrations(suite: TaskSuite, split: str, count: int, tokenizer: Any, *, shortcut_fraction: float = 0.0,
-                           seed: int = 0, system_prompt: str | None = None) -> list[Trajectory]:
-    """Reference-solver (and optionally shortcut) episodes on the first ``count`` tasks of ``split``."""
+                           seed: int = 0, system_prompt: str | None = None, processor: Any = None,
+                           policy: ReferencePolicy | None = None) -> list[Trajectory]:
+    """Reference-solver (and optionally shortcut) episodes on the first ``count`` tasks of ``split``.
+
+    With a vision-language model's ``processor``, the demonstrations see what the VLM will see: image
+    observations become image content parts expanded to the model's image tokens, and each trajectory keeps its
+    screenshots, so :func:`behaviour_clone` scores the actions given the pixels. ``policy`` replaces the plain
+    :class:`ReferencePolicy` (e.g. one that rewrites the solver's actions into another action space).
+    """
     tasks = suite.split(split)[:count]
     specs = [EpisodeSpec(suite.env_id, task=t, seed=seed + i, env_kwargs=dict(suite.env_kwargs)) for i, t in enumerate(tasks)]
-    policy = ReferencePolicy(tokenizer=tokenizer, shortcut_fraction=shortcut_fraction, seed=seed)
+    if policy is None:
+        policy = ReferencePolicy(tokenizer=tokenizer, shortcut_fraction=shortcut_fraction, seed=seed)
+    if processor is not None:  # a scripted teacher reads no pixels; the recorded prompts must carry them all the same
+        policy.accepts_images, policy.processor = True, processor
     config = RolloutConfig(max_in_flight=256, sampling=SamplingParams(max_tokens=1), system_prompt=system_prompt,
                            deterministic=True)
     demos = RolloutEngine(policy, config).run(specs)
@@ -41,8 +51,11 @@ def collect_demonstrations(suite: TaskSuite, split: str, count: int, tokenizer: 
 def behaviour_clone(model: Any, tokenizer: Any, demonstrations: Sequence[Trajectory], *, steps: int, learning_rate: float,
                     batch_size: int, seed: int, device: str = "cpu",
                     log: Callable[[int, dict[str, float]], None] | None = None,
-                    progress: bool | str = "auto") -> dict[str, float]:
+                    progress: bool | str = "auto", processor: Any = None) -> dict[str, float]:
     """Train ``model`` in place with token-mean cross-entropy on the demonstrations' action tokens.
+
+    Demonstrations with images (collected with a VLM's ``processor``) are scored with their pixel values,
+    so ``processor`` is then required (:func:`agentgym.trainers.batch.vision_inputs` says so otherwise).
 
     Every 25th step (and the last) is logged as ``BC step N/STEPS`` (1-based) and handed to ``log`` with its
     0-based index; ``progress`` draws a step bar (see :mod:`agentgym.progress`).
@@ -60,7 +73,7 @@ def behaviour_clone(model: Any, tokenizer: Any, demonstrations: Sequence[Traject
         rows = torch.randint(len(batch), (min(batch_size, len(batch)),), generator=generator)
         mb = batch.select(rows)
         ids, attn, mask = mb.input_ids.to(device), mb.attention_mask.to(device), mb.loss_mask.to(device)
-        logp = sequence_logprobs(model, ids, attn)
+        logp = sequence_logprobs(model, ids, attn, vision=vision_inputs(mb, processor, device))
         loss = -(logp * mask).sum() / mask.sum().clamp(min=1.0)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -132,11 +132,11 @@ class OnlineTrainer:
         cfg = self.config
         demos = collect_demonstrations(self.suite, cfg.train_split, cfg.bc_demos, self.tokenizer,
                                        shortcut_fraction=cfg.bc_shortcut_fraction, seed=cfg.seed,
-                                       system_prompt=cfg.system_prompt)
+                                       system_prompt=cfg.system_prompt, processor=self._processor())
         summary["bc"] = behaviour_clone(self.model, self.tokenizer, demos, steps=cfg.bc_steps,
                                         learning_rate=cfg.bc_learning_rate, batch_size=cfg.bc_batch_size, seed=cfg.seed,
                                         device=cfg.device, log=lambda s, m: self.world.is_main and self.metrics.log(
-                                            0, {**m, "bc/step": s}))
+                                            0, {**m, "bc/step": s}), processor=self._processor())
         self.world.broadcast_parameters(self.model)
 
     def _generation_policy(self, model_dir: Path) -> Any:
