@@ -110,7 +110,8 @@ def run_one(model: Path, suite: Path, staleness: int, worker: str, seed: int, ar
         "output_dir": str(out), "seed": seed, "system_prompt": "", "steps": args.steps, "tasks_per_step": 8,
         "group_size": 8, "learning_rate": 3e-4, "warmup_steps": 2, "eval_every": 0, "eval_tasks": args.eval_tasks,
         "checkpoint_every": 0, "max_tokens_per_turn": 24, "max_context_tokens": 256, "tensorboard": False,
-        "progress": False, "max_staleness": staleness, "max_in_flight": 64, "async_worker": worker,
+        "progress": False, "max_staleness": staleness, "max_in_flight": 64,
+        "async_worker": worker if staleness else "thread",
     })
     started = time.perf_counter()
     summary = make_trainer(config).train()
