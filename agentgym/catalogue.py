@@ -135,6 +135,12 @@ CATALOGUE: tuple[CatalogueEntry, ...] = (
         "hedged answers fail.",
         "search",
     ),
+    CatalogueEntry(
+        "agentgym/TextWorld-v0",
+        "agentgym.envs.textworld.env:TextWorldEnv",
+        'TextWorld cooking and household games generated offline: command("open fridge"); the game\'s own score.',
+        "textworld",
+    ),
 )
 
 

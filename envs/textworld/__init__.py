@@ -1,0 +1,1 @@
+"""TextWorld games (cooking and household) generated offline and played through textworld."""

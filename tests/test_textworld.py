@@ -1,0 +1,126 @@
+"""agentgym/TextWorld-v0: real TextWorld games, generated offline and cached, played through textworld."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+
+import gymnasium as gym
+import pytest
+
+pytest.importorskip("textworld", reason="pip install 'agentgym[textworld]'")
+
+import agentgym  # noqa: E402,F401 - registers the ids
+from agentgym.envs.textworld.games import GameSpec, generate_tasks, spec_from_task, task_for  # noqa: E402
+from agentgym.errors import TaskError  # noqa: E402
+from agentgym.suite import Task, load_suite  # noqa: E402
+
+
+def _call(text: str) -> str:
+    return "<tool_call>" + json.dumps({"name": "command", "arguments": {"text": text}}) + "</tool_call>"
+
+
+@pytest.fixture(scope="module")
+def env():  # type: ignore[no-untyped-def]
+    env = gym.make("agentgym/TextWorld-v0")
+    yield env
+    env.close()
+
+
+def test_import_agentgym_does_not_import_textworld() -> None:
+    import subprocess
+
+    code = "import agentgym, sys; print('textworld' in sys.modules, 'agentgym.envs.textworld' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize("kind", ["cooking", "household"])
+def test_reference_solver_wins_with_the_games_score(env, kind: str) -> None:  # type: ignore[no-untyped-def]
+    task = task_for(GameSpec(kind, 1, "train", 0))
+    obs, info = env.reset(seed=0, options={"task": task})
+    assert "command" in info["instructions"] and "$$$$" not in obs  # the ASCII title is stripped
+    solver = env.unwrapped.reference_solver()
+    total, rewards, done = 0.0, [], False
+    while not done:
+        obs, reward, term, trunc, step_info = env.step(solver(obs))
+        total += reward
+        rewards.append(reward)
+        done = term or trunc
+    assert step_info["outcome"] == {"success": True, "score": 1.0, "end_reason": "solved"}
+    assert total == pytest.approx(1.0)
+    assert sum(r > 0 for r in rewards) >= 2  # the game's points are paid on the steps that earn them
+
+
+def test_bad_commands_are_errors_and_progress_survives_truncation(env) -> None:  # type: ignore[no-untyped-def]
+    task = task_for(GameSpec("household", 1, "train", 0))
+    task = Task(task.id, task.prompt, metadata={**task.metadata, "max_turns": 3})
+    env.reset(seed=0, options={"task": task})
+    obs, reward, term, trunc, info = env.step(_call("open chest \u00e9 drawer"))
+    assert "ASCII" in obs and info["turn"]["tool_errors"] and reward == 0.0
+    obs, reward, term, trunc, info = env.step('command("open chest drawer")')  # function-call form, 1 of 7 points
+    assert reward == pytest.approx(1 / 7) and not (term or trunc)
+    obs, reward, term, trunc, info = env.step(_call("dance wildly"))  # the game's own parser answers
+    assert trunc and not term and reward == 0.0
+    assert info["outcome"]["score"] == pytest.approx(1 / 7) and info["outcome"]["success"] is False
+
+
+def test_state_key_follows_the_world_not_the_text(env) -> None:  # type: ignore[no-untyped-def]
+    task = task_for(GameSpec("household", 1, "train", 0))
+    env.reset(seed=0, options={"task": task})
+    start = env.unwrapped.state_key()
+    env.step(_call("look"))
+    env.step(_call("inventory"))
+    assert env.unwrapped.state_key() == start  # looking around changes nothing in the world
+    env.step(_call("open chest drawer"))
+    opened = env.unwrapped.state_key()
+    assert opened != start and opened.startswith("textworld bedroom ")
+    env.step(_call("close chest drawer"))
+    assert env.unwrapped.state_key() == start
+
+
+def test_admissible_commands_hint() -> None:
+    env = gym.make("agentgym/TextWorld-v0", admissible_commands=True)
+    try:
+        obs, _ = env.reset(seed=0, options={"task": task_for(GameSpec("household", 1, "train", 0))})
+        assert "Admissible commands:" in obs and "open chest drawer" in obs
+    finally:
+        env.close()
+
+
+def test_task_generation_and_errors() -> None:
+    tasks = generate_tasks(random.Random(1), 5, levels=[1, 2], seed_range=[10, 20])
+    assert len({t.id for t in tasks}) == 5
+    assert all(10 <= t.metadata["game_seed"] < 20 and t.metadata["level"] in (1, 2) for t in tasks)
+    assert generate_tasks(random.Random(1), 5, levels=[1, 2], seed_range=[10, 20]) == tasks
+    with pytest.raises(TaskError, match="distinct games"):
+        generate_tasks(random.Random(0), 3, kinds=["cooking"], seed_range=[0, 2])
+    with pytest.raises(TaskError, match="needs metadata kind"):
+        spec_from_task(Task("x", "p"))
+    with pytest.raises(TaskError, match="level must be one of"):
+        GameSpec("cooking", 7, "train", 0)
+
+
+def test_suite_splits_differ_and_hold_out_seeds() -> None:
+    suite = load_suite("textworld")
+    train_seeds = {t.metadata["game_seed"] for t in suite.train}
+    test = suite.test
+    assert not train_seeds & {t.metadata["game_seed"] for t in test}
+    assert {t.metadata["distribution"] for t in test} == {"test"} and max(t.metadata["level"] for t in test) == 3
+    assert max(t.metadata["level"] for t in suite.train) == 2
+
+
+def test_smoke_suite_train_split_validates() -> None:
+    report = load_suite("textworld-smoke").validate("train")
+    assert report.ok, str(report)
+
+
+@pytest.mark.slow
+def test_held_out_suites_validate() -> None:
+    """Generates new games (seconds each): the smoke test split and the first tasks of each textworld split."""
+    assert load_suite("textworld-smoke").validate("test").ok
+    suite = load_suite("textworld")
+    for split in ("train", "validation", "test"):
+        report = suite.validate(split, limit=3)
+        assert report.ok, str(report)
