@@ -60,6 +60,17 @@ def test_tools_step_minigrid_and_state_key() -> None:
     env.close()
 
 
+def test_actions_that_change_nothing_say_so() -> None:
+    env = BabyAIEnv()
+    env.reset(seed=0, options={"task": Task("b", "go", None, {"level": "BabyAI-GoToLocal-v0", "seed": 1170024218})})
+    assert env.step("forward()")[0].startswith("You went forward.")
+    assert env.step("pickup()")[0].startswith("You picked up the purple box.")
+    assert "carrying a purple box" in env.step("turn_left()")[0]
+    assert env.step("forward()")[0].startswith("Something blocks your way")  # a wall
+    assert env.step("drop()")[0].startswith("You cannot drop anything here")
+    assert env.step("toggle()")[0].startswith("Nothing in front of you can be opened")
+
+
 def test_level_step_limit_ends_the_episode() -> None:
     env = BabyAIEnv()
     task = Task("b", "go", None, {"level": "BabyAI-GoToLocal-v0", "seed": 3, "max_turns": 100})

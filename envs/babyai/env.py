@@ -31,8 +31,13 @@ __all__ = ["ACTIONS", "BabyAIEnv", "describe_view", "generate_tasks"]
 ACTIONS: dict[str, int] = {"turn_left": 0, "turn_right": 1, "forward": 2, "pickup": 3, "drop": 4, "toggle": 5,
                            "done": 6}
 _DONE_TEXT = {"turn_left": "You turned left.", "turn_right": "You turned right.", "forward": "You went forward.",
-              "pickup": "You tried to pick up.", "drop": "You tried to drop.", "toggle": "You toggled.",
+              "pickup": "You picked it up.", "drop": "You dropped it.", "toggle": "You opened or closed it.",
               "done": "You said done."}
+#: What the agent is told when an action changed nothing (minigrid silently ignores such actions).
+_NO_EFFECT = {"forward": "Something blocks your way; you did not move.",
+              "pickup": "There is nothing you can pick up in front of you (or your hands are full).",
+              "drop": "You cannot drop anything here (you carry nothing, or the cell in front is not empty).",
+              "toggle": "Nothing in front of you can be opened or closed."}
 DEFAULT_LEVELS = ("BabyAI-GoToLocal-v0", "BabyAI-PickupLoc-v0")
 SEED_SPLITS = {"train": (0, 2**30), "test": (2**30, 2**31)}
 _OBJECTS = {0: "unseen", 1: "empty", 2: "wall", 3: "floor", 4: "door", 5: "key", 6: "ball", 7: "box", 8: "goal",
@@ -195,16 +200,22 @@ class BabyAIEnv(AgentEnv):
         if self._world is None:  # only reachable by calling a tool outside an episode
             return ToolResult.error("Error: no BabyAI level is loaded; call reset() first.")
         world = self._world
+        before = (tuple(world.agent_pos), world.carrying, world.grid.encode().tobytes() if name == "toggle" else b"")
         obs, reward, terminated, truncated, _ = world.step(ACTIONS[name])
+        after = (tuple(world.agent_pos), world.carrying, world.grid.encode().tobytes() if name == "toggle" else b"")
+        said = _NO_EFFECT[name] if name in _NO_EFFECT and before == after else _DONE_TEXT[name]
+        if name in ("pickup", "drop") and before != after:
+            obj = after[1] if name == "pickup" else before[1]
+            said = f"You {'picked up' if name == 'pickup' else 'dropped'} the {obj.color} {obj.type}."
         view = describe_view(obs["image"], self._carrying())
         if terminated and float(reward) > 0:
             self.add_reward("success", 1.0)
             self.finish(success=True, reason="solved")
-            return f"{_DONE_TEXT[name]} Mission complete: {self._mission}!\n{view}"
+            return f"{said} Mission complete: {self._mission}!\n{view}"
         if terminated or truncated:  # a failed end state of the level, or its own step limit
             self.finish(success=False, reason="max_turns" if truncated else "answered")
-            return f"{_DONE_TEXT[name]} The level ended without completing the mission.\n{view}"
-        return f"{_DONE_TEXT[name]}\n{view}"
+            return f"{said} The level ended without completing the mission.\n{view}"
+        return f"{said}\n{view}"
 
     @tool
     def turn_left(self) -> str | ToolResult:

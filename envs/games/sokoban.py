@@ -305,8 +305,6 @@ class SokobanEnv(AgentEnv):
         """
         if self._puzzle is None:  # only reachable by calling the tool outside an episode
             return ToolResult.error("Error: no puzzle is loaded; call reset() first.")
-        if self._finished:
-            return "The puzzle is already solved."
         result = self._puzzle.push(direction)
         if result is None:
             return f"Something blocks {direction}; you did not move.\n{self._view()}"
