@@ -118,3 +118,15 @@ def test_whole_test_and_validation_splits_validate() -> None:
     for split in ("test", "validation"):
         report = suite.validate(split=split)
         assert report.ok, str(report)
+
+
+def test_saying_done_or_spinning_earns_nothing() -> None:
+    env = BabyAIEnv(max_turns=20)
+    env.reset(seed=0, options={"task": Task("b", "go", None, {"level": "BabyAI-PickupLoc-v0", "seed": 5})})
+    total = 0.0
+    for _ in range(20):
+        _, reward, term, trunc, step = env.step("done() turn_left() toggle() done()")
+        total += reward
+        if term or trunc:
+            break
+    assert total == 0.0 and step["outcome"]["success"] is False
