@@ -53,7 +53,7 @@ def test_bridge_exposes_the_env_tools_to_trl_and_forwards_calls_to_the_env() -> 
 @pytest.mark.slow
 def test_trl_grpo_trains_a_tiny_model_on_an_agentgym_env_with_multi_turn_tool_calls(tmp_path: Path) -> None:
     torch.set_num_threads(1)  # a 2-layer model on a shared 2-core machine: one thread is several times faster
-    trainer = recipe.train(tmp_path, steps=1, bc_steps=60, num_generations=4, prompts_per_step=2)
+    trainer = recipe.train(tmp_path, steps=1, bc_steps=300, num_generations=4, prompts_per_step=2)
     log = trainer.state.log_history[0]
     envs = trainer.environments
     # TRL's own loop parsed tool calls from the model's text, ran them in the agentgym env, and generated again
