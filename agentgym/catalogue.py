@@ -141,6 +141,12 @@ CATALOGUE: tuple[CatalogueEntry, ...] = (
         'TextWorld cooking and household games generated offline: command("open fridge"); the game\'s own score.',
         "textworld",
     ),
+    CatalogueEntry(
+        "agentgym/ScienceWorld-v0",
+        "agentgym.envs.scienceworld.env:ScienceWorldEnv",
+        'ScienceWorld\'s 30 science task types (Java simulator): command("open door to kitchen"); the simulator\'s score.',
+        "scienceworld",
+    ),
 )
 
 
