@@ -9,9 +9,10 @@ export TOKENIZERS_PARALLELISM := false
 
 # System packages the tests use: bubblewrap (the Python sandbox), docker.io (the Docker sandbox backend;
 # tests start their own dockerd), git (SWE patches), stockfish (the chess opponent, a separate GPL program) and
-# chromium (the web/GUI envs drive the system Chromium; `playwright install` cannot download here).
+# chromium (the web/GUI envs drive the system Chromium; `playwright install` cannot download here) and
+# default-jre-headless (the Java runtime of ScienceWorld's simulator).
 # Installed with apt-get when missing; elsewhere a warning says what to add.
-SYSTEM_PACKAGES := bubblewrap docker.io git stockfish chromium
+SYSTEM_PACKAGES := bubblewrap docker.io git stockfish chromium default-jre-headless
 
 # torch first, pinned: an unpinned torch pulls a multi-GB CUDA build.
 install:

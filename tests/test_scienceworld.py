@@ -23,8 +23,9 @@ def _call(text: str) -> str:
     return "<tool_call>" + json.dumps({"name": "command", "arguments": {"text": text}}) + "</tool_call>"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture()
 def env():  # type: ignore[no-untyped-def]
+    """A fresh env per test; closing it returns its JVM to the process's pool, so the JVM starts once per run."""
     env = gym.make("agentgym/ScienceWorld-v0")
     yield env
     env.close()

@@ -62,7 +62,7 @@ class JavaNotFound(DependencyNotInstalled):
     def __init__(self) -> None:
         AgentGymError.__init__(
             self, "ScienceWorld's simulator needs a Java runtime (Java 8 or newer) and 'java' is not on PATH. "
-            "Install one, e.g. 'sudo apt-get install default-jre-headless' (Debian/Ubuntu; 'make install' does it).")
+            "Install one, e.g. 'sudo apt-get install default-jre-headless' (Debian/Ubuntu; 'make system-deps' does it).")
         self.package, self.extra = "java", "scienceworld"
 
 
