@@ -21,7 +21,10 @@ sees, on top of held-out game seeds.
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,22 +110,38 @@ def _challenge(spec: GameSpec) -> tuple[str, dict[str, Any]]:
 
 def game_path(spec: GameSpec) -> Path:
     """Path of the compiled game file (``.z8``, with its ``.json`` beside it), generating it on first use."""
-    target = cache_root() / "textworld" / "games-v1" / spec.name
+    target = cache_root() / "textworld" / "games-v2" / spec.name
 
     def build(tmp: Path) -> None:
-        textworld = require_textworld()
-        from textworld.challenges import CHALLENGES
-
-        name, settings = _challenge(spec)
-        options = textworld.GameOptions()
-        options.seeds = spec.seed
-        options.path = str(tmp / "game.z8")
-        options.force_recompile = True
-        game = CHALLENGES[name][1](settings, options)
-        textworld.generator.compile_game(game, options)
+        require_textworld()  # a clear error here rather than a traceback from the child
+        # TextWorld iterates over sets of strings while generating, so the game (the order of its rules and fail
+        # conditions) depends on Python's string hashing: generate in a child with a fixed PYTHONHASHSEED so that
+        # a spec names the same game file on every machine (this also keeps TextWorld's global RNG out of ours).
+        code = ("import sys; from agentgym.envs.textworld.games import _generate; "
+                "_generate(sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5])")
+        proc = subprocess.run([sys.executable, "-c", code, spec.kind, str(spec.level), spec.distribution,
+                               str(spec.seed), str(tmp / "game.z8")], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONHASHSEED": "0"}, timeout=600)
+        if proc.returncode != 0:
+            raise TaskError(f"TextWorld could not generate the game {spec.name}: {proc.stderr.strip()[-2000:]}")
 
     build_once(target, build)
     return target / "game.z8"
+
+
+def _generate(kind: str, level: int, distribution: str, seed: int, path: str) -> None:
+    """Generate and compile one game to ``path`` (run in a child process by :func:`game_path`)."""
+    spec = GameSpec(kind, level, distribution, seed)
+    textworld = require_textworld()
+    from textworld.challenges import CHALLENGES
+
+    name, settings = _challenge(spec)
+    options = textworld.GameOptions()
+    options.seeds = spec.seed
+    options.path = path
+    options.force_recompile = True
+    game = CHALLENGES[name][1](settings, options)
+    textworld.generator.compile_game(game, options)
 
 
 def generate_tasks(rng: random.Random, count: int, *, kinds: Sequence[str] = KINDS, levels: Sequence[int] = (1,),
