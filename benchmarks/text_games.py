@@ -56,7 +56,8 @@ def bench_textworld(rounds: int, repeats: int) -> list[tuple[str, float, float, 
 
     from agentgym.envs.textworld.games import GameSpec, game_path, task_for
 
-    specs = [GameSpec("cooking", 2, "train", 0), GameSpec("cooking", 1, "train", 0), GameSpec("household", 1, "train", 0)]
+    specs = [GameSpec("cooking", 2, "train", 0), GameSpec("cooking", 1, "train", 0),
+             GameSpec("household", 1, "train", 0)]
     tasks = [task_for(s) for s in specs]
     env = gym.make("agentgym/TextWorld-v0")
     plans = [(task, _reference_actions(env, task)) for task in tasks]

@@ -56,7 +56,7 @@ def test_truncation_keeps_the_points_earned_and_bad_commands_are_errors(env) -> 
     env.reset(seed=0, options={"task": short})
     obs, reward, *_ , info = env.step(_call("look \u00e0 around"))
     assert "ASCII" in obs and info["turn"]["tool_errors"] and reward == 0.0
-    total, done = 0.0, False
+    total = 0.0
     for action in gold[:-1]:  # all but the last gold action, and one turn was spent on the bad command
         obs, reward, term, trunc, info = env.step(_call(action))
         total += reward

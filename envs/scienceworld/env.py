@@ -62,7 +62,8 @@ class JavaNotFound(DependencyNotInstalled):
     def __init__(self) -> None:
         AgentGymError.__init__(
             self, "ScienceWorld's simulator needs a Java runtime (Java 8 or newer) and 'java' is not on PATH. "
-            "Install one, e.g. 'sudo apt-get install default-jre-headless' (Debian/Ubuntu; 'make system-deps' does it).")
+            "Install one, e.g. 'sudo apt-get install default-jre-headless' (Debian/Ubuntu; 'make system-deps' does "
+            "it).")
         self.package, self.extra = "java", "scienceworld"
 
 
@@ -166,8 +167,9 @@ class ScienceWorldEnv(AgentEnv):
         render_mode: ``"ansi"`` or ``None``.
     """
 
-    description: ClassVar[str] = "ScienceWorld's 30 science task types played with command(text); the simulator's score."
-    native_format_hint: ClassVar[str] = 'You may also write a command as a plain function call, e.g. command("look around").'
+    description: ClassVar[str] = "ScienceWorld's 30 task types played with command(text); the simulator's score."
+    native_format_hint: ClassVar[str] = (
+        'You may also write a command as a plain function call, e.g. command("look around").')
 
     def __init__(
         self,

@@ -19,7 +19,8 @@ import numpy as np
 
 from agentgym.env import AgentEnv, ReferenceSolver
 from agentgym.envs.games._common import games_parser
-from agentgym.envs.textworld.games import KINDS, LEVELS, GameSpec, game_path, require_textworld, spec_from_task, task_for
+from agentgym.envs.textworld.games import (KINDS, LEVELS, GameSpec, game_path, require_textworld, spec_from_task,
+                                           task_for)
 from agentgym.errors import EnvCrashed, TaskError
 from agentgym.parsers import ToolCallParser
 from agentgym.suite import Task
@@ -66,7 +67,8 @@ class TextWorldEnv(AgentEnv):
     """
 
     description: ClassVar[str] = "TextWorld cooking and household games played with command(text); the game's score."
-    native_format_hint: ClassVar[str] = 'You may also write a command as a plain function call, e.g. command("open fridge").'
+    native_format_hint: ClassVar[str] = (
+        'You may also write a command as a plain function call, e.g. command("open fridge").')
 
     def __init__(
         self,

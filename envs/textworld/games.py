@@ -34,7 +34,8 @@ from agentgym.cache import build_once, cache_root
 from agentgym.errors import DependencyNotInstalled, TaskError
 from agentgym.suite import Task
 
-__all__ = ["KINDS", "LEVELS", "GameSpec", "game_path", "generate_tasks", "require_textworld", "spec_from_task", "task_for"]
+__all__ = ["KINDS", "LEVELS", "GameSpec", "game_path", "generate_tasks", "require_textworld", "spec_from_task",
+           "task_for"]
 
 KINDS = ("cooking", "household")
 LEVELS = (1, 2, 3)
@@ -60,7 +61,7 @@ def require_textworld() -> Any:
         import textworld
         import textworld.challenges  # noqa: F401 - registers tw-cooking / tw-simple
     except ImportError as exc:
-        raise DependencyNotInstalled("textworld", "textworld", "agentgym/TextWorld-v0 game generation and play") from exc
+        raise DependencyNotInstalled("textworld", "textworld", "agentgym/TextWorld-v0 games") from exc
     return textworld
 
 
