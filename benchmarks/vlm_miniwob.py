@@ -123,7 +123,8 @@ def run(out: Path, *, bc_demos: int, bc_steps: int, bc_batch_size: int, bc_learn
     processor = load_processor(model_dir)
     t0 = time.perf_counter()
     demos = collect_demonstrations(suite, "train", bc_demos, tokenizer, seed=seed, system_prompt=config.system_prompt,
-                                   processor=processor, policy=MarkReferencePolicy(tokenizer=tokenizer, seed=seed))
+                                   processor=processor, policy=MarkReferencePolicy(tokenizer=tokenizer, seed=seed),
+                                   max_in_flight=config.max_in_flight)
     timings["demos_s"] = time.perf_counter() - t0
     demo_actions = [turn.action for d in demos for turn in d.turns]
     marked = sum(a.startswith("click_mark(") for a in demo_actions)
@@ -152,8 +153,8 @@ def run(out: Path, *, bc_demos: int, bc_steps: int, bc_batch_size: int, bc_learn
     from agentgym.policies import SamplingParams
 
     t0 = time.perf_counter()
-    reference = RolloutEngine(MarkReferencePolicy(), RolloutConfig(sampling=SamplingParams(max_tokens=1),
-                                                                   progress=False)).run(ref_specs)
+    reference = RolloutEngine(MarkReferencePolicy(), RolloutConfig(
+        sampling=SamplingParams(max_tokens=1), progress=False, max_in_flight=config.max_in_flight)).run(ref_specs)
     timings["reference_eval_s"] = time.perf_counter() - t0
     before, after = summary["eval_before"]["success_rate"], summary["eval_after"]["success_rate"]
     result = {
@@ -178,14 +179,18 @@ def run(out: Path, *, bc_demos: int, bc_steps: int, bc_batch_size: int, bc_learn
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/vlm_miniwob", help="output directory")
-    parser.add_argument("--bc-demos", type=int, default=150)
-    parser.add_argument("--bc-steps", type=int, default=150)
+    parser.add_argument("--bc-demos", type=int, default=90)
+    parser.add_argument("--bc-steps", type=int, default=100)
     parser.add_argument("--bc-batch-size", type=int, default=16)
     parser.add_argument("--bc-learning-rate", type=float, default=1e-3)
     parser.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the config's)")
     parser.add_argument("--eval-tasks", type=int, default=None, help="held-out pages (default: the config's)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("agentgym.trainers").setLevel(logging.INFO)
     overrides = {k: v for k, v in (("steps", args.steps), ("eval_tasks", args.eval_tasks)) if v is not None}
     result = run(Path(args.out), bc_demos=args.bc_demos, bc_steps=args.bc_steps, bc_batch_size=args.bc_batch_size,
                  bc_learning_rate=args.bc_learning_rate, overrides=overrides, seed=args.seed)

@@ -28,13 +28,14 @@ logger = logging.getLogger(__name__)
 
 def collect_demonstrations(suite: TaskSuite, split: str, count: int, tokenizer: Any, *, shortcut_fraction: float = 0.0,
                            seed: int = 0, system_prompt: str | None = None, processor: Any = None,
-                           policy: ReferencePolicy | None = None) -> list[Trajectory]:
+                           policy: ReferencePolicy | None = None, max_in_flight: int = 256) -> list[Trajectory]:
     """Reference-solver (and optionally shortcut) episodes on the first ``count`` tasks of ``split``.
 
     With a vision-language model's ``processor``, the demonstrations see what the VLM will see: image
     observations become image content parts expanded to the model's image tokens, and each trajectory keeps its
     screenshots, so :func:`behaviour_clone` scores the actions given the pixels. ``policy`` replaces the plain
     :class:`ReferencePolicy` (e.g. one that rewrites the solver's actions into another action space).
+    ``max_in_flight`` bounds the episodes run at once (browser envs on a small machine need few).
     """
     tasks = suite.split(split)[:count]
     specs = [EpisodeSpec(suite.env_id, task=t, seed=seed + i, env_kwargs=dict(suite.env_kwargs)) for i, t in enumerate(tasks)]
@@ -42,7 +43,7 @@ def collect_demonstrations(suite: TaskSuite, split: str, count: int, tokenizer: 
         policy = ReferencePolicy(tokenizer=tokenizer, shortcut_fraction=shortcut_fraction, seed=seed)
     if processor is not None:  # a scripted teacher reads no pixels; the recorded prompts must carry them all the same
         policy.accepts_images, policy.processor = True, processor
-    config = RolloutConfig(max_in_flight=256, sampling=SamplingParams(max_tokens=1), system_prompt=system_prompt,
+    config = RolloutConfig(max_in_flight=max_in_flight, sampling=SamplingParams(max_tokens=1), system_prompt=system_prompt,
                            deterministic=True)
     demos = RolloutEngine(policy, config).run(specs)
     return [d for d in demos if d.error is None and d.has_tokens]

@@ -478,6 +478,9 @@ class HFPolicy(InProcessTokenPolicy):
                 )
                 past = out.past_key_values
                 logits = out.logits[:, -1, :].float()
+                image_token = getattr(self, "_image_token_id", None)  # set for a VLM (with a processor) only
+                if image_token is not None:  # a sampled <image> would count as an image with no pixels
+                    logits[:, image_token] = float("-inf")
 
                 logp = torch.log_softmax(logits / scale[:, None], dim=-1)
                 probs = logp.exp()
