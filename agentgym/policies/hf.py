@@ -478,13 +478,17 @@ class HFPolicy(InProcessTokenPolicy):
                 )
                 past = out.past_key_values
                 logits = out.logits[:, -1, :].float()
-                image_token = getattr(self, "_image_token_id", None)  # set for a VLM (with a processor) only
-                if image_token is not None:  # a sampled <image> would count as an image with no pixels
-                    logits[:, image_token] = float("-inf")
-
                 logp = torch.log_softmax(logits / scale[:, None], dim=-1)
                 probs = logp.exp()
                 entropy = -torch.where(probs > 0, probs * logp, torch.zeros_like(probs)).sum(-1)
+                # A VLM never draws its <image> token (it would be an image with no pixels); the recorded log-probs
+                # stay the model's own, so the trainer's scoring reproduces them.
+                image_token = getattr(self, "_image_token_id", None)
+                if image_token is not None:
+                    logits = logits.clone()
+                    logits[:, image_token] = float("-inf")
+                    probs = probs.clone()
+                    probs[:, image_token] = 0.0
                 if all_greedy:
                     token = logits.argmax(-1)
                 else:
