@@ -5,7 +5,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: quickstart test install install-test system-deps benchmarks
+.PHONY: quickstart test test-slow install install-test system-deps benchmarks
 
 # System packages the tests use: bubblewrap (the Python sandbox), docker.io (the Docker sandbox backend;
 # tests start their own dockerd), git (SWE patches), stockfish (the chess opponent, a separate GPL program) and
@@ -33,8 +33,15 @@ install-test: system-deps install
 quickstart: install
 	$(PYTHON) -m agentgym.quickstart --out runs/quickstart
 
+# The default run: everything but the `slow` tests (whole-suite validations, long learning and container runs),
+# three test files at a time (most tests wait on browsers, sandboxes, servers and subprocesses, not on the CPU).
+TEST_WORKERS ?= 3
 test: install-test
-	$(PYTHON) -m pytest -q -p no:cacheprovider
+	$(PYTHON) -m pytest -q -p no:cacheprovider -m "not slow" -n $(TEST_WORKERS) --dist loadfile
+
+# The `slow` tests alone (about an hour on 2 cores): full validations of the big suites, learning runs, images.
+test-slow: install-test
+	$(PYTHON) -m pytest -q -p no:cacheprovider -m slow
 
 benchmarks: install
 	$(PYTHON) benchmarks/rollout_throughput.py

@@ -6,12 +6,12 @@ to *learn*, not only to run. This is the text quickstart's recipe with a vision-
 1. Build the tiny VLM from its config (LLaVA: CLIP tower on 28x28 images, 4 image tokens per screenshot, a
    tokenizer trained here on the suite's observation texts plus ``<image>``, 800 tokens: half the sequence length of
    the default 400 on these pages). Nothing is downloaded.
-2. Collect reference-solver demonstrations on the train split of ``configs/vlm_miniwob_suite.yaml``
+2. Collect reference-solver demonstrations on the train split of ``tasks/suites/vlm-miniwob.yaml``
    (click-button, click-link, click-test-2; set-of-marks on; the screenshot shrunk to 56x72), with the VLM's
    processor, so the recorded prompts hold the screenshots' image tokens and BC scores with the pixels. The
    solver clicks pixels; each click is rewritten as ``click_mark(n)`` of the numbered box it lands in, an action
    the tiny model can write (a 4-token image cannot place a click to the pixel).
-3. Behaviour-clone the VLM on them, then train it with GRPO (``configs/vlm_miniwob.yaml``, success-only reward).
+3. Behaviour-clone the VLM on them, then train it with GRPO (``benchmarks/vlm_miniwob.yaml``, success-only reward).
 4. Held-out success (test seeds: other words, labels and positions than any training page) before and after
    GRPO, greedy, from evaluation rollouts; plus the share a uniformly random mark would hit on those pages.
 
@@ -33,8 +33,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from agentgym.policies import ReferencePolicy  # noqa: E402
 
-SUITE = "configs/vlm_miniwob_suite.yaml"
-CONFIG = "configs/vlm_miniwob.yaml"
+SUITE = "vlm-miniwob"
+CONFIG = "benchmarks/vlm_miniwob.yaml"
 _CLICK = re.compile(r"^\s*click\(\s*([-+0-9.e]+)\s*,\s*([-+0-9.e]+)\s*\)\s*$")
 
 

@@ -31,7 +31,6 @@ def test_every_package_is_listed_in_pyproject() -> None:
     assert not missing, f"add these to [tool.setuptools] packages in pyproject.toml: {sorted(missing)}"
 
 
-@pytest.mark.slow
 def test_wheel_contains_namespaced_packages_and_suites(tmp_path: Path) -> None:
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],

@@ -67,6 +67,9 @@ class JavaNotFound(DependencyNotInstalled):
         self.package, self.extra = "java", "scienceworld"
 
 
+#: (task name, variation, simplifications) -> the gold path first drawn for it in this process.
+_GOLD_PATHS: dict[tuple[str, int, str], tuple[str, ...]] = {}
+
 def variations(task_name: str, split: str) -> range:
     """The variation indices of ``task_name`` in ``split`` (train, dev or test)."""
     if task_name not in VARIATIONS:
@@ -275,7 +278,11 @@ class ScienceWorldEnv(AgentEnv):
             try:
                 self._sim.load(name, variation, self._simplifications, generateGoldPath=True)
                 self._first_obs, self._info = self._sim.reset()
-                self._gold = list(self._sim.get_gold_action_sequence())
+                # The simulator draws a gold path at random on every load (find-non-living-thing may focus on the
+                # cup, the thermometer or the jar of the same world); the first one drawn in this process is kept
+                # so the reference solver repeats itself, as every env's solver must for a given task.
+                key = (name, variation, self._simplifications)
+                self._gold = list(_GOLD_PATHS.setdefault(key, tuple(self._sim.get_gold_action_sequence())))
             except Exception as exc:  # noqa: BLE001
                 self._discard()
                 raise EnvCrashed(f"ScienceWorld could not load {name} variation {variation}: {exc}") from exc
