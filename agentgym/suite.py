@@ -8,6 +8,8 @@ reference solver through the real env.
 
 A suite for a user's own env may name the env class with ``entry_point: module:Class``; loading the suite then
 registers the id, so ``agentgym eval --suite my.yaml`` and ``agentgym train`` work without a plugin package.
+A suite may instead read a task format users bring with ``source:`` (``swebench``: a SWE-bench JSONL plus local
+clones; ``harbor``: Harbor task directories; or ``module:function``), see :data:`SOURCES`.
 ``module`` (like a ``generator``'s) is an importable module or a ``module.py`` file next to the suite file.
 """
 
@@ -185,12 +187,19 @@ class TaskSuite:
         env_kwargs = spec.get("env_kwargs") or {}
         if "entry_point" in spec:
             _register_entry_point(str(spec["env"]), str(spec["entry_point"]), path)
+        if "source" in spec:
+            loader = _source_loader(spec["source"], path)
+            options = {k: v for k, v in spec.items() if k not in _SUITE_KEYS}
+            splits = {name: tuple(tasks) for name, tasks in loader(options, path.parent.resolve()).items()}
+            return cls(name=spec["name"], version=int(spec["version"]), env_id=spec["env"], seed=seed,
+                       description=spec.get("description", ""), splits=splits, env_kwargs=env_kwargs)
         if "data" in spec:
             data_path = (path.parent / spec["data"]).resolve()
             return cls.from_jsonl(data_path, name=spec["name"], env_id=spec["env"], version=int(spec["version"]),
                                   seed=seed, env_kwargs=env_kwargs)
         if "generator" not in spec or "splits" not in spec:
-            raise TaskError(f"Suite file {path} needs either 'data: FILE.jsonl' or 'generator' + 'splits'.")
+            raise TaskError(f"Suite file {path} needs 'data: FILE.jsonl', 'generator' + 'splits', or 'source' "
+                            f"(one of {sorted(SOURCES)}).")
         generator = _import_callable(spec["generator"], where=str(path), base_dir=path.parent)
         splits: dict[str, tuple[Task, ...]] = {}
         for offset, (split, split_spec) in enumerate(sorted(spec["splits"].items())):
@@ -206,6 +215,26 @@ class TaskSuite:
             )
         return cls(name=spec["name"], version=int(spec["version"]), env_id=spec["env"], seed=seed,
                    description=spec.get("description", ""), splits=splits, env_kwargs=env_kwargs)
+
+
+# Task formats users bring, read by ``source:`` in a suite file (string entry points: the core imports none of them).
+SOURCES = {
+    "swebench": "agentgym.tasks.swe.swebench:suite_source",
+    "harbor": "agentgym.envs.swe.harbor:suite_source",
+}
+_SUITE_KEYS = {"name", "version", "env", "seed", "description", "env_kwargs", "entry_point", "source"}
+
+
+def _source_loader(source: Any, path: Path) -> Callable[[dict[str, Any], Path], Mapping[str, Any]]:
+    """The loader named by a suite's ``source:`` (a known format, or ``module:function`` of the user's own).
+
+    A loader is called with the suite file's other keys and the suite file's folder (relative paths resolve
+    against it) and returns ``{split: [Task, ...]}``.
+    """
+    if not isinstance(source, str) or (source not in SOURCES and ":" not in source):
+        raise TaskError(f"{path}: source must be one of {sorted(SOURCES)} or 'module:function', got {source!r}."
+                        f"{did_you_mean(str(source), SOURCES)}")
+    return _import_callable(SOURCES.get(source, source), where=str(path), base_dir=path.parent)
 
 
 def _import_module(module_name: str, base_dir: Path | None) -> Any:

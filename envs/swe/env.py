@@ -120,6 +120,7 @@ class SWEEnv(AgentEnv):
         self._grading: dict[str, Any] | None = None
         self._spec: Any = None
         self._library: Any = None
+        self._prepared: Any = None  # a SWE-bench instance's trees (agentgym.tasks.swe.swebench.PreparedInstance)
         self._edits: list[tuple[str, str, str]] = []  # (tool, path, digest of the change) of each edit that applied
         super().__init__(max_turns=max_turns, tasks=tasks, max_action_chars=max_action_chars, max_calls_per_turn=4,
                          render_mode=render_mode)
@@ -296,11 +297,17 @@ print("\\n[" + _status + "]")
 
         spec, lib = self._spec, self._library
         visible_pass = _known_visible_pass(spec)
-        files = spec.buggy_files(fetch_library(spec.library))
-        guard_files = list(spec.visible_tests) if visible_pass is None or visible_pass else []
-        code = grade_code(lib, files, spec.hidden_tests, patch, [*spec.fail_to_pass, *spec.pass_to_pass, *guard_files],
-                          baseline_args=list(spec.visible_tests) if visible_pass is None else [],
-                          timeout_s=self.test_timeout_s, pristine_tree=tree_payload(fetch_library(spec.library)))
+        if self._prepared is not None:  # a SWE-bench instance: pristine = base_commit + test_patch
+            code = grade_code(lib, self._prepared.baseline_files(), spec.hidden_tests, patch,
+                              [*spec.fail_to_pass, *spec.pass_to_pass], timeout_s=self.test_timeout_s,
+                              pristine_tree=self._prepared.grading_tree(), protected=self._prepared.protected)
+        else:
+            files = spec.buggy_files(fetch_library(spec.library))
+            guard_files = list(spec.visible_tests) if visible_pass is None or visible_pass else []
+            code = grade_code(lib, files, spec.hidden_tests, patch,
+                              [*spec.fail_to_pass, *spec.pass_to_pass, *guard_files],
+                              baseline_args=list(spec.visible_tests) if visible_pass is None else [],
+                              timeout_s=self.test_timeout_s, pristine_tree=tree_payload(fetch_library(spec.library)))
         try:
             with self._session.pool.session() as grader:
                 result = grader.run(code, timeout_s=2 * self.test_timeout_s + 60, cpu_s=2 * self.test_timeout_s + 60,
@@ -356,23 +363,37 @@ print("\\n[" + _status + "]")
         from agentgym.tools.sandbox import default_pool
 
         spec_data = task.metadata.get("spec")
-        if not isinstance(spec_data, dict):
-            raise TaskError(f"SWE task {task.id!r} needs metadata['spec'] (a task spec from tasks/data/swe_tasks.jsonl).")
-        self._spec = SweTaskSpec.from_dict(spec_data)
-        self._library = get_library(self._spec.library)
-        if self._spec.version != self._library.version:
-            raise TaskError(f"Task {task.id!r} is for {self._spec.library} {self._spec.version}, but "
-                            f"{self._library.key} is pinned; rebuild tasks with `agentgym tasks build swe`.")
+        self._prepared = None
+        if isinstance(task.metadata.get("swebench"), dict):  # a user's SWE-bench instance (local clone)
+            from agentgym.tasks.swe.swebench import SweBenchInstance, sandbox_config
+
+            self._spec = SweBenchInstance.from_metadata(task.metadata["swebench"])
+            self._prepared = self._spec.prepare()
+            self._library = self._spec.layout
+            config = sandbox_config(self._spec, self.backend)
+        elif not isinstance(spec_data, dict):
+            raise TaskError(f"SWE task {task.id!r} needs metadata['spec'] (a task spec from tasks/data/swe_tasks.jsonl) "
+                            "or metadata['swebench'] (agentgym.tasks.swe.swebench.instance_to_task).")
+        else:
+            self._spec = SweTaskSpec.from_dict(spec_data)
+            self._library = get_library(self._spec.library)
+            if self._spec.version != self._library.version:
+                raise TaskError(f"Task {task.id!r} is for {self._spec.library} {self._spec.version}, but "
+                                f"{self._library.key} is pinned; rebuild tasks with `agentgym tasks build swe`.")
+            config = _prepared_sandbox_config(self._spec.library, self.backend)
         if self._session is not None:
             self._session.close()
-        pool = default_pool(_prepared_sandbox_config(self._spec.library, self.backend))
+        pool = default_pool(config)
         self._session = pool.session()
         self._channels: dict[str, float] = {}
         self._patch: str | None = None
         self._grading: dict[str, Any] | None = None
         self._edits = []
-        files = self._spec.buggy_files(fetch_library(self._spec.library))
-        tree = tree_payload(fetch_library(self._spec.library), files, drop=self._spec.hidden_tests)
+        if self._prepared is not None:
+            files, tree = {}, self._prepared.agent_tree()
+        else:
+            files = self._spec.buggy_files(fetch_library(self._spec.library))
+            tree = tree_payload(fetch_library(self._spec.library), files, drop=self._spec.hidden_tests)
         ready = self._run(setup_code(self._library, files, self._spec.hidden_tests, tree=tree), 120).split()
         if len(ready) != 2 or ready[0] != "ready":
             raise EnvCrashed("the repository could not be prepared in the sandbox")
@@ -413,10 +434,23 @@ print("\\n[" + _status + "]")
         )
 
     def reference_solver(self) -> ReferenceSolver:
-        """Undo the injected mutation with str_replace (unique context), then submit."""
+        """Undo the injected mutation with str_replace (unique context), then submit; a SWE-bench instance
+        instead applies its gold ``patch`` with ``git apply`` through ``bash``."""
         from agentgym.tasks.swe.libraries import fetch_library
 
         spec = self._spec
+        if self._prepared is not None:
+            marker = "AGENTGYM_GOLD_PATCH"
+            while marker in spec.patch:
+                marker += "_"
+            gold = [_hermes("bash", {"command": f"git apply --whitespace=nowarn - <<'{marker}'\n{spec.patch}"
+                                               f"{'' if spec.patch.endswith(chr(10)) else chr(10)}{marker}"}),
+                    _hermes("submit", {})]
+
+            def apply_gold(observation: str) -> str:
+                return gold.pop(0) if len(gold) > 1 else gold[0]
+
+            return apply_gold
         pristine = fetch_library(spec.library)
         original = (pristine / spec.mutation.file).read_text(encoding="utf-8")
         buggy = spec.buggy_files(pristine)[spec.mutation.file]
@@ -489,21 +523,12 @@ def installed_copies(library: str) -> tuple[str, ...]:
     with reasoning-gym) would hand the agent the upstream source of the very code it is asked to fix; the
     sandbox shows these paths empty instead.
     """
-    import importlib.util
     import os
 
     from agentgym.tasks.swe.libraries import get_library
+    from agentgym.tasks.swe.swebench import installed_module_copies
 
-    name = os.path.basename(get_library(library).package_dir.rstrip("/"))
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return ()
-    if spec is None:
-        return ()
-    if spec.submodule_search_locations:
-        return tuple(sorted(os.path.realpath(p) for p in spec.submodule_search_locations))
-    return (os.path.realpath(spec.origin),) if spec.origin and os.path.exists(spec.origin) else ()
+    return installed_module_copies(os.path.basename(get_library(library).package_dir.rstrip("/")))
 
 
 def _spec_key(spec: Any) -> str:

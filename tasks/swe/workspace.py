@@ -21,12 +21,35 @@ import binascii
 import functools
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from agentgym.tasks.swe.libraries import Library
 
-__all__ = ["PRISTINE", "REPO", "collect_results", "grade_code", "parse_json_reply", "patch_code", "run_tests_code",
-           "setup_code", "tree_payload"]
+__all__ = ["PRISTINE", "REPO", "RepoLayout", "collect_results", "grade_code", "parse_json_reply", "patch_code",
+           "run_tests_code", "setup_code", "tree_payload"]
+
+
+@dataclass(frozen=True)
+class RepoLayout:
+    """Where a repository keeps its code and tests: what the snippets below need of a :class:`Library`.
+
+    A repository brought by the user (a SWE-bench instance) has no pinned sdist, only this layout.
+
+    Attributes:
+        key: A name for messages (``owner/name@commit``).
+        package_dir: The only directory whose ``.py`` modules a submitted patch may change (relative to the root).
+        test_dir: The test directory (never graded from the patch).
+        python_path: What goes on ``sys.path`` to import the package from the repo root.
+        test_path: Sandbox paths the tests need on ``sys.path`` besides the repo.
+    """
+
+    key: str
+    package_dir: str
+    test_dir: str = "tests"
+    python_path: str = "."
+    test_path: tuple[str, ...] = ()
+
 
 PRISTINE = "/opt/agentgym/repo"
 REPO = "/work/repo"
@@ -104,7 +127,7 @@ def _write_tree(_root, _tree):
 '''
 
 
-def setup_code(lib: Library, files: Mapping[str, str], hidden_tests: Sequence[str], *,
+def setup_code(lib: Library | RepoLayout, files: Mapping[str, str], hidden_tests: Sequence[str], *,
                tree: Mapping[str, str] | None = None) -> str:
     """Build the episode's repo in the work dir (buggy files written, hidden tests gone) and commit a baseline.
 
@@ -140,7 +163,7 @@ print("ready " + _head.stdout.strip())
 '''
 
 
-def run_tests_code(lib: Library, args: Sequence[str], *, timeout_s: float, restore_tests: bool = False,
+def run_tests_code(lib: Library | RepoLayout, args: Sequence[str], *, timeout_s: float, restore_tests: bool = False,
                    output_chars: int = 6000) -> str:
     """Run pytest in a subprocess in the repo; print its (capped) output and then the per-test results.
 
@@ -297,6 +320,7 @@ _GRADE_SOURCE = r'''
 import base64, ctypes, filecmp, hashlib, json, os, secrets, shutil, signal, stat, subprocess, sys, tempfile, time
 REPO, PRISTINE = C["repo"], C["pristine"]
 BLOCKED = {"conftest.py", "sitecustomize.py", "usercustomize.py"}
+PROTECTED = set(C["protected"])
 
 
 def build_tree(hide):
@@ -316,7 +340,7 @@ def allowed(rel):
     parts = rel.split("/")
     tests = C["test_dir"].rstrip("/")
     return (rel.startswith(C["package_dir"].rstrip("/") + "/") and rel.endswith(".py") and parts[-1] not in BLOCKED
-            and rel != tests and not rel.startswith(tests + "/")
+            and rel != tests and not rel.startswith(tests + "/") and rel not in PROTECTED
             and not any(p.startswith(".") or p == "__pycache__" for p in parts))
 
 
@@ -362,6 +386,14 @@ def baseline_bytes(rel):
         return fh.read()
 
 
+def unchanged(rel, have):
+    """Whether the patched tree still holds the agent's baseline text of ``rel`` (a file the task overlays)."""
+    if have != "f" or rel not in C["files"]:
+        return False
+    with open(os.path.join(REPO, rel), "rb") as fh:
+        return fh.read() == baseline_bytes(rel)
+
+
 def reconcile():
     """Make every path outside the allow-list byte-identical to the pristine tree; report what the patch changed."""
     before, patched, hidden = entries(PRISTINE), entries(REPO), set(C["hidden"])
@@ -381,7 +413,7 @@ def reconcile():
             continue
         if want is None and have == "d":
             continue  # a new directory: emptied below unless it holds graded modules
-        if not (have is None and rel in hidden):  # a missing hidden test is the baseline, not the agent's doing
+        if not (have is None and rel in hidden) and not unchanged(rel, have):  # the baseline, not the agent's doing
             ignored.append(rel)
         remove(os.path.join(REPO, rel))
         source, target = os.path.join(PRISTINE, rel), os.path.join(REPO, rel)
@@ -533,9 +565,9 @@ print(C["mark"] + base64.b64encode(json.dumps(grade()).encode()).decode())
 '''
 
 
-def grade_code(lib: Library, files: Mapping[str, str], hidden_tests: Sequence[str], patch: str,
+def grade_code(lib: Library | RepoLayout, files: Mapping[str, str], hidden_tests: Sequence[str], patch: str,
                test_args: Sequence[str], *, baseline_args: Sequence[str] = (), timeout_s: float,
-               pristine_tree: Mapping[str, str] | None = None) -> str:
+               pristine_tree: Mapping[str, str] | None = None, protected: Sequence[str] = ()) -> str:
     """Snippet for a *fresh* sandbox session: rebuild the buggy tree, apply ``patch``, run the tests.
 
     Only source modules inside ``lib.package_dir`` (not conftest/sitecustomize/usercustomize, not the tests)
@@ -545,14 +577,17 @@ def grade_code(lib: Library, files: Mapping[str, str], hidden_tests: Sequence[st
     under ``python -I`` with the sandbox's own environment minus ``PYTHON*``/``PYTEST*``. ``baseline_args``
     (visible test files) are first run on the unpatched buggy tree, to learn which tests passed before.
     The pristine tree is ``pristine_tree`` (a :func:`tree_payload`, written into the grading sandbox first)
-    or else the one mounted at :data:`PRISTINE`. Prints one JSON reply after :data:`RESULT_MARK` (see
-    :func:`parse_json_reply`).
+    or else the one mounted at :data:`PRISTINE`. ``protected`` names more paths that are never taken from the
+    patch (test modules that live inside the package, e.g. the files a SWE-bench ``test_patch`` touches): the
+    pristine tree's copy is what runs. A ``files`` entry the patch leaves alone is not reported as ignored
+    (SWE-bench tasks overlay the pre-``test_patch`` text of test files the grader then restores). Prints one JSON
+    reply after :data:`RESULT_MARK` (see :func:`parse_json_reply`).
     """
     config = {"repo": REPO, "pristine": PRISTINE if pristine_tree is None else GRADER_PRISTINE,
               "pristine_tree": dict(pristine_tree or {}), "files": dict(files), "hidden": list(hidden_tests),
               "patch": patch, "args": list(test_args), "baseline_args": list(baseline_args),
               "package_dir": lib.package_dir, "test_dir": lib.test_dir, "python_path": lib.python_path,
-              "test_path": list(lib.test_path),
+              "test_path": list(lib.test_path), "protected": sorted(set(protected)),
               "timeout_s": float(timeout_s), "boot": _BOOT_SOURCE, "git_env": GIT_ENV, "mark": RESULT_MARK}
     return f"import json\nC = json.loads({json.dumps(config)!r})\n{_WRITE_TREE}\n" + _GRADE_SOURCE
 
