@@ -74,6 +74,8 @@ class Launch:
         baseline_memory: Bytes charged to ``observed`` with the parent idle; cleanup must return near it.
         baseline_tasks: ``pids.current`` with the parent idle (zombies count until reaped).
         verifiable: Whether the host can check and clean this sandbox itself; if not it is never reused.
+        reusable: False for a sandbox that keeps what an episode wrote where the host cannot empty it (a
+            writable image root): it is never marked verifiable, so it serves one session only.
     """
 
     process: subprocess.Popen[bytes]
@@ -85,6 +87,7 @@ class Launch:
     baseline_memory: int | None = None
     baseline_tasks: int | None = None
     verifiable: bool = False
+    reusable: bool = True
 
 
 def minimal_env(*keep: str) -> dict[str, str]:
@@ -299,9 +302,9 @@ class DockerBackend(Backend):
         tmpfs_size = f"size={lim.workdir_bytes}"
         cmd = [shutil.which("docker") or "docker", "run", "--rm", "-i", "--name", worker_id, "--network", "none",
                "--memory", str(lim.memory_bytes), "--memory-swap", str(lim.memory_bytes),
-               "--pids-limit", str(lim.pids), "--cpus", str(lim.cpus), "--user", "65534:65534",
-               "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--read-only",
-               "--ipc", "none", "--tmpfs", f"/tmp:{tmpfs_size},mode=1777", "--tmpfs", f"{WORK_DIR}:{tmpfs_size},mode=0777",
+               "--pids-limit", str(lim.pids), "--cpus", str(lim.cpus), "--user", config.docker_user,
+               "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+               *(() if config.docker_writable_root else ("--read-only",)), "--ipc", "none", "--tmpfs", f"/tmp:{tmpfs_size},mode=1777", "--tmpfs", f"{WORK_DIR}:{tmpfs_size},mode=0777",
                "--tmpfs", f"/dev/shm:{tmpfs_size},mode=1777",
                "--workdir", WORK_DIR, "-v", "/usr:/usr:ro", "-v", f"{ZYGOTE_SOURCE}:{ZYGOTE_PATH}:ro",
                "-v", f"{ipc_dir}:{IPC_DIR}:ro"]
@@ -323,7 +326,7 @@ class DockerBackend(Backend):
         process = subprocess.Popen(self.command(worker_id, ipc_dir, config), stdin=subprocess.DEVNULL,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
                                    env=minimal_env(*DOCKER_ENV))
-        return Launch(process, container=worker_id)
+        return Launch(process, container=worker_id, reusable=not config.docker_writable_root)
 
     def attach(self, launch: Launch) -> None:
         """The container's init is the parent; from the host (as root) its cgroup holds exactly that pid.
@@ -332,6 +335,8 @@ class DockerBackend(Backend):
         sandbox is marked unverifiable and the pool then starts a fresh container for every episode.
         """
         assert launch.container is not None
+        if not launch.reusable:
+            return
         inspect = _docker("inspect", "--format", "{{.State.Pid}}", launch.container, timeout=60)
         pid = int(inspect.stdout.strip() or 0) if inspect.returncode == 0 else 0
         launch.parent_pid = pid or None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -82,6 +83,11 @@ class SandboxConfig:
             directory) or as an empty file. Why: the host's site-packages are mounted read-only, so a package
             installed there (tabulate comes with reasoning-gym) would hand an SWE agent the unmutated upstream
             source of the library it is asked to fix.
+        docker_user: ``uid:gid`` the Docker backend runs the sandbox as. Task images whose files belong to root
+            (Harbor-format tasks) need ``"0:0"``; capabilities stay dropped either way.
+        docker_writable_root: Let the Docker sandbox write anywhere in its image's filesystem (not only the work
+            dir, ``/tmp`` and ``/dev/shm``), as a task environment built from a Dockerfile expects. The host cannot
+            empty such a root, so these containers are never reused: every session gets a fresh one.
     """
 
     backend: str = "auto"
@@ -93,8 +99,13 @@ class SandboxConfig:
     allow_no_cgroups: bool = False
     mounts: tuple[tuple[str, str], ...] = ()
     hidden_paths: tuple[str, ...] = ()
+    docker_user: str = "65534:65534"
+    docker_writable_root: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.docker_user, str) or not re.fullmatch(r"\d+:\d+", self.docker_user):
+            raise ConfigError(f"SandboxConfig.docker_user must be 'uid:gid' in digits (e.g. '65534:65534'), "
+                              f"got {self.docker_user!r}.")
         if self.backend not in BACKENDS:
             raise ConfigError(f"Unknown sandbox backend {self.backend!r}; choose one of {', '.join(BACKENDS)}.")
         if not isinstance(self.limits, SandboxLimits):

@@ -395,6 +395,13 @@ class SandboxSession:
                                truncated=bool(reply.get("truncated")), duration_s=time.monotonic() - start,
                                state_reset=reset, notice=notice)
 
+    @property
+    def container(self) -> str | None:
+        """The Docker container this session runs in (``None`` before its first call, or on bwrap): what a
+        grader snapshots with ``docker commit`` to check an episode's final state in a fresh container."""
+        worker = self._worker
+        return worker.launch.container if worker is not None and worker.launch is not None else None
+
     def _connection(self) -> socket.socket:
         if self._conn is not None:
             return self._conn
