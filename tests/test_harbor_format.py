@@ -93,8 +93,10 @@ def test_dockerfile_bases_and_suite_file(tmp_path):
     suite_file.write_text(suite_file.read_text().replace("[one]", "[onw]"))
     with pytest.raises(TaskError, match="Did you mean 'one'"):
         load_suite(str(suite_file))
-    with pytest.raises(ConfigError, match="tasks= .* or path="):
-        HarborEnv()
+    with pytest.raises(TaskError, match="no tasks: pass tasks="):
+        HarborEnv().reset(seed=0)
+    with pytest.raises(ConfigError, match="command_timeout_s"):
+        HarborEnv(command_timeout_s=0)
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +114,14 @@ def docker_host():
 
 def test_harbor_task_runs_in_docker(docker_host, tmp_path):
     """Oracle 1; no-op 0; a reward file planted by the agent 0; each episode starts from a fresh container."""
-    (task,) = harbor_tasks(write_task(tmp_path))
-    env = HarborEnv(tasks=[task], command_timeout_s=30)
+    write_task(tmp_path / "tasks")
+    suite_file = tmp_path / "harbor.yaml"
+    suite_file.write_text("name: mine\nversion: 1\nenv: agentgym/Harbor-v0\n"
+                          "entry_point: agentgym.envs.swe.harbor:HarborEnv\n"
+                          "source: harbor\npath: tasks\nenv_kwargs: {command_timeout_s: 30}\n")
+    suite = load_suite(str(suite_file))
+    (task,) = suite.test
+    env = suite.make_env()
     try:
         traj = run_reference_episode(env, task, seed=0)
         assert traj.outcome["success"] and traj.outcome["score"] == 1.0, (traj.outcome, traj.turns[-1].info)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -34,7 +35,9 @@ def call(name: str, **arguments: object) -> str:
 
 
 def git(repo: Path, *args: str) -> str:
-    return subprocess.run([*GIT, *args], cwd=repo, check=True, capture_output=True, text=True).stdout
+    dates = {"GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
+    return subprocess.run([*GIT, *args], cwd=repo, check=True, capture_output=True, text=True,
+                          env={**os.environ, **dates}).stdout  # the same commit id every run: one cache entry
 
 
 def without_functions(source: str, names: set[str]) -> str:
@@ -151,7 +154,8 @@ def test_suite_file_with_split_rules(data, tmp_path):
                           "repos: repos\nlayouts:\n  agentgym/toolz: {test_dir: toolz/tests}\n"
                           "splits:\n  test: {repos: [agentgym/toolz]}\n  train: {rest: true}\n")
     suite = load_suite(str(suite_file))
-    assert [t.id for t in suite.test] == ["agentgym__toolz-1"] and suite.train == () and suite.env_id == "agentgym/SWE-v1"
+    assert [t.id for t in suite.test] == ["agentgym__toolz-1"] and suite.train == ()
+    assert suite.env_id == "agentgym/SWE-v1"
     api = swebench_suite(data["path"], data["repos"], splits={"train": {"ids": ["agentgym__toolz-1"]}})
     assert [t.id for t in api.train] == ["agentgym__toolz-1"]
     with pytest.raises(TaskError, match="Did you mean"):

@@ -242,7 +242,8 @@ def suite_source(spec: Mapping[str, Any], base_dir: Path) -> dict[str, tuple[Tas
             raise TaskError(f"split {split!r}: names must be a list of task names.")
         for name in names:
             if name not in by_name:
-                raise TaskError(f"split {split!r} names task {name!r}, which is not there.{did_you_mean(name, by_name)}")
+                raise TaskError(f"split {split!r} names task {name!r}, which is not there."
+                                f"{did_you_mean(name, by_name)}")
             if name in taken:
                 raise TaskError(f"task {name!r} is in two splits.")
             taken.add(name)
@@ -404,7 +405,8 @@ class HarborEnv(AgentEnv):
 
     Args:
         tasks: Tasks to draw from (:func:`harbor_tasks`).
-        path: A Harbor task folder, or a folder of them, when ``tasks`` is not given.
+        path: A Harbor task folder, or a folder of them, when ``tasks`` is not given. With neither, every reset
+            must name its task (``options={"task": ...}``), as a suite's rollouts and ``validate()`` do.
         max_turns: Tool-using turns before truncation (no submit: reward 0, nothing is graded).
         command_timeout_s: Wall-clock limit of one ``bash`` command.
         memory_bytes: Container memory when the task's task.toml names none.
@@ -418,14 +420,11 @@ class HarborEnv(AgentEnv):
     def __init__(self, *, tasks: Sequence[Task] | None = None, path: str | None = None, max_turns: int = 30,
                  command_timeout_s: float = 120.0, memory_bytes: int = 2048 << 20, max_output_chars: int = 6000,
                  max_action_chars: int = 400_000, render_mode: str | None = None) -> None:
-        if tasks is None and path is None:
-            raise ConfigError("HarborEnv needs tasks= (agentgym.envs.swe.harbor.harbor_tasks(folder)) or path= "
-                              "(a Harbor task folder, or a folder of them).")
         if not isinstance(command_timeout_s, (int, float)) or command_timeout_s <= 0:
             raise ConfigError(f"command_timeout_s must be a positive number of seconds, got {command_timeout_s!r}.")
         if not isinstance(max_output_chars, int) or max_output_chars < 200:
             raise ConfigError(f"max_output_chars must be an integer >= 200, got {max_output_chars!r}.")
-        if tasks is None:
+        if tasks is None and path is not None:
             tasks = harbor_tasks(str(path))
         self.command_timeout_s = float(command_timeout_s)
         self.memory_bytes = int(memory_bytes)
@@ -547,7 +546,8 @@ class HarborEnv(AgentEnv):
         return CompositeParser([HermesParser(), FunctionCallParser(["bash", "submit"])])
 
     def _sample_task(self, rng: np.random.Generator) -> Task:
-        raise TaskError("HarborEnv draws from the tasks it was given; this should not be reached.")
+        raise TaskError("HarborEnv was given no tasks: pass tasks= (harbor_tasks(folder)) or path= (a Harbor task "
+                        "folder, or a folder of them), or reset(options={'task': task}) with a task of a Harbor suite.")
 
     def _begin_episode(self, task: Task) -> str:
         from agentgym.tools.sandbox import default_pool

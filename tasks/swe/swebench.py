@@ -61,6 +61,7 @@ LAYOUT_FIELDS = ("package_dir", "test_dir", "python_path")
 CACHE_VERSION = "v1"
 _TEST_DIR_NAMES = {"tests", "test", "testing"}
 _BLOCKED = {"conftest.py", "sitecustomize.py", "usercustomize.py"}
+_SPLIT_RULES = ("repos", "ids", "fraction", "rest")
 _REPO_NAME = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)?$")
 
 
@@ -321,7 +322,8 @@ def _validate(record: Mapping[str, Any], repos: Path, *, where: str, defaults: M
         raise TaskError(f"{where}: an instance must be a JSON object with {', '.join(REQUIRED_FIELDS)}.")
     missing = [k for k in REQUIRED_FIELDS if k not in record]
     if missing:
-        raise TaskError(f"{where}: missing field(s) {missing}; a SWE-bench instance needs {', '.join(REQUIRED_FIELDS)}.")
+        raise TaskError(f"{where}: missing field(s) {missing}; a SWE-bench instance needs "
+                        f"{', '.join(REQUIRED_FIELDS)}.")
     for key in ("instance_id", "repo", "base_commit", "patch", "test_patch", "problem_statement"):
         if not isinstance(record[key], str) or not record[key].strip():
             raise TaskError(f"{where}: {key} must be a non-empty string, got {record[key]!r:.100}.")
@@ -409,7 +411,8 @@ def load_instances(path: Path | str, repos: Path | str, *,
             instances.append(instance)
     unused = set(layouts) - {i.repo for i in instances}
     if unused:
-        raise TaskError(f"layouts name repo(s) {sorted(unused)} that no instance uses; check the spelling (owner/name).")
+        raise TaskError(f"layouts name repo(s) {sorted(unused)} that no instance uses; check the spelling "
+                        "(owner/name).")
     return instances
 
 
@@ -438,7 +441,7 @@ def _split(instances: Sequence[SweBenchInstance], rules: Mapping[str, Any] | Non
         raise TaskError(f"{where}: only one split may take the rest, got {rest}.")
     known_ids, known_repos = {i.instance_id for i in instances}, {i.repo for i in instances}
     for name, rule in rules.items():
-        if not isinstance(rule, Mapping) or len(rule) != 1 or next(iter(rule)) not in ("repos", "ids", "fraction", "rest"):
+        if not isinstance(rule, Mapping) or len(rule) != 1 or next(iter(rule)) not in _SPLIT_RULES:
             raise TaskError(f"{where}: split {name!r} needs exactly one rule of repos, ids, fraction or rest; "
                             f"got {rule!r}.")
         kind, value = next(iter(rule.items()))
@@ -484,7 +487,8 @@ def suite_source(spec: Mapping[str, Any], base_dir: Path) -> dict[str, tuple[Tas
     """The ``source: swebench`` loader of suite files: ``path``, ``repos``, ``layouts`` and ``splits`` keys."""
     unknown = set(spec) - {"path", "repos", "layouts", "splits"}
     if unknown:
-        raise TaskError(f"A 'source: swebench' suite takes path, repos, layouts and splits; unknown: {sorted(unknown)}.")
+        raise TaskError(f"A 'source: swebench' suite takes path, repos, layouts and splits; unknown: "
+                        f"{sorted(unknown)}.")
     for key in ("path", "repos"):
         if not isinstance(spec.get(key), str):
             raise TaskError(f"A 'source: swebench' suite needs '{key}:' (relative to the suite file).")
@@ -519,8 +523,8 @@ def _apply(instance: SweBenchInstance, tree: Path, patch: str, what: str, *, che
 def _prepare(instance: SweBenchInstance) -> PreparedInstance:
     from agentgym import cache
 
-    key = hashlib.sha256("\0".join([os.path.realpath(instance.repo_path), instance.base_commit, instance.test_patch,
-                                    instance.patch]).encode()).hexdigest()[:24]
+    # A commit id names its whole tree, so the entry is shared by every clone (and every run) of the same instance.
+    key = hashlib.sha256("\0".join([instance.base_commit, instance.test_patch, instance.patch]).encode()).hexdigest()[:24]
     entry = cache.cache_root() / "swebench" / CACHE_VERSION / key
 
     def build(tmp: Path) -> None:
@@ -564,7 +568,8 @@ def sandbox_config(instance: SweBenchInstance, backend: str) -> Any:
     limits = SandboxLimits(wall_timeout_s=120.0, cpu_timeout_s=120.0, memory_bytes=max(2048 << 20, 2 * workdir),
                            workdir_bytes=workdir, file_size_bytes=64 << 20, pids=128, episode_cpu_s=3600)
     return SandboxConfig(backend=backend, limits=limits, preload=(), mounts=(), docker_image=BASE_IMAGE,
-                         max_workers=16, hidden_paths=installed_module_copies(posixpath.basename(instance.layout.package_dir)))
+                         max_workers=16,
+                         hidden_paths=installed_module_copies(posixpath.basename(instance.layout.package_dir)))
 
 
 def installed_module_copies(name: str) -> tuple[str, ...]:
