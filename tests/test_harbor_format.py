@@ -131,6 +131,8 @@ def test_harbor_task_runs_in_docker(docker_host, tmp_path):
         assert "/app" in obs
         listing = env.step(call("bash", command="pwd; ls; cat answer.txt; echo $GREETING; ls /tests /solution"))[0]
         assert "/app" in listing and "data.txt" in listing and "hello-from-the-image" in listing
+        obs, _, terminated, _, info = env.step("no tool call here")  # a model mistake is an observation
+        assert not terminated and info["turn"]["kind"] in ("void", "invalid") and "bash" in obs, obs
         assert "answer.txt: No such file" in listing and "cannot access '/tests'" in listing, listing
         _, reward, terminated, _, info = env.step(call("submit"))
         assert terminated and reward == 0.0 and not info["outcome"]["success"], info["turn"]["grading"]
