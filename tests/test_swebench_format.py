@@ -24,6 +24,7 @@ from agentgym.tasks.swe.builder import load_specs
 from agentgym.tasks.swe.libraries import fetch_library
 from agentgym.tasks.swe.mutations import apply_mutation
 from agentgym.tasks.swe.swebench import instance_to_task, load_instances, parse_patch_paths, swebench_suite
+from tests.dockerd import docker_daemon
 from tests.test_swe_reward_hacking import FORGE_HOOK
 
 SPEC_ID = "toolz-0194fed924"  # merge_sorted: arguments swapped; one FAIL_TO_PASS test in toolz/tests/test_itertoolz.py
@@ -194,3 +195,22 @@ def test_unappliable_test_patch_is_a_clear_error(data, tmp_path):
     (instance,) = load_instances(path, data["repos"])
     with pytest.raises(TaskError, match="test_patch does not apply"):
         instance.prepare()
+
+
+def test_gold_patch_scores_one_on_docker(data):
+    """The same instance on the Docker backend (a private dockerd): the gold patch 1.0, nothing submitted 0."""
+    from agentgym.tools.sandbox import pool as sandbox_pool
+
+    (task,) = [instance_to_task(i) for i in load_instances(data["path"], data["repos"])]
+    with docker_daemon():
+        env = SWEEnv(backend="docker", command_timeout_s=20)
+        try:
+            traj = run_reference_episode(env, task, seed=0)
+            assert traj.outcome["success"] and traj.outcome["score"] == 1.0, traj.outcome
+            env.reset(options={"task": task})
+            assert env.step(call("submit"))[1] == 0.0
+        finally:
+            env.close()
+            for config, pool in list(sandbox_pool._DEFAULT_POOLS.items()):
+                if config.backend == "docker":
+                    pool.close()
