@@ -22,6 +22,10 @@ no regressions. Reward channels for gated accumulation (G-RA, spec section 5) ar
 failing one), ``test_runs``, and on the last step ``outcome`` (the project's r_high table: no submit 0.0, no
 graded change 0.1, a graded change that fails 0.5, success 1.0), ``patch_submitted`` and ``f2p_fraction``.
 ``info["turn"]["grading"]`` holds the details (regressions by id, graded and ignored paths, tampered reports).
+
+Tasks may also be a user's own SWE-bench-format instances (``metadata["swebench"]``, from
+:mod:`agentgym.tasks.swe.swebench`): the episode gets the local clone's tree at ``base_commit``, and the same grader
+runs with ``base_commit`` + ``test_patch`` as its pristine tree (G is then PASS_TO_PASS alone, as in SWE-bench).
 """
 
 from __future__ import annotations
