@@ -60,6 +60,11 @@ def test_task_folder_is_parsed(tmp_path):
     write_task(tasks_folder, "a-task")
     assert [t.id for t in harbor_tasks(tasks_folder)] == ["a-task", "b-task"]
     assert harbor_tasks(tasks_folder)[0].metadata["harbor"]["path"] == str((tasks_folder / "a-task").resolve())
+    older = write_task(tmp_path / "older", "yaml-task")  # task.yaml with the instruction inside (Terminal-Bench 1)
+    (older / "task.toml").unlink()
+    (older / "instruction.md").unlink()
+    (older / "task.yaml").write_text("instruction: |\n  Sum the numbers.\nverifier:\n  timeout_sec: 30\n")
+    assert (load_harbor_task(older).instruction, load_harbor_task(older).verifier_timeout_s) == ("Sum the numbers.\n", 30.0)
 
 
 @pytest.mark.parametrize("breakage, message", [
