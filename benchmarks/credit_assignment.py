@@ -9,6 +9,9 @@ can learn it within minutes:
 * ``guess`` (suite ``credit-guess``): guess a secret in 1-100 in at most 8 guesses (binary search needs 7), so
   one guess that does not halve the interval usually dooms the episode; the number of tool calls is free (ARPO),
   and the interval the feedback leaves (the anchor) recurs across a group.
+* ``sokoban`` (suite ``sokoban``, the learning smoke test; not in the default ``--tasks``): 6x6 rooms with 1-2
+  boxes to train on, held out = the ``test`` split (7x7 rooms, 2 boxes, puzzle seeds from the other half of the
+  seed space). A box pushed into a corner is stuck for good, and the (player, boxes) position is the anchor.
 
 Per task a tiny model (BPE tokenizer trained on the suite's text) is built once and behaviour-cloned on
 reference demonstrations until its greedy success on 64 *training* tasks first reaches ``--bc-target``
@@ -21,6 +24,8 @@ ArCHer and filtered BC ``tasks_per_step x 1`` (32 x 1); same learning rate, same
     python benchmarks/credit_assignment.py                # 2 tasks x 5 methods x 3 seeds
     python benchmarks/credit_assignment.py --quick        # smoke run: 1 seed, 2 steps, 16 eval tasks
     python benchmarks/credit_assignment.py --tasks maze --methods grpo,gigpo --seeds 0,1,2
+    python benchmarks/credit_assignment.py --tasks sokoban --methods gigpo --jobs 1   # BC -> GiGPO on Sokoban
+    python benchmarks/credit_assignment.py --tasks sokoban --build-only   # the model configs/gigpo_sokoban.yaml uses
 
 Runs live in ``WORKDIR/TASK/METHOD/seedN`` and are reused when their ``summary.json`` exists with the same
 settings (an interrupted benchmark resumes; a half-finished run restarts from its last checkpoint). Writes the
@@ -61,7 +66,11 @@ class CreditTask:
 TASKS = {
     "maze": CreditTask("maze", "credit-maze", "validation", max_tokens_per_turn=16, max_context_tokens=1536),
     "guess": CreditTask("guess", "credit-guess", "validation", max_tokens_per_turn=16, max_context_tokens=512),
+    # 1024 tokens hold about 18 turns (a 7x7 grid and its feedback are ~50 tokens); episodes that run longer end
+    # unsolved, which caps the cost of the failures on a CPU (solved ones take 4-12 moves)
+    "sokoban": CreditTask("sokoban", "sokoban", "test", max_tokens_per_turn=16, max_context_tokens=1024),
 }
+DEFAULT_TASKS = ("maze", "guess")
 
 
 # ---- warm start --------------------------------------------------------------------------------------------
@@ -120,6 +129,13 @@ def warm_start(task: CreditTask, workdir: Path, *, target: float, max_bc_steps: 
     return out, info
 
 
+def _threads_per_run(jobs: int) -> int:
+    """CPU threads per run: the cores shared evenly by the runs in parallel (1 each on 2 cores with 2 jobs)."""
+    import os
+
+    return max(1, (os.cpu_count() or 1) // jobs)
+
+
 # ---- one run -----------------------------------------------------------------------------------------------
 def run_config(task: CreditTask, method: str, seed: int, model: Path, out: Path, args: argparse.Namespace) -> dict[str, Any]:
     """The trainer config of one run, in the shared vocabulary. Hyperparameters are fixed once for every method
@@ -152,7 +168,7 @@ def run_one(task_name: str, method: str, seed: int, model: str, args: argparse.N
     from agentgym.trainers import make_trainer
     from agentgym.trainers.config import config_from_dict
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(_threads_per_run(args.jobs))
     logging.basicConfig(level=logging.WARNING)
     task = TASKS[task_name]
     out = Path(args.workdir) / task.name / method / f"seed{seed}"
@@ -317,7 +333,7 @@ def _names(text: str, allowed: tuple[str, ...], flag: str, parser: argparse.Argu
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated subset of " + ",".join(TASKS))
+    p.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help="comma-separated subset of " + ",".join(TASKS))
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
     p.add_argument("--seeds", default="3", help="a count (3: seeds 0,1,2) or a comma-separated list (0,2)")
     p.add_argument("--steps", type=int, default=8, help="training steps per run")
@@ -333,13 +349,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bc-target", type=float, default=0.25,
                    help="stop the shared BC warm start once greedy success on 64 training tasks reaches this")
     p.add_argument("--max-bc-steps", type=int, default=400, help="most BC steps of the warm start")
-    p.add_argument("--jobs", type=int, default=2, help="runs in parallel (one CPU thread each)")
+    p.add_argument("--bc-check-every", type=int, default=25,
+                   help="BC steps between the warm start's checks of its training success (each check runs 64 "
+                        "greedy episodes: a long one on Sokoban)")
+    p.add_argument("--jobs", type=int, default=2, help="runs in parallel (the CPU cores shared evenly among them)")
     p.add_argument("--workdir", default="runs/credit_assignment", help="where models and runs go")
-    p.add_argument("--out", default="runs/credit_assignment.png", help="curves PNG (raw numbers go to its .json)")
+    p.add_argument("--out", default=None,
+                   help="curves PNG (raw numbers go to its .json; default runs/credit_assignment.png, or "
+                        "runs/credit_assignment_sokoban.png when --tasks is sokoban alone)")
+    p.add_argument("--build-only", action="store_true",
+                   help="only build each task's tiny model (WORKDIR/base-TASK) and its BC warm start, then exit")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 1 seed, 2 steps of 2 tasks x 4, 16 eval tasks, in WORKDIR-quick")
     args = p.parse_args(argv)
     args.tasks = _names(args.tasks, tuple(TASKS), "--tasks", p)
+    if args.out is None:  # a Sokoban-only run does not overwrite the maze/guess figures
+        args.out = "runs/credit_assignment_sokoban.png" if args.tasks == ["sokoban"] else "runs/credit_assignment.png"
     args.methods = _names(args.methods, METHODS, "--methods", p)
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -354,7 +379,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.seeds, args.steps, args.tasks_per_step, args.group_size = [0], 2, 2, 4
         args.eval_every, args.eval_tasks, args.max_bc_steps = 1, 16, 25
         args.workdir, args.out = args.workdir.rstrip("/") + "-quick", str(Path(args.out).with_name("credit_assignment_quick.png"))
-    for name in ("steps", "tasks_per_step", "group_size", "eval_tasks", "max_bc_steps", "jobs", "eval_every"):
+    for name in ("steps", "tasks_per_step", "group_size", "eval_tasks", "max_bc_steps", "bc_check_every", "jobs",
+                 "eval_every"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.warmup_steps < 0:
@@ -375,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(_threads_per_run(args.jobs))
     logging.basicConfig(level=logging.WARNING)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -384,9 +410,11 @@ def main(argv: list[str] | None = None) -> int:
     models, warm = {}, {}
     for name in args.tasks:
         models[name], warm[name] = warm_start(TASKS[name], workdir, target=args.bc_target,
-                                              max_bc_steps=args.max_bc_steps, log=say)
+                                              max_bc_steps=args.max_bc_steps, chunk=args.bc_check_every, log=say)
         say(f"warm start {name}: {warm[name]['bc_steps']} BC steps, train success "
             f"{warm[name]['train_success_curve'][-1][1]:.3f} ({models[name]})")
+    if args.build_only:
+        return 0
     jobs = [(t, m, s) for t in args.tasks for s in args.seeds for m in args.methods]
     results: list[dict[str, Any]] = []
     failed: list[str] = []
