@@ -38,7 +38,7 @@ def test_bc_on_screenshot_demonstrations_then_a_grpo_step_with_the_tiny_vlm(tmp_
     from agentgym.trainers.grpo import GrpoTrainer
 
     bench = _benchmark()
-    suite = load_suite(str(REPO / bench.SUITE))
+    suite = load_suite(bench.SUITE)
     model_dir = build_tiny_vlm(tmp_path / "model")
     model, tokenizer = load_model(model_dir)
     processor = load_processor(model_dir)
@@ -66,7 +66,7 @@ def test_bc_on_screenshot_demonstrations_then_a_grpo_step_with_the_tiny_vlm(tmp_
     processor.save_pretrained(tmp_path / "bc")
 
     base = load_config(str(REPO / bench.CONFIG)).to_dict()
-    config = GrpoConfig.from_dict({**base, "model": str(tmp_path / "bc"), "suite": str(REPO / bench.SUITE),
+    config = GrpoConfig.from_dict({**base, "model": str(tmp_path / "bc"), "suite": bench.SUITE,
                                    "output_dir": str(tmp_path / "grpo"), "steps": 1, "tasks_per_step": 1,
                                    "group_size": 2, "eval_tasks": 1, "progress": False})
     summary = GrpoTrainer(config).train()
