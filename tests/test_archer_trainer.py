@@ -280,6 +280,7 @@ def _final_state(out: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow  # three training processes; test_data_parallel resumes a killed-and-restarted ArCHer loop too
 def test_sigkilled_run_resumes_replay_critic_target_and_actor(model_dir: Path, tmp_path: Path) -> None:
     straight = ArcherConfig(**common(model_dir, tmp_path / "straight", steps=6, actor_warmup_steps=1,
                                      critic_steps=2, warmstart="bc", bc_demos=8, bc_steps=5))

@@ -282,8 +282,9 @@ def test_vlm_rollout_records_images_by_reference_and_a_grpo_step_trains_on_them(
         trajs = RolloutEngine(vlm, config).run(specs, writer=writer)
     assert all(t.error is None and t.has_tokens for t in trajs), [t.error for t in trajs]
     assert all(len(t.turns) == 2 and all(len(turn.images) == 1 for turn in t.turns) for t in trajs)
-    back = list(read_trajectories(out))
-    assert [t.token_view().input_ids for t in back] == [t.token_view().input_ids for t in trajs]
+    back = list(read_trajectories(out))  # in the order the episodes finished, which need not be the specs' order
+    assert ({t.traj_id: t.token_view().input_ids for t in back}
+            == {t.traj_id: t.token_view().input_ids for t in trajs})
     assert "base64" not in out.read_text() and (tmp_path / "images").is_dir()
     image_id = vlm.tokenizer.convert_tokens_to_ids("<image>")
     for t in back:

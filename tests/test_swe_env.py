@@ -178,7 +178,8 @@ def docker_host():
 def test_smoke_suite_validates_on_docker(smoke, docker_host):
     env = smoke.make_env(backend="docker")
     try:
-        for i, task in enumerate(smoke.test):
+        # Two tasks: the whole suite is validated on bwrap above; here the container backend proves the same path.
+        for i, task in enumerate(smoke.test[:2]):
             traj = run_reference_episode(env, task, seed=i)
             assert traj.outcome["success"], (task.id, traj.outcome)
             env.reset(options={"task": task})

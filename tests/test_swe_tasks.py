@@ -277,7 +277,7 @@ USER_LIBRARIES = textwrap.dedent('''\
     ''')
 
 
-@pytest.mark.parametrize("name", ["funcy", "more-itertools"])
+@pytest.mark.parametrize("name", ["funcy", pytest.param("more-itertools", marks=pytest.mark.slow)])
 def test_a_library_declared_by_a_user_builds_validated_tasks(name: str, tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Downloads go to the normal cache root (sdist, source tree, test deps): a second run fetches nothing."""

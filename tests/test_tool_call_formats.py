@@ -68,8 +68,11 @@ FORMATS: dict[str, Callable[[Calls], str]] = {
 }
 
 # Sandboxes, browsers and repositories: a few steps are enough to prove every format reaches a real tool.
-_HEAVY_STEPS = {"agentgym/SWE-v1": 2, "agentgym/CodeInterpreter-v1": 1, "agentgym/WebShop-v1": 2,
-                "agentgym/WebShop-text-v1": 2, "agentgym/MiniWoB-v0": 2}
+# Envs whose steps cost a browser action, a JVM call or a sandboxed test run replay fewer steps and formats. SWE's
+# first step is an edit; its second (submit) would only re-run the same grader in every format.
+_HEAVY_STEPS = {"agentgym/SWE-v1": 1, "agentgym/CodeInterpreter-v1": 1, "agentgym/WebShop-v1": 2,
+                "agentgym/WebShop-text-v1": 2, "agentgym/MiniWoB-v0": 2, "agentgym/ScienceWorld-v0": 3,
+                "agentgym/TextWorld-v0": 3}
 _FAST_STEPS = 12
 
 

@@ -213,6 +213,7 @@ def test_sigkilled_run_resumes_to_identical_parameters(model_dir: Path, tmp_path
 
 
 # ---- learning ----------------------------------------------------------------------------------------
+@pytest.mark.slow  # about 10 minutes on 2 cores; `make quickstart` runs the full recipe
 def test_tiny_model_learns_from_bc_warm_start_with_grpo(tmp_path: Path) -> None:
     """A smaller budget of the quickstart recipe: held-out success must rise by at least 20 points."""
     model = build_tiny_model(tmp_path / "model", texts=demonstration_texts("games-calc", 300))
