@@ -344,6 +344,7 @@ def test_arpo_code_config_trains_a_step_on_the_code_interpreter(model_dir: Path,
     assert (tmp_path / "run" / "model" / "config.json").is_file()
 
 
+@pytest.mark.slow  # test_shipped_configs trains configs/arpo_search.yaml through the CLI in the default run
 def test_arpo_search_config_trains_a_step_through_the_cli(model_dir: Path, tmp_path: Path) -> None:
     pytest.importorskip("bm25s")
     import subprocess

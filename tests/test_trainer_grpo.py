@@ -177,6 +177,7 @@ def _train_cli(config: GrpoConfig, tmp: Path) -> subprocess.Popen[bytes]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
+@pytest.mark.slow  # three training processes (minutes); test_lora and test_fsdp check exact resumes by default
 def test_sigkilled_run_resumes_to_identical_parameters(model_dir: Path, tmp_path: Path) -> None:
     straight = small_config(model_dir, tmp_path / "straight", steps=4, warmstart="bc", bc_steps=20, bc_demos=16,
                             bc_shortcut_fraction=0.5, group_size=4)
