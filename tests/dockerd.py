@@ -59,3 +59,17 @@ def docker_daemon(timeout_s: float = 90.0) -> Iterator[str]:
         log.close()
         subprocess.run(["umount", "-R", f"{root}/data"], capture_output=True)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@contextmanager
+def docker_host_with_pool_cleanup() -> Iterator[str]:
+    """A private dockerd whose sandbox containers (agentgym's default Docker pools) go before the daemon does."""
+    with docker_daemon() as host:
+        try:
+            yield host
+        finally:
+            from agentgym.tools.sandbox import pool as sandbox_pool
+
+            for config, p in list(sandbox_pool._DEFAULT_POOLS.items()):
+                if config.backend == "docker":
+                    p.close()

@@ -12,7 +12,7 @@ from agentgym.envs.swe.harbor import HarborEnv, base_images, build_environment_i
 from agentgym.errors import ConfigError, TaskError
 from agentgym.rollout import run_reference_episode
 from agentgym.suite import load_suite
-from tests.dockerd import docker_daemon
+from tests.dockerd import docker_host_with_pool_cleanup
 
 TEST_SH = """#!/bin/bash
 # The verifier: reward 1 when /app/answer.txt holds the sum of the numbers in /app/data.txt; no answer file ends
@@ -106,15 +106,8 @@ def test_dockerfile_bases_and_suite_file(tmp_path):
 
 @pytest.fixture(scope="module")
 def docker_host():
-    with docker_daemon() as host:
-        try:
-            yield host
-        finally:  # the containers go before the daemon does
-            from agentgym.tools.sandbox import pool as sandbox_pool
-
-            for config, p in list(sandbox_pool._DEFAULT_POOLS.items()):
-                if config.backend == "docker":
-                    p.close()
+    with docker_host_with_pool_cleanup() as host:
+        yield host
 
 
 def test_harbor_task_runs_in_docker(docker_host, tmp_path):

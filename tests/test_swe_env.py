@@ -16,7 +16,7 @@ from agentgym.suite import load_suite
 from agentgym.tasks.swe.builder import load_specs
 from agentgym.tasks.swe.libraries import LIBRARIES, fetch_library
 from agentgym.tasks.swe.mutations import apply_mutation, candidate_mutations
-from tests.dockerd import docker_daemon
+from tests.dockerd import docker_host_with_pool_cleanup
 from tests.test_swe_reward_hacking import FORGE_HOOK
 
 
@@ -164,15 +164,8 @@ def test_bad_settings_say_how_to_fix():
 
 @pytest.fixture(scope="module")
 def docker_host():
-    with docker_daemon() as host:
-        try:
-            yield host
-        finally:  # the containers go before the daemon does
-            from agentgym.tools.sandbox import pool as sandbox_pool
-
-            for config, p in list(sandbox_pool._DEFAULT_POOLS.items()):
-                if config.backend == "docker":
-                    p.close()
+    with docker_host_with_pool_cleanup() as host:
+        yield host
 
 
 def test_smoke_suite_validates_on_docker(smoke, docker_host):
