@@ -100,7 +100,10 @@ def pool():
 
     if not HAVE_BROWSER:
         pytest.skip("needs Chromium and playwright")
-    p = BrowserPool(BrowserConfig(action_timeout_s=3.0, navigation_timeout_s=5.0, watchdog_s=15.0))
+    # Generous deadlines: these tests check behaviour, not speed, and make test runs them beside two other
+    # busy xdist workers on 2 cores, where a page load or a click has taken more than 5 s. The hung-page
+    # test keeps its own short watchdog.
+    p = BrowserPool(BrowserConfig(action_timeout_s=20.0, navigation_timeout_s=30.0, watchdog_s=60.0))
     yield p
     p.close()
 
