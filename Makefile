@@ -37,12 +37,14 @@ quickstart: install
 # three test files at a time (most tests wait on browsers, sandboxes, servers and subprocesses, not on the CPU; four
 # at a time was no faster on 2 cores and made browser timeouts flaky).
 TEST_WORKERS ?= 3
+# Bytecode writing on (some machines set PYTHONDONTWRITEBYTECODE): pytest caches its rewritten test modules as .pyc,
+# so later runs and workers skip about 15 s of rewriting and compiling each.
 test: install-test
-	$(PYTHON) -m pytest -q -p no:cacheprovider -m "not slow" -n $(TEST_WORKERS) --dist loadfile
+	env -u PYTHONDONTWRITEBYTECODE $(PYTHON) -m pytest -q -p no:cacheprovider -m "not slow" -n $(TEST_WORKERS) --dist loadfile
 
 # The `slow` tests alone (about an hour on 2 cores): full validations of the big suites, learning runs, images.
 test-slow: install-test
-	$(PYTHON) -m pytest -q -p no:cacheprovider -m slow
+	env -u PYTHONDONTWRITEBYTECODE $(PYTHON) -m pytest -q -p no:cacheprovider -m slow
 
 benchmarks: install
 	$(PYTHON) benchmarks/rollout_throughput.py

@@ -1,5 +1,6 @@
 """Harbor-format task folders: parsing and validation (fast), and a task written for the test run end to end in
-the Docker backend with a private dockerd: image built locally, oracle 1, no-op 0, a planted reward file 0."""
+the Docker backend with a private dockerd: image built locally, oracle 1, no-op 0, a planted reward file 0, a
+loader preload planted to forge the reward 0, and a reward.json read."""
 
 from __future__ import annotations
 
@@ -25,6 +26,24 @@ else
   echo 0 > /logs/verifier/reward.txt
 fi
 """
+# test.sh variant that reports through reward.json (with extra named rewards), as Harbor allows.
+TEST_SH_JSON = TEST_SH.replace("echo 1 > /logs/verifier/reward.txt",
+                               """echo '{"reward": 1.0, "checks_passed": 2}' > /logs/verifier/reward.json""").replace(
+                               "echo 0 > /logs/verifier/reward.txt", """echo '{"reward": 0.0}' > /logs/verifier/reward.json""")
+# A root agent compiles a library whose destructor writes reward 1 and lists it in /etc/ld.so.preload: in a grading
+# container made from its snapshot, every program (bash running test.sh, cat, the verifier's interpreter) would
+# load it, and the reward file would say 1 whatever test.sh wrote.
+FORGE_PRELOAD = r"""cat > /tmp/forge.c <<'CEOF'
+#include <stdio.h>
+#include <unistd.h>
+__attribute__((destructor)) static void forge(void) {
+  if (access("/logs/verifier", W_OK) == 0) {
+    FILE *f = fopen("/logs/verifier/reward.txt", "w");
+    if (f) { fputs("1\n", f); fclose(f); }
+  }
+}
+CEOF
+gcc -shared -fPIC -o /forge.so /tmp/forge.c && echo /forge.so > /etc/ld.so.preload && echo planted-preload"""
 SOLVE_SH = 'echo $(( $(tr " " "+" < data.txt) )) > /app/answer.txt\necho "$GREETING" > /app/greeting.txt\n'
 
 
@@ -32,7 +51,8 @@ def call(name: str, **arguments: object) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
-def write_task(root: Path, name: str = "sum-numbers", base: str = "agentgym-sandbox:2", solution: bool = True) -> Path:
+def write_task(root: Path, name: str = "sum-numbers", base: str = "agentgym-sandbox:2", solution: bool = True,
+               test_sh: str = TEST_SH) -> Path:
     task = root / name
     (task / "environment").mkdir(parents=True)
     (task / "tests").mkdir()
@@ -43,7 +63,7 @@ def write_task(root: Path, name: str = "sum-numbers", base: str = "agentgym-sand
     (task / "environment" / "Dockerfile").write_text(
         f"FROM {base}\nWORKDIR /app\nCOPY data.txt /app/data.txt\nENV GREETING=hello-from-the-image\n")
     (task / "environment" / "data.txt").write_text("3 4 5 30\n")
-    (task / "tests" / "test.sh").write_text(TEST_SH)
+    (task / "tests" / "test.sh").write_text(test_sh)
     if solution:
         (task / "solution").mkdir()
         (task / "solution" / "solve.sh").write_text(SOLVE_SH)
@@ -145,6 +165,34 @@ def test_harbor_task_runs_in_docker(docker_host, tmp_path):
         _, reward, _, _, info = env.step(call("submit"))
         grading = info["turn"]["grading"]
         assert reward == 0.0 and grading["reward"] is None and "wrote no" in grading["problem"], grading
+
+        # A preloaded library planted to run inside the grader's own programs: the grading container gets the
+        # host's loader set-up (an empty ld.so.preload) read-only, so it never loads.
+        env.reset(options={"task": task})
+        planted = env.step(call("bash", command=FORGE_PRELOAD))[0]
+        assert "planted-preload" in planted, planted
+        live = env.step(call("bash", command="mkdir -p /logs/verifier && true && cat /logs/verifier/reward.txt"))[0]
+        assert live.startswith("1"), live  # in the agent's own container the library is live
+        env.step(call("bash", command="rm -rf /logs"))
+        _, reward, _, _, info = env.step(call("submit"))
+        grading = info["turn"]["grading"]
+        assert reward == 0.0 and grading["reward"] is None and "wrote no" in grading["problem"], grading
+    finally:
+        env.close()
+
+
+def test_reward_json_is_read_with_its_named_rewards(docker_host, tmp_path):
+    (task,) = harbor_tasks(write_task(tmp_path, "json-reward", test_sh=TEST_SH_JSON))
+    env = HarborEnv(tasks=[task], command_timeout_s=30)
+    try:
+        traj = run_reference_episode(env, task, seed=0)
+        grading = traj.turns[-1].info["grading"]
+        assert traj.outcome["success"] and grading["reward"] == 1.0 and grading["rewards"]["checks_passed"] == 2
+        env.reset(options={"task": task})
+        env.step(call("bash", command="echo 41 > /app/answer.txt"))
+        _, reward, terminated, _, info = env.step(call("submit"))
+        assert terminated and reward == 0.0 and info["turn"]["grading"]["reward"] == 0.0
+        assert not info["outcome"]["success"] and info["turn"]["grading"]["problem"] == ""
     finally:
         env.close()
 

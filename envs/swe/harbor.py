@@ -19,9 +19,17 @@ changed it) and ``/logs/verifier`` emptied first (a reward file the agent plante
 the number ``test.sh`` wrote; success is reward >= 1. The oracle (:meth:`HarborEnv.reference_solver`) copies
 ``solution/`` to ``/solution`` and runs ``solve.sh``, as Harbor does.
 
-Honest limit: the tests check the state the agent left, so they run inside the agent's files; a ``test.sh`` that
-runs pytest in the agent's working directory would load a ``conftest.py`` the agent planted there. Task authors
-should point pytest at ``/tests`` (``pytest /tests --rootdir /tests -p no:cacheprovider``).
+The grading container also gets the host's dynamic loader set-up read-only over whatever the snapshot holds
+(``/lib``, ``/lib64``, ``/bin``, ``/sbin``, ``/etc/ld.so.cache``, ``/etc/ld.so.conf*``, and an empty
+``/etc/ld.so.preload``), as ``/usr`` and Python always are: a root agent that wrote an ``ld.so.preload`` or swapped a
+loader cannot run code inside the verifier's own processes (``bash``, the interpreter that reads the reward). When
+``test.sh`` returns, every other process in the container is killed before the reward file is read, and the
+result line carries a mark drawn afresh for each grading.
+
+Honest limit: the tests check the state the agent left, so they run inside the agent's files as root; anything the
+agent wrote that ``test.sh`` executes (its program, a ``conftest.py`` pytest picks up in the agent's working
+directory) runs as root too and could write the reward file itself. Task authors should run the agent's program as
+an unprivileged user and point pytest at ``/tests`` (``pytest /tests --rootdir /tests -p no:cacheprovider``).
 
 The Docker base image the repository builds, ``agentgym-sandbox:2``, is an empty root onto which the host's
 ``/usr`` and Python are mounted at run time; a Dockerfile ``FROM`` it can ``COPY``, ``ENV`` and ``WORKDIR`` but
@@ -374,6 +382,20 @@ else:
         _out, _ = _p.communicate()
         _reply["problem"] = "tests/test.sh timed out after {timeout:g} s"
     _reply["log"] = _out.decode("utf-8", "replace")[-3000:]
+    # Nothing test.sh left running may write the reward after this point: kill all but this process's ancestry.
+    _keep, _pid = set(), os.getpid()
+    while _pid > 0 and _pid not in _keep:
+        _keep.add(_pid)
+        try:
+            _pid = int(open("/proc/%d/stat" % _pid).read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    for _name in os.listdir("/proc"):
+        if _name.isdigit() and int(_name) not in _keep:
+            try:
+                os.kill(int(_name), signal.SIGKILL)
+            except OSError:
+                pass
     if os.path.isfile("/logs/verifier/reward.txt"):
         _text = open("/logs/verifier/reward.txt").read().strip()
         try:
@@ -391,6 +413,26 @@ else:
         _reply["problem"] = "tests/test.sh wrote no /logs/verifier/reward.txt or reward.json"
 print({mark!r} + base64.b64encode(json.dumps(_reply).encode()).decode())
 '''
+
+
+# Paths the dynamic loader reads before any program runs. The host's copies (or an empty preload list) are mounted
+# read-only over the snapshot's in the grading container; /usr and the Python installation always are.
+_LOADER_PATHS = ("/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin", "/etc/ld.so.cache", "/etc/ld.so.conf",
+                 "/etc/ld.so.conf.d")
+
+
+def trusted_runtime_mounts() -> tuple[tuple[str, str], ...]:
+    """Read-only (host path, container path) mounts that keep the agent's files out of the grader's own processes.
+
+    A root agent can write ``/etc/ld.so.preload`` or point ``/lib64`` at its own loader in its container; the
+    snapshot keeps both, and every dynamically linked program of the grading container (``bash``, Python) would
+    load the agent's code and could write any reward. Mounting the host's loader paths over them closes that.
+    """
+    mounts = [("/dev/null", "/etc/ld.so.preload")]
+    for path in _LOADER_PATHS:
+        if os.path.lexists(path) and os.path.exists(path):
+            mounts.append((os.path.realpath(path), path))
+    return tuple(mounts)
 
 
 def _hermes(name: str, arguments: dict[str, Any]) -> str:
@@ -511,14 +553,16 @@ class HarborEnv(AgentEnv):
         if container is None:
             raise EnvCrashed("the episode has no container to grade")
         snapshot = f"agentgym-harbor-grade:{secrets.token_hex(8)}"
+        mark = f"{RESULT_MARK}{secrets.token_hex(16)}@@"  # unguessable: a forged result line cannot match it
         committed = _docker("commit", container, snapshot, timeout=300)
         if committed.returncode != 0:
             raise EnvCrashed(f"docker commit failed: {committed.stderr.decode(errors='replace').strip()[-300:]}")
         try:
-            pool = SandboxPool(self._config(snapshot, mounts=((str(task.tests), "/tests"),)))
+            mounts = ((str(task.tests), "/tests"), *trusted_runtime_mounts())
+            pool = SandboxPool(self._config(snapshot, mounts=mounts))
             try:
                 with pool.session() as grader:
-                    code = _VERIFY_CODE.format(cwd=self._workdir, timeout=task.verifier_timeout_s, mark=RESULT_MARK)
+                    code = _VERIFY_CODE.format(cwd=self._workdir, timeout=task.verifier_timeout_s, mark=mark)
                     stdout = self._run(code, task.verifier_timeout_s, session=grader)
             finally:
                 pool.close()
@@ -526,7 +570,7 @@ class HarborEnv(AgentEnv):
             raise EnvCrashed(f"the grading container failed: {exc}") from exc
         finally:
             _docker("rmi", "-f", snapshot, timeout=120)
-        _, sep, tail = stdout.rpartition(RESULT_MARK)
+        _, sep, tail = stdout.rpartition(mark)
         try:
             reply = json.loads(base64.b64decode(tail.strip(), validate=True)) if sep else None
         except ValueError:
