@@ -174,17 +174,21 @@ def test_at_most_chunk_size_positions_of_logits_exist_at_once():
     assert 0 < sizes[8] <= 8 * VOCAB
 
 
-class _ScaledLlama(transformers.LlamaForCausalLM):
-    """A model whose forward does something to its logits that the splitter does not know about."""
+def _scaled_llama() -> type:
+    """A model class whose forward does something to its logits that the splitter does not know about (built in
+    the test: subclassing at import would import the Llama modelling code in every xdist worker that collects)."""
 
-    def forward(self, *args, **kwargs):
-        out = super().forward(*args, **kwargs)
-        out.logits = out.logits * 3.0
-        return out
+    class ScaledLlama(transformers.LlamaForCausalLM):
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.logits = out.logits * 3.0
+            return out
+
+    return ScaledLlama
 
 
 def test_unknown_logit_transform_falls_back_to_full_logits_with_a_warning():
-    model = build("llama", _ScaledLlama)
+    model = build("llama", _scaled_llama())
     ids, attention = padded_batch([10, 6], seed=8)
     with torch.no_grad():
         with pytest.warns(RuntimeWarning, match="chunked log-probs unavailable"):

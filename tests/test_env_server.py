@@ -6,6 +6,7 @@ Servers run as child processes on loopback (``launch_env_server``), started and 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -22,19 +23,10 @@ import agentgym
 from agentgym.errors import EnvCrashed
 from agentgym.remote_env import launch_env_server
 
-pytest.importorskip("openenv.core", reason="openenv-core is not installed (pip install 'agentgym[serve-env]')")
-
-from openenv.core import GenericEnvClient  # noqa: E402 - after the skip
-
-from agentgym.env_server import (  # noqa: E402
-    AgentGymAction,
-    AgentGymClient,
-    EnvServerError,
-    _to_wire,
-    observation_from_wire,
-    space_from_json,
-    space_to_json,
-)
+# openenv-core imports gradio (~12 s of CPU): imported inside the tests, so the xdist workers that only collect this
+# module do not pay for it.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("openenv") is None,
+                                reason="openenv-core is not installed (pip install 'agentgym[serve-env]')")
 
 CALC = "agentgym/Calculator-v0"
 
@@ -84,6 +76,8 @@ def test_import_agentgym_does_not_import_openenv() -> None:
 
 
 def test_openenv_generic_client_plays_an_episode(server: Any) -> None:
+    from openenv.core import GenericEnvClient
+
     actions, results, info = reference_episode(seed=5)
     assert httpx.get(f"{server.url}/health", timeout=10).json()["status"] == "healthy"
     schema = httpx.get(f"{server.url}/schema", timeout=10).json()
@@ -210,6 +204,8 @@ def test_short_load_run_leaks_nothing(server: Any) -> None:
 
 def test_capacity_error_then_killed_server_ends_episode_with_error() -> None:
     """A full server says so (OpenEnv's CAPACITY_REACHED); a killed server ends the episode with error, fast."""
+    from agentgym.env_server import EnvServerError
+
     proc = launch_env_server(CALC, max_sessions=2)
     try:
         a = gym.make("agentgym/Remote-v0", url=proc.url, timeout_s=30)
@@ -276,6 +272,15 @@ class socket_closed_port:
 def test_wire_format_round_trips_gui_observations() -> None:
     """Screenshots travel as lossless PNG and come back as the same uint8 pixels, in the same space."""
     from gymnasium import spaces
+
+    from agentgym.env_server import (
+        AgentGymAction,
+        AgentGymClient,
+        _to_wire,
+        observation_from_wire,
+        space_from_json,
+        space_to_json,
+    )
 
     from agentgym.spaces import UnicodeText
 
