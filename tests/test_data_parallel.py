@@ -183,6 +183,8 @@ def test_whole_loop_runs_data_parallel_with_gloo(two_ranks: Path, model_dir: Pat
     metrics = [json.loads(line) for line in (two_ranks / "loop-run" / "metrics.jsonl").read_text().splitlines()]
     assert any(m.get("train/tokens", 0) > 0 and "train/loss" in m for m in metrics)
     assert [m["train/episodes_seen"] for m in metrics if "train/episodes_seen" in m][-1] == 2 * 2 * 4
+    # rollout metrics cover both ranks' episodes (2 tasks x 4 per step), not rank 0's half
+    assert [m["train/episodes"] for m in metrics if "train/episodes" in m] == [2 * 4, 2 * 4]
 
 
 # ---- ArCHer and filtered BC ------------------------------------------------------------------------------------

@@ -273,17 +273,27 @@ class OnlineTrainer:
             self._async.publish(self.model)
         elif cfg.generation_backend == "vllm":
             self.policy.load_weights(self._sync_weights())
-        rollout = summarize(trajectories)
         self._log(step + 1, {
-            "train/success_rate": rollout.get("success_rate", 0.0),
-            "train/return_mean": sum(t.score for t in trajectories) / max(len(trajectories), 1),
-            "train/mean_turns": rollout.get("mean_turns", 0.0),
-            "train/mean_tool_calls": rollout.get("mean_tool_calls", 0.0),
-            "train/episodes": float(len(trajectories)), "train/episodes_seen": float(self.episodes),
-            "train/errors": float(sum(t.error is not None or t.end_reason == "error" for t in trajectories)),
-            **stats, **lag, "time/rollout_s": t_rollout, "time/step_s": time.perf_counter() - t0,
+            **stats, **self._episode_metrics(trajectories), "train/episodes_seen": float(self.episodes),
+            **lag, "time/rollout_s": t_rollout, "time/step_s": time.perf_counter() - t0,
             "lr": self.scheduler.get_last_lr()[0],
         })
+
+    def _episode_metrics(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        """The step's rollout metrics over every rank's episodes, not rank 0's shard of the groups (one object
+        all-gather; every rank calls it)."""
+        rollout = summarize(trajectories)
+        n = len(trajectories)
+        local = {"episodes": float(n), "success": rollout.get("success_rate", 0.0) * n,
+                 "return": float(sum(t.score for t in trajectories)), "turns": rollout.get("mean_turns", 0.0) * n,
+                 "tool_calls": rollout.get("mean_tool_calls", 0.0) * n,
+                 "errors": float(sum(t.error is not None or t.end_reason == "error" for t in trajectories))}
+        parts = self.world.gather_objects(local)
+        total = {key: sum(part[key] for part in parts) for key in local}
+        count = max(total["episodes"], 1.0)
+        return {"train/success_rate": total["success"] / count, "train/return_mean": total["return"] / count,
+                "train/mean_turns": total["turns"] / count, "train/mean_tool_calls": total["tool_calls"] / count,
+                "train/episodes": total["episodes"], "train/errors": total["errors"]}
 
     def _checkpoint(self, done: int, states: tuple[Any, Any] | None = None) -> None:
         """Rank 0 writes the checkpoint; with FSDP every rank first gathers the full states (or passes them)."""
