@@ -12,6 +12,9 @@ can learn it within minutes:
 * ``sokoban`` (suite ``sokoban``, the learning smoke test; not in the default ``--tasks``): 6x6 rooms with 1-2
   boxes to train on, held out = the ``test`` split (7x7 rooms, 2 boxes, puzzle seeds from the other half of the
   seed space). A box pushed into a corner is stuck for good, and the (player, boxes) position is the anchor.
+* ``babyai`` (suite ``babyai-goto``, the other learning smoke test; not in the default ``--tasks``): BabyAI
+  GoToLocal seen as text, held out = the ``test`` split (the same level, rooms from held-out seeds). The
+  (position, direction, carried object) is the anchor.
 
 Per task a tiny model (BPE tokenizer trained on the suite's text) is built once and behaviour-cloned on
 reference demonstrations until its greedy success on 64 *training* tasks first reaches ``--bc-target``
@@ -26,6 +29,7 @@ ArCHer and filtered BC ``tasks_per_step x 1`` (32 x 1); same learning rate, same
     python benchmarks/credit_assignment.py --tasks maze --methods grpo,gigpo --seeds 0,1,2
     python benchmarks/credit_assignment.py --tasks sokoban --methods gigpo --jobs 1   # BC -> GiGPO on Sokoban
     python benchmarks/credit_assignment.py --tasks sokoban --build-only   # the model configs/gigpo_sokoban.yaml uses
+    python benchmarks/credit_assignment.py --tasks babyai --methods gigpo,grpo --seeds 3   # BC -> RL on BabyAI
 
 Runs live in ``WORKDIR/TASK/METHOD/seedN`` and are reused when their ``summary.json`` exists with the same
 settings (an interrupted benchmark resumes; a half-finished run restarts from its last checkpoint). Writes the
@@ -69,6 +73,9 @@ TASKS = {
     # 1024 tokens hold about 18 turns (a 7x7 grid and its feedback are ~50 tokens); episodes that run longer end
     # unsolved, which caps the cost of the failures on a CPU (solved ones take 4-12 moves)
     "sokoban": CreditTask("sokoban", "sokoban", "test", max_tokens_per_turn=16, max_context_tokens=1024),
+    # BabyAI GoToLocal: a text view of what the agent sees is about 60 tokens, so 1536 tokens hold about 15 turns
+    # (the reference solver needs 5 on average)
+    "babyai": CreditTask("babyai", "babyai-goto", "test", max_tokens_per_turn=16, max_context_tokens=1536),
 }
 DEFAULT_TASKS = ("maze", "guess")
 
@@ -356,7 +363,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workdir", default="runs/credit_assignment", help="where models and runs go")
     p.add_argument("--out", default=None,
                    help="curves PNG (raw numbers go to its .json; default runs/credit_assignment.png, or "
-                        "runs/credit_assignment_sokoban.png when --tasks is sokoban alone)")
+                        "runs/credit_assignment_TASK.png when --tasks names sokoban or babyai alone)")
     p.add_argument("--build-only", action="store_true",
                    help="only build each task's tiny model (WORKDIR/base-TASK) and its BC warm start, then exit")
     p.add_argument("--quick", action="store_true",
@@ -364,7 +371,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.tasks = _names(args.tasks, tuple(TASKS), "--tasks", p)
     if args.out is None:  # a Sokoban-only run does not overwrite the maze/guess figures
-        args.out = "runs/credit_assignment_sokoban.png" if args.tasks == ["sokoban"] else "runs/credit_assignment.png"
+        alone = args.tasks[0] if len(args.tasks) == 1 and args.tasks[0] in ("sokoban", "babyai") else None
+        args.out = f"runs/credit_assignment_{alone}.png" if alone else "runs/credit_assignment.png"
     args.methods = _names(args.methods, METHODS, "--methods", p)
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
