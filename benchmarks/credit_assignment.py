@@ -157,7 +157,7 @@ def run_config(task: CreditTask, method: str, seed: int, model: Path, out: Path,
         "learning_rate": args.learning_rate, "warmup_steps": args.warmup_steps, "eval_every": args.eval_every,
         "eval_tasks": args.eval_tasks, "checkpoint_every": args.eval_every, "seed": seed, "warmstart": "none",
         "max_tokens_per_turn": task.max_tokens_per_turn, "max_context_tokens": task.max_context_tokens,
-        "system_prompt": "", "temperature": 1.0, "progress": False, "tensorboard": False,
+        "system_prompt": "", "temperature": args.temperature, "progress": False, "tensorboard": False,
     }
     if grouped:
         config["micro_batch_size"] = 16
@@ -351,6 +351,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--learning-rate", type=float, default=1e-4,
                    help="policy learning rate, every method (3e-4 made GRPO's training success on guess fall from 0.56 to 0.06)")
     p.add_argument("--warmup-steps", type=int, default=2, help="learning-rate warm-up in optimizer steps, every method")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature of the training rollouts, every method (evaluation is greedy)")
     p.add_argument("--eval-every", type=int, default=2, help="held-out evaluation every N steps (and before, after)")
     p.add_argument("--eval-tasks", type=int, default=64, help="held-out tasks per evaluation (greedy)")
     p.add_argument("--bc-target", type=float, default=0.25,
@@ -395,6 +397,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
     if not args.learning_rate > 0:
         p.error(f"--learning-rate must be > 0 (1e-4: the default), got {args.learning_rate}")
+    if not args.temperature > 0:
+        p.error(f"--temperature must be > 0 (1.0: the default; rollouts must sample), got {args.temperature}")
     if not 0 < args.bc_target <= 1:
         p.error(f"--bc-target must be in (0, 1], got {args.bc_target}")
     if args.steps % args.eval_every:
