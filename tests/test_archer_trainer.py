@@ -28,6 +28,7 @@ from agentgym.trainers.archer import ArcherConfig, ArcherTrainer  # noqa: E402
 from agentgym.trainers.filtered_bc import FilteredBCConfig, FilteredBCTrainer  # noqa: E402
 from agentgym.trainers.replay import ReplayBuffer, Transition, transitions_from_trajectory  # noqa: E402
 from agentgym.trajectory import Trajectory, Turn  # noqa: E402
+from tests.scripts import load_script  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128)
@@ -309,12 +310,7 @@ def test_sigkilled_run_resumes_replay_critic_target_and_actor(model_dir: Path, t
 
 # ---- benchmarks/archer_critic_fit.py --------------------------------------------------------------------
 def _critic_fit_module():  # noqa: ANN202
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("archer_critic_fit", REPO / "benchmarks" / "archer_critic_fit.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/archer_critic_fit.py")
 
 
 def test_critic_fit_oracle_reads_the_exact_path_length_off_the_rendered_maze() -> None:

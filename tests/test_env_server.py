@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import pytest
 import agentgym
 from agentgym.errors import EnvCrashed
 from agentgym.remote_env import launch_env_server
+from tests.scripts import load_script
 
 # openenv-core imports gradio (~12 s of CPU): imported inside the tests, so the xdist workers that only collect this
 # module do not pay for it.
@@ -190,13 +190,7 @@ def test_a_client_that_disappears_frees_its_env(server: Any) -> None:
 
 def test_short_load_run_leaks_nothing(server: Any) -> None:
     """16 concurrent sessions for 5 s (the benchmark's short form): no envs, sessions, fds or processes left."""
-    import importlib.util
-
-    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "env_server.py")
-    spec = importlib.util.spec_from_file_location("benchmark_env_server", path)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("benchmarks/env_server.py")
     result = bench.load(server.url, server.pid, sessions=16, seconds=5.0)
     assert result["steps"] > 50 and result["errors"] == 0, result
     assert result["leaks"] == {}, result

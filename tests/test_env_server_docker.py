@@ -15,6 +15,7 @@ import pytest
 
 import agentgym  # noqa: F401 - registers the ids
 from tests.dockerd import docker_daemon
+from tests.scripts import load_script
 
 # a spec check, not an import: openenv-core imports gradio (~12 s of CPU in every xdist worker that collects this)
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("openenv") is None,
@@ -24,11 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _build_module() -> Any:
-    spec = importlib.util.spec_from_file_location("agentgym_docker_build", ROOT / "docker" / "build.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("docker/build.py")
 
 
 def _free_port() -> int:

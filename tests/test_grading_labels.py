@@ -7,9 +7,7 @@ policy learns to exploit) and under 1% false negatives per env; and the coverage
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ pytest.importorskip("champ_dataset")
 
 from agentgym.envs.code_interpreter.answers import GRADERS as CODE_GRADERS
 from agentgym.envs.code_interpreter.tasks import DATASETS
+from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parent.parent
 GRADING = REPO / "tests" / "data" / "grading"
@@ -27,11 +26,7 @@ GAMES_KINDS = {"calculator", "guess_number"}  # Maze has no free-form answer to 
 
 
 def _benchmark():
-    spec = importlib.util.spec_from_file_location("grader_accuracy", REPO / "benchmarks" / "grader_accuracy.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/grader_accuracy.py")
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,6 @@ GiGPO, matches the benchmark's settings, and its held-out split is held out."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +11,7 @@ import pytest
 from agentgym.suite import load_suite
 from agentgym.trainers.config import load_config
 from agentgym.trainers.gigpo import GigpoConfig
+from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parent.parent
 # task -> (config, the README's command for its learning result: the benchmark flags that differ from its defaults)
@@ -25,11 +24,7 @@ RUNS = {
 
 
 def _benchmark():
-    spec = importlib.util.spec_from_file_location("credit_assignment", REPO / "benchmarks" / "credit_assignment.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/credit_assignment.py")
 
 
 @pytest.mark.parametrize("task", sorted(RUNS))

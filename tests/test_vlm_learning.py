@@ -3,7 +3,6 @@ set-of-marks demonstrations that carry their screenshots, BC that scores them wi
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 from pathlib import Path
@@ -12,17 +11,14 @@ from typing import Any
 import pytest
 
 from tests.browsers import needs_browser
+from tests.scripts import load_script
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _benchmark() -> Any:
-    spec = importlib.util.spec_from_file_location("vlm_miniwob", REPO / "benchmarks" / "vlm_miniwob.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/vlm_miniwob.py")
 
 
 @needs_browser
