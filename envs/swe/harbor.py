@@ -430,7 +430,7 @@ def trusted_runtime_mounts() -> tuple[tuple[str, str], ...]:
     """
     mounts = [("/dev/null", "/etc/ld.so.preload")]
     for path in _LOADER_PATHS:
-        if os.path.lexists(path) and os.path.exists(path):
+        if os.path.exists(path):  # a dangling link is left alone
             mounts.append((os.path.realpath(path), path))
     return tuple(mounts)
 
