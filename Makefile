@@ -39,8 +39,12 @@ quickstart: install
 TEST_WORKERS ?= 3
 # Bytecode writing on (some machines set PYTHONDONTWRITEBYTECODE): pytest caches its rewritten test modules as .pyc,
 # so later runs and workers skip about 15 s of rewriting and compiling each.
+# A test that hangs fails after 10 minutes with its threads' stacks (the longest takes under 90 s), and a test
+# worker that dies ends the run at once, naming its test: pytest-xdist's replacement worker can wait forever under
+# --dist loadfile (pytest-xdist issue 784), which turned one crashed worker into a CI run that never finished.
 test: install-test
-	env -u PYTHONDONTWRITEBYTECODE $(PYTHON) -m pytest -q -p no:cacheprovider -m "not slow" -n $(TEST_WORKERS) --dist loadfile
+	env -u PYTHONDONTWRITEBYTECODE $(PYTHON) -m pytest -q -p no:cacheprovider -m "not slow" -n $(TEST_WORKERS) --dist loadfile \
+		--timeout 600 --max-worker-restart 0
 
 # The `slow` tests alone (about an hour on 2 cores): full validations of the big suites, learning runs, images.
 test-slow: install-test

@@ -113,23 +113,36 @@ class RayEnv(gym.Env):
         self.env_id = env_id
         self._timeout = call_timeout_s
         options = {**DEFAULT_ACTOR_OPTIONS, **dict(actor_options or {})}
+        self._actor_died = False
         self._actor = _host_class().options(**options).remote(env_id, dict(env_kwargs or {}))
-        self.observation_space, self.action_space, metadata = self._get(self._actor.spaces.remote())
+        self.observation_space, self.action_space, metadata = self._call("spaces")
         self.metadata = dict(metadata)
 
-    def _get(self, ref: Any) -> Any:
+    def _call(self, method: str, *args: Any) -> Any:
+        """One call on the actor, waited for. Never lets Ray connect again on its own: Ray's ``.remote()`` calls
+        ``ray.init()`` when Ray is not initialized, and after ``ray.shutdown()`` that re-joins the old cluster from
+        whichever thread still holds this env; if that cluster is going down, Ray ends the whole process."""
         ray = _ray()
+        actor = getattr(self, "_actor", None)
+        if actor is None:
+            raise RuntimeError(f"this RayEnv ({self.env_id}) is closed; make a new one")
+        if not ray.is_initialized():
+            raise RuntimeError(f"Ray was shut down while a RayEnv ({self.env_id}) was still open; close envs (or "
+                               "let the rollout engine finish) before ray.shutdown()")
         try:
-            return ray.get(ref, timeout=self._timeout)
+            return ray.get(getattr(actor, method).remote(*args), timeout=self._timeout)
         except ray.exceptions.GetTimeoutError as exc:
             raise TimeoutError(f"{self.env_id} on Ray did not answer within {self._timeout} s") from exc
+        except ray.exceptions.RayActorError:
+            self._actor_died = True  # close() has nothing to wait for
+            raise
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
-        result, self._state_key = self._get(self._actor.reset.remote(seed, options))
+        result, self._state_key = self._call("reset", seed, options)
         return result
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        result, self._state_key = self._get(self._actor.step.remote(action))
+        result, self._state_key = self._call("step", action)
         return result
 
     def state_key(self) -> str | None:
@@ -149,25 +162,27 @@ class RayEnv(gym.Env):
         return self._solver("shortcut")
 
     def _solver(self, kind: str) -> Any:
-        self._get(self._actor.start_solver.remote(kind))
-        actor = self._actor
-        return lambda observation: self._get(actor.solve.remote(observation))
+        self._call("start_solver", kind)
+        return lambda observation: self._call("solve", observation)
 
     def where(self) -> dict[str, Any]:
         """Which Ray node and worker process hold this env (for tests and placement checks)."""
-        return self._get(self._actor.where.remote())
+        return self._call("where")
 
     def close(self) -> None:
-        """Close the remote env and end its actor; safe on an actor that already died."""
+        """Close the remote env and end its actor; safe on an actor that already died, and after
+        ``ray.shutdown()`` (the cluster's actors are gone with it, and no call may re-connect Ray)."""
         ray = _ray()
         actor, self._actor = getattr(self, "_actor", None), None
-        if actor is None:
+        if actor is None or not ray.is_initialized():
             return
-        try:
-            ray.get(actor.close.remote(), timeout=10)
-        except Exception:  # noqa: BLE001 - a dead actor or node has nothing left to close
-            pass
-        try:
-            ray.kill(actor)
-        except Exception:  # noqa: BLE001
-            pass
+        if not getattr(self, "_actor_died", False):
+            try:
+                ray.get(actor.close.remote(), timeout=10)
+            except Exception:  # noqa: BLE001 - a dead actor or node has nothing left to close
+                pass
+        if ray.is_initialized():
+            try:
+                ray.kill(actor)
+            except Exception:  # noqa: BLE001
+                pass

@@ -43,8 +43,8 @@ from agentgym.storage import TrajectoryWriter
 from agentgym.suite import Task, TaskSuite
 from agentgym.trajectory import Trajectory, Turn, jsonable
 
-__all__ = ["EnvExecutor", "EpisodeSpec", "PolicyBatcher", "RolloutConfig", "RolloutEngine", "TurnResult",
-           "apply_action", "call_env", "context_limit_outcome", "context_limit_reached", "discard_env",
+__all__ = ["DISCARD_THREAD_NAME", "EnvExecutor", "EpisodeSpec", "PolicyBatcher", "RolloutConfig", "RolloutEngine",
+           "TurnResult", "apply_action", "call_env", "context_limit_outcome", "context_limit_reached", "discard_env",
            "episode_outcome", "episodes_for_suite", "error_outcome", "keyed_step", "read_state_key",
            "run_reference_episode", "summarize"]
 
@@ -381,10 +381,15 @@ class _EnvPool:
                 logger.warning("closing an env failed", exc_info=True)
 
 
+DISCARD_THREAD_NAME = "agentgym-env-discard"
+"""Name of the threads that close discarded envs: whoever tears down what those envs use (a Ray cluster, a docker
+daemon) can wait for them first."""
+
+
 def discard_env(env: Any) -> None:
     """Close an env that must not be reused (it failed, timed out or was abandoned), from a daemon thread: a
     close that hangs (a stuck browser, a dead sandbox) must hold up neither the episode loop nor process exit."""
-    threading.Thread(target=_close_quietly, args=(env,), daemon=True).start()
+    threading.Thread(target=_close_quietly, args=(env,), name=DISCARD_THREAD_NAME, daemon=True).start()
 
 
 def _close_quietly(env: Any) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -16,7 +17,8 @@ ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
 from agentgym.policies import ScriptedPolicy  # noqa: E402
-from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine  # noqa: E402
+from agentgym.ray_envs import RayEnv  # noqa: E402
+from agentgym.rollout import DISCARD_THREAD_NAME, EpisodeSpec, RolloutConfig, RolloutEngine  # noqa: E402
 from agentgym.suite import load_suite  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
@@ -33,8 +35,18 @@ def cluster() -> Iterator[Any]:
     try:
         yield c
     finally:
+        _wait_for_discarded_envs()
         ray.shutdown()
         c.shutdown()
+
+
+def _wait_for_discarded_envs(timeout_s: float = 30.0) -> None:
+    """Envs the engine discarded close on daemon threads after the run returns; let them finish before the
+    cluster goes (they end on their own within RayEnv's 10 s close wait)."""
+    deadline = time.monotonic() + timeout_s
+    for thread in threading.enumerate():
+        if thread.name == DISCARD_THREAD_NAME:
+            thread.join(max(deadline - time.monotonic(), 0.0))
 
 
 class PlacementRecorder(ScriptedPolicy):
@@ -119,3 +131,20 @@ def test_a_node_killed_mid_episode_ends_only_its_episodes(cluster: Any) -> None:
             assert t.error is None and t.success, t
         else:  # its env was being created on the node when it died: it never started
             assert t.end_reason == "error" and t.traj_id not in policy.nodes, t
+
+
+def test_an_env_left_open_after_ray_shutdown_never_reconnects_ray(cluster: Any) -> None:
+    """Ray's ``.remote()`` re-runs ``ray.init()`` when Ray is down; from a thread still closing an env while the
+    cluster went down, that re-joined a dying cluster and Ray ended the whole process (a CI run lost its test
+    worker this way). A RayEnv used after ``ray.shutdown()`` raises a clear error and its close is a no-op."""
+    env = RayEnv("agentgym/GuessNumber-v0")
+    env.reset(seed=0)
+    ray.shutdown()
+    try:
+        with pytest.raises(RuntimeError, match="Ray was shut down"):
+            env.step("guess(50)")
+        env.close()
+        assert not ray.is_initialized(), "a call on the env connected Ray again"
+    finally:
+        if not ray.is_initialized():
+            ray.init(address=cluster.address, log_to_driver=False)
