@@ -73,9 +73,10 @@ class AgentEnv(gym.Env[str, str]):
     description: ClassVar[str] = ""
     #: Extra text for the instructions describing the family-native action formats.
     native_format_hint: ClassVar[str] = ""
-    #: True when reset/step are pure in-process computation taking microseconds (no I/O, no subprocess,
-    #: no sleeping). The rollout engine then calls them inline on its event loop instead of paying a
-    #: worker-thread round trip per step; anything that can block must leave this False.
+    #: True when construction, reset and step are pure in-process computation taking microseconds (no I/O, no
+    #: subprocess, no sleeping). The rollout engine then builds and calls such envs inline on its event loop
+    #: instead of paying a worker-thread round trip per call; anything that can block must leave this False.
+    #: Set it on the class: the engine reads the registered class's value before building an instance.
     cheap_steps: ClassVar[bool] = False
     #: True when :meth:`fork` works: the episode state is plain in-process data that ``copy.deepcopy``
     #: duplicates (no subprocess, socket, browser page or sandbox handle). Branching samplers (ARPO) copy

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -13,13 +14,15 @@ from agentgym.toolset import ToolSet, tool
 
 
 class EchoEnv(AgentEnv):
-    """Echo tool: returns its text; ``stop`` ends the episode successfully."""
+    """Echo tool: returns its text; ``stop`` ends the episode successfully. ``made_on`` names the thread that built
+    the instance (a test tells the engine's inline construction from a worker-thread one)."""
 
     description = "test env: echo"
 
     def __init__(self, **kwargs):  # type: ignore[no-untyped-def]
         kwargs.setdefault("max_turns", 3)
         super().__init__(**kwargs)
+        self.made_on = threading.current_thread().name
 
     @tool
     def echo(self, text: str) -> str:
@@ -72,3 +75,9 @@ class UnseededEnv(EchoEnv):
 
     def _begin_episode(self, task: Task) -> str:
         return f"{task.prompt} (nonce {time.time_ns()})"
+
+
+class CheapEchoEnv(EchoEnv):
+    """Like EchoEnv, but ``cheap_steps``: the engine builds and steps it on its event loop."""
+
+    cheap_steps = True

@@ -48,6 +48,29 @@ def test_engine_batches_policy_calls_across_episodes() -> None:
     assert all(len(t.turns) == 2 and t.turns[0].info["kind"] == "tool_call" for t in trajectories)
 
 
+class MadeOnPolicy(ScriptedPolicy):
+    """Echo then stop, noting which thread built each episode's env."""
+
+    def __init__(self) -> None:
+        super().__init__([ECHO, STOP])
+        self.made_on: dict[str, str] = {}
+
+    def begin_episode(self, episode_id: str, env) -> None:  # type: ignore[no-untyped-def]
+        self.made_on[episode_id] = getattr(env.unwrapped, "made_on", "?")
+
+
+def test_cheap_envs_are_built_on_the_event_loop_and_others_on_env_workers() -> None:
+    """``cheap_steps`` envs (pure computation) cost no worker-thread round trip to build; any other env is built on
+    the engine's env workers, so a slow constructor (a browser, a sandbox) never blocks the event loop."""
+    for env_id, cheap in (("agentgym-test/CheapEcho-v0", True), ("agentgym-test/Flaky-v0", False)):
+        policy = MadeOnPolicy()
+        trajectories = RolloutEngine(policy, RolloutConfig(max_in_flight=8)).run(
+            [EpisodeSpec(env_id, seed=i) for i in range(8)])
+        assert all(t.success for t in trajectories)
+        on_loop = {name == threading.main_thread().name for name in policy.made_on.values()}
+        assert on_loop == {cheap}, (env_id, policy.made_on)
+
+
 def test_failing_or_hanging_env_ends_only_its_own_episode(tmp_path: Path) -> None:
     def reply(messages):  # type: ignore[no-untyped-def]
         task = messages[1]["content"]
