@@ -265,6 +265,11 @@ def _cmd_serve_env(args: argparse.Namespace) -> int:
     import agentgym  # noqa: F401 - registers the ids
     from agentgym.catalogue import get_entry
 
+    if args.env_id is None:
+        args.env_id = os.environ.get("AGENTGYM_ENV_ID") or None
+        if args.env_id is None:
+            raise ConfigError("serve-env needs an env id: 'agentgym serve-env agentgym/Calculator-v0' (or set "
+                              "AGENTGYM_ENV_ID, as the env-server images do); 'agentgym list' shows the ids.")
     if args.env_id not in gym.registry:
         get_entry(args.env_id)  # unknown id: RegistrationError with "did you mean"
     if not 0 <= args.port <= 65535:
@@ -462,7 +467,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("serve-env", help="serve an env over HTTP/WebSocket with OpenEnv's protocol (one env per session)")
-    p.add_argument("env_id", help="an id from 'agentgym list', e.g. agentgym/Calculator-v0")
+    p.add_argument("env_id", nargs="?", default=None,
+                   help="an id from 'agentgym list', e.g. agentgym/Calculator-v0 (default: $AGENTGYM_ENV_ID)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 to accept other machines)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (0 picks a free one; the URL is printed)")
     p.add_argument("--max-sessions", type=_positive_int, default=64,

@@ -99,7 +99,10 @@ def greedy_success(model: Any, tokenizer: Any, suite: Any, split: str, count: in
 def warm_start(task: CreditTask, workdir: Path, *, target: float, max_bc_steps: int, chunk: int = 25,
                log: Any = print) -> tuple[Path, dict[str, Any]]:
     """The task's shared starting checkpoint: a tiny model behaviour-cloned until its greedy success on 64
-    training tasks first reaches ``target`` (or ``max_bc_steps``). Cached in ``WORKDIR/warm-TASK``."""
+    training tasks first reaches ``target`` (or ``max_bc_steps``). Cached in ``WORKDIR/warm-TASK``; a cached one
+    that stopped short of a higher ``target`` or ``max_bc_steps`` given later is cloned further from where it
+    stopped (every chunk of BC starts a fresh optimizer, so with the same ``--bc-check-every`` this equals one
+    uninterrupted run)."""
     from agentgym.models.tiny import TinyModelConfig, build_tiny_model, load_tiny_model
     from agentgym.quickstart import demonstration_texts
     from agentgym.suite import load_suite
@@ -107,16 +110,25 @@ def warm_start(task: CreditTask, workdir: Path, *, target: float, max_bc_steps: 
 
     out = workdir / f"warm-{task.name}"
     info_path = out / "warm_start.json"
-    if info_path.is_file() and (out / "config.json").is_file():
-        return out, json.loads(info_path.read_text())
+    cached = json.loads(info_path.read_text()) if info_path.is_file() and (out / "config.json").is_file() else None
+    if cached is not None:
+        reached = max((s for _, s in cached["train_success_curve"]), default=0.0)
+        if reached >= target or cached["bc_steps"] >= max_bc_steps:
+            return out, cached
     started = time.perf_counter()
     suite = load_suite(task.suite)
-    base = build_tiny_model(workdir / f"base-{task.name}", texts=demonstration_texts(task.suite, 200),
-                            config=TinyModelConfig())
-    model, tokenizer = load_tiny_model(base)
+    if cached is None:
+        base = build_tiny_model(workdir / f"base-{task.name}", texts=demonstration_texts(task.suite, 200),
+                                config=TinyModelConfig())
+        model, tokenizer = load_tiny_model(base)
+        curve: list[tuple[int, float]] = []
+        steps, earlier_s = 0, 0.0
+    else:
+        model, tokenizer = load_tiny_model(out)
+        curve = [tuple(point) for point in cached["train_success_curve"]]
+        steps, earlier_s = int(cached["bc_steps"]), float(cached["seconds"])
+        log(f"  warm start {task.name}: continuing from {steps} BC steps (cached train success {curve[-1][1]:.3f})")
     demos = collect_demonstrations(suite, "train", 200, tokenizer, system_prompt="")
-    curve: list[tuple[int, float]] = []
-    steps = 0
     while steps < max_bc_steps:
         behaviour_clone(model, tokenizer, demos, steps=chunk, learning_rate=1e-3, batch_size=32, seed=steps,
                         progress=False)
@@ -130,8 +142,8 @@ def warm_start(task: CreditTask, workdir: Path, *, target: float, max_bc_steps: 
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    info = {"bc_steps": steps, "train_success_curve": curve, "target": target, "seconds": time.perf_counter() - started,
-            "demonstrations": len(demos)}
+    info = {"bc_steps": steps, "train_success_curve": curve, "target": target,
+            "seconds": earlier_s + time.perf_counter() - started, "demonstrations": len(demos)}
     info_path.write_text(json.dumps(info, indent=2))
     return out, info
 
@@ -161,6 +173,8 @@ def run_config(task: CreditTask, method: str, seed: int, model: Path, out: Path,
     }
     if grouped:
         config["micro_batch_size"] = 16
+        if args.loss_agg is not None:
+            config["loss_agg"] = args.loss_agg
     else:
         config.update(actor_steps=3, batch_size=16, actor_warmup_steps=1)
     if method == "archer":
@@ -180,7 +194,10 @@ def run_one(task_name: str, method: str, seed: int, model: str, args: argparse.N
     task = TASKS[task_name]
     out = Path(args.workdir) / task.name / method / f"seed{seed}"
     config = run_config(task, method, seed, Path(model), out, args)
-    fingerprint = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+    # the warm start's record too: a warm start cloned further keeps its path but is another starting point
+    warm_info = Path(model) / "warm_start.json"
+    warm = json.loads(warm_info.read_text()) if warm_info.is_file() else None
+    fingerprint = hashlib.sha256(json.dumps([config, warm], sort_keys=True).encode()).hexdigest()[:16]
     marker = out / "bench.json"
     previous = json.loads(marker.read_text()) if marker.is_file() else {}
     if previous.get("fingerprint") != fingerprint or not any((out / "checkpoints").glob("*")):
@@ -353,6 +370,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-steps", type=int, default=2, help="learning-rate warm-up in optimizer steps, every method")
     p.add_argument("--temperature", type=float, default=1.0,
                    help="sampling temperature of the training rollouts, every method (evaluation is greedy)")
+    p.add_argument("--loss-agg", default=None,
+                   choices=["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"],
+                   help="loss aggregation of GRPO/GiGPO/ARPO (default: the trainer's, token-mean); a row is one "
+                        "trajectory, so seq-mean-token-mean weighs every episode equally however many turns it took")
     p.add_argument("--eval-every", type=int, default=2, help="held-out evaluation every N steps (and before, after)")
     p.add_argument("--eval-tasks", type=int, default=64, help="held-out tasks per evaluation (greedy)")
     p.add_argument("--bc-target", type=float, default=0.25,

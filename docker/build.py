@@ -5,13 +5,15 @@ this machine (``docker import``): the running Python (relocated to ``/opt/python
 test suite), exactly the Python distributions the family needs (agentgym's core dependencies, the ``serve-env``
 extra and the family's extra, resolved from the installed metadata), the host programs the family runs (bwrap,
 git, stockfish, chromium) and the shared libraries all of these link against (``ldd``). Then
-``docker/<family>/Dockerfile`` adds agentgym's source on top and runs ``agentgym serve-env``, so a cluster scheduler
-can start as many env servers as it needs from one image.
+``docker/Dockerfile`` adds agentgym's source on top and runs ``agentgym serve-env``, so a cluster scheduler
+can start as many env servers as it needs from one image. One ``docker/Dockerfile`` serves every family: the build
+passes the family's Python image and its default env id as build arguments.
 
 Usage::
 
     python docker/build.py games                # agentgym-python-games:local, then agentgym-env-games:local
     docker run --rm --network host agentgym-env-games:local agentgym/Maze-v0 --port 8000
+    docker run --rm --network host agentgym-env-games:local --port 8000   # the family's default env
 
 Only the games image is built and run by the test suite (tests/test_env_server_docker.py); the other families use
 the same recipe with more host programs and are not exercised here.
@@ -46,6 +48,18 @@ FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = 
     "web": (("web",), ("chromium",), ("/usr/lib/chromium",)),
     "gui": (("web",), ("chromium",), ("/usr/lib/chromium",)),
 }
+#: family -> the env its image serves when ``docker run`` names none
+DEFAULT_ENVS: dict[str, str] = {
+    "games": "agentgym/Calculator-v0",
+    "babyai": "agentgym/BabyAI-v0",
+    "code_interpreter": "agentgym/CodeInterpreter-v1",
+    "search": "agentgym/Search-v1",
+    "swe": "agentgym/SWE-v1",
+    "multi_agent": "agentgym/TicTacToe-SelfPlay-v0",
+    "web": "agentgym/WebShop-v1",
+    "gui": "agentgym/MiniWoB-v0",
+}
+DOCKERFILE = REPO / "docker" / "Dockerfile"
 _STDLIB_SKIP = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "site-packages"}
 
 
@@ -207,12 +221,12 @@ def build_python_image(family: str, tag: str | None = None) -> str:
 
 
 def build_env_image(family: str, tag: str | None = None) -> str:
-    """Build ``docker/<family>/Dockerfile`` (agentgym's source over the Python image) as ``agentgym-env-<family>:local``."""
+    """Build ``docker/Dockerfile`` (agentgym's source over the family's Python image) as ``agentgym-env-<family>:local``."""
+    if family not in FAMILIES:
+        raise SystemExit(f"unknown family {family!r}; families: {', '.join(sorted(FAMILIES))}")
     tag = tag or f"agentgym-env-{family}:local"
-    dockerfile = REPO / "docker" / family / "Dockerfile"
-    if not dockerfile.exists():
-        raise SystemExit(f"no Dockerfile for family {family!r}; families: {', '.join(sorted(FAMILIES))}")
-    result = _docker("build", "--network", "none", "-f", str(dockerfile), "-t", tag, str(REPO))
+    result = _docker("build", "--network", "none", "-f", str(DOCKERFILE), "--build-arg", f"FAMILY={family}",
+                     "--build-arg", f"ENV_ID={DEFAULT_ENVS[family]}", "-t", tag, str(REPO))
     if result.returncode != 0:
         raise SystemExit(f"docker build failed: {result.stderr.decode(errors='replace')[-3000:]}")
     return tag

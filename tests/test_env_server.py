@@ -302,12 +302,26 @@ def test_wire_format_round_trips_gui_observations() -> None:
     (["serve-env", CALC, "--env-kwargs", "{max_turns: 3}"], "--env-kwargs must be a JSON object"),
     (["serve-env", CALC, "--env-kwargs", "[1]"], "--env-kwargs must be a JSON object"),
     (["serve-env", CALC, "--port", "70000"], "--port must be in 0..65535"),
+    (["serve-env", "--port", "0"], "serve-env needs an env id"),
 ])
-def test_serve_env_cli_rejects_bad_arguments(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_serve_env_cli_rejects_bad_arguments(argv: list[str], message: str, capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     from agentgym.cli import main
+
+    monkeypatch.delenv("AGENTGYM_ENV_ID", raising=False)
 
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_serve_env_reads_the_env_id_from_agentgym_env_id(capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The env-server images name their family's env in AGENTGYM_ENV_ID; `docker run IMAGE --port N` serves it."""
+    from agentgym.cli import main
+
+    monkeypatch.setenv("AGENTGYM_ENV_ID", "agentgym/Calculater-v0")
+    assert main(["serve-env", "--port", "0"]) == 2
+    assert "Did you mean 'agentgym/Calculator-v0'" in capsys.readouterr().err
 
 
 def test_remote_env_rejects_bad_arguments(server: Any) -> None:

@@ -34,14 +34,19 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_every_family_has_a_dockerfile_that_runs_serve_env() -> None:
+def test_one_dockerfile_serves_every_family_with_its_default_env() -> None:
     build = _build_module()
-    for family in build.FAMILIES:
-        text = (ROOT / "docker" / family / "Dockerfile").read_text()
-        assert "FROM ${BASE}" in text and f"agentgym-python-{family}:local" in text
-        assert '"serve-env"' in text and "agentgym/" in text.split("CMD", 1)[1]
-    families = {p.name for p in (ROOT / "docker").iterdir() if p.is_dir() and not p.name.startswith(("_", "."))}
-    assert families == set(build.FAMILIES)
+    text = build.DOCKERFILE.read_text()
+    assert "FROM agentgym-python-${FAMILY}:local" in text
+    assert '"serve-env"' in text and "AGENTGYM_ENV_ID=${ENV_ID}" in text
+    assert set(build.DEFAULT_ENVS) == set(build.FAMILIES)
+    import gymnasium as gym
+
+    import agentgym  # noqa: F401 - registers the ids
+
+    assert all(env_id in gym.registry for env_id in build.DEFAULT_ENVS.values())
+    folders = {p.name for p in (ROOT / "docker").iterdir() if p.is_dir() and not p.name.startswith(("_", "."))}
+    assert not folders, f"one Dockerfile for every family, no per-family copies: {folders}"
 
 
 @pytest.mark.slow
@@ -92,3 +97,8 @@ def test_games_image_serves_envs_over_openenv() -> None:
             assert httpx.get(f"{url}/sessions", timeout=10).json()["env_id"] == "agentgym/Maze-v0"
         finally:
             subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=60)
+        # With no env id, the image serves its family's default (AGENTGYM_ENV_ID, set from the build argument).
+        default = subprocess.run(["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3", image, "-c",
+                                  "import os; print(os.environ['AGENTGYM_ENV_ID'])"],
+                                 capture_output=True, text=True, timeout=120)
+        assert default.stdout.strip() == build.DEFAULT_ENVS["games"], default.stderr
