@@ -355,11 +355,10 @@ class _EnvPool:
         """Whether ``spec``'s env class says ``cheap_steps`` (pure in-process computation, construction included),
         so the engine builds it on the event loop instead of paying a worker-thread round trip per episode.
         Read from the registered class, never from an instance: building one to ask would cost what it saves."""
-        key = self._key(spec)
-        cheap = self._cheap.get(key)
+        cheap = self._cheap.get(spec.env_id)  # a class attribute: the env id alone decides
         if cheap is None:
             cheap = self._config.env_backend != "ray" and _class_says_cheap(spec.env_id)
-            self._cheap[key] = cheap
+            self._cheap[spec.env_id] = cheap
         return cheap
 
     def acquire(self, spec: EpisodeSpec) -> Any:
