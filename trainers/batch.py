@@ -151,6 +151,8 @@ def sequence_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch
     Raises:
         ConfigError: if ``chunk_size`` is not a positive int or ``None``.
     """
-    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    from agentgym.policies.hf import rope_position_ids
+
+    position_ids = rope_position_ids(model, input_ids, attention_mask, vision)
     return token_logprobs(model, input_ids, attention_mask=attention_mask, position_ids=position_ids,
                           temperature=temperature, chunk_size=chunk_size, extra_inputs=vision)

@@ -20,9 +20,11 @@ Vision-language models (given a ``processor``, e.g. from ``AutoProcessor``) samp
 already hold each image's placeholder tokens, expanded by the processor in the
 :class:`~agentgym.agent.ChatAgent`, and the first forward pass of a batch also gets the pixel values of the images
 whose tokens it computes (the image processor's output, in row order). A reused cached prefix never ends inside
-an image's tokens, so every image is encoded whole in exactly one pass. Supported: models whose language model
-uses 1-D positions and merges image features at placeholder tokens (LLaVA-style, Idefics3/SmolVLM); Qwen2-VL's
-3-D rotary positions need the model's own position computation, which this sampler does not do yet.
+an image's tokens, so every image is encoded whole in exactly one pass. Models whose language model uses 1-D
+positions (LLaVA-style, Idefics3/SmolVLM) get positions from the mask. Models with 3-D multimodal rotary positions
+(M-RoPE: Qwen2-VL, Qwen2.5-VL) get each row's positions from the model's own ``get_rope_index`` over the row's
+whole prompt, the part a pass computes sliced out of it; generated tokens continue after the prompt's largest
+position, as the model's own ``generate`` does (:func:`rope_position_ids`).
 """
 
 from __future__ import annotations
@@ -192,6 +194,9 @@ class HFPolicy(InProcessTokenPolicy):
         self.kv_cache = EpisodeKVCache(kv_cache_episodes, kv_cache_tokens)
         self._kv_reusable: bool | None = None  # unknown until a forward pass shows the model's cache type
         self._kv_weights: tuple[int, int, int] | None = None  # the weights the cached keys and values came from
+        # Qwen2-VL style models place image tokens on a 3-D grid of rotary positions (M-RoPE).
+        self._rope_index = _rope_index_fn(model) if processor is not None else None
+        self._grids: dict[tuple[int, int], Any] = {}
 
     @staticmethod
     def _find_stop_ids(tokenizer: Any, model: Any) -> list[int]:
@@ -419,6 +424,8 @@ class HFPolicy(InProcessTokenPolicy):
                 full_mask[i, cached_width: width - s] = 0
         position_ids = (full_mask[:, :width].cumsum(-1) - 1).clamp_(min=0)[:, cached_width:]
         next_pos = torch.tensor(lengths, dtype=torch.long, device=device)
+        if self._rope_index is not None and any(imgs for imgs, _ in vision):
+            position_ids, next_pos = self._mrope_pass_positions(prompts, cached, suffix_width, vision)
         # The images whose tokens this pass computes (outside the reused prefix), in row order, as the model's
         # image merge consumes them.
         pass_images = [img for c, (imgs, row_spans) in zip(cached, vision)
@@ -561,6 +568,39 @@ class HFPolicy(InProcessTokenPolicy):
         if self.processor is None:
             return []
         return image_token_spans(prompt, self._image_token_id, len(images))
+
+    def _mrope_pass_positions(self, prompts: list[list[int]], cached: list[int], suffix_width: int,
+                              vision: list[tuple[list[ImageRef], list[tuple[int, int]]]]) -> tuple[Any, Any]:
+        """``([3, B, suffix_width], [B])``: M-RoPE positions of the tokens this pass computes, and each row's first
+        generated position.
+
+        Each row's positions come from its whole prompt (the cached prefix's images shift the text after them),
+        then the computed part is sliced out and laid out as the pass's left-padded suffix. Padding repeats the
+        last cached position, so positions never decrease along a row. Generated tokens are text: all three
+        components continue from the prompt's largest position plus one, as in the model's own ``generate``.
+        """
+        torch = self._torch
+        positions = torch.zeros((3, len(prompts), suffix_width), dtype=torch.long, device=self.device)
+        next_pos = torch.empty(len(prompts), dtype=torch.long, device=self.device)
+        for i, (prompt, c, (images, _)) in enumerate(zip(prompts, cached, vision)):
+            ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
+            grids = torch.stack([self._image_grid(image) for image in images]) if images else None
+            full = mrope_positions(self.model, ids, None, grids)[:, 0]
+            s = len(prompt) - c
+            positions[:, i, suffix_width - s:] = full[:, c:]
+            if c and s < suffix_width:
+                positions[:, i, : suffix_width - s] = full[:, c - 1: c]
+            next_pos[i] = full.max() + 1
+        return positions, next_pos
+
+    def _image_grid(self, image: ImageRef) -> Any:
+        """``image``'s ``(t, h, w)`` patch grid from the image processor, cached by size (it depends on nothing else)."""
+        key = (image.width, image.height)
+        grid = self._grids.get(key)
+        if grid is None:
+            grid = self._pixel_inputs([image])["image_grid_thw"][0].to(self.device)
+            self._grids[key] = grid
+        return grid
 
     def _pixel_inputs(self, images: list[ImageRef]) -> dict[str, Any]:
         """The image processor's tensors for ``images`` (``pixel_values`` and whatever else the model takes)."""
@@ -738,13 +778,60 @@ def _image_token_id(processor: Any, model: Any) -> int:
         value = processor.tokenizer.convert_tokens_to_ids(token) if token else None
     if not isinstance(value, int):
         raise ConfigError(f"Cannot find the image token of processor {type(processor).__name__}; HFPolicy reads images "
-                          "with processors that name one (LLaVA-style, Idefics3/SmolVLM).")
-    base = getattr(model, "model", model)
-    if hasattr(base, "get_rope_index") or hasattr(model, "get_rope_index"):
-        raise ConfigError(f"{type(model).__name__} uses 3-D (multimodal) rotary positions (Qwen2-VL style), which "
-                          "HFPolicy's sampler does not compute yet; use a LLaVA-style or Idefics3/SmolVLM model, or "
-                          "serve it with vLLM and use OpenAIPolicy(mode='chat').")
+                          "with processors that name one (LLaVA-style, Idefics3/SmolVLM, Qwen2-VL).")
     return int(value)
+
+
+def _rope_index_fn(model: Any) -> Any:
+    """The model's own 3-D position computation (``get_rope_index``, Qwen2-VL style M-RoPE), or ``None``."""
+    for owner in (getattr(model, "model", None), model):
+        fn = getattr(owner, "get_rope_index", None)
+        if callable(fn):
+            return fn
+    return None
+
+
+def mrope_positions(model: Any, input_ids: Any, attention_mask: Any, image_grid_thw: Any) -> Any:
+    """``[3, N, L]`` M-RoPE positions of ``input_ids`` from the model's own ``get_rope_index``.
+
+    ``image_grid_thw`` lists the images of all rows in row order (what the image processor returns with the pixel
+    values); padding (``attention_mask`` 0) gets position 0. Why the model's function and not a copy: the layout
+    of vision positions differs between model versions (Qwen2-VL, Qwen2.5-VL), and the model is the reference.
+    """
+    fn = _rope_index_fn(model)
+    kwargs: dict[str, Any] = {"image_grid_thw": image_grid_thw, "attention_mask": attention_mask}
+    try:
+        accepted = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # pragma: no cover - exotic callables
+        accepted = {}
+    if "mm_token_type_ids" in accepted:  # newer transformers mark image tokens explicitly (text 0, image 1)
+        image_token = int(_model_image_token_id(model))
+        kwargs["mm_token_type_ids"] = (input_ids == image_token).int()
+    positions, _ = fn(input_ids, **kwargs)
+    return positions
+
+
+def _model_image_token_id(model: Any) -> int:
+    config = model.config
+    value = getattr(config, "image_token_id", None)
+    if value is None:
+        value = getattr(config, "image_token_index", None)
+    if value is None:
+        raise ConfigError(f"{type(model).__name__}'s config names no image token (image_token_id); M-RoPE positions "
+                          "need it to find the image tokens.")
+    return int(value)
+
+
+def rope_position_ids(model: Any, input_ids: Any, attention_mask: Any, vision: Any = None) -> Any:
+    """Position ids for a training forward pass over right- or left-padded rows.
+
+    ``[N, L]`` positions counted along the mask, or, for a model with multimodal rotary positions (Qwen2-VL)
+    whose batch holds images (``vision`` with ``image_grid_thw``), ``[3, N, L]`` from the model's own
+    ``get_rope_index``: the positions the sampler used (:class:`HFPolicy`), so the scored log-probs match.
+    """
+    if vision and "image_grid_thw" in vision and _rope_index_fn(model) is not None:
+        return mrope_positions(model, input_ids, attention_mask, vision["image_grid_thw"])
+    return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
 
 
 def image_token_spans(ids: Sequence[int], image_token_id: int, count: int) -> list[tuple[int, int]]:
