@@ -15,8 +15,17 @@ Usage::
     docker run --rm --network host agentgym-env-games:local agentgym/Maze-v0 --port 8000
     docker run --rm --network host agentgym-env-games:local --port 8000   # the family's default env
 
-Only the games image is built and run by the test suite (tests/test_env_server_docker.py); the other families use
-the same recipe with more host programs and are not exercised here.
+The sandboxed families (code_interpreter, swe) run model-written code in bwrap inside the container and need the
+options in ``RUN_OPTIONS`` (namespaces and a writable cgroup hierarchy, no ``--privileged``)::
+
+    docker run --rm --network host --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
+        --security-opt systempaths=unconfined --cgroupns host -v /sys/fs/cgroup:/sys/fs/cgroup:rw \
+        agentgym-env-code_interpreter:local --port 8000
+
+The SWE image carries every pinned library's source tree and test-only dependencies (fetched here with pip once),
+so no reset reaches PyPI. tests/test_env_server_docker.py builds and plays the games image in the default suite and
+every other family's image in the slow suite (a reference-solver episode through the container, compared with the
+same episode in process).
 """
 
 from __future__ import annotations
@@ -41,12 +50,14 @@ PREFIX = "/opt/python"
 FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     "games": ((), (), ()),
     "babyai": (("babyai",), (), ()),
-    "code_interpreter": (("code",), ("bwrap",), ()),
+    # sandboxed families: bwrap, plus the shell that puts each sandbox in its cgroup and the `true` its probe runs
+    "code_interpreter": (("code",), ("bwrap", "sh", "true"), ()),
     "search": (("search",), (), ()),
-    "swe": (("swe",), ("bwrap", "git"), ("/usr/lib/git-core", "/usr/share/git-core")),
+    "swe": (("swe",), ("bwrap", "sh", "true", "git"), ("/usr/lib/git-core", "/usr/share/git-core")),
     "multi_agent": (("multiagent",), ("stockfish",), ()),
-    "web": (("web",), ("chromium",), ("/usr/lib/chromium",)),
-    "gui": (("web",), ("chromium",), ("/usr/lib/chromium",)),
+    # the browser families: Chromium's own folder (the binary itself, not Debian's shell wrapper) and its fonts
+    "web": (("web",), (), ("/usr/lib/chromium", "/etc/fonts", "/usr/share/fonts")),
+    "gui": (("web",), (), ("/usr/lib/chromium", "/etc/fonts", "/usr/share/fonts")),
 }
 #: family -> the env its image serves when ``docker run`` names none
 DEFAULT_ENVS: dict[str, str] = {
@@ -59,7 +70,38 @@ DEFAULT_ENVS: dict[str, str] = {
     "web": "agentgym/WebShop-v1",
     "gui": "agentgym/MiniWoB-v0",
 }
+#: family -> environment variables of its image (the browser families launch the Chromium binary directly)
+IMAGE_ENV: dict[str, dict[str, str]] = {family: {"AGENTGYM_CHROMIUM": "/usr/lib/chromium/chromium"}
+                                        for family in ("web", "gui")}
+#: ``docker run`` options the sandboxed families need. Their envs run model-written code in bwrap inside the
+#: container, which needs namespaces (Docker's default seccomp and AppArmor profiles refuse them, and a fresh /proc
+#: cannot be mounted over Docker's masked paths) and a writable cgroup hierarchy for each sandbox's memory and pids
+#: limits. No ``--privileged`` and no added capability: the code itself still runs with every capability dropped, as
+#: uid 65534, in its own namespaces. A scheduler that cannot grant these can run the families without containers.
+SANDBOX_RUN_OPTIONS = ("--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
+                       "--security-opt", "systempaths=unconfined", "--cgroupns", "host",
+                       "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw")
+RUN_OPTIONS: dict[str, tuple[str, ...]] = {"code_interpreter": SANDBOX_RUN_OPTIONS, "swe": SANDBOX_RUN_OPTIONS}
+#: where agentgym's download cache lives in every image (``HOME=/root``, no ``AGENTGYM_CACHE_DIR``)
+IMAGE_CACHE = "/root/.cache/agentgym"
 DOCKERFILE = REPO / "docker" / "Dockerfile"
+
+
+def _swe_caches() -> list[tuple[Path, str]]:
+    """Every pinned SWE library's source tree and test-only dependencies, fetched on this machine (pip, once) and
+    baked in: the image has no pip, and a reset must not depend on reaching PyPI from inside a cluster."""
+    sys.path.insert(0, str(REPO))
+    from agentgym.tasks.swe.libraries import cache_root, fetch_library, known_libraries, test_deps
+
+    for name in known_libraries():
+        fetch_library(name)
+        test_deps(name)
+    root = cache_root()
+    return [(root / part, f"{IMAGE_CACHE}/swe/{root.name}/{part}") for part in ("src", "deps")]
+
+
+#: family -> what it fills agentgym's cache with at reset time, prepared here: (host folder, image folder) pairs
+CACHES = {"swe": _swe_caches}
 _STDLIB_SKIP = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "site-packages"}
 
 
@@ -105,13 +147,23 @@ def _python_files() -> Iterator[tuple[Path, str]]:
     libdir = Path(sysconfig.get_config_var("LIBDIR") or prefix / "lib")
     ldlibrary = sysconfig.get_config_var("INSTSONAME") or ""
     if ldlibrary and (libdir / ldlibrary).exists():
-        yield libdir / ldlibrary, f"{PREFIX}/lib/{ldlibrary}"
+        # Beside libc, where the loader looks with no help: sandboxes start Python with a cleared environment
+        # (no LD_LIBRARY_PATH), and the interpreter's RUNPATH names this machine's prefix, not the image's.
+        yield libdir / ldlibrary, f"{_loader_default_dir()}/{ldlibrary}"
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     for root, dirs, files in os.walk(stdlib):
         rel = Path(root).relative_to(stdlib)
         dirs[:] = [d for d in dirs if not (rel == Path(".") and (d in _STDLIB_SKIP or d.startswith("config-")))]
         for name in files:
             yield Path(root) / name, f"{PREFIX}/lib/{version}/{rel / name}"
+
+
+def _loader_default_dir() -> str:
+    """The folder this machine's libc is in (e.g. ``/usr/lib/x86_64-linux-gnu``), under the image's merged ``/usr``."""
+    result = subprocess.run(["ldd", os.path.realpath(sys.executable)], capture_output=True, text=True, check=False)
+    match = re.search(r"libc\.so\.6 => (/\S+)", result.stdout)
+    folder = os.path.dirname(match.group(1)) if match else "/usr/lib"
+    return "/usr" + folder if folder.startswith(("/lib/", "/lib64")) else folder
 
 
 def _distribution_files(dists: Iterable[metadata.Distribution]) -> Iterator[tuple[Path, str]]:
@@ -168,33 +220,38 @@ def write_rootfs(family: str, stream: io.BufferedIOBase) -> int:
     extras, programs, folders = FAMILIES[family]
     files = list(_python_files()) + list(_distribution_files(requirement_closure(extras).values()))
     for program in programs:
-        host = shutil.which(program)
+        host = shutil.which(program) or shutil.which(program, path="/usr/games")  # Debian puts stockfish there
         if host is None:
             raise SystemExit(f"{program} is not installed here (the {family} image copies it from this machine); "
                              "install it with apt-get first")
         files.append((Path(os.path.realpath(host)), f"/usr/bin/{program}"))
-    for folder in folders:
-        for root, _, names in os.walk(folder):
-            files += [(Path(root) / n, f"{root}/{n}") for n in names if (Path(root) / n).is_file()]
-    elf = [host for host, image in files if image.endswith(".so") or ".so." in image or "/bin/" in image]
+    trees = [(Path(folder), folder) for folder in folders] + (CACHES[family]() if family in CACHES else [])
+    for host_root, image_root in trees:
+        for root, _, names in os.walk(host_root):
+            rel = Path(root).relative_to(host_root)
+            files += [(Path(root) / n, f"{image_root}/{(rel / n).as_posix()}") for n in names if (Path(root) / n).is_file()]
+    # Shared objects and every executable (Chromium, Playwright's node driver) bring the libraries they link.
+    elf = [host for host, image in files
+           if image.endswith(".so") or ".so." in image or "/bin/" in image or os.access(host, os.X_OK)]
     libraries = _shared_libraries(elf)
     added: set[str] = set()
     with tarfile.open(fileobj=stream, mode="w|") as tar:
-        for directory in ("tmp", "etc", "usr", "usr/bin", "usr/lib", "lib64", "opt", "work", "root"):
+        for directory in ("tmp", "etc", "usr", "usr/bin", "usr/lib", "usr/lib64", "opt", "work", "root"):
             _add_dir(tar, directory, 0o1777 if directory in ("tmp", "work") else 0o755)
         for text, name in ((b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/work:/bin/sh\n", "etc/passwd"),
                            (b"root:x:0:\nnogroup:x:65534:\n", "etc/group")):
             info = tarfile.TarInfo(name)
             info.size = len(text)
             tar.addfile(info, io.BytesIO(text))
-        for link, target in (("bin", "usr/bin"), ("lib", "usr/lib"), (f"{PREFIX[1:]}/bin/python3", f"python{sys.version_info.major}.{sys.version_info.minor}"),
+        # merged /usr: a sandbox that binds only /usr (bwrap) still finds the loader through /lib64 -> usr/lib64
+        for link, target in (("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64"), (f"{PREFIX[1:]}/bin/python3", f"python{sys.version_info.major}.{sys.version_info.minor}"),
                              (f"{PREFIX[1:]}/bin/python", "python3")):
             info = tarfile.TarInfo(link)
             info.type, info.linkname = tarfile.SYMTYPE, target
             tar.addfile(info)
             added.add(link)
         for image_path, host in sorted(libraries.items()):
-            target = image_path if not image_path.startswith("/lib/") else "/usr" + image_path
+            target = "/usr" + image_path if image_path.startswith(("/lib/", "/lib64/")) else image_path
             _add_file(tar, host, target, added)
         for host, image_path in files:
             _add_file(tar, host, image_path, added)
@@ -204,9 +261,10 @@ def write_rootfs(family: str, stream: io.BufferedIOBase) -> int:
 def build_python_image(family: str, tag: str | None = None) -> str:
     """``docker import`` the family's root filesystem as ``agentgym-python-<family>:local`` (or ``tag``)."""
     tag = tag or f"agentgym-python-{family}:local"
-    process = subprocess.Popen(["docker", "import", "--change", f"ENV PATH={PREFIX}/bin:/usr/bin",
-                                "--change", "ENV LANG=C.UTF-8",
-                                "--change", f"ENV LD_LIBRARY_PATH={PREFIX}/lib", "-", tag],
+    changes = [f"ENV PATH={PREFIX}/bin:/usr/bin", "ENV LANG=C.UTF-8",
+               *(f"ENV {key}={value}" for key, value in IMAGE_ENV.get(family, {}).items())]
+    process = subprocess.Popen(["docker", "import", *(arg for change in changes for arg in ("--change", change)),
+                                "-", tag],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert process.stdin is not None and process.stderr is not None
     try:

@@ -1,16 +1,20 @@
-"""The games env-server image: built locally (no pulls) against a test-started dockerd, run, driven over HTTP/WS."""
+"""Env-server images, built locally (no pulls) against a test-started dockerd, run, and driven over HTTP/WS: the games
+image in the default suite, every other family's in the slow suite."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import httpx
+import numpy as np
 import pytest
 
 import agentgym  # noqa: F401 - registers the ids
@@ -49,8 +53,68 @@ def test_one_dockerfile_serves_every_family_with_its_default_env() -> None:
     assert not folders, f"one Dockerfile for every family, no per-family copies: {folders}"
 
 
-@pytest.mark.slow
+@contextlib.contextmanager
+def _serving(image: str, *args: str, run_options: tuple[str, ...] = ()) -> Iterator[str]:
+    """Run ``image`` (``agentgym serve-env`` on a free loopback port) and yield its URL once ``/health`` answers;
+    the container is removed afterwards. Its logs are in the failure message when it never comes up."""
+    port = _free_port()
+    name = f"agentgym-env-test-{port}"
+    run = subprocess.run(["docker", "run", "-d", "--name", name, "--network", "host", *run_options, image, *args,
+                          "--host", "127.0.0.1", "--port", str(port), "--max-sessions", "4"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            logs = subprocess.run(["docker", "logs", name], capture_output=True, text=True)
+            assert time.monotonic() < deadline, f"the container's server did not come up: {logs.stderr[-3000:]}"
+            time.sleep(0.5)
+        yield url
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=60)
+
+
+def _assert_same_observation(served: Any, local: Any) -> None:
+    """Text observations equal; a GUI observation's text equal and its screenshot the same size (pixels can differ
+    by font hinting between the container and this machine, so they are not compared one by one)."""
+    if isinstance(local, dict):
+        assert isinstance(served, dict) and served["text"] == local["text"]
+        assert np.asarray(served["image"]).shape == np.asarray(local["image"]).shape
+    else:
+        assert served == local
+
+
+def _reference_episode_matches(url: str, env_id: str, seed: int) -> dict[str, Any]:
+    """Play the env's reference solver locally and through the served env side by side (``agentgym/Remote-v0``);
+    every observation and reward must agree. Returns the served episode's outcome."""
+    local = gym.make(env_id)
+    remote = gym.make("agentgym/Remote-v0", url=url, env_id=env_id)
+    try:
+        obs, _ = local.reset(seed=seed)
+        _assert_same_observation(remote.reset(seed=seed)[0], obs)
+        solver = local.unwrapped.reference_solver()
+        while True:
+            action = solver(obs["text"] if isinstance(obs, dict) else obs)
+            obs, reward, terminated, truncated, info = local.step(action)
+            r_obs, r_reward, r_terminated, r_truncated, r_info = remote.step(action)
+            _assert_same_observation(r_obs, obs)
+            assert (r_reward, r_terminated, r_truncated) == (reward, terminated, truncated)
+            if terminated or truncated:
+                assert r_info["outcome"] == info["outcome"]
+                return r_info["outcome"]
+    finally:
+        remote.close()
+        local.close()
+
+
 def test_games_image_serves_envs_over_openenv() -> None:
+    """Built and driven in the default suite: the image recipe every family shares, end to end (about a minute)."""
     from openenv.core import GenericEnvClient
 
     build = _build_module()
@@ -58,24 +122,7 @@ def test_games_image_serves_envs_over_openenv() -> None:
         base = build.build_python_image("games")
         image = build.build_env_image("games")
         assert base == "agentgym-python-games:local" and image == "agentgym-env-games:local"
-        port = _free_port()
-        name = f"agentgym-env-test-{port}"
-        run = subprocess.run(["docker", "run", "-d", "--rm", "--name", name, "--network", "host", image,
-                              "agentgym/Maze-v0", "--host", "127.0.0.1", "--port", str(port), "--max-sessions", "4"],
-                             capture_output=True, text=True, timeout=120)
-        assert run.returncode == 0, run.stderr
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 180
-            while True:
-                try:
-                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                logs = subprocess.run(["docker", "logs", name], capture_output=True, text=True).stderr
-                assert time.monotonic() < deadline, f"the container's server did not come up: {logs[-2000:]}"
-                time.sleep(0.5)
+        with _serving(image, "agentgym/Maze-v0") as url:
             local = gym.make("agentgym/Maze-v0")
             obs, info = local.reset(seed=2)
             solver = local.unwrapped.reference_solver()
@@ -90,15 +137,28 @@ def test_games_image_serves_envs_over_openenv() -> None:
                     if terminated or truncated:
                         break
                 assert step.done and step.observation["info"]["outcome"]["success"] is True
-            remote = gym.make("agentgym/Remote-v0", url=url, env_id="agentgym/Maze-v0")
-            assert remote.reset(seed=2)[0] == local.reset(seed=2)[0]
-            remote.close()
             local.close()
+            assert _reference_episode_matches(url, "agentgym/Maze-v0", seed=2)["success"] is True
             assert httpx.get(f"{url}/sessions", timeout=10).json()["env_id"] == "agentgym/Maze-v0"
-        finally:
-            subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=60)
         # With no env id, the image serves its family's default (AGENTGYM_ENV_ID, set from the build argument).
         default = subprocess.run(["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3", image, "-c",
                                   "import os; print(os.environ['AGENTGYM_ENV_ID'])"],
                                  capture_output=True, text=True, timeout=120)
         assert default.stdout.strip() == build.DEFAULT_ENVS["games"], default.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["babyai", "code_interpreter", "search", "swe", "multi_agent", "web", "gui"])
+def test_family_image_serves_its_default_env(family: str) -> None:
+    """Every other family's image, built the same way, serves its default env: the reference solver's episode
+    through the container equals the same episode in process (sandboxed code, retrieval indexes, browsers, the
+    chess engine and the SWE libraries all live inside the image; nothing is fetched at run time)."""
+    build = _build_module()
+    with docker_daemon():
+        build.build_python_image(family)
+        image = build.build_env_image(family)
+        with _serving(image, run_options=build.RUN_OPTIONS.get(family, ())) as url:
+            env_id = build.DEFAULT_ENVS[family]
+            assert httpx.get(f"{url}/sessions", timeout=10).json()["env_id"] == env_id
+            outcome = _reference_episode_matches(url, env_id, seed=0)
+            assert outcome["end_reason"] != "error", outcome
