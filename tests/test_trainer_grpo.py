@@ -238,3 +238,15 @@ def test_grpo_with_vllm_generation_syncs_weights(model_dir: Path, tmp_path: Path
     # vLLM samples with the synced weights: its log-probs match the trainer's recomputation closely
     mismatches = [m["train/logprob_mismatch"] for m in metrics if "train/logprob_mismatch" in m]
     assert mismatches and max(mismatches) < 0.05
+
+
+def test_success_scores_make_trying_worth_more_than_leaving_the_page(model_dir: Path, tmp_path: Path) -> None:
+    """MiniWoB scores a wrong click -1 and an untouched page 0: under the outcome score the group ranks doing nothing
+    above trying, which collapsed the tiny VLM to empty replies; ``reward: success`` scores both 0 and a success 1."""
+    wrong = _traj(["tool_call"], -1.0, "failed")
+    idle = _traj(["void", "void"], 0.0, "max_turns")
+    solved = _traj(["tool_call"], 1.0, "solved")
+    outcome = GrpoTrainer(small_config(model_dir, tmp_path))
+    success = GrpoTrainer(small_config(model_dir, tmp_path, reward="success"))
+    assert outcome._scores([wrong, idle, solved]).tolist() == pytest.approx([-1.0, 0.0, 1.0])
+    assert success._scores([wrong, idle, solved]).tolist() == pytest.approx([0.0, 0.0, 1.0])

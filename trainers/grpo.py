@@ -89,6 +89,8 @@ class GrpoTrainer(OnlineTrainer):
         cfg = self.config
         if cfg.reward == "outcome":
             return torch.tensor([episode_return(t) for t in trajectories], dtype=torch.float32)
+        if cfg.reward == "success":
+            return torch.tensor([float(t.success) for t in trajectories], dtype=torch.float32)
         scores = []
         for t in trajectories:
             steps = torch.tensor([cfg.step_rewards.get(turn.kind, 0.0) for turn in t.turns] or [0.0])

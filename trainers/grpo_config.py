@@ -51,8 +51,11 @@ class GrpoConfig(TrainerConfig):
     """KL estimator (k3 = verl's low_var_kl)."""
     reference_model: str | None = None
     """Frozen reference for the KL term: a model directory, or ``initial`` for a copy of the starting weights."""
-    reward: Literal["outcome", "dra", "gra"] = "outcome"
-    """Trajectory score: outcome only, outcome + step rewards (D-RA), or gated accumulation (G-RA, spec 5)."""
+    reward: Literal["outcome", "success", "dra", "gra"] = "outcome"
+    """Trajectory score: the env's return (outcome), 1 for a success and 0 otherwise (success), outcome + step rewards
+    (D-RA), or gated accumulation (G-RA, spec 5). ``success`` is for envs that score a wrong attempt below no attempt
+    (MiniWoB gives -1 for a wrong click, 0 for a page left alone): under the outcome score a policy learns that doing
+    nothing beats trying."""
     step_rewards: Mapping[str, float] = field(default_factory=lambda: {"tool_call": 0.05, "invalid": -0.05, "void": -0.05})
     """Per-turn shaping by turn kind, used by dra/gra (never hard-coded in envs)."""
     gra_threshold: float = 1.0
