@@ -21,8 +21,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("PIL")
-if not hasattr(transformers, "Qwen2VLForConditionalGeneration"):
-    pytest.skip("this transformers has no Qwen2-VL", allow_module_level=True)
 
 from agentgym.agent import ChatAgent  # noqa: E402
 from agentgym.images import ImageRef  # noqa: E402
@@ -62,7 +60,7 @@ if "agentgym-test/Screenshot-v0" not in gym.registry:
     gym.register(id="agentgym-test/Screenshot-v0", entry_point=ScreenshotEnv)
 
 
-def _processor(tokenizer: Any) -> Any:
+def _processor(tokenizer: Any, processor_cls: Any) -> Any:
     """A ``Qwen2VLProcessor`` over the tiny tokenizer, screenshots resized to at most 56x56 pixels (4x4 patches,
     2x2 after merging: up to 4 image tokens).
 
@@ -72,10 +70,9 @@ def _processor(tokenizer: Any) -> Any:
     cls = getattr(transformers, "Qwen2VLImageProcessorPil", None) or transformers.Qwen2VLImageProcessor
     image_processor = cls(min_pixels=28 * 28, max_pixels=56 * 56, patch_size=14, merge_size=2, temporal_patch_size=2)
     try:
-        return transformers.Qwen2VLProcessor(image_processor=image_processor, tokenizer=tokenizer,
-                                             chat_template=TEMPLATE)
+        return processor_cls(image_processor=image_processor, tokenizer=tokenizer, chat_template=TEMPLATE)
     except (AttributeError, ImportError, TypeError):
-        processor = transformers.Qwen2VLProcessor.__new__(transformers.Qwen2VLProcessor)
+        processor = processor_cls.__new__(processor_cls)
         processor.chat_template, processor.image_processor, processor.tokenizer = TEMPLATE, image_processor, tokenizer
         processor.video_processor = None
         processor.image_token, processor.video_token = IMAGE_PAD, "<|video_pad|>"
@@ -84,18 +81,31 @@ def _processor(tokenizer: Any) -> Any:
         return processor
 
 
-@pytest.fixture(scope="module")
-def qwen() -> HFPolicy:
+#: (model class, config class, processor class, vision config): Qwen2-VL and Qwen2.5-VL, whose vision towers and
+#: position layouts differ (Qwen2.5-VL: windowed attention, a time axis in seconds), at the smallest sizes
+ARCHITECTURES = {
+    "qwen2-vl": ("Qwen2VLForConditionalGeneration", "Qwen2VLConfig", "Qwen2VLProcessor",
+                 {"depth": 1, "embed_dim": 32, "hidden_size": 64, "num_heads": 2, "mlp_ratio": 2}),
+    "qwen2.5-vl": ("Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLConfig", "Qwen2_5_VLProcessor",
+                   {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
+                    "window_size": 56, "fullatt_block_indexes": [1]}),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(ARCHITECTURES))
+def qwen(request: pytest.FixtureRequest) -> HFPolicy:
+    model_name, config_name, processor_name, vision = ARCHITECTURES[request.param]
+    if not hasattr(transformers, model_name):
+        pytest.skip(f"this transformers has no {model_name}")
     tokenizer = train_tokenizer(default_corpus(), 400)
     tokenizer.add_tokens([VISION_START, VISION_END, IMAGE_PAD, "<|video_pad|>"], special_tokens=True)
     tokenizer.chat_template = TEMPLATE
-    config = transformers.Qwen2VLConfig(
+    config = getattr(transformers, config_name)(
         text_config={"vocab_size": len(tokenizer), "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
                      "num_key_value_heads": 4, "intermediate_size": 128, "max_position_embeddings": 4096,
                      "tie_word_embeddings": True,
                      "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
-        vision_config={"depth": 1, "embed_dim": 32, "hidden_size": 64, "num_heads": 2, "mlp_ratio": 2,
-                       "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
+        vision_config={**vision, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
         image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_PAD),
         video_token_id=tokenizer.convert_tokens_to_ids("<|video_pad|>"),
         vision_start_token_id=tokenizer.convert_tokens_to_ids(VISION_START),
@@ -103,8 +113,9 @@ def qwen() -> HFPolicy:
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = transformers.Qwen2VLForConditionalGeneration(config).float().eval()
-    return HFPolicy(model, tokenizer, processor=_processor(tokenizer), max_batch_size=8)
+        model = getattr(transformers, model_name)(config).float().eval()
+    processor = _processor(tokenizer, getattr(transformers, processor_name))
+    return HFPolicy(model, tokenizer, processor=processor, max_batch_size=8)
 
 
 def _image(seed: int, shape: tuple[int, int]) -> ImageRef:
