@@ -286,6 +286,9 @@ def test_vlm_rollout_records_images_by_reference_and_a_grpo_step_trains_on_them(
     assert ({t.traj_id: t.token_view().input_ids for t in back}
             == {t.traj_id: t.token_view().input_ids for t in trajs})
     assert "base64" not in out.read_text() and (tmp_path / "images").is_dir()
+    # Scores below are given by position: put the episodes back in seed order, or a finishing order that pairs the
+    # two 1.0 scores in one group (seeds 0 and 1 are group g0) leaves every advantage 0 and nothing to train.
+    back.sort(key=lambda t: t.seed)
     image_id = vlm.tokenizer.convert_tokens_to_ids("<image>")
     for t in back:
         view = t.token_view()
