@@ -92,6 +92,67 @@ def random_mark_rate(trajectories: list[Any]) -> float:
     return sum(rates) / max(len(rates), 1)
 
 
+def mark_probabilities(model_dir: str | Path, pages: int = 36) -> dict[str, Any]:
+    """Why greedy success moves or not: per held-out page, the policy's probability of the correct ``click_mark(n)``
+    (the whole action, end-of-turn token included, scored with the trainers' ``sequence_logprobs`` and the page's
+    screenshot) and of any mark, split by whether the greedy policy solves the page.
+
+    A page whose correct action has probability ``p`` is missed by all of GRPO's ``g`` samples with probability
+    ``(1 - p) ** g``: such a group has no success to learn from.
+    """
+    import math
+
+    import numpy as np
+    import torch
+
+    from agentgym.images import observation_parts
+    from agentgym.models.loading import load_model, load_processor
+    from agentgym.policies.base import SamplingParams
+    from agentgym.policies.hf import HFPolicy, pixel_inputs
+    from agentgym.rollout import RolloutConfig, open_conversation
+    from agentgym.suite import load_suite
+    from agentgym.trainers.batch import sequence_logprobs
+    from agentgym.trainers.config import load_config
+
+    config = load_config(CONFIG)
+    model, tokenizer = load_model(str(model_dir), config.load_options())
+    processor = load_processor(str(model_dir))
+    policy = HFPolicy(model.eval(), tokenizer, processor=processor)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    suite = load_suite(SUITE)
+    env = suite.make_env()
+    rows = []
+    try:
+        for i, task in enumerate(suite.split(config.eval_split)[:pages]):
+            observation, info = env.reset(seed=i, options={"task": task})
+            text, _ = observation_parts(observation)
+            correct = mark_action(env.unwrapped, env.unwrapped.reference_solver()(text))
+            agent = open_conversation(policy, RolloutConfig(system_prompt=config.system_prompt), info, observation)
+            prompt, images = list(agent.token_ids), agent.all_images()
+            vision = pixel_inputs(processor, images)
+            probability = {}
+            with torch.no_grad():
+                for n in re.findall(r"^\[(\d+)\] ", text, flags=re.M):
+                    ids = torch.tensor([prompt + tokenizer.encode(f"click_mark({n})", add_special_tokens=False) + [end]])
+                    logp = sequence_logprobs(model, ids, torch.ones_like(ids), vision=vision)[0, len(prompt):]
+                    probability[f"click_mark({n})"] = math.exp(float(logp.sum()))
+            greedy = policy.generate([prompt], SamplingParams(max_tokens=config.max_tokens_per_turn, temperature=0.0),
+                                     images=[images])[0].text.strip()
+            rows.append({"marks": len(probability), "p_correct": probability.get(correct, 0.0),
+                         "p_any_mark": sum(probability.values()), "solved": greedy == correct})
+    finally:
+        env.close()
+    out: dict[str, Any] = {}
+    for name, group in (("greedy_solves", [r for r in rows if r["solved"]]),
+                        ("greedy_fails", [r for r in rows if not r["solved"]])):
+        if group:
+            out[name] = {"pages": len(group), "marks_mean": round(float(np.mean([r["marks"] for r in group])), 2),
+                         "p_correct_mean": round(float(np.mean([r["p_correct"] for r in group])), 3),
+                         "p_any_mark_mean": round(float(np.mean([r["p_any_mark"] for r in group])), 3),
+                         "p_group_of_6_misses": round(float(np.mean([(1 - r["p_correct"]) ** 6 for r in group])), 2)}
+    return out
+
+
 def run(out: Path, *, bc_demos: int, bc_steps: int, bc_batch_size: int, bc_learning_rate: float,
         overrides: dict[str, Any], corpus_pages: int = 24, seed: int = 0) -> dict[str, Any]:
     """The whole recipe; returns the summary (also written to ``out/summary.json``)."""
@@ -186,7 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the config's)")
     parser.add_argument("--eval-tasks", type=int, default=None, help="held-out pages (default: the config's)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--diagnose", metavar="MODEL_DIR",
+                        help="instead of training: per held-out page, the probability MODEL_DIR gives the correct mark")
     args = parser.parse_args(argv)
+    if args.diagnose:
+        print(json.dumps(mark_probabilities(args.diagnose, args.eval_tasks or 36), indent=2))
+        return 0
     import logging
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
