@@ -478,10 +478,22 @@ def _call_with_deadline(fn: Callable[..., Any], args: tuple[Any, ...], timeout_s
             try:
                 result.append(fn(*args))
             finally:
-                with lock:
-                    state[0] = "finished"
+                _finish()
         except BaseException:  # noqa: BLE001 - hostile-input errors or _Deadline: no verdict either way
             pass
+
+    def _finish() -> None:
+        # A _Deadline sent while fn ran may still be pending: delivered after run() returned it would escape as an
+        # unhandled thread exception (pytest reports it in whatever test runs then). Mark the check finished, so no
+        # more are sent, and clear any pending one in the same locked step; retry if one lands on the way in.
+        while True:
+            try:
+                with lock:
+                    state[0] = "finished"
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.get_ident()), None)
+                return
+            except _Deadline:
+                continue
 
     worker = threading.Thread(target=run, name="answer-check", daemon=True)
     worker.start()
