@@ -212,9 +212,10 @@ def test_critic_learns_which_utterance_pays_and_the_advantage_follows(model_dir:
     adv = utterance_advantage(q, v)
     assert adv[0] > adv[1] + 0.5
     assert stats["critic/explained_variance"] > 0.9 > before["critic/explained_variance"]
-    # The loss has a floor (V chases Q of freshly sampled utterances), reached within the first phase: the second
-    # phase's mean may tie the first's (0.3147 against 0.3144 in one CI run), so only a rise is a failure.
-    assert stats["critic/loss"] < before["critic/loss"] * 1.05
+    # Not compared: the phases' mean critic loss. It has a floor (V chases Q of freshly sampled utterances) that the
+    # first phase already reaches, so the second phase's mean moves with the samples (0.3147 against 0.3144, then
+    # 0.339 against 0.309 in two clean-clone runs). Learning shows in the Q values and explained variance above.
+    assert torch.isfinite(torch.tensor(stats["critic/loss"]))
 
 
 def test_filtered_bc_clones_only_top_episodes_and_skips_a_uniform_pool(model_dir: Path, tmp_path: Path) -> None:
