@@ -49,16 +49,13 @@ def test_gym_make_after_import(env_id: str) -> None:
         env.close()
 
 
-def test_gym_make_with_module_prefix_in_fresh_interpreter() -> None:
-    """Gymnasium 1.x imports ``agentgym`` itself for ``agentgym:`` ids; no prior import is needed. Every id is
-    registered by that import; one id per env module is made and reset there (the others build the same way, and
-    test_gym_make_after_import resets them all)."""
-    ids = agentgym.env_ids()
-    one_per_module = list({gym.spec(env_id).entry_point.split(":")[0]: env_id for env_id in ids}.values())
+def _make_in_fresh_interpreter(env_ids: list[str]) -> None:
+    """``gym.make('agentgym:' + id)`` and a reset of each id in an interpreter that never imported agentgym; every
+    id must be registered by that import alone."""
     code = (
         "import sys, json, gymnasium as gym\n"
         "assert 'agentgym' not in sys.modules\n"
-        f"ids = {json.dumps(one_per_module)}\n"
+        f"ids = {json.dumps(env_ids)}\n"
         "out = {}\n"
         "for env_id in ids:\n"
         "    env = gym.make('agentgym:' + env_id)\n"
@@ -73,8 +70,26 @@ def test_gym_make_with_module_prefix_in_fresh_interpreter() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(result["made"]) == set(one_per_module) and sorted(result["registered"]) == sorted(ids)
+    assert set(result["made"]) == set(env_ids) and sorted(result["registered"]) == sorted(agentgym.env_ids())
     assert all(is_str for _, is_str in result["made"].values())
+
+
+def _one_id_per_env_module() -> list[str]:
+    ids = agentgym.env_ids()
+    return list({gym.spec(env_id).entry_point.split(":")[0]: env_id for env_id in ids}.values())
+
+
+def test_gym_make_with_module_prefix_in_fresh_interpreter() -> None:
+    """Gymnasium 1.x imports ``agentgym`` itself for ``agentgym:`` ids; no prior import is needed. Every id is
+    registered by that import; one id per env module whose reset starts no browser, JVM or sandbox is made and
+    reset there (test_gym_make_after_import resets every id, and the slow variant below makes the heavy ones in a
+    fresh interpreter too)."""
+    _make_in_fresh_interpreter([env_id for env_id in _one_id_per_env_module() if env_id not in SLOW_STEP_ENVS])
+
+
+@pytest.mark.slow
+def test_gym_make_with_module_prefix_in_fresh_interpreter_for_every_env_module() -> None:
+    _make_in_fresh_interpreter(_one_id_per_env_module())
 
 
 def test_unknown_id_suggests_the_right_one() -> None:

@@ -221,7 +221,7 @@ def test_dense_finds_paraphrases_and_caches_embeddings(tmp_path: Path) -> None:
 
 @needs_dense
 def test_dense_and_hybrid_on_real_documents_retrieve_gold_documents(tmp_path: Path) -> None:
-    """Gold documents of 60 test questions among 500 real distractors (the full 11k-document corpus is
+    """Gold documents of 60 test questions among 250 real distractors (the full 11k-document corpus is
     measured by benchmarks/retrieval.py; encoding it on 2 CPU cores would cost CI minutes)."""
     from agentgym.envs.search.corpus import load_corpus
     from agentgym.tools.retrieval import HybridRetriever, make_retriever
@@ -236,7 +236,7 @@ def test_dense_and_hybrid_on_real_documents_retrieve_gold_documents(tmp_path: Pa
     gold = {doc_id for hop in hops for doc_id in hop["gold"]}
     documents = list(corpus)
     subset = [d for d in documents if d.doc_id in gold]
-    subset += [d for d in documents[::7] if d.doc_id not in gold][:500]
+    subset += [d for d in documents[::7] if d.doc_id not in gold][:250]
     start = time.perf_counter()
     dense = make_retriever("dense", cache_dir=str(tmp_path))
     dense.index(subset)

@@ -64,11 +64,18 @@ def _around_the_change(before: list[tokenize.TokenInfo],
     return before[start:len(before) - tail + 1], after[start:len(after) - tail + 1]
 
 
+@functools.lru_cache(maxsize=32)  # each library file is the original of many tasks
 def _bare_not_compares(source: str) -> int:
-    """How many ``not a <op> b`` (no parentheses) the module has: ast.unparse writes them, people rarely do."""
-    return sum(1 for node in ast.walk(ast.parse(source))
-               if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) and isinstance(node.operand, ast.Compare)
-               and not re.match(r"not\s*\(", ast.get_source_segment(source, node) or ""))
+    """How many ``not a <op> b`` (no parentheses) the module has: ast.unparse writes them, people rarely do.
+    (The text after each ``not`` is read from the node's line: ``ast.get_source_segment`` re-splits the whole
+    file per call, which made this check most of the test's time.)"""
+    lines = source.encode("utf-8").splitlines(keepends=True)
+    count = 0
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) and isinstance(node.operand, ast.Compare):
+            after = b"".join(lines[node.lineno - 1:node.lineno + 1])[node.col_offset:].decode("utf-8", "replace")
+            count += not re.match(r"not\s*\(", after)
+    return count
 
 
 def mutation_traces(original: str, buggy: str, mutation: Mutation) -> list[str]:
