@@ -93,22 +93,25 @@ def greedy_success(model: Any, tokenizer: Any, suite: Any, split: str, count: in
     config = RolloutConfig(max_in_flight=256, sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0),
                            system_prompt="", max_context_tokens=max_context_tokens, deterministic=True)
     model.eval()
-    return float(summarize(RolloutEngine(HFPolicy(model, tokenizer, max_batch_size=64), config).run(specs))["success_rate"])
+    policy = HFPolicy(model, tokenizer, max_batch_size=64, device=str(next(model.parameters()).device))
+    return float(summarize(RolloutEngine(policy, config).run(specs))["success_rate"])
 
 
 def warm_start(task: CreditTask, workdir: Path, *, target: float, max_bc_steps: int, chunk: int = 25,
+               demos: int = 200, batch_size: int = 32, device: str = "cpu",
                log: Any = print) -> tuple[Path, dict[str, Any]]:
     """The task's shared starting checkpoint: a tiny model behaviour-cloned until its greedy success on 64
     training tasks first reaches ``target`` (or ``max_bc_steps``). Cached in ``WORKDIR/warm-TASK``; a cached one
     that stopped short of a higher ``target`` or ``max_bc_steps`` given later is cloned further from where it
     stopped (every chunk of BC starts a fresh optimizer, so with the same ``--bc-check-every`` this equals one
-    uninterrupted run)."""
+    uninterrupted run). ``demos`` reference-solver demonstrations of distinct training tasks are cloned, ``batch_size``
+    at a time; a count other than 200 or a batch other than 32 gets its own cache (``warm-TASK-dN-bB``)."""
     from agentgym.models.tiny import TinyModelConfig, build_tiny_model, load_tiny_model
     from agentgym.quickstart import demonstration_texts
     from agentgym.suite import load_suite
     from agentgym.trainers.bc import behaviour_clone, collect_demonstrations
 
-    out = workdir / f"warm-{task.name}"
+    out = workdir / (f"warm-{task.name}" if (demos, batch_size) == (200, 32) else f"warm-{task.name}-d{demos}-b{batch_size}")
     info_path = out / "warm_start.json"
     cached = json.loads(info_path.read_text()) if info_path.is_file() and (out / "config.json").is_file() else None
     if cached is not None:
@@ -121,17 +124,21 @@ def warm_start(task: CreditTask, workdir: Path, *, target: float, max_bc_steps: 
         base = build_tiny_model(workdir / f"base-{task.name}", texts=demonstration_texts(task.suite, 200),
                                 config=TinyModelConfig())
         model, tokenizer = load_tiny_model(base)
+        model.to(device)
         curve: list[tuple[int, float]] = []
         steps, earlier_s = 0, 0.0
     else:
         model, tokenizer = load_tiny_model(out)
+        model.to(device)
         curve = [tuple(point) for point in cached["train_success_curve"]]
         steps, earlier_s = int(cached["bc_steps"]), float(cached["seconds"])
         log(f"  warm start {task.name}: continuing from {steps} BC steps (cached train success {curve[-1][1]:.3f})")
-    demos = collect_demonstrations(suite, "train", 200, tokenizer, system_prompt="")
+    if demos > len(suite.split("train")):
+        raise ValueError(f"--demos {demos}: suite {task.suite!r} has only {len(suite.split('train'))} training tasks")
+    demonstrations = collect_demonstrations(suite, "train", demos, tokenizer, system_prompt="")
     while steps < max_bc_steps:
-        behaviour_clone(model, tokenizer, demos, steps=chunk, learning_rate=1e-3, batch_size=32, seed=steps,
-                        progress=False)
+        behaviour_clone(model, tokenizer, demonstrations, steps=chunk, learning_rate=1e-3, batch_size=batch_size,
+                        seed=steps, device=device, progress=False)
         steps += chunk
         success = greedy_success(model, tokenizer, suite, "train", 64, task.max_tokens_per_turn, task.max_context_tokens)
         curve.append((steps, success))
@@ -140,10 +147,11 @@ def warm_start(task: CreditTask, workdir: Path, *, target: float, max_bc_steps: 
         if success >= target:
             break
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
+    model.to("cpu").save_pretrained(out)
     tokenizer.save_pretrained(out)
     info = {"bc_steps": steps, "train_success_curve": curve, "target": target,
-            "seconds": earlier_s + time.perf_counter() - started, "demonstrations": len(demos)}
+            "seconds": earlier_s + time.perf_counter() - started, "demonstrations": len(demonstrations),
+            "batch_size": batch_size, "device": device}
     info_path.write_text(json.dumps(info, indent=2))
     return out, info
 
@@ -171,6 +179,8 @@ def run_config(task: CreditTask, method: str, seed: int, model: Path, out: Path,
         "max_tokens_per_turn": task.max_tokens_per_turn, "max_context_tokens": task.max_context_tokens,
         "system_prompt": "", "temperature": args.temperature, "progress": False, "tensorboard": False,
     }
+    if args.device != "cpu":  # left out on a CPU: fingerprints of earlier CPU runs stay valid
+        config["device"] = args.device
     if grouped:
         config["micro_batch_size"] = 16
         if args.loss_agg is not None:
@@ -382,6 +392,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bc-check-every", type=int, default=25,
                    help="BC steps between the warm start's checks of its training success (each check runs 64 "
                         "greedy episodes: a long one on Sokoban)")
+    p.add_argument("--demos", type=int, default=200,
+                   help="reference-solver demonstrations of the warm start, one per training task (200: the default)")
+    p.add_argument("--bc-batch-size", type=int, default=32, help="demonstrations per BC step of the warm start")
+    p.add_argument("--device", default="cpu", help="torch device of BC, rollouts and training: cpu (default) or cuda")
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel (the CPU cores shared evenly among them)")
     p.add_argument("--workdir", default="runs/credit_assignment", help="where models and runs go")
     p.add_argument("--out", default=None,
@@ -411,9 +425,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.eval_every, args.eval_tasks, args.max_bc_steps = 1, 16, 25
         args.workdir, args.out = args.workdir.rstrip("/") + "-quick", str(Path(args.out).with_name("credit_assignment_quick.png"))
     for name in ("steps", "tasks_per_step", "group_size", "eval_tasks", "max_bc_steps", "bc_check_every", "jobs",
-                 "eval_every"):
+                 "eval_every", "demos", "bc_batch_size"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.device != "cpu" and not args.device.startswith("cuda"):
+        p.error(f"--device must be cpu or cuda (cuda:N for one GPU of several), got {args.device!r}")
     if args.warmup_steps < 0:
         p.error(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
     if not args.learning_rate > 0:
@@ -443,7 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     models, warm = {}, {}
     for name in args.tasks:
         models[name], warm[name] = warm_start(TASKS[name], workdir, target=args.bc_target,
-                                              max_bc_steps=args.max_bc_steps, chunk=args.bc_check_every, log=say)
+                                              max_bc_steps=args.max_bc_steps, chunk=args.bc_check_every,
+                                              demos=args.demos, batch_size=args.bc_batch_size, device=args.device,
+                                              log=say)
         say(f"warm start {name}: {warm[name]['bc_steps']} BC steps, train success "
             f"{warm[name]['train_success_curve'][-1][1]:.3f} ({models[name]})")
     if args.build_only:
