@@ -30,6 +30,7 @@ position, as the model's own ``generate`` does (:func:`rope_position_ids`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import inspect
 import logging
@@ -767,7 +768,8 @@ def request_images(request: GenerationRequest) -> list[ImageRef]:
 
 
 def _image_token_id(processor: Any, model: Any) -> int:
-    """The id of the placeholder token the model replaces with image features."""
+    """The id of the placeholder token the model replaces with image features (``processor`` may be ``None``:
+    then only the model's config is read, as M-RoPE positions do)."""
     config = getattr(model, "config", None)
     for source, name in ((processor, "image_token_id"), (config, "image_token_id"), (config, "image_token_index")):
         value = getattr(source, name, None)
@@ -777,8 +779,9 @@ def _image_token_id(processor: Any, model: Any) -> int:
         token = getattr(processor, "image_token", None)
         value = processor.tokenizer.convert_tokens_to_ids(token) if token else None
     if not isinstance(value, int):
-        raise ConfigError(f"Cannot find the image token of processor {type(processor).__name__}; HFPolicy reads images "
-                          "with processors that name one (LLaVA-style, Idefics3/SmolVLM, Qwen2-VL).")
+        owner = type(processor).__name__ if processor is not None else f"{type(model).__name__}'s config"
+        raise ConfigError(f"Cannot find the image token of {owner}; HFPolicy reads images with processors and models "
+                          "that name one (image_token_id: LLaVA-style, Idefics3/SmolVLM, Qwen2-VL).")
     return int(value)
 
 
@@ -800,26 +803,19 @@ def mrope_positions(model: Any, input_ids: Any, attention_mask: Any, image_grid_
     """
     fn = _rope_index_fn(model)
     kwargs: dict[str, Any] = {"image_grid_thw": image_grid_thw, "attention_mask": attention_mask}
-    try:
-        accepted = inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # pragma: no cover - exotic callables
-        accepted = {}
-    if "mm_token_type_ids" in accepted:  # newer transformers mark image tokens explicitly (text 0, image 1)
-        image_token = int(_model_image_token_id(model))
-        kwargs["mm_token_type_ids"] = (input_ids == image_token).int()
+    if _marks_image_tokens(getattr(fn, "__func__", fn)):  # newer transformers: image tokens marked (text 0, image 1)
+        kwargs["mm_token_type_ids"] = (input_ids == _image_token_id(None, model)).int()
     positions, _ = fn(input_ids, **kwargs)
     return positions
 
 
-def _model_image_token_id(model: Any) -> int:
-    config = model.config
-    value = getattr(config, "image_token_id", None)
-    if value is None:
-        value = getattr(config, "image_token_index", None)
-    if value is None:
-        raise ConfigError(f"{type(model).__name__}'s config names no image token (image_token_id); M-RoPE positions "
-                          "need it to find the image tokens.")
-    return int(value)
+@functools.lru_cache(maxsize=16)
+def _marks_image_tokens(fn: Any) -> bool:
+    """Whether a ``get_rope_index`` takes ``mm_token_type_ids`` (read once per function, not once per row)."""
+    try:
+        return "mm_token_type_ids" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # pragma: no cover - exotic callables
+        return False
 
 
 def rope_position_ids(model: Any, input_ids: Any, attention_mask: Any, vision: Any = None) -> Any:
