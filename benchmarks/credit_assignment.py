@@ -134,7 +134,7 @@ def warm_start(task: CreditTask, workdir: Path, *, target: float, max_bc_steps: 
         steps, earlier_s = int(cached["bc_steps"]), float(cached["seconds"])
         log(f"  warm start {task.name}: continuing from {steps} BC steps (cached train success {curve[-1][1]:.3f})")
     if demos > len(suite.split("train")):
-        raise ValueError(f"--demos {demos}: suite {task.suite!r} has only {len(suite.split('train'))} training tasks")
+        raise ValueError(f"demos={demos}: suite {task.suite!r} has only {len(suite.split('train'))} training tasks")
     demonstrations = collect_demonstrations(suite, "train", demos, tokenizer, system_prompt="")
     while steps < max_bc_steps:
         behaviour_clone(model, tokenizer, demonstrations, steps=chunk, learning_rate=1e-3, batch_size=batch_size,
@@ -428,6 +428,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                  "eval_every", "demos", "bc_batch_size"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.demos != 200:  # each demonstration needs its own training task
+        from agentgym.suite import load_suite
+
+        for name in args.tasks:
+            available = len(load_suite(TASKS[name].suite).split("train"))
+            if args.demos > available:
+                p.error(f"--demos {args.demos}: suite {TASKS[name].suite!r} (--tasks {name}) has only {available} "
+                        "training tasks; ask for at most that many")
     if args.device != "cpu" and not args.device.startswith("cuda"):
         p.error(f"--device must be cpu or cuda (cuda:N for one GPU of several), got {args.device!r}")
     if args.warmup_steps < 0:
