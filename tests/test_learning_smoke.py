@@ -64,3 +64,21 @@ def test_held_out_tasks_never_occur_in_training(suite_name: str) -> None:
         assert not {tuple(t.metadata["rows"]) for t in suite.train} & {tuple(t.metadata["rows"]) for t in test}
         # the validation split shares seeds with neither (7 of its 100 small rooms repeat a training room by chance)
         assert not train_seeds & {t.metadata["seed"] for t in suite.split("validation")}
+
+
+def test_device_and_demonstration_flags_are_checked_before_any_work(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``--device`` and ``--demos`` (the GPU smoke runs) fail as usage errors that say the fix; a CUDA run puts the
+    device into every trainer config, a CPU run leaves the config (and so the resume fingerprints) as before."""
+    bench = _benchmark()
+    for flags, message in ((["--device", "tpu"], "--device must be cpu or cuda"),
+                           (["--demos", "0"], "--demos must be >= 1"),
+                           (["--tasks", "sokoban", "--demos", "501"], "has only 500 training tasks")):
+        with pytest.raises(SystemExit) as exc:
+            bench.parse_args(flags)
+        assert exc.value.code == 2 and message in capsys.readouterr().err, flags
+    cuda = bench.parse_args(["--tasks", "babyai", "--device", "cuda", "--demos", "2000", "--bc-batch-size", "64"])
+    cpu = bench.parse_args(["--tasks", "babyai"])
+    task = bench.TASKS["babyai"]
+    assert bench.run_config(task, "gigpo", 0, tmp_path, tmp_path / "out", cuda)["device"] == "cuda"
+    assert "device" not in bench.run_config(task, "gigpo", 0, tmp_path, tmp_path / "out", cpu)
