@@ -74,8 +74,9 @@ def _make_in_fresh_interpreter(env_ids: list[str]) -> None:
     assert all(is_str for _, is_str in result["made"].values())
 
 
-def _one_id_per_env_module() -> list[str]:
-    ids = agentgym.env_ids()
+def _one_id_per_env_module(exclude: tuple[str, ...] = ()) -> list[str]:
+    """One registered id per env module (its last, among the ids not in ``exclude``)."""
+    ids = [env_id for env_id in agentgym.env_ids() if env_id not in exclude]
     return list({gym.spec(env_id).entry_point.split(":")[0]: env_id for env_id in ids}.values())
 
 
@@ -84,7 +85,7 @@ def test_gym_make_with_module_prefix_in_fresh_interpreter() -> None:
     registered by that import; one id per env module whose reset starts no browser, JVM or sandbox is made and
     reset there (test_gym_make_after_import resets every id, and the slow variant below makes the heavy ones in a
     fresh interpreter too)."""
-    _make_in_fresh_interpreter([env_id for env_id in _one_id_per_env_module() if env_id not in SLOW_STEP_ENVS])
+    _make_in_fresh_interpreter(_one_id_per_env_module(exclude=SLOW_STEP_ENVS))
 
 
 @pytest.mark.slow
