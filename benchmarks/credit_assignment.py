@@ -111,7 +111,8 @@ def warm_start(task: CreditTask, workdir: Path, *, target: float, max_bc_steps: 
     from agentgym.suite import load_suite
     from agentgym.trainers.bc import behaviour_clone, collect_demonstrations
 
-    out = workdir / (f"warm-{task.name}" if (demos, batch_size) == (200, 32) else f"warm-{task.name}-d{demos}-b{batch_size}")
+    name = f"warm-{task.name}" if (demos, batch_size) == (200, 32) else f"warm-{task.name}-d{demos}-b{batch_size}"
+    out = workdir / name
     info_path = out / "warm_start.json"
     cached = json.loads(info_path.read_text()) if info_path.is_file() and (out / "config.json").is_file() else None
     if cached is not None:
