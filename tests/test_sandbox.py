@@ -281,7 +281,9 @@ ATTACK = textwrap.dedent(r"""
         if os.fork() == 0:
             socks = [socket.socket(fileno=fd) for fd in set(held) | {int(f) for f in report["own_fds"]}
                      if os.path.exists(f"/proc/self/fd/{fd}") and "socket" in os.readlink(f"/proc/self/fd/{fd}")]
-            open("/tmp/attack.json", "w").write(json.dumps(report))
+            with open("/tmp/attack.part", "w") as out:  # written whole, then renamed: never read half-done
+                out.write(json.dumps(report))
+            os.rename("/tmp/attack.part", "/tmp/attack.json")
             while True:  # forever: the host must kill this
                 for sock in socks:
                     sock.setblocking(False)
