@@ -30,6 +30,7 @@ import numpy as np
 
 from agentgym.errors import AgentGymError, EnvCrashed, TaskError
 from agentgym.parsers import (
+    BareNameParser,
     CodeBlockParser,
     CompositeParser,
     FunctionCallParser,
@@ -408,7 +409,9 @@ def accepted_formats(parser: ToolCallParser, toolset: ToolSet) -> list[str]:
                 out.append(f'Mistral [TOOL_CALLS][{{"name": "{name}", "arguments": {args}}}]')
         elif isinstance(p, FunctionCallParser):
             tool_name = name if name in p.tool_names else (p.tool_names[0] if p.tool_names else name)
-            out.append(f'function call {tool_name}("...")')
+            out.append(f'function call {tool_name}("...")' if params else f"function call {tool_name}()")
+        elif isinstance(p, BareNameParser):
+            out.append(f"just the action's name, e.g. {name if name in p.tool_names else p.tool_names[0]}")
         elif isinstance(p, TagParser):
             tag = next(iter(p.tags), "answer")
             out.append(f"tag <{tag}>...</{tag}>")

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from agentgym.toolset import ToolCall
 
 __all__ = [
+    "BareNameParser",
     "CodeBlockParser",
     "CompositeParser",
     "FunctionCallParser",
@@ -489,6 +490,30 @@ class FunctionCallParser:
             calls.append(ToolCall(name, kwargs, args=args, raw=raw, format="function"))
             positions.append(match.start())
         return ParsedAction(tuple(calls), tuple(errors), tuple(positions))
+
+
+class BareNameParser:
+    """Read a reply that is nothing but one zero-argument tool's name as a call of that tool.
+
+    For envs whose every action is a bare command (BabyAI's ``forward``, BALROG's "turn left"): the reply
+    ``turn_left``, ``turn left`` or ``Turn_Left.`` is ``turn_left()``. Only the whole reply counts, so a name
+    inside a sentence ("I will turn left now") stays a void turn, as it is in every other env. Why it matters
+    for RL: without it the ``()`` after a name is a format token whose only alternative is ending the reply, and
+    policy-gradient noise on failed episodes pushes it down until every turn is void (measured on BabyAI in the
+    README); with it, ending the reply after the name is the same action, so that noise changes nothing.
+    """
+
+    def __init__(self, tool_names: Iterable[str]) -> None:
+        self.tool_names = sorted(set(tool_names))
+        self._names = {n.lower(): n for n in self.tool_names}
+
+    def parse(self, text: str) -> ParsedAction:
+        stripped = text.strip()
+        key = stripped.rstrip(".").strip().lower().replace(" ", "_")
+        name = self._names.get(key)
+        if name is None:
+            return ParsedAction()
+        return ParsedAction((ToolCall(name, {}, raw=stripped, format="bare"),), (), (len(text) - len(text.lstrip()),))
 
 
 class CompositeParser:

@@ -40,7 +40,8 @@ class ToolCall:
         arguments: Keyword arguments.
         args: Positional arguments (function-call syntax only); bound to parameters in schema order.
         raw: The exact text the call was parsed from, for error messages and transcripts.
-        format: Which parser produced it: ``hermes``, ``llama3``, ``mistral``, ``code``, ``tag`` or ``function``.
+        format: Which parser produced it: ``hermes``, ``llama3``, ``mistral``, ``code``, ``tag``, ``function`` or ``bare``
+            (a reply that was only a zero-argument tool's name).
     """
 
     name: str

@@ -60,6 +60,20 @@ def test_tools_step_minigrid_and_state_key() -> None:
     env.close()
 
 
+def test_a_bare_action_name_is_that_action() -> None:
+    """BALROG writes BabyAI actions as plain names; a reply that is only a name acts, a sentence does not."""
+    env = BabyAIEnv()
+    env.reset(seed=0, options={"task": Task("b", "go", None, {"level": "BabyAI-GoToLocal-v0", "seed": 3})})
+    key = env.state_key()
+    for reply in ("turn_left", "turn left", "Turn_Left.", "turn_left()"):
+        _, _, _, _, step = env.step(reply)
+        assert step["turn"]["kind"] == "tool_call" and step["turn"]["calls"][0]["name"] == "turn_left", reply
+    assert env.state_key() == key  # four left turns, however written
+    obs, _, _, _, step = env.step("turn left and then forward")
+    assert step["turn"]["kind"] == "void" and "just the action's name, e.g. turn_left" in obs
+    assert "function call turn_left()" in obs
+
+
 def test_actions_that_change_nothing_say_so() -> None:
     env = BabyAIEnv()
     env.reset(seed=0, options={"task": Task("b", "go", None, {"level": "BabyAI-GoToLocal-v0", "seed": 1170024218})})

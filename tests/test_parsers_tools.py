@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from agentgym.errors import ToolError
 from agentgym.parsers import (
+    BareNameParser,
     CodeBlockParser,
     CompositeParser,
     FunctionCallParser,
@@ -40,6 +41,7 @@ PARSERS = [
     CodeBlockParser(),
     TagParser({"answer": ("answer", "value"), "search": ("search", "query")}),
     FunctionCallParser(["calc", "answer", "click"], {"calc": "expression"}),
+    BareNameParser(["turn_left", "forward", "done"]),
     CompositeParser([HermesParser(), FunctionCallParser(["calc", "answer"], {"calc": "expression"})]),
 ]
 
@@ -128,6 +130,17 @@ def test_function_call_raw_passthrough_and_composite_nesting() -> None:
     nested = '<tool_call>{"name": "calc", "arguments": {"expression": "answer(3)"}}</tool_call> then answer(4)'
     calls = composite.parse(nested).calls
     assert [(c.name, c.format) for c in calls] == [("calc", "hermes"), ("answer", "function")]
+
+
+def test_bare_name_parser_reads_only_a_whole_reply_that_is_a_name() -> None:
+    parser = CompositeParser([HermesParser(), FunctionCallParser(["turn_left", "forward"]),
+                              BareNameParser(["turn_left", "forward"])])
+    for reply in ("turn_left", "turn left", "  Turn_Left.\n", "FORWARD", "<think>which way?</think>forward"):
+        (call,) = parser.parse(reply).calls
+        assert call.arguments == {} and call.name in {"turn_left", "forward"}, reply
+    assert [c.format for c in parser.parse("forward()").calls] == ["function"]  # one call, not two
+    for reply in ("I will turn left", "turn_left turn_left", "turn_leftt", "left", "", "forward!", "turn_ left"):
+        assert not parser.parse(reply).calls, reply
 
 
 @FAST

@@ -21,6 +21,7 @@ from agentgym.envs.games._common import sample_one
 
 from agentgym.env import AgentEnv, ReferenceSolver
 from agentgym.errors import DependencyNotInstalled, TaskError
+from agentgym.parsers import BareNameParser, CompositeParser, FunctionCallParser, HermesParser, ToolCallParser
 from agentgym.suite import Task
 from agentgym.toolset import ToolResult, ToolSet, tool
 
@@ -255,6 +256,12 @@ class BabyAIEnv(AgentEnv):
     def _build_tools(self) -> ToolSet:
         return ToolSet([self.turn_left, self.turn_right, self.forward, self.pickup, self.drop, self.toggle,
                         self.done])
+
+    def _build_parser(self) -> ToolCallParser:
+        """The common formats, plus a reply that is only an action's name (``turn left``, as BALROG reads
+        BabyAI actions): every BabyAI action takes no argument, so the ``()`` adds nothing but a way to fail."""
+        names = self.toolset.names
+        return CompositeParser([HermesParser(), FunctionCallParser(names), BareNameParser(names)])
 
     # ---- episode ----------------------------------------------------------------------------------
     def _carrying(self) -> str | None:
