@@ -127,6 +127,23 @@ def test_gigpo_reproduces_the_spec_example_from_recorded_turns() -> None:
     assert result.stats["gigpo/anchor_groups"] == 5
 
 
+@pytest.mark.parametrize("kind", ["void", "invalid"])
+def test_gigpo_penalises_a_turn_whose_action_did_not_parse_void_or_invalid(kind: str) -> None:
+    """Spec 8: the invalid-action penalty falls on every step whose action failed to parse. A void turn (no tool
+    call found) failed to parse as much as an invalid one; left unpunished, a policy drifted into void turns."""
+    def traj(kinds: list[str]) -> Trajectory:
+        turns = tuple(_turn(f"obs-{i}", f"s{i}", 0.0, k) for i, k in enumerate(kinds))
+        return Trajectory(env_id="agentgym/Maze-v0", task_id="t", seed=0, turns=turns, group_id="g",
+                          outcome={"success": False, "score": 0.0, "end_reason": "max_turns"}, end_reason="max_turns")
+    trajs = [traj(["tool_call", kind]), traj(["tool_call", "tool_call"])]
+    result = step_advantages(trajs, GigpoConfig(model="m", suite="games-maze", invalid_penalty=0.1))
+    assert result is not None
+    (_, bad), (_, good) = (a.tolist() for a in result.advantages)
+    assert bad < good  # the same state, the same outcome: only the unparsed action is worse
+    off = step_advantages(trajs, GigpoConfig(model="m", suite="games-maze", invalid_penalty=0.0))
+    assert off is not None and off.advantages[0].tolist() == pytest.approx(off.advantages[1].tolist())
+
+
 def test_gigpo_with_omega_zero_is_grpo_and_missing_keys_fall_back_to_the_observation() -> None:
     trajs = [_traj("g", [None, None], 1.0, [0, 1]), _traj("g", [None, None], 0.0), _traj("h", ["x"], 1.0, [1])]
     grpo = alg.group_advantages(torch.tensor([t.score for t in trajs]), [t.group_id for t in trajs], mode="mean_norm")

@@ -28,6 +28,11 @@ from agentgym.trainers.grpo import GrpoTrainer
 from agentgym.trainers.returns import step_rewards
 from agentgym.trajectory import Trajectory
 
+UNPARSED_KINDS = frozenset({"invalid", "void"})
+"""Turn kinds whose action did not parse into a valid action, so GiGPO's invalid-action penalty applies: ``void``
+(no tool call found) as well as ``invalid`` (a call that could not be read or run). The reference code's
+``is_action_valid`` is false for both; penalising only ``invalid`` let a policy drift into void turns unpunished."""
+
 __all__ = ["GigpoConfig", "GigpoTrainer", "anchor_keys", "step_advantages"]
 
 
@@ -47,7 +52,8 @@ class GigpoConfig(GrpoConfig):
     """Episode statistics over one score per trajectory (the paper) or over every step sample (the reference
     code's compute_mean_std_cross_steps, which weighs long episodes more)."""
     invalid_penalty: float = 0.1
-    """Subtracted from a step's episode score and step return when its action did not parse (0 disables it)."""
+    """Subtracted from a step's episode score and step return when its action did not parse, a ``void`` or
+    ``invalid`` turn (0 disables it)."""
     similarity_thresh: float | None = None
     """None: anchors match exactly. A ratio in (0, 1]: text states at least this similar share a group (greedy)."""
 
@@ -99,7 +105,7 @@ def step_advantages(trajectories: Sequence[Trajectory], config: GigpoConfig) -> 
         return None
     return alg.gigpo_advantages(
         [t.group_id for t in trajectories], [anchor_keys(t) for t in trajectories],
-        [step_rewards(t) for t in trajectories], [[turn.kind != "invalid" for turn in t.turns] for t in trajectories],
+        [step_rewards(t) for t in trajectories], [[turn.kind not in UNPARSED_KINDS for turn in t.turns] for t in trajectories],
         gamma=config.gamma, omega=config.omega, mode=config.gigpo_mode, episode_stats=config.episode_stats,
         invalid_penalty=config.invalid_penalty, similarity_thresh=config.similarity_thresh,
         singleton=config.singleton_advantage)
