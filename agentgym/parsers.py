@@ -509,7 +509,7 @@ class BareNameParser:
 
     def parse(self, text: str) -> ParsedAction:
         stripped = text.strip()
-        key = stripped.rstrip(".").strip().lower().replace(" ", "_")
+        key = stripped.removesuffix(".").rstrip().lower().replace(" ", "_")  # one closing full stop, as in a sentence
         name = self._names.get(key)
         if name is None:
             return ParsedAction()

@@ -21,7 +21,7 @@ from agentgym.envs.games._common import sample_one
 
 from agentgym.env import AgentEnv, ReferenceSolver
 from agentgym.errors import DependencyNotInstalled, TaskError
-from agentgym.parsers import BareNameParser, CompositeParser, FunctionCallParser, HermesParser, ToolCallParser
+from agentgym.parsers import BareNameParser, CompositeParser, ToolCallParser
 from agentgym.suite import Task
 from agentgym.toolset import ToolResult, ToolSet, tool
 
@@ -260,8 +260,9 @@ class BabyAIEnv(AgentEnv):
     def _build_parser(self) -> ToolCallParser:
         """The common formats, plus a reply that is only an action's name (``turn left``, as BALROG reads
         BabyAI actions): every BabyAI action takes no argument, so the ``()`` adds nothing but a way to fail."""
-        names = self.toolset.names
-        return CompositeParser([HermesParser(), FunctionCallParser(names), BareNameParser(names)])
+        common = super()._build_parser()
+        parsers = common.parsers if isinstance(common, CompositeParser) else [common]
+        return CompositeParser([*parsers, BareNameParser(self.toolset.names)])
 
     # ---- episode ----------------------------------------------------------------------------------
     def _carrying(self) -> str | None:
