@@ -250,31 +250,60 @@ def test_contexts_are_reused_and_cleaned_between_episodes(pool, site):
 
 # ---- crashes ------------------------------------------------------------------------------------------------
 @needs_browser
-def test_a_crashed_page_ends_only_its_own_session(pool, site):
-    crashed, healthy = pool.session(viewport=(640, 480)), pool.session(viewport=(640, 480))
-    try:
-        crashed.start("/", allowed_origins=[site.server.origin])
-        healthy.start("/", allowed_origins=[site.server.origin])
+def test_a_crashed_page_ends_only_its_own_session(site):
+    from agentgym.tools.browser import BrowserPool
 
-        async def crash_renderer(lease):
-            import asyncio
-            import contextlib
+    # Its own pool: a renderer death must not leave anything behind for the module's other tests. The renderer
+    # is killed through chrome://kill (what the OOM killer does), not CDP's Page.crash: that one goes through
+    # the host's crash-dump handler, which on some CI hosts held the crash event back past every timeout.
+    config = BrowserConfig(action_timeout_s=20.0, navigation_timeout_s=30.0, watchdog_s=60.0)
+    with BrowserPool(config) as own:
+        crashed, healthy = own.session(viewport=(640, 480)), own.session(viewport=(640, 480))
+        try:
+            crashed.start("/", allowed_origins=[site.server.origin])
+            healthy.start("/", allowed_origins=[site.server.origin])
 
-            cdp = await lease.context.new_cdp_session(lease.page)
-            with contextlib.suppress(Exception):  # the renderer dies before it can answer
-                await asyncio.wait_for(cdp.send("Page.crash"), timeout=1.0)
+            async def kill_renderer(lease):
+                import contextlib
 
-        pool._run(crash_renderer(crashed._lease))
-        with pytest.raises(BrowserCrashed):
-            for _ in range(20):  # the crash event can trail the CDP call by a few milliseconds
-                crashed.snapshot()
-                time.sleep(0.05)
-        assert "Home" in healthy.snapshot().text  # the other context is untouched
-        crashed.start("/two", allowed_origins=[site.server.origin])  # and the crashed one recovers
-        assert "Two" in crashed.snapshot().text
-    finally:
-        crashed.close()
-        healthy.close()
+                with contextlib.suppress(Exception):  # the navigation dies with its renderer
+                    await lease.page.goto("chrome://kill", timeout=5000)
+
+            own._run(kill_renderer(crashed._lease))
+            with pytest.raises(BrowserCrashed, match="crashed"):
+                for _ in range(40):  # the crash event can trail the navigation by a few milliseconds
+                    crashed.snapshot()
+                    time.sleep(0.05)
+            assert "Home" in healthy.snapshot().text  # the other context is untouched
+            crashed.start("/two", allowed_origins=[site.server.origin])  # and the crashed one recovers
+            assert "Two" in crashed.snapshot().text
+        finally:
+            crashed.close()
+            healthy.close()
+
+
+@needs_browser
+def test_a_page_that_stops_answering_ends_its_episode_but_a_hidden_element_does_not(site):
+    from agentgym.tools.browser import BrowserPool
+
+    # A click that times out is the model's mistake while the page still answers, and the end of the episode
+    # once it does not (a renderer frozen without a crash event), long before the watchdog.
+    config = BrowserConfig(action_timeout_s=2.0, navigation_timeout_s=4.0, watchdog_s=30.0)
+    with BrowserPool(config) as own, own.session(viewport=(640, 480)) as session:
+        session.start("/", allowed_origins=[site.server.origin])
+        heading, link = ref_of(session, "Home"), ref_of(session, "redirect ok")
+        session.evaluate("() => { document.querySelector('h1').style.display = 'none'; }")
+        with pytest.raises(ActionError) as hidden:
+            session.click(heading)
+        assert not isinstance(hidden.value, BrowserCrashed)
+        assert "Home" not in session.snapshot().text  # it still answers: the episode goes on
+        session.evaluate("() => { setTimeout(() => { const t = Date.now(); while (Date.now() - t < 25000) {} }, 0); }")
+        started = time.monotonic()
+        with pytest.raises(BrowserCrashed, match="stopped answering"):
+            session.click(link)
+        assert time.monotonic() - started < 20
+        session.start("/two", allowed_origins=[site.server.origin])  # a fresh context for the next episode
+        assert "Two" in session.snapshot().text
 
 
 @needs_browser

@@ -294,6 +294,21 @@ class BrowserPool:
             return True
         return any(marker in message for marker in _CRASH_MARKERS)
 
+    async def _answers(self, lease: _Lease) -> bool:
+        """Whether ``lease``'s page still runs a trivial script within the action timeout.
+
+        Asked only after a Playwright timeout, to tell a model's mistake (a hidden element: the page answers)
+        from a renderer that is gone or frozen without Chromium's crash event, which some hosts deliver late
+        or never while a crash dump is written. Any answer, even an error, means the renderer is alive.
+        """
+        try:
+            await asyncio.wait_for(lease.page.evaluate("1"), timeout=self.config.action_timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        except Exception:  # noqa: BLE001 - an error reply (e.g. a navigation under way) is still a reply
+            return not lease.broken and not lease.page.is_closed()
+        return True
+
     def _crashed(self, lease: _Lease, exc: BaseException) -> BrowserCrashed:
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         lease.broken = lease.broken or f"the browser page died ({first_line})"
@@ -522,8 +537,8 @@ class BrowserPool:
                 or self.isolation == "browser"):
             await self._dispose(lease)
             return
-        try:
-            await self._clean(lease)
+        try:  # bounded: a frozen page must not hold the release (and its caller) until the watchdog
+            await asyncio.wait_for(self._clean(lease), timeout=self.config.navigation_timeout_s)
         except Exception:  # noqa: BLE001 - a context that cannot be cleaned is not reused
             await self._dispose(lease)
             return
@@ -675,6 +690,10 @@ class BrowserSession:
             except api_error as exc:
                 if self.pool._is_crash(lease, exc):
                     raise self.pool._crashed(lease, exc) from exc
+                if isinstance(exc, self.pool._api.TimeoutError) and not await self.pool._answers(lease):
+                    lease.broken = lease.broken or "the page stopped answering (its renderer hung or died)"
+                    self.pool.stats["crashes"] += 1
+                    raise BrowserCrashed(lease.broken) from exc
                 raise ActionError(_playwright_message(exc)) from exc
 
         return self.pool._run(run(), lease)
