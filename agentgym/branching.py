@@ -56,6 +56,7 @@ from agentgym.rollout import (
     RolloutConfig,
     _EnvPool,
     _text_of,
+    action_choices_of,
     apply_action,
     call_env,
     context_limit_outcome,
@@ -332,6 +333,8 @@ class BranchingSampler:
         sampling = self.rollout.sampling
         if self.config.entropy_top_k and sampling.top_logprobs < self.config.entropy_top_k:
             sampling = replace(sampling, top_logprobs=self.config.entropy_top_k)
+        if self.rollout.constrain_actions:
+            sampling = replace(sampling, choices=action_choices_of(live.env))
         if live.spec.sampling_seed is not None and sampling.seed is not None:
             # The episode's own seed, as in the engine; a branch shares its parent's spec, so it draws from the
             # same seed's stream number (index + 1) instead, never repeating its parent's samples.

@@ -342,6 +342,28 @@ class AgentEnv(gym.Env[str, str]):
             return None
         return "\n".join(f"{'>>' if who == 'action' else '<<'} {text}" for who, text in self._transcript)
 
+    def action_choices(self) -> tuple[str, ...] | None:
+        """Every reply that is a valid action now, when that set is small and known; ``None`` for free text.
+
+        Constrained decoding (``RolloutConfig.constrain_actions``) samples replies only from these, so no turn is
+        void and format tokens carry no gradient. The default enumerates the tools when each takes no argument
+        (``forward()``) or one argument restricted to a list of values (``move("up")``), in the function-call
+        format every env parses and the reference solvers write; any other tool makes the set open (``None``).
+        Envs whose valid actions depend on the state override it.
+        """
+        choices: list[str] = []
+        for name in self.toolset.names:
+            schema = self.toolset[name].parameters
+            properties = dict(schema.get("properties") or {})
+            if not properties:
+                choices.append(f"{name}()")
+                continue
+            values = next(iter(properties.values())).get("enum") if len(properties) == 1 else None
+            if not values or list(schema.get("required") or ()) != list(properties):
+                return None
+            choices += [f"{name}({json.dumps(v, ensure_ascii=False)})" for v in values]
+        return tuple(choices) or None
+
     def state_key(self) -> str:
         """A text key for the env state the next action starts from; equal keys mean "the same state".
 

@@ -85,6 +85,11 @@ class RolloutConfig:
             and its batching stay here.
         ray_actor_options: Ray actor options for ``env_backend: ray`` (e.g. ``{"num_cpus": 1}``), merged over
             :data:`agentgym.ray_envs.DEFAULT_ACTOR_OPTIONS`.
+        constrain_actions: Decode each reply as one of the env's valid actions
+            (:meth:`~agentgym.env.AgentEnv.action_choices`, asked every turn) instead of free text: no turn is
+            void and the tokens the choice forces are left out of training (``Turn.action_forced``). Needs a
+            policy that ``supports_choices`` (HFPolicy) and an env with a finite action set (BabyAI, Sokoban,
+            Maze); an env without one ends its episodes with an error that says so.
     """
 
     max_in_flight: int = 64
@@ -100,8 +105,14 @@ class RolloutConfig:
     progress: bool | str = "auto"
     env_backend: str = "local"
     ray_actor_options: Mapping[str, Any] | None = None
+    constrain_actions: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.constrain_actions, bool):
+            raise ConfigError(f"constrain_actions must be true or false, got {self.constrain_actions!r}.")
+        if self.constrain_actions and self.sampling.choices:
+            raise ConfigError("Set either constrain_actions (the env lists the choices every turn) or "
+                              "sampling.choices (one fixed list), not both.")
         if self.max_in_flight < 1:
             raise ConfigError(f"max_in_flight must be >= 1, got {self.max_in_flight}.")
         if self.step_timeout_s <= 0:
@@ -476,6 +487,9 @@ class RolloutEngine:
     ) -> list[Trajectory]:
         """Async version of :meth:`run`."""
         episodes = list(episodes)
+        if self.config.constrain_actions and not getattr(self.policy, "supports_choices", False):
+            raise ConfigError(f"constrain_actions needs a policy that decodes under SamplingParams.choices; "
+                              f"{type(self.policy).__name__} does not (HFPolicy does). Turn constrain_actions off.")
         self._run_id = uuid.uuid4().hex[:8]
         results: list[Trajectory | None] = [None] * len(episodes)
         batcher = PolicyBatcher(self.policy, self.config.batch_window_s, self.config.deterministic)
@@ -564,8 +578,11 @@ class RolloutEngine:
                     outcome = context_limit_outcome()
                     healthy = True
                     break
+                sampling = self._sampling_for(spec, index, len(turns))
+                if cfg.constrain_actions:
+                    sampling = dataclasses.replace(sampling, choices=action_choices_of(env))
                 tp = time.perf_counter()
-                generation = await batcher.submit(agent.request(self._sampling_for(spec, index, len(turns)), episode_id), index)
+                generation = await batcher.submit(agent.request(sampling, episode_id), index)
                 timing["policy_s"] += time.perf_counter() - tp
                 step = await apply_action(self.policy, agent, env, observation, generation, executor,
                                           cfg.step_timeout_s, inline=inline)
@@ -597,6 +614,21 @@ class RolloutEngine:
             end_reason=str(outcome.get("end_reason", "error")), policy=self.policy.name, timing=timing,
             traj_id=episode_id, group_id=spec.group_id, error=error, metadata=metadata,
         )
+
+
+def action_choices_of(env: Any) -> tuple[str, ...]:
+    """The env's valid replies for this turn (``env.unwrapped.action_choices()``), for ``constrain_actions``.
+
+    Raises:
+        ConfigError: The env has no finite action set to decode into.
+    """
+    ask = getattr(getattr(env, "unwrapped", env), "action_choices", None)
+    choices = ask() if callable(ask) else None
+    if not choices:
+        name = getattr(getattr(env, "spec", None), "id", None) or type(getattr(env, "unwrapped", env)).__name__
+        raise ConfigError(f"constrain_actions is on but {name} lists no action choices (its actions take free "
+                          "text); turn constrain_actions off for this env.")
+    return tuple(choices)
 
 
 def turn_sampling(sampling: SamplingParams, episode_index: int, turn: int) -> SamplingParams:
@@ -709,6 +741,7 @@ def make_turn(observation: str, generation: Generation, reward: float, step_info
         info=jsonable(step_info.get("turn", {})), prompt_token_ids=prompt_ids, action_token_ids=action_ids,
         action_logprobs=generation.logprobs if action_ids is not None else None,
         action_entropies=generation.entropies if action_ids is not None else None,
+        action_forced=generation.forced if action_ids is not None else None,
         finish_reason=generation.finish_reason, state_key=state_key,
     )
 

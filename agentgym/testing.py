@@ -425,6 +425,32 @@ def _sweep_malformed(env_id: str, env_kwargs: Mapping[str, Any], seed: int) -> N
         env.close()
 
 
+def _check_action_choices(env_id: str, env_kwargs: Mapping[str, Any], seed: int) -> None:
+    """An env that lists its action choices (constrained decoding samples only those) must accept each one as an
+    action: a listed reply that parsed as void or invalid would be a turn the policy could never get right."""
+    env = _make(env_id, env_kwargs)
+    try:
+        env.reset(seed=seed)
+        try:
+            choices = env.unwrapped.action_choices()
+        except Exception as exc:
+            raise _fail(env_id, f"action_choices() raised {type(exc).__name__}: {exc}") from exc
+        if choices is None:
+            return
+        if (not isinstance(choices, tuple) or not choices or len(set(choices)) != len(choices)
+                or not all(isinstance(c, str) and c for c in choices)):
+            raise _fail(env_id, f"action_choices() must return None or a non-empty tuple of distinct non-empty "
+                                f"strings, got {choices!r}")
+        for choice in choices:
+            env.reset(seed=seed)
+            kind = _safe_step(env_id, env, choice)[4].get("turn", {}).get("kind")
+            if kind in ("void", "invalid"):
+                raise _fail(env_id, f"action_choices() lists {choice!r}, but right after reset(seed={seed}) the env "
+                                    f"read it as a {kind} turn; list only replies its parser accepts as actions")
+    finally:
+        env.close()
+
+
 def _check_close(env_id: str, env_kwargs: Mapping[str, Any]) -> None:
     env = _make(env_id, env_kwargs)
     env.reset(seed=0)
@@ -448,7 +474,8 @@ def check_agent_env(
     Runs, in order: Gymnasium's ``check_env`` on the unwrapped env (its warnings are re-emitted as
     ``UserWarning``), a determinism replay (two fresh envs, same seed, the reference solver's actions
     plus garbage, identical JSON transcripts), for forkable envs a fork check (a copy taken mid-episode
-    answers the rest of the episode exactly like the original, which the copy's steps leave untouched), every fixed malformed action once, a Hypothesis fuzz of garbage action sequences (every step
+    answers the rest of the episode exactly like the original, which the copy's steps leave untouched), every fixed malformed action once, for an env that lists
+    ``action_choices()`` each choice read as an action (never void or invalid), a Hypothesis fuzz of garbage action sequences (every step
     returns a valid observation, a finite reward, bool flags, a known turn kind, and an outcome once the
     episode ends), and a double ``close()``. In every episode these checks play to its end (the reference
     solver's, the malformed sweep's, the fuzz's), the step rewards must sum to ``outcome["score"]`` (the
@@ -469,6 +496,7 @@ def check_agent_env(
     _check_determinism(env_id, kwargs, seed)
     _check_fork(env_id, kwargs, seed)
     _sweep_malformed(env_id, kwargs, seed)
+    _check_action_choices(env_id, kwargs, seed)
     if fuzz_examples > 0:
         _run_fuzz(env_id, kwargs, seed, fuzz_examples)
     _check_close(env_id, kwargs)

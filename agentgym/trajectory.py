@@ -79,6 +79,9 @@ class Turn:
         action_token_ids: The ids the policy sampled, including the token that ended the turn.
         action_logprobs: Sampling log-probs, aligned with ``action_token_ids``.
         action_entropies: Per-token entropies of the sampling distribution, where the policy gives them.
+        action_forced: Per action token, whether constrained decoding (``SamplingParams.choices``) left it as the
+            only possible token; such tokens get loss mask 0 in :meth:`Trajectory.token_view` (their constrained
+            probability is 1, so they carry no learning signal). ``None`` for free-text turns.
         finish_reason: ``stop`` (end token or stop string) or ``length`` (hit max tokens).
         state_key: The env's ``state_key()`` before this action (the state the action was chosen in, without
             history), or ``None`` where the env gave none: GiGPO groups turns of a task by it.
@@ -95,6 +98,7 @@ class Turn:
     action_token_ids: tuple[int, ...] | None = None
     action_logprobs: tuple[float, ...] | None = None
     action_entropies: tuple[float, ...] | None = None
+    action_forced: tuple[bool, ...] | None = None
     finish_reason: str | None = None
     state_key: str | None = None
     images: tuple[ImageRef, ...] = ()
@@ -106,6 +110,8 @@ class Turn:
     def to_dict(self) -> dict[str, Any]:
         # Text-only turns keep the exact record they always had: "images" appears only when there are some.
         extra = {"images": [image.to_dict() for image in self.images]} if self.images else {}
+        if self.action_forced is not None:  # likewise "action_forced": only for constrained turns
+            extra["action_forced"] = [bool(f) for f in self.action_forced]
         return {
             "observation": self.observation,
             "action": self.action,
@@ -130,7 +136,8 @@ class Turn:
             observation=d["observation"], action=d["action"], reward=float(d.get("reward", 0.0)),
             info=d.get("info") or {}, prompt_token_ids=tup("prompt_token_ids", int),
             action_token_ids=tup("action_token_ids", int), action_logprobs=tup("action_logprobs", float),
-            action_entropies=tup("action_entropies", float), finish_reason=d.get("finish_reason"),
+            action_entropies=tup("action_entropies", float), action_forced=tup("action_forced", bool),
+            finish_reason=d.get("finish_reason"),
             state_key=None if d.get("state_key") is None else str(d["state_key"]),
             images=tuple(ImageRef.from_dict(i, image_root) for i in d.get("images") or ()),
         )
@@ -142,7 +149,7 @@ class TokenView:
 
     Attributes:
         input_ids: ``[L]`` prompt, action and observation tokens in order.
-        loss_mask: ``[L]`` 1 exactly on sampled action tokens.
+        loss_mask: ``[L]`` 1 exactly on sampled action tokens (0 on tokens constrained decoding forced).
         logprobs: ``[L]`` sampling log-probs on action tokens, 0.0 elsewhere.
         turn_index: ``[L]`` index of the turn a token belongs to (the prompt before turn t belongs to t).
     """
@@ -239,7 +246,11 @@ class Trajectory:
             mask += [0] * len(prompt)
             logps += [0.0] * len(prompt)
             ids += action
-            mask += [1] * len(action)
+            forced = turn.action_forced
+            if forced is not None and len(forced) != len(action):
+                raise ValueError(f"Trajectory {self.traj_id or self.task_id} turn {i}: action_forced has "
+                                 f"{len(forced)} entries for {len(action)} action tokens.")
+            mask += [0 if f else 1 for f in forced] if forced is not None else [1] * len(action)
             logps += list(lp)
             turn_idx += [i] * (len(prompt) + len(action))
         return TokenView(tuple(ids), tuple(mask), tuple(logps), tuple(turn_idx))

@@ -365,3 +365,59 @@ def test_rows_sharing_a_seed_differ_across_batch_chunks(model_dir):
                                                                                 SamplingParams(max_tokens=10,
                                                                                                temperature=1.0,
                                                                                                seed=4))]
+
+
+# ---- constrained decoding (SamplingParams.choices) -------------------------------------------------------
+CHOICES = ("forward()", "turn_left()", "turn_right()", "done()")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_choices_give_exactly_one_allowed_reply_with_model_logprobs_and_forced_marks(policy, prompts, temperature):
+    from agentgym.policies.choices import ChoiceTree
+
+    eos = policy.tokenizer.eos_token_id
+    tree = ChoiceTree.for_tokenizer(CHOICES, policy.tokenizer, [eos] if eos in policy._stop_ids else policy._stop_ids)
+    sampling = SamplingParams(max_tokens=16, temperature=temperature, seed=11, choices=CHOICES)
+    seen = set()
+    for _ in range(4):
+        for prompt, gen in zip(prompts * 4, policy.generate(prompts * 4, sampling)):
+            assert gen.text in CHOICES and gen.finish_reason == "stop"
+            seen.add(gen.text)
+            assert gen.token_ids[-1] in policy._stop_ids
+            assert len(gen.forced) == len(gen.token_ids)
+            ids, node = list(prompt), tree.root
+            for token, logprob, entropy, forced in zip(gen.token_ids, gen.logprobs, gen.entropies, gen.forced):
+                allowed = tree.allowed(node)
+                assert token in allowed and forced == (len(allowed) == 1)
+                logp = torch.log_softmax(full_forward_logits(policy.model, ids) / (temperature or 1.0), -1)
+                assert logprob == pytest.approx(float(logp[token]), abs=1e-4)  # the model's own, as trainers score it
+                constrained = torch.log_softmax(logp[list(allowed)], -1)
+                assert entropy == pytest.approx(float(-(constrained.exp() * constrained).sum()), abs=1e-4)
+                assert (entropy == pytest.approx(0.0, abs=1e-6)) == forced
+                ids.append(token)
+                node = tree.advance(node, token)
+            if temperature == 0:
+                break
+    if temperature:
+        assert len(seen) >= 2  # sampling, not a fixed reply
+
+
+def test_free_rows_beside_constrained_rows_are_unchanged(policy, prompts):
+    free = SamplingParams(max_tokens=8, temperature=1.0, seed=5)
+    alone = policy.generate(prompts, free)
+    mixed = policy.generate(prompts + prompts, [free] * len(prompts)
+                            + [SamplingParams(max_tokens=16, temperature=1.0, seed=5, choices=CHOICES)] * len(prompts))
+    for a, b in zip(alone, mixed[:len(prompts)]):
+        assert a.token_ids == b.token_ids and a.forced is None and b.forced is None
+    assert all(g.text in CHOICES for g in mixed[len(prompts):])
+
+
+def test_choices_are_checked(policy, prompts):
+    with pytest.raises(ConfigError, match="non-empty strings"):
+        SamplingParams(choices=("forward()", ""))
+    with pytest.raises(ConfigError, match="non-empty strings"):
+        SamplingParams(choices="forward()")
+    with pytest.raises(ConfigError, match="duplicates"):
+        SamplingParams(choices=("done()", "done()"))
+    with pytest.raises(ConfigError, match="raise max_tokens"):
+        policy.generate(prompts[:1], SamplingParams(max_tokens=2, choices=CHOICES))

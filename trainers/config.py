@@ -88,6 +88,11 @@ class TrainerConfig:
     """Most tokens sampled per turn."""
     max_context_tokens: int | None = 2048
     """Episodes whose context would exceed this end with context_limit, a truncation (None: no limit)."""
+    constrain_actions: bool = False
+    """Decode every reply as one of the env's valid actions (``action_choices()``: BabyAI, Sokoban, Maze), in
+    training and evaluation rollouts alike: no turn is void, and the tokens a choice forces (``()``, ``_left``
+    after ``turn`` when only turn_left() fits) are not trained, so policy-gradient noise cannot break the format.
+    HF generation, on-policy trainers (GRPO, GiGPO, ARPO)."""
     system_prompt: str | None = None
     """Replaces the env's instructions as the system prompt; '' sends none (short prompts train faster)."""
     eval_every: int = 10
@@ -153,6 +158,9 @@ class TrainerConfig:
     """How the CLI and logs name the method (GRPO, GiGPO, ARPO, ArCHer, filtered BC)."""
     trainer_class: ClassVar[str] = ""
     """``module:Class`` of the trainer this config runs (:func:`agentgym.trainers.make_trainer` imports it)."""
+    trains_on_token_views: ClassVar[bool] = True
+    """Whether the loss reads each trajectory's token view (whose loss mask leaves out forced tokens); trainers
+    that rebuild turns into their own transitions (ArCHer, filtered BC) cannot take ``constrain_actions`` yet."""
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -191,6 +199,12 @@ class TrainerConfig:
             raise self._fail("load_in_4bit", "with generation_backend: vllm the trained weights are synced into vLLM "
                                              "after every update, which a 4-bit base cannot give: use "
                                              "generation_backend: hf, or LoRA without load_in_4bit.")
+        if self.constrain_actions and self.generation_backend != "hf":
+            raise self._fail("constrain_actions", "decodes inside the env's action choices with HF generation only; "
+                                                  "use generation_backend: hf, or constrain_actions: false.")
+        if self.constrain_actions and not self.trains_on_token_views:
+            raise self._fail("constrain_actions", f"is not supported by {self.display_name} yet (it rebuilds turns into "
+                                                  "its own transitions); use GRPO, GiGPO or ARPO, or constrain_actions: false.")
         if not self.bc_learning_rate > 0:
             raise self._fail("bc_learning_rate", f"must be > 0 (typical: 1e-3), got {self.bc_learning_rate}.")
         if self.temperature <= 0:

@@ -341,7 +341,7 @@ class OnlineTrainer:
         return RolloutConfig(max_in_flight=self.config.max_in_flight, sampling=sampling,
                              system_prompt=self.config.system_prompt,
                              max_context_tokens=self.config.max_context_tokens, deterministic=False,
-                             env_backend=self.config.env_backend)
+                             env_backend=self.config.env_backend, constrain_actions=self.config.constrain_actions)
 
     def _rollout_job(self, step: int) -> RolloutJob:
         """This step's sampling as plain data (run here when synchronous, by the rollout worker when asynchronous):

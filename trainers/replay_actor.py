@@ -86,6 +86,7 @@ class ReplayActorConfig(TrainerConfig):
     its lr equals this lr divided by grad_accum_steps)."""
 
     trainer_name: ClassVar[str] = "replay_actor"
+    trains_on_token_views: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -32,6 +32,12 @@ class SamplingParams:
         top_logprobs: Also return, per generated position, the log-probs of this many most likely tokens
             (``Generation.top_logprobs``); 0 returns none. Entropy-based branching (ARPO) measures its
             truncated segment entropy from them.
+        choices: When non-empty, the reply is exactly one of these strings followed by the end-of-turn token
+            (constrained decoding, like vLLM's guided choice): each choice's tokens (the tokenizer's own encoding)
+            form a prefix tree, and each step samples among the tokens that continue a choice, renormalised.
+            Tokens with a single continuation are forced; the policy marks them
+            (``Generation.forced``) so trainers leave them out of the loss. Set per turn by the rollout engine
+            from the env's :meth:`~agentgym.env.AgentEnv.action_choices` when ``RolloutConfig.constrain_actions``.
     """
 
     max_tokens: int = 256
@@ -40,8 +46,14 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     top_logprobs: int = 0
+    choices: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if isinstance(self.choices, str) or not all(isinstance(c, str) and c for c in self.choices):
+            raise ConfigError("choices must be a tuple of non-empty strings (the whole replies allowed), e.g. "
+                              f"('forward()', 'turn_left()'), or () for free text; got {self.choices!r}.")
+        if len(set(self.choices)) != len(self.choices):
+            raise ConfigError(f"choices holds duplicates: {self.choices!r}; list each allowed reply once.")
         if self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}.")
         if self.temperature < 0:
@@ -90,6 +102,9 @@ class Generation:
         prompt_token_ids: The prompt ids the backend actually conditioned on, when it reports them (a chat
             server re-renders the conversation itself; vLLM's ``return_token_ids``). The agent compares them
             with its own rendering and never records action ids sampled from a different prompt.
+        forced: Under ``SamplingParams.choices``, per generated token whether it was the only token that could
+            follow (its constrained probability is 1, so it carries no learning signal and trainers mask it);
+            ``None`` for free-text sampling.
     """
 
     text: str
@@ -100,6 +115,7 @@ class Generation:
     top_logprobs: tuple[tuple[float, ...], ...] | None = None
     top_token_ids: tuple[tuple[int, ...], ...] | None = None
     prompt_token_ids: tuple[int, ...] | None = None
+    forced: tuple[bool, ...] | None = None
 
 
 class Policy(abc.ABC):
@@ -119,9 +135,12 @@ class Policy(abc.ABC):
             parts (``{"type": "image", "image": ImageRef}``); otherwise it shows the text part only.
         processor: A Hugging Face processor (``AutoProcessor``) when the policy is an in-process vision-language
             model: the ChatAgent expands image placeholders with it into the exact ids the model sees.
+        supports_choices: The policy decodes under ``SamplingParams.choices`` (constrained to whole replies) and
+            marks forced tokens; the rollout engine refuses ``constrain_actions`` for one that does not.
     """
 
     name: str = "policy"
+    supports_choices: bool = False
     default_system_prompt: str | None = None
     accepts_images: bool = False
     processor: Any = None

@@ -47,6 +47,7 @@ from agentgym.policies.base import (
     InProcessTokenPolicy,
     SamplingParams,
 )
+from agentgym.policies.choices import ChoiceTree
 from agentgym.policies.kv_cache import CachedPrefix, EpisodeKVCache
 
 __all__ = ["HFPolicy"]
@@ -139,6 +140,7 @@ class HFPolicy(InProcessTokenPolicy):
     """
 
     max_concurrency: int = 1
+    supports_choices: bool = True
 
     def __init__(
         self,
@@ -192,6 +194,7 @@ class HFPolicy(InProcessTokenPolicy):
             params = {}
         self._keep_last_logits = "logits_to_keep" in params
         self._lock = threading.Lock()
+        self._choice_trees: dict[tuple[str, ...], ChoiceTree] = {}
         self.kv_cache = EpisodeKVCache(kv_cache_episodes, kv_cache_tokens)
         self._kv_reusable: bool | None = None  # unknown until a forward pass shows the model's cache type
         self._kv_weights: tuple[int, int, int] | None = None  # the weights the cached keys and values came from
@@ -458,6 +461,11 @@ class HFPolicy(InProcessTokenPolicy):
         out_top = torch.zeros((batch, max_new, top_k), dtype=torch.float32, device=device) if top_k else None
         out_top_ids = torch.zeros((batch, max_new, top_k), dtype=torch.long, device=device) if top_k else None
 
+        # Constrained rows (SamplingParams.choices) walk a prefix tree of the allowed replies.
+        trees = {i: self._choice_tree(p) for i, p in enumerate(params) if p.choices}
+        nodes: dict[int, Any] = {i: tree.root for i, tree in trees.items()}
+        out_forced = torch.zeros((batch, max_new), dtype=torch.bool, device=device) if trees else None
+
         # Stop strings are checked on decoded text, only for rows that have them.
         stop_strings = {i: p.stop for i, p in enumerate(params) if p.stop}
         stop_ids_so_far: dict[int, list[int]] = {i: [] for i in stop_strings}
@@ -497,6 +505,14 @@ class HFPolicy(InProcessTokenPolicy):
                     logits[:, image_token] = float("-inf")
                     probs = probs.clone()
                     probs[:, image_token] = 0.0
+                forced = None
+                if trees:  # sample inside the tree: renormalise over the allowed ids (the recorded logp stays the model's)
+                    allow = self._choice_mask(rows, nodes, trees, logits.shape[-1])
+                    logits = logits.masked_fill(~allow, float("-inf"))
+                    constrained = torch.log_softmax(logits / scale[:, None], dim=-1)
+                    probs = constrained.exp()
+                    entropy = -torch.where(probs > 0, probs * constrained, torch.zeros_like(probs)).sum(-1)
+                    forced = allow.sum(-1) == 1
                 if all_greedy:
                     token = logits.argmax(-1)
                 else:
@@ -516,6 +532,11 @@ class HFPolicy(InProcessTokenPolicy):
                 out_tokens[rows, t] = token
                 out_logprobs[rows, t] = token_logp
                 out_entropy[rows, t] = entropy
+                if forced is not None:
+                    out_forced[rows, t] = forced & alive
+                    for row, tok in zip(rows.tolist(), token.tolist()):
+                        if row in nodes:
+                            nodes[row] = trees[row].advance(nodes[row], tok)
                 if top_k:
                     top_values, top_index = logp.topk(top_k, dim=-1)
                     out_top[rows, t] = top_values
@@ -561,7 +582,37 @@ class HFPolicy(InProcessTokenPolicy):
         if top_k:
             top = _top_logprobs(out_top, out_top_ids, out_logprobs, out_tokens, [p.top_logprobs for p in params])
         return self._collect(out_tokens, out_logprobs, out_entropy, num_generated, stopped, stop_strings, top,
-                             aborted)
+                             aborted, out_forced, set(trees))
+
+    def _choice_tree(self, params: SamplingParams) -> ChoiceTree:
+        """The prefix tree of ``params.choices`` (cached per choice set), checked against ``max_tokens``."""
+        tree = self._choice_trees.get(params.choices)
+        if tree is None:
+            # One end token, the tokenizer's own end of turn where it is a stop id: a choice between two tokens that
+            # both end the reply (<|im_end|> or <|endoftext|>) would be a format token trained for nothing.
+            eos = getattr(self.tokenizer, "eos_token_id", None)
+            tree = ChoiceTree.for_tokenizer(params.choices, self.tokenizer,
+                                            [eos] if eos in self._stop_ids else self._stop_ids)
+            if len(self._choice_trees) > 256:  # envs whose choices change every turn: bound the cache
+                self._choice_trees.clear()
+            self._choice_trees[params.choices] = tree
+        if tree.longest + 1 > params.max_tokens:
+            raise ConfigError(f"A choice is {tree.longest} tokens long, so a reply needs {tree.longest + 1} with its "
+                              f"end token, but max_tokens is {params.max_tokens}; raise max_tokens (the trainers' "
+                              "max_tokens_per_turn) or shorten the choices.")
+        return tree
+
+    def _choice_mask(self, rows: Any, nodes: dict[int, Any], trees: dict[int, ChoiceTree], vocab: int) -> Any:
+        """``[rows, V]`` bool: the ids each row may sample next (every id for unconstrained or finished rows)."""
+        torch = self._torch
+        allow = torch.ones((len(rows), vocab), dtype=torch.bool, device=self.device)
+        for position, row in enumerate(rows.tolist()):
+            if row in trees:
+                ids = trees[row].allowed(nodes[row])
+                if ids:
+                    allow[position] = False
+                    allow[position, list(ids)] = True
+        return allow
 
     # ---- images (vision-language models) -------------------------------------------------------------
     def _image_spans(self, prompt: list[int], images: list[ImageRef]) -> list[tuple[int, int]]:
@@ -706,8 +757,11 @@ class HFPolicy(InProcessTokenPolicy):
         stop_strings: dict[int, tuple[str, ...]],
         top: list[list[tuple[float, ...]] | None] | None = None,
         aborted: set[int] = frozenset(),
+        out_forced: Any = None,
+        constrained: set[int] = frozenset(),
     ) -> list[Generation]:
         tokens = out_tokens.tolist()
+        forced = out_forced.tolist() if out_forced is not None else None
         logprobs = out_logprobs.tolist()
         entropies = out_entropy.tolist()
         counts = num_generated.tolist()
@@ -729,6 +783,7 @@ class HFPolicy(InProcessTokenPolicy):
                     finish_reason="stop" if stops[i] else "abort" if i in aborted else "length",
                     top_logprobs=None if top is None or top[i] is None else tuple(v for v, _ in top[i][:n]),
                     top_token_ids=None if top is None or top[i] is None else tuple(t for _, t in top[i][:n]),
+                    forced=tuple(bool(f) for f in forced[i][:n]) if forced is not None and i in constrained else None,
                 )
             )
         return results
