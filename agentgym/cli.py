@@ -129,8 +129,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     system_prompt = args.system_prompt if args.system_prompt is not None else defaults.get("system_prompt")
     max_tokens = args.max_tokens if args.max_tokens is not None else int(defaults.get("max_tokens", 256))
     sampling = SamplingParams(max_tokens=max_tokens, temperature=args.temperature, seed=args.seed)
+    constrain = args.constrain_actions if args.constrain_actions is not None else bool(defaults.get("constrain_actions"))
     config = RolloutConfig(max_in_flight=args.max_in_flight, sampling=sampling,
-                           progress=False if args.no_progress else "auto", system_prompt=system_prompt)
+                           progress=False if args.no_progress else "auto", system_prompt=system_prompt,
+                           constrain_actions=constrain)
     out_dir = Path(args.out) if args.out else _new_default_out_dir(suite.name)
     run = {"suite": suite.name, "split": args.split, "policy": args.policy, "seed": args.seed,
            "group_size": args.group_size}
@@ -434,6 +436,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens per turn (default: what the model was trained with, else 256)")
     p.add_argument("--system-prompt", default=None,
                    help="system prompt (default: the one the model was trained with, else the env's instructions)")
+    p.add_argument("--constrain-actions", action=argparse.BooleanOptionalAction, default=None,
+                   help="decode every reply as one of the env's valid actions (envs with a finite action set, hf: "
+                        "policies); default: as the model was trained (its agentgym.json), else off")
     p.add_argument("--temperature", type=_non_negative_float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="output directory (default runs/eval-SUITE-TIME); must be new or "

@@ -178,7 +178,8 @@ class OnlineTrainer:
         from agentgym.policies.rollout_defaults import save_rollout_defaults
 
         save_rollout_defaults(model_dir, system_prompt=self.config.system_prompt,
-                              max_tokens=self.config.max_tokens_per_turn, suite=self.config.suite)
+                              max_tokens=self.config.max_tokens_per_turn, suite=self.config.suite,
+                              constrain_actions=self.config.constrain_actions)
         processor = self._processor()
         if processor is not None:  # a VLM's directory loads as one (and reads images) only with its processor
             processor.save_pretrained(model_dir)

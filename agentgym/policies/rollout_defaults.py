@@ -16,11 +16,15 @@ __all__ = ["FILENAME", "load_rollout_defaults", "save_rollout_defaults"]
 FILENAME = "agentgym.json"
 
 
-def save_rollout_defaults(model_dir: str | Path, *, system_prompt: str | None, max_tokens: int, suite: str) -> Path:
-    """Record how the model was rolled out in training."""
+def save_rollout_defaults(model_dir: str | Path, *, system_prompt: str | None, max_tokens: int, suite: str,
+                          constrain_actions: bool = False) -> Path:
+    """Record how the model was rolled out in training (``constrain_actions`` only when on, so records of
+    free-text models stay as they were)."""
     path = Path(model_dir) / FILENAME
-    path.write_text(json.dumps({"system_prompt": system_prompt, "max_tokens": max_tokens, "suite": suite}, indent=2),
-                    encoding="utf-8")
+    record: dict[str, Any] = {"system_prompt": system_prompt, "max_tokens": max_tokens, "suite": suite}
+    if constrain_actions:
+        record["constrain_actions"] = True
+    path.write_text(json.dumps(record, indent=2), encoding="utf-8")
     return path
 
 
