@@ -72,6 +72,10 @@ def _host_class() -> Any:
                 except Exception as exc:  # noqa: BLE001 - raised again by RayEnv.state_key, in the driver
                     return exc
 
+            def action_choices(self) -> Any:
+                method = getattr(self.env.unwrapped, "action_choices", None)
+                return None if method is None else method()
+
             def start_solver(self, kind: str) -> None:
                 self.solver = getattr(self.env.unwrapped, f"{kind}_solver")()
 
@@ -151,6 +155,11 @@ class RayEnv(gym.Env):
         if isinstance(key, Exception):
             raise key
         return key
+
+    def action_choices(self) -> tuple[str, ...] | None:
+        """The remote env's valid replies this turn (``constrain_actions``; one actor call, asked only then)."""
+        choices = self._call("action_choices")
+        return None if choices is None else tuple(choices)
 
     def reference_solver(self) -> Any:
         """The remote env's reference solver for this episode (it runs beside the env; each call is one actor

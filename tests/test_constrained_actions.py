@@ -117,3 +117,13 @@ def test_a_constrained_training_step_trains_only_the_choice_tokens(maze_model: P
     metrics = trainer._learn(0, trajectories)
     assert metrics["train/tokens"] == sum(not f for turn in turns for f in turn.action_forced)
     assert torch.isfinite(torch.tensor(metrics["train/loss"]))
+
+
+def test_policies_that_cannot_decode_under_choices_refuse_them() -> None:
+    import asyncio
+
+    from agentgym.policies.base import GenerationRequest
+
+    request = GenerationRequest(({"role": "user", "content": "go"},), sampling=SamplingParams(choices=("forward()",)))
+    with pytest.raises(ConfigError, match="cannot decode under SamplingParams.choices"):
+        asyncio.run(ScriptedPolicy(["turn_left()"]).act([request]))

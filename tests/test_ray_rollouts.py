@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import gymnasium as gym
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -94,6 +95,12 @@ def test_ray_env_workers_match_in_process_envs_and_spread_over_nodes(cluster: An
                                  for t in local]
     assert [[turn.state_key for turn in t.turns] for t in remote] == [[turn.state_key for turn in t.turns] for t in local]
     assert len(set(policy.nodes.values())) == 2, "SPREAD puts env workers on both nodes"
+    for env_id in ("agentgym/GuessNumber-v0", "agentgym/Maze-v0"):  # constrain_actions asks the remote env
+        env = RayEnv(env_id)
+        try:
+            assert env.action_choices() == gym.make(env_id).unwrapped.action_choices()
+        finally:
+            env.close()
 
 
 def test_a_node_killed_mid_episode_ends_only_its_episodes(cluster: Any) -> None:

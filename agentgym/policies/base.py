@@ -16,7 +16,8 @@ from typing import Any
 
 from agentgym.errors import ConfigError
 
-__all__ = ["Generation", "GenerationRequest", "InProcessTokenPolicy", "Policy", "SamplingParams", "prompt_token_ids"]
+__all__ = ["Generation", "GenerationRequest", "InProcessTokenPolicy", "Policy", "SamplingParams", "prompt_token_ids",
+           "refuse_choices"]
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,18 @@ class Policy(abc.ABC):
         """Release resources (threads, HTTP clients, models)."""
 
 
+def refuse_choices(policy: Policy, requests: Sequence[GenerationRequest]) -> None:
+    """Raise when a request asks for ``SamplingParams.choices`` from a policy that cannot decode under them:
+    ignoring them would return free text where the caller counts on one of its choices.
+
+    Raises:
+        ConfigError: Some request has choices and ``policy.supports_choices`` is False.
+    """
+    if not policy.supports_choices and any(r.sampling.choices for r in requests):
+        raise ConfigError(f"{type(policy).__name__} cannot decode under SamplingParams.choices (constrained to whole "
+                          "replies); use HFPolicy, or sample free text (no choices, constrain_actions off).")
+
+
 def prompt_token_ids(request: GenerationRequest, tokenizer: Any) -> list[int]:
     """The request's exact prompt ids, or (an agent without a tokenizer sent only messages) the messages
     rendered with the chat template and encoded, exactly as the ChatAgent would."""
@@ -184,6 +197,7 @@ class InProcessTokenPolicy(Policy):
     async def act(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         if not requests:
             return []
+        refuse_choices(self, requests)
         prompts = [self.prompt_ids(r) for r in requests]
         return await asyncio.to_thread(self.generate, prompts, [r.sampling for r in requests])
 

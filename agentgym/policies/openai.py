@@ -52,7 +52,14 @@ import httpx
 
 from agentgym.errors import AgentGymError, ConfigError, DependencyNotInstalled
 from agentgym.images import ImageRef
-from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams, prompt_token_ids
+from agentgym.policies.base import (
+    Generation,
+    GenerationRequest,
+    Policy,
+    SamplingParams,
+    prompt_token_ids,
+    refuse_choices,
+)
 
 __all__ = ["OpenAIPolicy", "OpenAIServerError"]
 
@@ -592,6 +599,7 @@ class OpenAIPolicy(Policy):
         """Send every request concurrently; the first failure cancels the rest and is raised."""
         if not requests:
             return []
+        refuse_choices(self, requests)
         state = await self._state()
         model = await self._model_name(state)
         one = self._complete if self.mode == "completions" else self._chat

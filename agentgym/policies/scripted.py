@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agentgym.errors import AgentGymError
-from agentgym.policies.base import Generation, GenerationRequest, Policy
+from agentgym.policies.base import Generation, GenerationRequest, Policy, refuse_choices
 
 __all__ = ["ReferencePolicy", "ScriptedPolicy"]
 
@@ -58,6 +58,7 @@ class ScriptedPolicy(Policy):
         return self.replies[min(turn, len(self.replies) - 1)]
 
     async def act(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        refuse_choices(self, requests)
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         out = []
@@ -108,6 +109,7 @@ class ReferencePolicy(Policy):
             self._solvers.pop(episode_id, None)
 
     async def act(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        refuse_choices(self, requests)
         out = []
         for request in requests:
             solver = self._solvers.get(request.episode_id)

@@ -407,6 +407,10 @@ class VLLMPolicy(InProcessTokenPolicy):
         if llm is None:
             raise AgentGymError("This VLLMPolicy was closed; create a new one (VLLMPolicy(model_dir)).")
         rows, params = self.check_generate_inputs(prompts, sampling)
+        if any(p.choices for p in params):
+            raise ConfigError("VLLMPolicy cannot decode under SamplingParams.choices yet (vLLM's guided choice "
+                              "allows any tokenisation of a choice and reports unconstrained log-probs); use "
+                              "HFPolicy, or sample free text (no choices, constrain_actions off).")
         if not rows:
             return []
         seeds = row_seeds([p.seed for p in params])
