@@ -579,8 +579,9 @@ class RolloutEngine:
                     healthy = True
                     break
                 sampling = self._sampling_for(spec, index, len(turns))
-                if cfg.constrain_actions:
-                    sampling = dataclasses.replace(sampling, choices=action_choices_of(env))
+                if cfg.constrain_actions:  # an env call like any other: a Ray env answers from its actor
+                    choices = await self._call_env(executor, action_choices_of, env, inline=inline)
+                    sampling = dataclasses.replace(sampling, choices=choices)
                 tp = time.perf_counter()
                 generation = await batcher.submit(agent.request(sampling, episode_id), index)
                 timing["policy_s"] += time.perf_counter() - tp
