@@ -15,25 +15,20 @@ import torch  # noqa: E402
 
 import agentgym  # noqa: E402,F401
 from agentgym.errors import ConfigError  # noqa: E402
-from agentgym.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
 from agentgym.policies.base import SamplingParams  # noqa: E402
 from agentgym.policies.hf import HFPolicy  # noqa: E402
 from agentgym.policies.scripted import ScriptedPolicy  # noqa: E402
-from agentgym.quickstart import demonstration_texts  # noqa: E402
 from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine  # noqa: E402
 from agentgym.suite import load_suite  # noqa: E402
-from agentgym.trainers import make_trainer  # noqa: E402
 from agentgym.trainers.batch import build_batch  # noqa: E402
 from agentgym.trainers.config import config_from_dict  # noqa: E402
 from agentgym.trajectory import Trajectory, Turn  # noqa: E402
-
-SMALL = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128)
+from tests.tiny_models import build_maze_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def maze_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", texts=demonstration_texts("games-maze", 40),
-                            config=SMALL)
+    return build_maze_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
 def test_envs_list_their_finite_action_sets_and_open_ones_list_none() -> None:
@@ -94,29 +89,6 @@ def test_constrain_actions_refuses_what_cannot_honour_it(maze_model: Path, tmp_p
         config_from_dict({**base, "trainer": "archer"})
     with pytest.raises(ConfigError, match="generation_backend"):
         config_from_dict({**base, "trainer": "grpo", "generation_backend": "vllm", "device": "cuda"})
-
-
-@pytest.mark.parametrize("trainer_name", ["gigpo", "arpo"])
-def test_a_constrained_training_step_trains_only_the_choice_tokens(maze_model: Path, tmp_path: Path,
-                                                                   trainer_name: str) -> None:
-    values = dict(trainer=trainer_name, model=str(maze_model), suite="games-maze", eval_split="validation",
-                  output_dir=str(tmp_path), steps=1, tasks_per_step=2, group_size=4, eval_tasks=2, eval_every=0,
-                  checkpoint_every=0, system_prompt="", max_tokens_per_turn=10, max_context_tokens=700,
-                  tensorboard=False, micro_batch_size=4, seed=0, temperature=1.0, constrain_actions=True)
-    if trainer_name == "arpo":
-        values.update(initial_rollouts=2, branch_probability=1.0, entropy_weight=0.0)
-    trainer = make_trainer(config_from_dict(values))
-    trainer.model, trainer.tokenizer = trainer._load(trainer.config.model)
-    trainer.optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=trainer.config.learning_rate)
-    trainer.scheduler = trainer._schedule(trainer.optimizer)
-    trainer.policy = trainer._generation_policy(trainer.model_dir)
-    trainer._setup(None)
-    trajectories = trainer._sample(0)
-    turns = [turn for t in trajectories for turn in t.turns]
-    assert turns and all(turn.kind == "tool_call" and turn.action_forced is not None for turn in turns)
-    metrics = trainer._learn(0, trajectories)
-    assert metrics["train/tokens"] == sum(not f for turn in turns for f in turn.action_forced)
-    assert torch.isfinite(torch.tensor(metrics["train/loss"]))
 
 
 def test_policies_that_cannot_decode_under_choices_refuse_them() -> None:

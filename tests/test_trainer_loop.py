@@ -13,8 +13,6 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from agentgym.errors import ConfigError  # noqa: E402
-from agentgym.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
-from agentgym.quickstart import demonstration_texts  # noqa: E402
 from agentgym.trainers import algorithms as alg  # noqa: E402
 from agentgym.trainers import make_trainer  # noqa: E402
 from agentgym.trainers.arpo import ArpoConfig  # noqa: E402
@@ -24,14 +22,12 @@ from agentgym.trainers.grpo import GrpoTrainer  # noqa: E402
 from agentgym.trainers.loop import OnlineTrainer  # noqa: E402
 from agentgym.trainers.returns import episode_return, step_rewards  # noqa: E402
 from agentgym.trajectory import Trajectory, Turn  # noqa: E402
-
-SMALL = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128)
+from tests.tiny_models import build_maze_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def maze_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", texts=demonstration_texts("games-maze", 40),
-                            config=SMALL)
+    return build_maze_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
 def _maze(model: Path, out: Path, trainer: str = "gigpo", **overrides: object) -> dict[str, object]:
@@ -190,6 +186,22 @@ def test_arpo_hard_attribution_trains_with_packing(maze_model: Path, tmp_path: P
     assert all(turn.state_key is not None for t in trajectories for turn in t.turns)  # branches carry anchors too
     metrics = trainer._learn(0, trajectories)
     assert torch.isfinite(torch.tensor(metrics["train/loss"])) and metrics["train/tokens"] > 0
+
+
+@pytest.mark.parametrize("trainer_name", ["gigpo", "arpo"])
+def test_a_constrained_training_step_trains_only_the_choice_tokens(maze_model: Path, tmp_path: Path,
+                                                                   trainer_name: str) -> None:
+    """``constrain_actions``: every sampled turn is one of the env's moves, and the update trains exactly the tokens
+    where the policy chose among them (the ones the choice forced are out of the loss)."""
+    extra = dict(initial_rollouts=2, branch_probability=1.0, entropy_weight=0.0) if trainer_name == "arpo" else {}
+    trainer = _ready(make_trainer(config_from_dict(_maze(maze_model, tmp_path, trainer=trainer_name, temperature=1.0,
+                                                         constrain_actions=True, **extra))))
+    trajectories = trainer._sample(0)
+    turns = [turn for t in trajectories for turn in t.turns]
+    assert turns and all(turn.kind == "tool_call" and turn.action_forced is not None for turn in turns)
+    metrics = trainer._learn(0, trajectories)
+    assert metrics["train/tokens"] == sum(not f for turn in turns for f in turn.action_forced)
+    assert torch.isfinite(torch.tensor(metrics["train/loss"]))
 
 
 def test_grpo_and_gigpo_share_the_loop_end_to_end(maze_model: Path, tmp_path: Path) -> None:

@@ -13,6 +13,17 @@ import torch
 from agentgym.models.tiny import TinyModelConfig, build_tiny_model, load_tiny_model
 
 
+#: The small tiny-model shape the trainer tests use (fast on a CPU).
+SMALL = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128)
+
+
+def build_maze_tiny_model(path: Path) -> Path:
+    """An untrained :data:`SMALL` tiny model whose tokenizer was trained on ``games-maze`` demonstrations."""
+    from agentgym.quickstart import demonstration_texts
+
+    return build_tiny_model(path, texts=demonstration_texts("games-maze", 40), config=SMALL)
+
+
 def build_context_sensitive_tiny_model(path: Path, config: TinyModelConfig, *, std: float = 0.2) -> Path:
     """Build a tiny model at ``path`` and re-draw its matrices with a larger spread (seeded)."""
     path = build_tiny_model(path, config=config)
