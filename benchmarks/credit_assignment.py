@@ -188,6 +188,8 @@ def run_config(task: CreditTask, method: str, seed: int, model: Path, out: Path,
             config["loss_agg"] = args.loss_agg
         if args.constrain_actions:  # only when set: fingerprints of earlier free-text runs stay valid
             config["constrain_actions"] = True
+        if args.mask_over_turn:
+            config["mask_over_turn"] = True
     else:
         config.update(actor_steps=3, batch_size=16, actor_warmup_steps=1)
     if method == "archer":
@@ -390,6 +392,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--constrain-actions", action="store_true",
                    help="GRPO/GiGPO/ARPO decode every reply as one of the env's valid actions (training and "
                         "held-out evaluation alike) and leave the tokens a choice forces out of the loss")
+    p.add_argument("--mask-over-turn", action="store_true",
+                   help="GRPO/GiGPO/ARPO leave episodes cut by the turn or context limit out of the loss (Mini-o3 "
+                        "over-turn masking): their many tokens no longer push every frequent action down")
     p.add_argument("--eval-every", type=int, default=2, help="held-out evaluation every N steps (and before, after)")
     p.add_argument("--eval-tasks", type=int, default=64, help="held-out tasks per evaluation (greedy)")
     p.add_argument("--bc-target", type=float, default=0.25,
@@ -448,6 +453,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
     if not args.learning_rate > 0:
         p.error(f"--learning-rate must be > 0 (1e-4: the default), got {args.learning_rate}")
+    if args.mask_over_turn and not set(args.methods) <= set(GROUP_METHODS):
+        p.error(f"--mask-over-turn is an option of {', '.join(GROUP_METHODS)} only; drop it or pick --methods among those")
     if args.constrain_actions and not set(args.methods) <= set(GROUP_METHODS):
         p.error(f"--constrain-actions works with {', '.join(GROUP_METHODS)} only (ArCHer and filtered BC rebuild "
                 f"turns into their own transitions); drop it or pick --methods among those")
