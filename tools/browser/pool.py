@@ -305,8 +305,8 @@ class BrowserPool:
             await asyncio.wait_for(lease.page.evaluate("1"), timeout=self.config.action_timeout_s)
         except asyncio.TimeoutError:
             return False
-        except Exception:  # noqa: BLE001 - an error reply (e.g. a navigation under way) is still a reply
-            return not lease.broken and not lease.page.is_closed()
+        except Exception as exc:  # noqa: BLE001 - an error reply (e.g. a navigation under way) is still a reply
+            return not self._is_crash(lease, exc)
         return True
 
     def _crashed(self, lease: _Lease, exc: BaseException) -> BrowserCrashed:
