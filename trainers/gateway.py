@@ -51,6 +51,9 @@ class GatewayGrpoTrainer(GrpoTrainer):
     def __init__(self, config: GrpoConfig, agent: AgentProgram) -> None:
         if not callable(agent):
             raise ConfigError(f"agent must be a callable agent(base_url) that plays one session, got {agent!r}.")
+        if getattr(config, "constrain_actions", False):
+            raise ConfigError("constrain_actions does not apply to gateway training: the agent program writes its "
+                              "own requests (and its own action format); set constrain_actions: false.")
         super().__init__(config)
         self.agent = agent
         self.record_dir = Path(config.output_dir) / "sessions"
