@@ -431,8 +431,11 @@ def _check_action_choices(env_id: str, env_kwargs: Mapping[str, Any], seed: int)
     env = _make(env_id, env_kwargs)
     try:
         env.reset(seed=seed)
+        ask = getattr(env.unwrapped, "action_choices", None)
+        if ask is None:  # not an AgentEnv (a client of a remote env): it lists nothing, constrain_actions says so
+            return
         try:
-            choices = env.unwrapped.action_choices()
+            choices = ask()
         except Exception as exc:
             raise _fail(env_id, f"action_choices() raised {type(exc).__name__}: {exc}") from exc
         if choices is None:

@@ -681,6 +681,8 @@ class BrowserSession:
         async def run() -> T:
             lease.refused.clear()
             try:
+                if lease.guard is not None and not lease.guard.allows(lease.page.url):
+                    await self._restore(lease)  # a refused navigation's error page that committed after we looked
                 result = await action(lease)
                 if settle:
                     await self._settle(lease)
@@ -708,8 +710,9 @@ class BrowserSession:
                 raise
         refused = [url for url, navigation in lease.refused if navigation]
         if refused and lease.guard is not None:
-            # Chromium commits its "blocked" error page a moment after the abort; wait for it, then undo it.
-            for _ in range(15):
+            # Chromium commits its "blocked" error page a moment after the abort (longer on a loaded machine); wait
+            # for it, then undo it. One that commits later still is undone before the next action.
+            for _ in range(75):
                 if not lease.guard.allows(page.url):
                     break
                 await asyncio.sleep(0.02)
