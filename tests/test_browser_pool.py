@@ -248,6 +248,12 @@ def test_contexts_are_reused_and_cleaned_between_episodes(pool, site):
         assert other.evaluate("() => document.cookie") == ""
 
 
+def assert_next_episode_works(session, site) -> None:
+    """After a crash or hang, the session's next episode starts on a working page."""
+    session.start("/two", allowed_origins=[site.server.origin])
+    assert "Two" in session.snapshot().text
+
+
 # ---- crashes ------------------------------------------------------------------------------------------------
 @needs_browser
 def test_a_crashed_page_ends_only_its_own_session(site):
@@ -275,8 +281,7 @@ def test_a_crashed_page_ends_only_its_own_session(site):
                     crashed.snapshot()
                     time.sleep(0.05)
             assert "Home" in healthy.snapshot().text  # the other context is untouched
-            crashed.start("/two", allowed_origins=[site.server.origin])  # and the crashed one recovers
-            assert "Two" in crashed.snapshot().text
+            assert_next_episode_works(crashed, site)  # and the crashed one recovers
         finally:
             crashed.close()
             healthy.close()
@@ -302,8 +307,7 @@ def test_a_page_that_stops_answering_ends_its_episode_but_a_hidden_element_does_
         with pytest.raises(BrowserCrashed, match="stopped answering"):
             session.click(link)
         assert time.monotonic() - started < 20
-        session.start("/two", allowed_origins=[site.server.origin])  # a fresh context for the next episode
-        assert "Two" in session.snapshot().text
+        assert_next_episode_works(session, site)  # a fresh context for the next episode
 
 
 @needs_browser
@@ -320,8 +324,7 @@ def test_a_killed_browser_is_relaunched_for_the_next_episode(site):
             for _ in range(40):
                 session.snapshot()
                 time.sleep(0.05)
-        session.start("/two", allowed_origins=[site.server.origin])
-        assert "Two" in session.snapshot().text
+        assert_next_episode_works(session, site)
         assert own.stats["launches"] == 2 and own.browser_pid() not in (None, pid)
         session.close()
 
@@ -338,8 +341,7 @@ def test_a_hung_page_trips_the_watchdog(site):
         with pytest.raises(BrowserCrashed, match="did not answer"):
             session.evaluate("() => { const t = Date.now(); while (Date.now() - t < 20000) {} }")
         assert time.monotonic() - started < 12
-        session.start("/two", allowed_origins=[site.server.origin])  # a fresh context
-        assert "Two" in session.snapshot().text
+        assert_next_episode_works(session, site)  # a fresh context
 
 
 @needs_browser
