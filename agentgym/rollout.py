@@ -37,6 +37,7 @@ from typing import Any
 
 from agentgym.agent import ChatAgent
 from agentgym.errors import ConfigError
+from agentgym.gc_tuning import relaxed_gc
 from agentgym.images import ImageRef, observation_parts
 from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams
 from agentgym.storage import TrajectoryWriter
@@ -90,6 +91,11 @@ class RolloutConfig:
             void and the tokens the choice forces are left out of training (``Turn.action_forced``). Needs a
             policy that ``supports_choices`` (HFPolicy) and an env with a finite action set (BabyAI, Sokoban,
             Maze); an env without one ends its episodes with an error that says so.
+        gc_threshold: While a run is in progress, the garbage collector's youngest generation runs every
+            ``gc_threshold`` net allocations instead of CPython's 700 (:mod:`agentgym.gc_tuning`): each turn
+            allocates many short-lived objects next to many long-lived ones, and frequent collections walked
+            them all. The interpreter's thresholds come back when the run ends. ``None`` leaves the collector
+            alone.
     """
 
     max_in_flight: int = 64
@@ -106,8 +112,12 @@ class RolloutConfig:
     env_backend: str = "local"
     ray_actor_options: Mapping[str, Any] | None = None
     constrain_actions: bool = False
+    gc_threshold: int | None = 20_000
 
     def __post_init__(self) -> None:
+        if self.gc_threshold is not None and (type(self.gc_threshold) is not int or self.gc_threshold < 1):
+            raise ConfigError(f"gc_threshold must be a positive number of allocations (20000: the default) or None "
+                              f"(leave the garbage collector alone), got {self.gc_threshold!r}.")
         if not isinstance(self.constrain_actions, bool):
             raise ConfigError(f"constrain_actions must be true or false, got {self.constrain_actions!r}.")
         if self.constrain_actions and self.sampling.choices:
@@ -486,7 +496,11 @@ class RolloutEngine:
         on_trajectory: Callable[[Trajectory], None] | None = None,
     ) -> list[Trajectory]:
         """Async version of :meth:`run`."""
-        episodes = list(episodes)
+        with relaxed_gc(self.config.gc_threshold):
+            return await self._arun(list(episodes), writer=writer, on_trajectory=on_trajectory)
+
+    async def _arun(self, episodes: list[EpisodeSpec], *, writer: TrajectoryWriter | None,
+                    on_trajectory: Callable[[Trajectory], None] | None) -> list[Trajectory]:
         if self.config.constrain_actions and not getattr(self.policy, "supports_choices", False):
             raise ConfigError(f"constrain_actions needs a policy that decodes under SamplingParams.choices; "
                               f"{type(self.policy).__name__} does not (HFPolicy does). Turn constrain_actions off.")

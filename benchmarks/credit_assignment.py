@@ -137,7 +137,8 @@ def warm_start(task: CreditTask, workdir: Path, *, target: float, max_bc_steps: 
     if demos > len(suite.split("train")):
         raise ValueError(f"demos={demos}: suite {task.suite!r} has only {len(suite.split('train'))} training tasks")
     demonstrations = collect_demonstrations(suite, "train", demos, tokenizer, system_prompt="")
-    while steps < max_bc_steps:
+    info = cached
+    while steps < max_bc_steps or info is None:
         behaviour_clone(model, tokenizer, demonstrations, steps=chunk, learning_rate=1e-3, batch_size=batch_size,
                         seed=steps, device=device, progress=False)
         steps += chunk
@@ -145,16 +146,25 @@ def warm_start(task: CreditTask, workdir: Path, *, target: float, max_bc_steps: 
         curve.append((steps, success))
         log(f"  warm start {task.name}: {steps} BC steps -> train success {success:.3f} "
             f"({time.perf_counter() - started:.0f} s)")
+        # saved after every chunk, so an interrupted warm start resumes from its last check, not from scratch
+        info = _save_warm_start(model, tokenizer, out, {
+            "bc_steps": steps, "train_success_curve": curve, "target": target,
+            "seconds": earlier_s + time.perf_counter() - started, "demonstrations": len(demonstrations),
+            "batch_size": batch_size, "device": device})
         if success >= target:
             break
-    out.mkdir(parents=True, exist_ok=True)
-    model.to("cpu").save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    info = {"bc_steps": steps, "train_success_curve": curve, "target": target,
-            "seconds": earlier_s + time.perf_counter() - started, "demonstrations": len(demonstrations),
-            "batch_size": batch_size, "device": device}
-    info_path.write_text(json.dumps(info, indent=2))
     return out, info
+
+
+def _save_warm_start(model: Any, tokenizer: Any, out: Path, info: dict[str, Any]) -> dict[str, Any]:
+    """Write the checkpoint, then its record (the record last: a record on disk always names a whole checkpoint)."""
+    out.mkdir(parents=True, exist_ok=True)
+    device = next(model.parameters()).device
+    model.to("cpu").save_pretrained(out)
+    model.to(device)
+    tokenizer.save_pretrained(out)
+    (out / "warm_start.json").write_text(json.dumps(info, indent=2))
+    return info
 
 
 def _threads_per_run(jobs: int) -> int:
@@ -177,7 +187,7 @@ def run_config(task: CreditTask, method: str, seed: int, model: Path, out: Path,
         "group_size": args.group_size if grouped else 1,
         "learning_rate": args.learning_rate, "warmup_steps": args.warmup_steps, "eval_every": args.eval_every,
         "eval_tasks": args.eval_tasks, "checkpoint_every": args.eval_every, "seed": seed, "warmstart": "none",
-        "max_tokens_per_turn": task.max_tokens_per_turn, "max_context_tokens": task.max_context_tokens,
+        "max_tokens_per_turn": task.max_tokens_per_turn, "max_context_tokens": args.max_context_tokens or task.max_context_tokens,
         "system_prompt": "", "temperature": args.temperature, "progress": False, "tensorboard": False,
     }
     if args.device != "cpu":  # left out on a CPU: fingerprints of earlier CPU runs stay valid
@@ -395,6 +405,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mask-over-turn", action="store_true",
                    help="GRPO/GiGPO/ARPO leave episodes cut by the turn or context limit out of the loss (Mini-o3 "
                         "over-turn masking): their many tokens no longer push every frequent action down")
+    p.add_argument("--max-context-tokens", type=int, default=None,
+                   help="context cap of every RL run's episodes, training and held-out alike (default: the task's: "
+                        "1536 on babyai, about 15 turns); the warm start's checks keep the task's cap")
     p.add_argument("--eval-every", type=int, default=2, help="held-out evaluation every N steps (and before, after)")
     p.add_argument("--eval-tasks", type=int, default=64, help="held-out tasks per evaluation (greedy)")
     p.add_argument("--bc-target", type=float, default=0.25,
@@ -449,6 +462,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "training tasks; ask for at most that many")
     if args.device != "cpu" and not args.device.startswith("cuda"):
         p.error(f"--device must be cpu or cuda (cuda:N for one GPU of several), got {args.device!r}")
+    if args.max_context_tokens is not None and args.max_context_tokens < 256:
+        p.error(f"--max-context-tokens must be >= 256 (a prompt and a few turns), got {args.max_context_tokens}")
     if args.warmup_steps < 0:
         p.error(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
     if not args.learning_rate > 0:

@@ -217,3 +217,43 @@ def test_reference_episode_under_a_time_limit_is_a_truncation() -> None:
     assert trajectory.end_reason in ("max_turns", "solved", "answered")
     if len(trajectory.turns) == 1 and not trajectory.success:
         assert trajectory.end_reason == "max_turns"
+
+
+def test_a_run_relaxes_the_garbage_collector_and_gives_its_thresholds_back() -> None:
+    """The engine raises the youngest generation's threshold only while it runs; overlapping runs in two threads
+    restore the interpreter's own thresholds when the last one ends, and ``gc_threshold=None`` changes nothing."""
+    import gc
+
+    from agentgym.gc_tuning import relaxed_gc
+
+    before = gc.get_threshold()
+    seen: list[tuple[int, ...]] = []
+
+    class Peeking(ScriptedPolicy):
+        async def act(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+            seen.append(gc.get_threshold())
+            return await super().act(requests)
+
+    RolloutEngine(Peeking([STOP]), RolloutConfig(gc_threshold=50_000)).run([EpisodeSpec("agentgym-test/Echo-v0", seed=0)])
+    assert seen and seen[-1][0] == 50_000 and seen[-1][1:] == before[1:]
+    assert gc.get_threshold() == before
+    RolloutEngine(Peeking([STOP]), RolloutConfig(gc_threshold=None)).run([EpisodeSpec("agentgym-test/Echo-v0", seed=0)])
+    assert seen[-1] == before
+
+    inside, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with relaxed_gc(30_000):
+            inside.set()
+            release.wait(10)
+
+    other = threading.Thread(target=hold)
+    other.start()
+    assert inside.wait(10)
+    with relaxed_gc(40_000):  # overlaps the other thread's block, which ends first
+        release.set()
+        other.join(10)
+        assert gc.get_threshold()[0] == 30_000  # the first block's setting holds until the last block ends
+    assert gc.get_threshold() == before
+    with pytest.raises(ConfigError, match="gc_threshold"):
+        RolloutConfig(gc_threshold=0)
