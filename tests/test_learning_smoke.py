@@ -73,6 +73,7 @@ def test_device_and_demonstration_flags_are_checked_before_any_work(tmp_path: Pa
     bench = _benchmark()
     for flags, message in ((["--device", "tpu"], "--device must be cpu or cuda"),
                            (["--demos", "0"], "--demos must be >= 1"),
+                           (["--max-context-tokens", "100"], "--max-context-tokens must be >= 256"),
                            (["--tasks", "sokoban", "--demos", "501"], "has only 500 training tasks")):
         with pytest.raises(SystemExit) as exc:
             bench.parse_args(flags)
@@ -82,3 +83,33 @@ def test_device_and_demonstration_flags_are_checked_before_any_work(tmp_path: Pa
     task = bench.TASKS["babyai"]
     assert bench.run_config(task, "gigpo", 0, tmp_path, tmp_path / "out", cuda)["device"] == "cuda"
     assert "device" not in bench.run_config(task, "gigpo", 0, tmp_path, tmp_path / "out", cpu)
+    longer = bench.parse_args(["--tasks", "babyai", "--max-context-tokens", "2048"])
+    assert bench.run_config(task, "gigpo", 0, tmp_path, tmp_path / "out", longer)["max_context_tokens"] == 2048
+    assert bench.run_config(task, "gigpo", 0, tmp_path, tmp_path / "out", cpu)["max_context_tokens"] == task.max_context_tokens
+
+
+def test_an_interrupted_warm_start_resumes_from_its_last_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The warm start is saved after every chunk of BC (a GPU lease or a CI job can end mid-way): a run killed during
+    its second check leaves the first chunk's checkpoint and record, and the next run continues from there."""
+    import agentgym.trainers.bc as bc
+
+    bench = _benchmark()
+    cloned: list[int] = []
+    monkeypatch.setattr(bc, "behaviour_clone", lambda *args, steps, seed, **kwargs: cloned.append(seed))
+    checks = iter([0.1, KeyboardInterrupt, 0.2])
+
+    def check(*args: object, **kwargs: object) -> float:
+        value = next(checks)
+        if value is KeyboardInterrupt:
+            raise KeyboardInterrupt
+        return value  # type: ignore[return-value]
+
+    monkeypatch.setattr(bench, "greedy_success", check)
+    task = bench.TASKS["guess"]
+    with pytest.raises(KeyboardInterrupt):
+        bench.warm_start(task, tmp_path, target=0.9, max_bc_steps=20, chunk=10, demos=4, log=lambda *a: None)
+    saved = next(tmp_path.glob("warm-guess*"))
+    assert (saved / "config.json").is_file() and (saved / "warm_start.json").is_file()
+    out, info = bench.warm_start(task, tmp_path, target=0.9, max_bc_steps=20, chunk=10, demos=4, log=lambda *a: None)
+    assert cloned == [0, 10, 10] and info["bc_steps"] == 20  # the chunk from step 10 ran again; 0-10 did not
+    assert out == saved and [list(point) for point in info["train_success_curve"]] == [[10, 0.1], [20, 0.2]]
