@@ -48,6 +48,10 @@ def jsonable(value: Any) -> Any:
         return value
     if kind is dict:
         return {k if type(k) is str else str(k): v if type(v) in _PLAIN else jsonable(v) for k, v in value.items()}
+    if kind is list or kind is tuple:  # before the isinstance chain below: Mapping's ABC check is slow
+        return [v if type(v) in _PLAIN else jsonable(v) for v in value]
+    if kind is float:
+        return value if math.isfinite(value) else str(value)
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):

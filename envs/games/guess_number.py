@@ -7,6 +7,7 @@ it is a deliberately harder credit-assignment problem than the calculator for ti
 from __future__ import annotations
 
 import math
+import numbers
 import random
 import re
 from collections.abc import Sequence
@@ -29,6 +30,14 @@ def binary_search_guesses(low: int, high: int) -> int:
     return max(1, math.ceil(math.log2(high - low + 2)))
 
 
+def check_range(low: int, high: int) -> None:
+    """Fail fast on a range no secret fits in (the env checks it at construction, before any episode)."""
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in (low, high)):
+        raise TaskError(f"GuessNumber's low and high must be integers, got low={low!r}, high={high!r}.")
+    if low > high:
+        raise TaskError(f"GuessNumber needs low <= high, got low={low}, high={high}.")
+
+
 def generate_tasks(rng: random.Random, count: int, *, low: int = 1, high: int = 100) -> list[Task]:
     """Draw ``count`` distinct secrets from ``[low, high]``.
 
@@ -38,8 +47,7 @@ def generate_tasks(rng: random.Random, count: int, *, low: int = 1, high: int = 
         low: Smallest possible secret (shown to the agent).
         high: Largest possible secret (shown to the agent).
     """
-    if low > high:
-        raise TaskError(f"GuessNumber needs low <= high, got low={low}, high={high}.")
+    check_range(low, high)
     size = high - low + 1
     if count > size:
         raise TaskError(f"Asked for {count} distinct secrets but [{low}, {high}] holds only {size}; widen the range.")
@@ -103,7 +111,7 @@ class GuessNumberEnv(AgentEnv):
         render_mode: str | None = None,
     ) -> None:
         self._task_params: dict[str, Any] = {"low": low, "high": high}
-        generate_tasks(random.Random(0), 1, **self._task_params)  # fail fast on bad settings
+        check_range(low, high)  # fail fast on bad settings
         self._fixed_max_turns = max_turns
         self._low, self._high, self._secret = low, high, low
         self._known = (low, high)  # the interval still consistent with the feedback given so far
