@@ -364,3 +364,32 @@ def test_sessions_work_concurrently_from_threads(pool, site):
     for thread in threads:
         thread.join()
     assert not errors, errors
+
+
+@needs_browser
+def test_a_browser_that_stops_answering_outside_any_page_is_replaced(site, monkeypatch):
+    """A start whose context creation gets no answer for the whole watchdog (the browser process hangs, not a page)
+    kills that browser, so the same start's next try, and every later one, gets a new browser instead of hanging."""
+    import asyncio
+
+    from agentgym.tools.browser import BrowserPool
+
+    config = BrowserConfig(action_timeout_s=2.0, navigation_timeout_s=4.0, watchdog_s=6.0)
+    with BrowserPool(config) as own, own.session(viewport=(640, 480)) as session:
+        session.start("/", allowed_origins=[site.server.origin])
+        first = own.browser_pid()
+        real_acquire, hangs = own._acquire, []
+
+        async def hanging_once(key):  # the first fresh context never answers, as a frozen CDP connection would
+            if not hangs:
+                hangs.append(key)
+                await asyncio.sleep(3600)
+            return await real_acquire(key)
+
+        monkeypatch.setattr(own, "_acquire", hanging_once)
+        session._lease.broken = "test: the next start needs a fresh context"
+        started = time.monotonic()
+        session.start("/two", allowed_origins=[site.server.origin])  # try 1 hangs, the next gets a new browser
+        assert hangs and time.monotonic() - started < 30
+        assert "Two" in session.snapshot().text
+        assert own.browser_pid() not in (None, first)

@@ -39,6 +39,7 @@ import signal
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Self, TypeVar
@@ -173,6 +174,8 @@ class BrowserPool:
         self._browser: Any = None
         self._browser_lock: asyncio.Lock | None = None
         self._browser_pids: dict[int, int] = {}  # id(browser) -> pid of the Chromium process we launched
+        # browsers killed after a hang: until their disconnect arrives they still look connected and alive
+        self._killed: weakref.WeakSet[Any] = weakref.WeakSet()
         self._launching = 0  # launches in progress (the watchdog waits for them)
         self._idle: dict[Viewport, list[_Lease]] = {}
         self._leases: set[_Lease] = set()
@@ -259,10 +262,27 @@ class BrowserPool:
             reason = problem or f"the browser did not answer within {self.config.watchdog_s:g} s (hung)"
             if lease is not None:
                 lease.broken = lease.broken or reason
+            if lease is None and browser is not None and problem is None:
+                # No page is involved here (launch, new context, new page): the browser process itself stopped
+                # answering (seen once on a loaded CI host right after a relaunch). Kill it: kept, it would hang
+                # every later start of every env. A hang inside one page (a script that spins) only ends that
+                # page's episode: the lease is broken above, and other pages on the browser go on.
+                reason = self._kill_hung(browser, reason)
+                problem = reason
             if browser is not None and problem is not None:
                 self._drop_browser_leases(browser, reason)
             self.stats["crashes"] += 1
             raise BrowserCrashed(reason) from None
+
+    def _kill_hung(self, browser: Any, reason: str) -> str:
+        """Kill ``browser``'s process after a watchdog hang (its disconnect then makes the next start relaunch);
+        returns the reason its episodes end with."""
+        pid = self._browser_pids.get(id(browser))
+        if pid is None:  # not watched by pid (a launch race): its connection alone decides whether it is reused
+            return reason
+        self._killed.add(browser)
+        _kill_quietly(pid)
+        return f"{reason}; it was killed and the next episode gets a new browser"
 
     def _process_problem(self, browser: Any) -> str | None:
         """Why ``browser``'s processes cannot answer (gone, zombie, stopped), or None if they all run.
@@ -272,6 +292,8 @@ class BrowserPool:
         killed too but is not this call's problem by itself: its pages get Chromium's crash event, which
         ends exactly the episodes that used it (a renderer may serve another env's page).
         """
+        if browser in self._killed:
+            return "the browser process stopped answering and was killed"
         pid = self._browser_pids.get(id(browser))
         if pid is None:
             return None
@@ -423,13 +445,19 @@ class BrowserPool:
             browser = await self._ensure_playwright_and_launch()
         else:
             browser = await self._ensure_browser()
-        context = await browser.new_context(
-            viewport={"width": key[0], "height": key[1]}, device_scale_factor=1, accept_downloads=False,
-            service_workers="block",
-        )
-        context.set_default_timeout(self.config.action_timeout_s * 1000)
-        context.set_default_navigation_timeout(self.config.navigation_timeout_s * 1000)
-        page = await context.new_page()
+        try:
+            context = await browser.new_context(
+                viewport={"width": key[0], "height": key[1]}, device_scale_factor=1, accept_downloads=False,
+                service_workers="block",
+            )
+            context.set_default_timeout(self.config.action_timeout_s * 1000)
+            context.set_default_navigation_timeout(self.config.navigation_timeout_s * 1000)
+            page = await context.new_page()
+        except Exception as exc:  # the browser died under us: a crash the session retries, not a raw Playwright error
+            if not any(marker in str(exc) for marker in _CRASH_MARKERS):
+                raise
+            self._drop_browser_leases(browser, "the browser process died")
+            raise BrowserCrashed(f"the browser died while a page was being opened ({str(exc).splitlines()[0][:200]})") from exc
         lease = _Lease(key=key, context=context, page=page, browser=browser)
         self._leases.add(lease)
         await context.route("**/*", lambda route: self._route(lease, route))
@@ -603,7 +631,7 @@ class BrowserSession:
             raise ValueError(f"start url {url!r} is not inside the allowed origins {list(guard.origins)}.")
         cookie_list = [dict(c) for c in cookies]
         last_error: BrowserCrashed | None = None
-        for _attempt in range(2):
+        for _attempt in range(3):  # a dead browser, then a hung relaunch, still leave one clean try
             lease = self._lease
             try:
                 fresh = self.pool.isolation == "browser" or lease is None or lease.broken
