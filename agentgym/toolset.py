@@ -170,13 +170,17 @@ class Tool:
     description: str
     parameters: Mapping[str, Any]
     fn: Callable[..., Any]
+    #: The JSON Schema validator of ``parameters`` (built once per distinct schema, shared by bound copies).
+    validator: Any = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_\-]{0,63}", self.name):
             raise ToolError(
                 f"Tool name {self.name!r} is invalid: use 1-64 letters, digits, '_' or '-', starting with a letter."
             )
-        _validator_for(self.name, self.parameters)  # checks the schema once per distinct schema
+        # checked once per distinct schema; kept on the tool (and on each bound copy), so a ToolSet built per env
+        # instance does not serialise every schema again to find its validator
+        object.__setattr__(self, "validator", _validator_for(self.name, self.parameters))
 
     def __get__(self, obj: Any, objtype: Any = None) -> Tool:
         if obj is None or not callable(getattr(self.fn, "__get__", None)) or inspect.ismethod(self.fn):
@@ -268,7 +272,7 @@ class ToolSet:
             if t.name in self._tools:
                 raise ToolError(f"Two tools are named {t.name!r}; tool names must be unique in a ToolSet.")
             self._tools[t.name] = t
-        self._validators = {n: _validator_for(n, t.parameters) for n, t in self._tools.items()}
+        self._validators = {n: t.validator for n, t in self._tools.items()}
 
     def __contains__(self, name: object) -> bool:
         return name in self._tools
