@@ -243,7 +243,8 @@ def main() -> None:
     n1 = 64 if args.quick else 256
     print(f"Part 1: {n1} GuessNumber episodes, ScriptedPolicy (binary search)")
     for row in part1(n1, rounds=3 if args.quick else 7):
-        print("  " + " | ".join(f"{k}: {v:.1f}" if isinstance(v, float) else f"{k}: {v}" for k, v in row.items()))
+        print("  " + " | ".join(f"{k}: {v:.2f}" if k == "ratio" else f"{k}: {v:.1f}" if isinstance(v, float)
+                                else f"{k}: {v}" for k, v in row.items()))
     scale = 4 if args.quick else 1
     print("\nPart 2: three-turn episodes, lognormal tool latency, token-time server (own process) on 127.0.0.1")
     # Row 1: one wave, every episode in flight, so each lock-step turn waits for its slowest tool call and
