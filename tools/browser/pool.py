@@ -69,6 +69,14 @@ Viewport = tuple[int, int]
 #: Substrings of Playwright errors that mean the page, context or browser is gone (not a model mistake).
 _CRASH_MARKERS = ("Target crashed", "has been closed", "Browser closed", "Connection closed", "Target closed",
                   "browser has disconnected", "Page crashed")
+
+
+def _names_a_crash(exc: BaseException) -> bool:
+    """Whether a Playwright error says the page, context or browser is gone (not a model's mistake)."""
+    message = str(exc)
+    return any(marker in message for marker in _CRASH_MARKERS)
+
+
 MAX_REDIRECT_HOPS = 10
 #: How often a pending browser call checks that the pool's Chromium processes still run (first check after
 #: this long, so quick calls never pay for it).
@@ -309,12 +317,11 @@ class BrowserPool:
         return None
 
     def _is_crash(self, lease: _Lease, exc: BaseException) -> bool:
-        message = str(exc)
         if lease.broken:
             return True
         if not lease.browser.is_connected() or lease.page.is_closed():
             return True
-        return any(marker in message for marker in _CRASH_MARKERS)
+        return _names_a_crash(exc)
 
     async def _answers(self, lease: _Lease) -> bool:
         """Whether ``lease``'s page still runs a trivial script within the action timeout.
@@ -454,7 +461,7 @@ class BrowserPool:
             context.set_default_navigation_timeout(self.config.navigation_timeout_s * 1000)
             page = await context.new_page()
         except Exception as exc:  # the browser died under us: a crash the session retries, not a raw Playwright error
-            if not any(marker in str(exc) for marker in _CRASH_MARKERS):
+            if not _names_a_crash(exc):
                 raise
             self._drop_browser_leases(browser, "the browser process died")
             raise BrowserCrashed(f"the browser died while a page was being opened ({str(exc).splitlines()[0][:200]})") from exc
