@@ -181,7 +181,7 @@ def run_config(task: CreditTask, method: str, seed: int, model: Path, out: Path,
     per task (``group_size`` times more tasks) for ArCHer and filtered BC, so episodes per step are equal."""
     grouped = method in GROUP_METHODS
     config: dict[str, Any] = {
-        "trainer": method, "model": str(model), "suite": task.suite, "eval_split": task.eval_split,
+        "trainer": method, "model": str(model), "suite": task.suite, "eval_split": args.eval_split or task.eval_split,
         "output_dir": str(out), "steps": args.steps,
         "tasks_per_step": args.tasks_per_step if grouped else args.tasks_per_step * args.group_size,
         "group_size": args.group_size if grouped else 1,
@@ -337,7 +337,7 @@ def goals(results: list[dict[str, Any]], task: str) -> list[str]:
     return lines
 
 
-def plot(results: list[dict[str, Any]], tasks: list[str], out: Path, title: str) -> None:
+def plot(results: list[dict[str, Any]], tasks: list[str], out: Path, title: str, eval_split: str | None = None) -> None:
     """Held-out success vs training episodes, mean over seeds (seeds faint), one panel per task."""
     import matplotlib
 
@@ -358,7 +358,7 @@ def plot(results: list[dict[str, Any]], tasks: list[str], out: Path, title: str)
             xs = [x for x, _ in runs[0]["curve"]]
             mean = [statistics.mean(dict(r["curve"]).get(x, float("nan")) for r in runs) for x in xs]
             ax.plot(xs, mean, color=colors[method], marker="o", linewidth=2, label=f"{method} ({len(runs)} seeds)")
-        ax.set_title(f"{TASKS[task].suite} ({TASKS[task].eval_split})")
+        ax.set_title(f"{TASKS[task].suite} ({eval_split or TASKS[task].eval_split})")
         ax.set_xlabel("training episodes")
         ax.set_ylabel("held-out success (greedy)")
         ax.set_ylim(-0.02, 1.02)
@@ -410,6 +410,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "1536 on babyai, about 15 turns); the warm start's checks keep the task's cap")
     p.add_argument("--eval-every", type=int, default=2, help="held-out evaluation every N steps (and before, after)")
     p.add_argument("--eval-tasks", type=int, default=64, help="held-out tasks per evaluation (greedy)")
+    p.add_argument("--eval-split", default=None,
+                   help="the suite split RL runs are evaluated on (default: the task's, test on sokoban and babyai, "
+                        "validation on maze and guess); on sokoban, validation holds out 6x6 rooms of the training "
+                        "distribution, test bigger 7x7 rooms")
     p.add_argument("--bc-target", type=float, default=0.25,
                    help="stop the shared BC warm start once greedy success on 64 training tasks reaches this")
     p.add_argument("--max-bc-steps", type=int, default=400, help="most BC steps of the warm start")
@@ -460,6 +464,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             if args.demos > available:
                 p.error(f"--demos {args.demos}: suite {TASKS[name].suite!r} (--tasks {name}) has only {available} "
                         "training tasks; ask for at most that many")
+    if args.eval_split is not None:
+        from agentgym.suite import load_suite
+
+        for name in args.tasks:
+            splits = sorted(load_suite(TASKS[name].suite).splits)
+            if args.eval_split not in splits or args.eval_split == "train":
+                p.error(f"--eval-split {args.eval_split!r}: suite {TASKS[name].suite!r} (--tasks {name}) has the "
+                        f"held-out splits {[s for s in splits if s != 'train']}; pick one of those")
     if args.device != "cpu" and not args.device.startswith("cuda"):
         p.error(f"--device must be cpu or cuda (cuda:N for one GPU of several), got {args.device!r}")
     if args.max_context_tokens is not None and args.max_context_tokens < 256:
@@ -543,12 +555,12 @@ def main(argv: list[str] | None = None) -> int:
     episodes = args.steps * args.tasks_per_step * args.group_size
     title = (f"tiny model from a shared BC warm start, {episodes} training episodes per run, "
              f"{len(args.seeds)} seed(s), {args.eval_tasks} held-out tasks (greedy)")
-    plot(results, args.tasks, out, title)
+    plot(results, args.tasks, out, title, args.eval_split)
     wall = time.perf_counter() - t0
     report = {"args": vars(args), "warm_start": warm, "results": results, "failed": failed, "wall_s": wall}
     out.with_suffix(".json").write_text(json.dumps(report, indent=2))
     for name in args.tasks:
-        say(f"\n{TASKS[name].suite} ({TASKS[name].eval_split}, {args.eval_tasks} tasks); {title}\n"
+        say(f"\n{TASKS[name].suite} ({args.eval_split or TASKS[name].eval_split}, {args.eval_tasks} tasks); {title}\n"
             f"{table(results, name)}")
     say("")
     for name in args.tasks:

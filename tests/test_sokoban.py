@@ -51,6 +51,8 @@ def test_generated_puzzles_are_solvable_distinct_and_held_out() -> None:
         assert puzzle.solved()
     test = sokoban.generate_tasks(random.Random(0), 30, seeds="test")
     assert all(t.metadata["seed"] >= 2**30 > s.metadata["seed"] for t in test for s in train)
+    assert {sokoban.room_half(t.metadata["rows"]) for t in train} == {"train"}
+    assert {sokoban.room_half(t.metadata["rows"]) for t in test} == {"test"}
     with pytest.raises(TaskError, match="sides"):
         sokoban.generate_tasks(random.Random(0), 1, width=3)
     with pytest.raises(TaskError, match="boxes"):
@@ -109,6 +111,9 @@ def test_suite_validates_and_test_split_differs(split: str) -> None:
     assert report.ok and report.checked == 25, str(report)
     assert {t.metadata["width"] for t in suite.train}.isdisjoint({t.metadata["width"] for t in suite.test})
     assert {t.metadata["seed"] for t in suite.split("validation")}.isdisjoint(t.metadata["seed"] for t in suite.train)
+    train_rooms = {tuple(t.metadata["rows"]) for t in suite.train}
+    for held_out in ("validation", "test"):  # no held-out room is a training room, not even by chance
+        assert train_rooms.isdisjoint(tuple(t.metadata["rows"]) for t in suite.split(held_out))
     traj = run_reference_episode(suite.make_env(), suite.test[0], seed=0)
     assert traj.outcome["success"] and len({t.state_key for t in traj.turns}) == len(traj.turns)
 
