@@ -20,7 +20,7 @@ import importlib.util
 import json
 import random
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -202,13 +202,20 @@ class TaskSuite:
                             f"(one of {sorted(SOURCES)}).")
         generator = _import_callable(spec["generator"], where=str(path), base_dir=path.parent)
         splits: dict[str, tuple[Task, ...]] = {}
-        for offset, (split, split_spec) in enumerate(sorted(spec["splits"].items())):
+        seen_in_train: set[str] = set()
+        may_repeat = bool(spec.get("held_out_may_repeat_train", False))
+        # train first: every other split leaves out what the agent trains on
+        for split, split_spec in sorted(spec["splits"].items(), key=lambda item: (item[0] != "train", item[0])):
             split_spec = dict(split_spec or {})
             count = int(split_spec.pop("count", 0))
             if count <= 0:
                 raise TaskError(f"Suite {spec['name']!r} split {split!r} needs count > 0.")
             rng = random.Random(f"{spec['name']}/{spec['version']}/{seed}/{split}")
-            tasks = tuple(generator(rng, count, **split_spec))
+            excluded = set() if split == "train" or may_repeat else seen_in_train
+            tasks = _held_out_draw(generator, rng, count, split_spec, excluded,
+                                   where=f"suite {spec['name']!r} split {split!r}")
+            if split == "train":
+                seen_in_train = {_content_key(t) for t in tasks}
             splits[split] = tuple(
                 Task(id=f"{split}-{i:05d}", prompt=t.prompt, answer=t.answer, metadata=t.metadata)
                 for i, t in enumerate(tasks)
@@ -217,12 +224,47 @@ class TaskSuite:
                    description=spec.get("description", ""), splits=splits, env_kwargs=env_kwargs)
 
 
+def _content_key(task: Task) -> str:
+    """What the agent is given, as one string: two tasks with equal keys are the same task whatever their ids."""
+    return json.dumps([task.prompt, task.answer, task.metadata], sort_keys=True, default=str)
+
+
+def _held_out_draw(generator: Callable[..., Sequence[Task]], rng: random.Random, count: int,
+                   options: Mapping[str, Any], excluded: set[str], *, where: str) -> list[Task]:
+    """Up to ``count`` distinct tasks from ``generator``, none equal to a task in ``excluded`` (the training
+    split's keys, for a held-out split).
+
+    Generators draw each split independently, so a small task space repeats training tasks in a held-out split by
+    chance (7 of the 100 negotiation test games were training games); those are drawn again from the same
+    ``rng``, so a suite without repeats loads exactly as before. A generator that returns fewer tasks than asked
+    has no more (a finite source), and the split keeps what it has, as it always did.
+    """
+    tasks: list[Task] = []
+    keys: set[str] = set()
+    for _attempt in range(50):
+        wanted = count - len(tasks)
+        drawn = list(generator(rng, wanted, **options))
+        for task in drawn:
+            key = _content_key(task)
+            if key not in excluded and key not in keys:
+                keys.add(key)
+                tasks.append(task)
+        if len(tasks) >= count or len(drawn) < wanted:
+            break
+    if excluded and not tasks:
+        raise TaskError(f"{where}: every task it draws is also a training task, so it holds nothing out. Widen the "
+                        "generator's settings, or set 'held_out_may_repeat_train: true' in the suite file when the "
+                        "agent cannot tell tasks apart anyway (say why in a comment).")
+    return tasks[:count]
+
+
 # Task formats users bring, read by ``source:`` in a suite file (string entry points: the core imports none of them).
 SOURCES = {
     "swebench": "agentgym.tasks.swe.swebench:suite_source",
     "harbor": "agentgym.envs.swe.harbor:suite_source",
 }
-_SUITE_KEYS = {"name", "version", "env", "seed", "description", "env_kwargs", "entry_point", "source"}
+_SUITE_KEYS = {"name", "version", "env", "seed", "description", "env_kwargs", "entry_point", "source",
+               "held_out_may_repeat_train"}
 
 
 def _source_loader(source: Any, path: Path) -> Callable[[dict[str, Any], Path], Mapping[str, Any]]:

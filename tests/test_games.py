@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from agentgym.envs.games.maze import Maze, MazeEnv
 
 import agentgym
 from agentgym.errors import TaskError
-from agentgym.suite import Task, TaskSuite, load_suite
+from agentgym.suite import Task, TaskSuite, list_suites, load_suite
 
 GAME_SUITES = ["games-calc", "games-guess", "games-maze"]
 
@@ -246,6 +247,50 @@ def test_test_splits_differ_visibly_from_train() -> None:
     assert {t.prompt for t in guess.train}.isdisjoint({t.prompt for t in guess.test})
     mazes = load_suite("games-maze")
     assert {t.metadata["width"] for t in mazes.train}.isdisjoint({t.metadata["width"] for t in mazes.test})
+
+
+SMALL_SPACE_GENERATOR = """
+import random
+from agentgym.suite import Task
+
+def draw(rng: random.Random, count: int, space: int = 12) -> list[Task]:
+    return [Task(id=f"t{i}", prompt=f"task {rng.randrange(space)}") for i in range(count)]
+"""
+
+
+def _small_space_suite(tmp_path: Path, *, train: int, test: int, space: int, extra: str = "") -> Path:
+    """A suite file whose generator draws from ``space`` possible tasks, so its splits repeat each other by chance."""
+    (tmp_path / "small_space.py").write_text(SMALL_SPACE_GENERATOR)
+    path = tmp_path / f"small-{train}-{test}-{space}.yaml"
+    path.write_text(f"name: small\nversion: 1\nenv: agentgym/GuessNumber-v0\n{extra}generator: small_space:draw\n"
+                    f"splits:\n  train:\n    count: {train}\n    space: {space}\n"
+                    f"  test:\n    count: {test}\n    space: {space}\n")
+    return path
+
+
+def test_a_held_out_split_never_repeats_a_training_task(tmp_path: Path) -> None:
+    """Splits are drawn independently, so a small task space repeats training tasks by chance; the loader draws
+    those again. Every shipped suite holds its splits apart, except where its file says why it cannot."""
+    suite = TaskSuite.from_yaml(_small_space_suite(tmp_path, train=6, test=5, space=12))
+    assert len(suite.test) == 5 and not {t.prompt for t in suite.train} & {t.prompt for t in suite.test}
+    assert len({t.prompt for t in suite.test}) == 5  # and no task twice within a split
+    with pytest.raises(TaskError, match="held_out_may_repeat_train"):  # nothing left to hold out: say the fix
+        TaskSuite.from_yaml(_small_space_suite(tmp_path, train=40, test=2, space=3))
+    allowed = TaskSuite.from_yaml(_small_space_suite(tmp_path, train=40, test=2, space=3,
+                                                     extra="held_out_may_repeat_train: true\n"))
+    assert {t.prompt for t in allowed.test} <= {t.prompt for t in allowed.train}
+
+    def content(task: Task) -> str:
+        return json.dumps([task.prompt, task.answer, dict(task.metadata)], sort_keys=True, default=str)
+
+    for name in list_suites():
+        shipped = load_suite(name)
+        if "train" not in shipped.splits or name == "credit-guess":  # 100 secrets, one prompt: see its file
+            continue
+        seen = {content(t) for t in shipped.train}
+        for split, tasks in shipped.splits.items():
+            if split != "train":
+                assert not seen & {content(t) for t in tasks}, (name, split)
 
 
 def test_generators_are_deterministic() -> None:
