@@ -1,4 +1,5 @@
-"""Training-step throughput: right padding (the baseline) against sequence packing, side by side in one run.
+"""Training-step throughput: right padding in trajectory order (the baseline) against padding longest-first (what
+the trainer does) and sequence packing, side by side in one run.
 
 One GRPO-style update as ``GrpoTrainer._update`` does it (forward in float32, per-token log-probs,
 clipped policy loss with clip-higher, token-mean aggregation with the exact global token count,
@@ -16,8 +17,10 @@ old log-probs are synthetic (ratios near 1); they do not change the cost.
 
 Methods, same batch, same micro-batch token budget ``B x max_len``:
 
-* ``padded`` (baseline): ``build_batch`` + ``TrainingBatch.micro_batches(B)``, i.e. right padding to the
-  longest sequence of each micro-batch, exactly as the trainer does.
+* ``padded`` (baseline): ``build_batch`` + ``TrainingBatch.micro_batches(B)`` in trajectory order, i.e. right
+  padding to the longest sequence of each micro-batch, as the trainer did before it sorted rows.
+* ``sorted``: the same, rows ordered longest first (:func:`agentgym.trainers.grpo.longest_first`) so each
+  micro-batch holds sequences of like length, exactly as ``GrpoTrainer._update`` does now.
 * ``packed``: first-fit-decreasing packing into rows of ``max_len`` tokens
   (:func:`agentgym.trainers.packing.pack_sequences`), ``B`` rows per micro-batch, positions restarting at
   0 per sequence and a block-diagonal causal 4-D float mask. Packing time is inside the timed update.
@@ -54,10 +57,11 @@ import torch
 
 from agentgym.trainers import algorithms as alg
 from agentgym.trainers.batch import TrainingBatch, build_batch, sequence_logprobs
+from agentgym.trainers.grpo import longest_first
 from agentgym.trainers.packing import pack_sequences, packed_inputs, packed_sequence_logprobs, unpack_logprobs
 from agentgym.trajectory import TokenView
 
-METHODS = ("padded", "packed")
+METHODS = ("padded", "sorted", "packed")
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,9 @@ def make_model(name: str) -> tuple[Any, int]:
 
 
 class _SyntheticTrajectory:
-    """Just enough of a :class:`~agentgym.trajectory.Trajectory` for ``build_batch``: a token view."""
+    """Just enough of a :class:`~agentgym.trajectory.Trajectory` for ``build_batch``: a token view, no images."""
+
+    prompt_images: tuple[Any, ...] = ()
 
     def __init__(self, view: TokenView) -> None:
         self._view = view
@@ -181,8 +187,9 @@ def update(model: Any, optimizer: torch.optim.Optimizer, batch: TrainingBatch, s
     tokens, _ = alg.loss_denominators(batch.loss_mask)
     optimizer.zero_grad(set_to_none=True)
     total, positions = 0.0, 0
-    if method == "padded":
-        for mb in padded_micro_batches(batch, setup):
+    if method in ("padded", "sorted"):
+        ordered = batch.select(longest_first(batch, torch.arange(len(batch)))) if method == "sorted" else batch
+        for mb in padded_micro_batches(ordered, setup):
             logp = sequence_logprobs(model, mb.input_ids, mb.attention_mask)
             loss = _loss(logp, mb.old_logprobs, mb.advantages, mb.loss_mask, tokens)
             loss.backward()
@@ -345,7 +352,12 @@ def main() -> None:
               f"micro-batch {s.micro_batch} sequences (padded) or {s.micro_batch} rows of {s.max_len} tokens (packed)")
         print(f"    packed/padded: throughput {speed:.2f}x (wall), {cpu:.2f}x (CPU time); positions computed "
               f"{pack['positions'] / pad['positions']:.2f}x; peak RSS {memory:.2f}x ({extra:.2f}x over setup)")
-        print(f"    every timed update: padded {_fmt(pad['all_seconds'])}, packed {_fmt(pack['all_seconds'])}")
+        ordered = results[(name, "sorted")]
+        print(f"    sorted/padded (longest first, what the trainer does): throughput "
+              f"{pad['seconds'] / ordered['seconds']:.2f}x (wall), {pad['cpu_seconds'] / ordered['cpu_seconds']:.2f}x "
+              f"(CPU time); positions computed {ordered['positions'] / pad['positions']:.2f}x")
+        print(f"    every timed update: padded {_fmt(pad['all_seconds'])}, sorted {_fmt(ordered['all_seconds'])}, "
+              f"packed {_fmt(pack['all_seconds'])}")
         if speed < 1.0:
             print(f"    NOTE: packing is SLOWER here ({speed:.2f}x wall). Rows are always {s.max_len} wide and the "
                   "CPU attention kernels compute every block of the dense 4-D mask, so its saving on padding "

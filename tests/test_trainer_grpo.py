@@ -250,3 +250,35 @@ def test_success_scores_make_trying_worth_more_than_leaving_the_page(model_dir: 
     success = GrpoTrainer(small_config(model_dir, tmp_path, reward="success"))
     assert outcome._scores([wrong, idle, solved]).tolist() == pytest.approx([-1.0, 0.0, 1.0])
     assert success._scores([wrong, idle, solved]).tolist() == pytest.approx([0.0, 0.0, 1.0])
+
+
+def test_micro_batches_group_rows_of_like_length_and_give_every_row_its_own_values() -> None:
+    """The update scores rows longest first (far less padding per micro-batch) and hands each row's values back
+    in the batch's order: a row's log-probs are its own whatever micro-batch it lands in."""
+    import torch
+
+    from agentgym.trainers.batch import TrainingBatch
+    from agentgym.trainers.grpo import _no_grad_logprobs, longest_first
+
+    lengths = [3, 9, 1, 9, 5, 2, 7]
+    width = max(lengths)
+    ids = torch.zeros((len(lengths), width), dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    for row, length in enumerate(lengths):
+        ids[row, :length] = torch.arange(1, length + 1) + 100 * row
+        attention[row, :length] = 1
+    zeros = torch.zeros((len(lengths), width))
+    batch = TrainingBatch(ids, attention, zeros, zeros.clone(), zeros.clone())
+    assert longest_first(batch, torch.arange(len(lengths))).tolist() == [1, 3, 6, 4, 0, 5, 2]  # ties keep order
+    assert longest_first(batch, torch.tensor([0, 2, 4])).tolist() == [4, 0, 2]
+    seen_widths = []
+
+    def fake_logprobs(model: object, mb: TrainingBatch) -> torch.Tensor:
+        seen_widths.append(int(mb.input_ids.shape[1]))
+        return mb.input_ids.float()  # a value that names its row and position
+
+    out = _no_grad_logprobs(fake_logprobs, None, batch, micro_batch_size=3, width=width)
+    assert torch.equal(out, ids.float())
+    assert seen_widths == [9, 5, 1]  # [9, 9, 7], [5, 3, 2], [1]: trajectory order would pad to 9, 9, 7
+    assert _no_grad_logprobs(fake_logprobs, None, batch.select(torch.tensor([], dtype=torch.long)), 3, width).shape \
+        == (0, width)

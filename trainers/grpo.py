@@ -238,7 +238,8 @@ class GrpoTrainer(OnlineTrainer):
                 tokens, seqs = (float(v) for v in denominators[epoch, k])
                 agg = dict(mode=cfg.loss_agg, global_token_count=max(tokens, 1.0), global_seq_count=max(seqs, 1.0),
                            max_len_norm=cfg.max_context_tokens or width)
-                micro = list(batch.select(rows).micro_batches(cfg.micro_batch_size)) if len(rows) else []
+                micro = list(batch.select(longest_first(batch, rows)).micro_batches(cfg.micro_batch_size)) \
+                    if len(rows) else []
                 optimizer.zero_grad(set_to_none=True)
                 count = int(passes[epoch, k])
                 for j in range(count):
@@ -307,10 +308,27 @@ def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
     return torch.nn.functional.pad(t, (0, width - t.shape[1]))
 
 
+def longest_first(batch: TrainingBatch, rows: torch.Tensor) -> torch.Tensor:
+    """``rows`` ordered by sequence length, longest first, ties in their given order.
+
+    Why: a micro-batch is trimmed to its longest row, so rows of like length together pad far less than rows in
+    trajectory order (multi-turn lengths are long-tailed); each row's values do not depend on its neighbours, and
+    the loss uses global denominators, so only float rounding changes.
+    """
+    lengths = batch.attention_mask[rows].sum(dim=1)
+    return rows[torch.argsort(lengths, descending=True, stable=True)]
+
+
 def _no_grad_logprobs(forward: Any, model: Any, batch: TrainingBatch, micro_batch_size: int, width: int) -> torch.Tensor:
-    """``[N, width]`` log-probs of every row, micro-batch by micro-batch (``[0, width]`` for an empty batch)."""
-    pieces = [_pad_to(forward(model, mb).cpu(), width) for mb in batch.micro_batches(micro_batch_size)]
-    return torch.cat(pieces) if pieces else torch.zeros((0, width))
+    """``[N, width]`` log-probs of every row, micro-batch by micro-batch in :func:`longest_first` order (``[0, width]``
+    for an empty batch)."""
+    if len(batch) == 0:
+        return torch.zeros((0, width))
+    order = longest_first(batch, torch.arange(len(batch)))
+    pieces = [_pad_to(forward(model, mb).cpu(), width) for mb in batch.select(order).micro_batches(micro_batch_size)]
+    out = torch.empty((len(batch), width))
+    out[order] = torch.cat(pieces)
+    return out
 
 
 def _placeholder(pad_id: int) -> TrainingBatch:
