@@ -37,7 +37,29 @@ from agentgym.images import ImageRef, image_parts
 from agentgym.policies.base import Generation, GenerationRequest, SamplingParams
 from agentgym.trajectory import utf8_safe
 
-__all__ = ["ChatAgent"]
+__all__ = ["ChatAgent", "Message"]
+
+class Message(dict):  # type: ignore[type-arg]
+    """One message of an agent's conversation: a ``dict`` (JSON, chat templates and ``dict(m)`` take it as one) that
+    refuses changes.
+
+    Why: every turn's :class:`GenerationRequest` shares the conversation's messages instead of copying each of them
+    (a copy per message per turn was a measurable share of the engine's own cost), and a policy that edited one in
+    place would rewrite the episode's history; it now gets an error that says how to work on a copy.
+    """
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a conversation's messages are read-only (requests share them with the episode): copy one "
+                        "with dict(message) and change the copy")
+
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    update = pop = popitem = clear = setdefault = _refuse  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickle and deepcopy rebuild it whole (item by item would be refused)
+        return (Message, (dict(self),))
+
 
 _BRIDGE_USER = "\u2063bridge-user\u2063"
 _BRIDGE_ACTION = "\u2063bridge-action\u2063"
@@ -168,9 +190,9 @@ class ChatAgent:
         system = self.system_prompt if self.system_prompt is not None else instructions
         self.messages = []
         if system:
-            self.messages.append({"role": "system", "content": system})
+            self.messages.append(Message(role="system", content=system))
         self.observation_images = tuple(images)
-        self.messages.append({"role": "user", "content": self._content(observation, self.observation_images)})
+        self.messages.append(Message(role="user", content=self._content(observation, self.observation_images)))
         self.token_ids = []
         self._last_action_ids = ()
         self.template_forks = 0
@@ -187,11 +209,11 @@ class ChatAgent:
         if not self.messages:
             raise AgentGymError("ChatAgent.request() before start(): begin the episode first.")
         ids = tuple(self.token_ids) if self.tokenizer is not None else None
-        return GenerationRequest(tuple(dict(m) for m in self.messages), ids, sampling, episode_id)
+        return GenerationRequest(tuple(self.messages), ids, sampling, episode_id)  # shared: read-only Messages
 
     def record_action(self, generation: Generation) -> tuple[int, ...] | None:
         """Append the sampled action; returns the action ids that went into the sequence."""
-        self.messages.append({"role": "assistant", "content": generation.text})
+        self.messages.append(Message(role="assistant", content=generation.text))
         if self.tokenizer is None:
             return None
         ids = generation.token_ids
@@ -221,7 +243,7 @@ class ChatAgent:
         invalid UTF-8 byte run, a special token inside an action). The linear ids stay the training sequence.
         """
         self.observation_images = tuple(images)
-        message = {"role": self.observation_role, "content": self._content(observation, self.observation_images)}
+        message = Message(role=self.observation_role, content=self._content(observation, self.observation_images))
         self.messages.append(message)
         if self.tokenizer is None:
             return
@@ -251,7 +273,7 @@ class ChatAgent:
         other.tokenizer = self.tokenizer
         other.system_prompt = self.system_prompt
         other.observation_role = self.observation_role
-        other.messages = [dict(m) for m in self.messages]
+        other.messages = list(self.messages)  # read-only Messages: shared, never changed in place
         other.token_ids = list(self.token_ids)
         other.pending_prompt_ids = list(self.pending_prompt_ids)
         other._last_action_ids = self._last_action_ids

@@ -591,12 +591,16 @@ class RolloutEngine:
             self.policy.begin_episode(episode_id, env)
             agent = open_conversation(self.policy, cfg, info, observation)
             observation = _text_of(observation)
+            # decided once per episode, not per turn: without a tokenizer no context limit applies, and without a
+            # seed every turn samples with the config's own parameters
+            limited = cfg.max_context_tokens is not None and self.policy.tokenizer is not None
+            fixed_sampling = cfg.sampling if cfg.sampling.seed is None else None
             while True:
-                if context_limit_reached(agent, self.policy, cfg):
+                if limited and context_limit_reached(agent, self.policy, cfg):
                     outcome = context_limit_outcome()
                     healthy = True
                     break
-                sampling = self._sampling_for(spec, index, len(turns))
+                sampling = fixed_sampling or self._sampling_for(spec, index, len(turns))
                 if cfg.constrain_actions:  # an env call like any other: a Ray env answers from its actor
                     choices = await self._call_env(executor, action_choices_of, env, inline=inline)
                     sampling = dataclasses.replace(sampling, choices=choices)
@@ -790,8 +794,8 @@ async def apply_action(policy: Policy, agent: ChatAgent, env: Any, observation: 
     images = agent.observation_images
     action_ids = agent.record_action(generation)
     started = time.perf_counter()
-    state_key, (next_obs, reward, terminated, truncated, info) = await call_env(
-        executor, timeout_s, keyed_step, env, generation.text, inline=inline)
+    state_key, (next_obs, reward, terminated, truncated, info) = keyed_step(env, generation.text) if inline else \
+        await call_env(executor, timeout_s, keyed_step, env, generation.text)
     env_s = time.perf_counter() - started
     turn = make_turn(observation, generation, reward, info, prompt_ids, action_ids, state_key, images)
     next_text, next_images = observation_parts(next_obs)

@@ -38,7 +38,7 @@ def utf8_safe(text: str) -> str:
     return text
 
 
-_PLAIN = (str, int, bool, type(None))
+_PLAIN = frozenset((str, int, bool, type(None)))
 
 
 def jsonable(value: Any) -> Any:
@@ -46,10 +46,11 @@ def jsonable(value: Any) -> Any:
     kind = type(value)
     if kind in _PLAIN:  # the common case first: every turn's info goes through here
         return value
-    if kind is dict:
-        return {k if type(k) is str else str(k): v if type(v) in _PLAIN else jsonable(v) for k, v in value.items()}
+    if kind is dict:  # empty ones are common (a turn's errors, rewards, arguments): no comprehension for them
+        return {k if type(k) is str else str(k): v if type(v) in _PLAIN else jsonable(v)
+                for k, v in value.items()} if value else {}
     if kind is list or kind is tuple:  # before the isinstance chain below: Mapping's ABC check is slow
-        return [v if type(v) in _PLAIN else jsonable(v) for v in value]
+        return [v if type(v) in _PLAIN else jsonable(v) for v in value] if value else []
     if kind is float:
         return value if math.isfinite(value) else str(value)
     if value is None or isinstance(value, (bool, int, str)):

@@ -257,3 +257,35 @@ def test_a_run_relaxes_the_garbage_collector_and_gives_its_thresholds_back() -> 
     assert gc.get_threshold() == before
     with pytest.raises(ConfigError, match="gc_threshold"):
         RolloutConfig(gc_threshold=0)
+
+
+def test_a_request_shares_the_conversation_and_no_policy_can_rewrite_it() -> None:
+    """Requests share the agent's messages instead of copying them every turn; the messages refuse changes, so a
+    policy that edits one in place gets an error that says to copy it, and the episode's history stays as sampled."""
+    import copy
+    import json
+    import pickle
+
+    from agentgym.agent import ChatAgent, Message
+    from agentgym.policies import SamplingParams
+
+    agent = ChatAgent()
+    agent.start("Guess the number.", "Pick one in 1-10.")
+    agent.record_action(Generation(text="guess(5)"))
+    agent.add_observation("Higher.")
+    request = agent.request(SamplingParams())
+    assert [m["role"] for m in request.messages] == ["system", "user", "assistant", "user"]
+    assert request.messages[-1] is agent.messages[-1]  # shared, not copied
+    for edit in (lambda m: m.__setitem__("content", "Lower."), lambda m: m.update(content="Lower."),
+                 lambda m: m.pop("content"), lambda m: m.clear(), lambda m: m.setdefault("name", "x")):
+        with pytest.raises(TypeError, match=r"dict\(message\)"):
+            edit(request.messages[-1])
+    mine = dict(request.messages[-1])
+    mine["content"] = "Lower."  # a copy is an ordinary dict
+    assert agent.messages[-1]["content"] == "Higher." and json.loads(json.dumps(request.messages))[-1] == {
+        "role": "user", "content": "Higher."}
+    for clone in (pickle.loads(pickle.dumps(agent.messages)), copy.deepcopy(agent.messages)):
+        assert clone == agent.messages and all(type(m) is Message for m in clone)
+    fork = agent.fork()
+    fork.record_action(Generation(text="guess(8)"))
+    assert len(fork.messages) == 5 and len(agent.messages) == 4  # forks go on separately
