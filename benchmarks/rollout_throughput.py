@@ -7,7 +7,8 @@ per-call latency standing in for a model forward pass.
 Part 2 - pipelining under real-world variance: 3-turn episodes whose tool calls take lognormal time,
 with the policy behind an OpenAI-compatible server on 127.0.0.1 whose latency is proportional to the
 tokens it returns and whose batch capacity is bounded. The engine against a synchronous batch loop
-(every episode generates, then every episode steps, turn by turn), same seeds. Target: >= 2x. Each row also
+(every episode generates, then every episode steps, turn by turn), same seeds. Goals: >= 0.7x a plain loop with a
+free policy (part 1), >= 2.5x with every episode in flight (part 2, first row), >= 2x in waves (second row). Each row also
 prints the least wall time any scheduler could reach on the same episodes (no episode ends before its own chain
 of generations and tool calls, and the server decodes at most ``capacity`` requests at once), so the engine's
 ratio reads against the best ratio possible, measured rather than argued.
@@ -245,17 +246,20 @@ def main() -> None:
     for row in part1(n1, rounds=3 if args.quick else 7):
         print("  " + " | ".join(f"{k}: {v:.2f}" if k == "ratio" else f"{k}: {v:.1f}" if isinstance(v, float)
                                 else f"{k}: {v}" for k, v in row.items()))
+        if row["policy latency"] == "0 ms/call":
+            print(f"  engine overhead: {row['ratio']:.2f}x a plain loop ({'meets' if row['ratio'] >= 0.7 else 'MISSES'} "
+                  "the 0.7x goal on this run)")
     scale = 4 if args.quick else 1
     print("\nPart 2: three-turn episodes, lognormal tool latency, token-time server (own process) on 127.0.0.1")
     # Row 1: one wave, every episode in flight, so each lock-step turn waits for its slowest tool call and
     # the engine can never beat the slowest episode's own chain. Row 2: a training-sized batch with a
     # bounded number in flight, where the engine keeps the server busy while tools run.
-    for n, in_flight in ((128 // scale, 128 // scale), (512 // scale, 128 // scale)):
+    for (n, in_flight), goal in zip(((128 // scale, 128 // scale), (512 // scale, 128 // scale)), (2.5, 2.0)):
         row = part2(n, in_flight, capacity=64 // scale, per_token_s=0.002, median_s=0.2, sigma=1.0)
         print("  " + " | ".join(f"{k}: {v:.2f}" if isinstance(v, float) else f"{k}: {v}" for k, v in row.items()))
-        verdict = "meets" if row["ratio"] >= 2.0 else "MISSES"
+        verdict = "meets" if row["ratio"] >= goal else "MISSES"
         print(f"  {n} episodes, {in_flight} in flight: engine vs synchronous batch loop {row['ratio']:.2f}x "
-              f"({verdict} the 2x target); no scheduler can beat {row['best possible ratio']:.2f}x here, "
+              f"({verdict} the {goal:g}x goal); no scheduler can beat {row['best possible ratio']:.2f}x here, "
               f"the engine reaches {row['engine share of bound']:.0%} of that bound")
 
 
