@@ -231,8 +231,8 @@ def _content_key(task: Task) -> str:
 
 def _held_out_draw(generator: Callable[..., Sequence[Task]], rng: random.Random, count: int,
                    options: Mapping[str, Any], excluded: set[str], *, where: str) -> list[Task]:
-    """Up to ``count`` distinct tasks from ``generator``, none equal to a task in ``excluded`` (the training
-    split's keys, for a held-out split).
+    """``count`` tasks from ``generator``, none equal to a task in ``excluded`` (the training split's keys, for a
+    held-out split; empty for the training split, which is the generator's draw as it is).
 
     Generators draw each split independently, so a small task space repeats training tasks in a held-out split by
     chance (7 of the 100 negotiation test games were training games); those are drawn again from the same
@@ -240,21 +240,17 @@ def _held_out_draw(generator: Callable[..., Sequence[Task]], rng: random.Random,
     has no more (a finite source), and the split keeps what it has, as it always did.
     """
     tasks: list[Task] = []
-    keys: set[str] = set()
     for _attempt in range(50):
         wanted = count - len(tasks)
         drawn = list(generator(rng, wanted, **options))
-        for task in drawn:
-            key = _content_key(task)
-            if key not in excluded and key not in keys:
-                keys.add(key)
-                tasks.append(task)
+        tasks += [task for task in drawn if not excluded or _content_key(task) not in excluded]
         if len(tasks) >= count or len(drawn) < wanted:
             break
     if excluded and not tasks:
-        raise TaskError(f"{where}: every task it draws is also a training task, so it holds nothing out. Widen the "
-                        "generator's settings, or set 'held_out_may_repeat_train: true' in the suite file when the "
-                        "agent cannot tell tasks apart anyway (say why in a comment).")
+        raise TaskError(f"{where}: every task it draws is also a training task, so it holds nothing out. Draw it "
+                        "from tasks the training split cannot contain (a split option of the generator), or set "
+                        "'held_out_may_repeat_train: true' in the suite file when the agent cannot tell tasks apart "
+                        "anyway (say why in a comment).")
     return tasks[:count]
 
 

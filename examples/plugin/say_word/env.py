@@ -4,13 +4,15 @@ import random
 
 from agentgym import AgentEnv, Task, ToolSet, tool
 
-WORDS = ["apple", "river", "stone", "cloud", "tiger", "maple", "piano", "lemon", "ocean", "zebra"]
+# Held out means never trained on: the test split draws from words the training split cannot contain.
+WORDS = {"train": ["apple", "river", "stone", "cloud", "tiger", "maple", "piano", "lemon"], "test": ["ocean", "zebra"]}
 
 
-def make_tasks(rng: random.Random, count: int) -> list[Task]:
-    """The task sampler: ``count`` tasks drawn from ``rng`` (a suite file calls it once per split)."""
-    words = [rng.choice(WORDS) for _ in range(count)]
-    return [Task(id=f"say-{i}", prompt=f"Say the word {w}.", answer=w) for i, w in enumerate(words)]
+def make_tasks(rng: random.Random, count: int, words: str = "train") -> list[Task]:
+    """The task sampler: ``count`` tasks drawn from ``rng`` out of the ``words`` list (a suite file calls it once
+    per split, with that split's options)."""
+    drawn = [rng.choice(WORDS[words]) for _ in range(count)]
+    return [Task(id=f"say-{i}", prompt=f"Say the word {w}.", answer=w) for i, w in enumerate(drawn)]
 
 
 class SayWordEnv(AgentEnv):
