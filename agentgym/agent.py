@@ -39,6 +39,7 @@ from agentgym.trajectory import utf8_safe
 
 __all__ = ["ChatAgent", "Message"]
 
+
 class Message(dict):  # type: ignore[type-arg]
     """One message of an agent's conversation: a ``dict`` (JSON, chat templates and ``dict(m)`` take it as one) that
     refuses changes.

@@ -600,7 +600,7 @@ class RolloutEngine:
                     outcome = context_limit_outcome()
                     healthy = True
                     break
-                sampling = fixed_sampling or self._sampling_for(spec, index, len(turns))
+                sampling = fixed_sampling if fixed_sampling is not None else self._sampling_for(spec, index, len(turns))
                 if cfg.constrain_actions:  # an env call like any other: a Ray env answers from its actor
                     choices = await self._call_env(executor, action_choices_of, env, inline=inline)
                     sampling = dataclasses.replace(sampling, choices=choices)
