@@ -72,7 +72,8 @@ class GenerationRequest:
     Attributes:
         messages: OpenAI-style chat messages so far (system, user, assistant, ...); for a policy that
             ``accepts_images``, an image observation's content is parts: ``[{"type": "text", "text": ...},
-            {"type": "image", "image": ImageRef}]``.
+            {"type": "image", "image": ImageRef}]``. Read-only: they are the episode's own messages, shared rather
+            than copied per turn, so changing one raises ``TypeError``; work on ``dict(message)`` instead.
         prompt_token_ids: The exact prompt tokens, when the agent tokenised it (token-level policies use
             these and never re-tokenise the messages).
         sampling: Sampling parameters.
