@@ -53,7 +53,11 @@ from pathlib import Path
 from typing import Any
 
 METHODS = ("grpo", "gigpo", "arpo", "archer", "filtered_bc")
-GROUP_METHODS = ("grpo", "gigpo", "arpo")
+# a control, not a method (never in the default --methods): GRPO whose advantages are dealt out at random among
+# the batch's trajectories, so an update has GRPO's size and noise and no information about what worked. A method
+# that ends no better than its control has learned nothing one can measure
+CONTROLS = ("grpo_shuffled",)
+GROUP_METHODS = ("grpo", "gigpo", "arpo", "grpo_shuffled")
 
 
 @dataclass(frozen=True)
@@ -181,7 +185,7 @@ def run_config(task: CreditTask, method: str, seed: int, model: Path, out: Path,
     per task (``group_size`` times more tasks) for ArCHer and filtered BC, so episodes per step are equal."""
     grouped = method in GROUP_METHODS
     config: dict[str, Any] = {
-        "trainer": method, "model": str(model), "suite": task.suite, "eval_split": args.eval_split or task.eval_split,
+        "trainer": "grpo" if method in CONTROLS else method, "model": str(model), "suite": task.suite, "eval_split": args.eval_split or task.eval_split,
         "output_dir": str(out), "steps": args.steps,
         "tasks_per_step": args.tasks_per_step if grouped else args.tasks_per_step * args.group_size,
         "group_size": args.group_size if grouped else 1,
@@ -198,6 +202,8 @@ def run_config(task: CreditTask, method: str, seed: int, model: Path, out: Path,
             config["loss_agg"] = args.loss_agg
         if args.constrain_actions:  # only when set: fingerprints of earlier free-text runs stay valid
             config["constrain_actions"] = True
+    if args.env_kwargs:  # only when set, likewise
+        config["env_kwargs"] = args.env_kwargs
         if args.mask_over_turn:
             config["mask_over_turn"] = True
         if args.packing:
@@ -236,12 +242,32 @@ def run_one(task_name: str, method: str, seed: int, model: str, args: argparse.N
         out.mkdir(parents=True, exist_ok=True)
         marker.write_text(json.dumps({"fingerprint": fingerprint, "config": config}))
         started = time.perf_counter()
-        make_trainer(config_from_dict(config)).train()  # resumes from a checkpoint left by an interrupted run
+        trainer = make_trainer(config_from_dict(config))
+        if method == "grpo_shuffled":
+            shuffle_advantages(trainer, seed)
+        trainer.train()  # resumes from a checkpoint left by an interrupted run
         seconds, reused = time.perf_counter() - started, False
         marker.write_text(json.dumps({"fingerprint": fingerprint, "config": config, "seconds": seconds}))
     return {"task": task.name, "method": method, "seed": seed, "seconds": seconds, "reused": reused,
             "episodes_per_step": config["tasks_per_step"] * config["group_size"], **read_metrics(out / "metrics.jsonl",
                                                                                                config)}
+
+
+def shuffle_advantages(trainer: Any, seed: int) -> None:
+    """Make ``trainer`` (GRPO) the shuffled-advantage control: every step, each trajectory trains with the advantage
+    of another trajectory of the batch (a random permutation). The values, their spread and the update's size are
+    GRPO's; their relation to what each trajectory did is gone. (An interrupted control resumes with a fresh
+    permutation stream, so unlike a method it is not bit-identical to an uninterrupted run.)"""
+    import torch
+
+    real = trainer._token_advantages
+    generator = torch.Generator().manual_seed(seed)
+
+    def shuffled(*args: Any) -> tuple[Any, dict[str, float]]:
+        rows, estimate = real(*args)  # GRPO: one trajectory's advantage on every token of its row
+        return rows[torch.randperm(rows.shape[0], generator=generator)].clone(), estimate
+
+    trainer._token_advantages = shuffled
 
 
 def read_metrics(path: Path, config: dict[str, Any]) -> dict[str, Any]:
@@ -282,9 +308,9 @@ def _fmt(value: float | None, spec: str = ".3f") -> str:
 
 
 def finals_by_method(results: list[dict[str, Any]], task: str) -> dict[str, list[float]]:
-    """Final held-out success per seed, by method, in METHODS order."""
+    """Final held-out success per seed, by method, in METHODS order (controls last)."""
     out: dict[str, list[float]] = {}
-    for method in METHODS:
+    for method in METHODS + CONTROLS:
         runs = sorted((r for r in results if r["task"] == task and r["method"] == method), key=lambda r: r["seed"])
         if runs:
             out[method] = [r["curve"][-1][1] for r in runs]
@@ -347,10 +373,10 @@ def plot(results: list[dict[str, Any]], tasks: list[str], out: Path, title: str,
     import matplotlib.pyplot as plt
 
     colors = {"grpo": "tab:green", "gigpo": "tab:red", "arpo": "tab:purple", "archer": "tab:blue",
-              "filtered_bc": "tab:orange"}
+              "filtered_bc": "tab:orange", "grpo_shuffled": "tab:gray"}
     fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4), squeeze=False)
     for ax, task in zip(axes[0], tasks):
-        for method in METHODS:
+        for method in METHODS + CONTROLS:
             runs = [r for r in results if r["task"] == task and r["method"] == method]
             if not runs:
                 continue
@@ -385,7 +411,10 @@ def _names(text: str, allowed: tuple[str, ...], flag: str, parser: argparse.Argu
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help="comma-separated subset of " + ",".join(TASKS))
-    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help="comma-separated subset of " + ",".join(METHODS) + ", or the control grpo_shuffled (GRPO "
+                        "with each trajectory's advantage given to another one of the batch: a method that ends "
+                        "no better than it learned nothing measurable)")
     p.add_argument("--seeds", default="3", help="a count (3: seeds 0,1,2) or a comma-separated list (0,2)")
     p.add_argument("--steps", type=int, default=8, help="training steps per run")
     p.add_argument("--tasks-per-step", type=int, default=4,
@@ -407,6 +436,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mask-over-turn", action="store_true",
                    help="GRPO/GiGPO/ARPO leave episodes cut by the turn or context limit out of the loss (Mini-o3 "
                         "over-turn masking): their many tokens no longer push every frequent action down")
+    p.add_argument("--env-kwargs", default=None,
+                   help="a JSON object of keyword arguments for every env of the RL runs, training and held-out "
+                        "alike (the warm start keeps the suite's), e.g. '{\"reward\": \"gym-sokoban\"}' trains Sokoban on "
+                        "gym-sokoban's shaped reward (held-out success is still a solved room)")
     p.add_argument("--packing", action="store_true",
                    help="GRPO/GiGPO/ARPO pack trajectories into full rows for the update instead of padding each "
                         "(the same loss; about 3x faster for the tiny model on a CPU, see benchmarks/train_step.py)")
@@ -443,7 +476,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.out is None:  # a Sokoban-only run does not overwrite the maze/guess figures
         alone = args.tasks[0] if len(args.tasks) == 1 and args.tasks[0] in ("sokoban", "babyai") else None
         args.out = f"runs/credit_assignment_{alone}.png" if alone else "runs/credit_assignment.png"
-    args.methods = _names(args.methods, METHODS, "--methods", p)
+    args.methods = _names(args.methods, METHODS + CONTROLS, "--methods", p)
+    if args.env_kwargs is not None:
+        try:
+            args.env_kwargs = json.loads(args.env_kwargs)
+        except json.JSONDecodeError as exc:
+            p.error(f"--env-kwargs must be a JSON object such as '{{\"reward\": \"gym-sokoban\"}}': {exc}")
+        if not isinstance(args.env_kwargs, dict):
+            p.error(f"--env-kwargs must be a JSON object (name: value), got {args.env_kwargs!r}")
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:

@@ -124,3 +124,48 @@ def test_whole_suite_validates() -> None:
     for split in ("train", "test", "validation"):
         report = suite.validate(split=split)
         assert report.ok, str(report)
+
+
+def test_gym_sokoban_reward_pays_moves_boxes_and_the_solve_and_cannot_be_farmed() -> None:
+    """``reward="gym-sokoban"``: -0.1 a move (bumps included), +1 / -1 for a box onto / off a target, +10 solved;
+    the step rewards sum to the return, solved or cut, and no reply is cheaper than a move."""
+    two_boxes = Task("two", "Push the 2 boxes.", None, {"rows": ["########",
+                                                                  "#______#",
+                                                                  "#@$.___#",
+                                                                  "#___$._#",
+                                                                  "#______#",
+                                                                  "########"]})
+    env = gym.make("agentgym/Sokoban-v0", reward="gym-sokoban", max_turns=8)
+    env.reset(options={"task": two_boxes})
+    forked = env.unwrapped.fork()
+    paid = []
+    # a bump, an unreadable reply, a box onto its target and off again, the walk round it (two moves in one reply
+    # pay twice), and the box pushed back on
+    for action in ('move("left")', "no idea", 'move("right")', 'move("right")', 'move("up")',
+                   'move("right") move("right")', 'move("down")', 'move("left")'):
+        _, reward, term, trunc, info = env.step(action)
+        paid.append(round(reward, 6))
+    assert paid == [-0.1, -0.1, 0.9, -1.1, -0.1, -0.2, -0.1, 0.9]
+    assert info["turn"]["rewards"] == pytest.approx({"step": -0.1, "box_on_target": 1.0})
+    # on, off and on again earns one box's +1 less the moves: a cut episode keeps exactly what it earned
+    assert trunc and not term
+    assert info["outcome"] == {"success": False, "score": pytest.approx(sum(paid)), "end_reason": "max_turns"}
+    assert forked._earned == 0.0 and forked.state_key() != env.unwrapped.state_key()  # the fork did not move
+
+    one_box = Task("one", "Push the box.", None, {"rows": ROOM})
+    solved = gym.make("agentgym/Sokoban-v0", reward="gym-sokoban")
+    obs, _ = solved.reset(options={"task": one_box})
+    solver, total, done = solved.unwrapped.reference_solver(), 0.0, False
+    while not done:
+        obs, reward, term, trunc, info = solved.step(solver(obs))
+        total, done = total + reward, term or trunc
+    assert info["outcome"] == {"success": True, "score": pytest.approx(10 + 1 - 0.2), "end_reason": "solved"}
+    assert total == pytest.approx(info["outcome"]["score"])
+
+    plain = gym.make("agentgym/Sokoban-v0")  # the default pays only the solve
+    plain.reset(options={"task": one_box})
+    assert [plain.step(a)[1] for a in ('move("up")', 'move("right")', 'move("right")')] == [0.0, 0.0, 1.0]
+    with pytest.raises(TaskError, match="reward must be one of"):
+        gym.make("agentgym/Sokoban-v0", reward="dense")
+    for e in (env, solved, plain):
+        e.close()

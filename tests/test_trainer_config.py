@@ -131,3 +131,24 @@ def test_every_trainer_checks_suites_and_model_before_any_rollout(cls: type, tmp
         cls(model=str(tmp_path / "missing"), suite="games-calc").check_model_dir()
     train, held_out = cls(model=str(model_dir), suite="code-train", eval_suite="code-test").load_suites()
     assert (train.name, held_out.name) == ("code-train", "code-test")
+
+
+def test_env_kwargs_reach_every_env_of_the_run_and_bad_ones_fail_at_start(model_dir: Path) -> None:
+    """``env_kwargs`` lays keyword arguments over the suite's for training and held-out envs alike; a name the env
+    does not take, or a value its constructor refuses, fails before any rollout with the field's name."""
+    config = GrpoConfig(model=str(model_dir), suite="sokoban", eval_split="validation",
+                        env_kwargs={"reward": "gym-sokoban"})
+    train, held_out = config.load_suites()
+    assert train.env_kwargs["reward"] == held_out.env_kwargs["reward"] == "gym-sokoban"
+    env = train.make_env()
+    assert env.unwrapped.reward_scheme == "gym-sokoban"
+    env.close()
+    assert GrpoConfig(model=str(model_dir), suite="sokoban", eval_split="validation").load_suites()[0].env_kwargs == {}
+    with pytest.raises(ConfigError, match="env_kwargs: agentgym/Sokoban-v0 takes no argument 'rewards'; it takes .*reward"):
+        GrpoConfig(model=str(model_dir), suite="sokoban", eval_split="validation",
+                   env_kwargs={"rewards": "gym-sokoban"}).load_suites()
+    with pytest.raises(ConfigError, match="env_kwargs: agentgym/Sokoban-v0 rejects them: reward must be one of"):
+        GrpoTrainer(GrpoConfig(model=str(model_dir), suite="sokoban", eval_split="validation",
+                               env_kwargs={"reward": "dense"}))
+    with pytest.raises(ConfigError, match="env_kwargs: expected Mapping"):
+        GrpoConfig(model=str(model_dir), suite="sokoban", env_kwargs=["reward"])  # type: ignore[arg-type]

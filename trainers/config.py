@@ -7,10 +7,12 @@ and every message names the field and the fix. ``from_yaml`` rejects unknown key
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import inspect
 import types
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args, get_origin
 
@@ -78,6 +80,10 @@ class TrainerConfig:
     """Suite holding the held-out split (``None``: ``suite``), e.g. code-test for a code-train run."""
     eval_split: str = "test"
     """Held-out split used for evaluation (must differ from the training split unless eval_suite is set)."""
+    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword arguments for every env of the run (training, evaluation, BC demonstrations), on top of the suite's
+    own ``env_kwargs``: e.g. ``{reward: gym-sokoban}`` trains Sokoban on gym-sokoban's shaped reward. Names the
+    env does not take are rejected before any rollout."""
     max_grad_norm: float = 1.0
     """Gradient-norm clip (0 disables clipping)."""
     temperature: float = 1.0
@@ -277,11 +283,39 @@ class TrainerConfig:
     def load_suites(self) -> tuple[TaskSuite, TaskSuite]:
         """The training suite and the suite holding the held-out split, each checked: it loads, its env is
         registered, and it has the split this config names."""
-        train = self._load_suite(self.suite, "suite", self.train_split, "train_split")
+        train = self._with_env_kwargs(self._load_suite(self.suite, "suite", self.train_split, "train_split"))
         if self.eval_suite in (None, self.suite):
             self._check_split(train, "suite", self.eval_split, "eval_split")
             return train, train
-        return train, self._load_suite(self.eval_suite, "eval_suite", self.eval_split, "eval_split")
+        return train, self._with_env_kwargs(self._load_suite(self.eval_suite, "eval_suite", self.eval_split, "eval_split"))
+
+    def _with_env_kwargs(self, suite: TaskSuite) -> TaskSuite:
+        """``suite`` with ``env_kwargs`` laid over its own, after checking its env takes every name."""
+        if not self.env_kwargs:
+            return suite
+        import gymnasium as gym
+
+        for key in self.env_kwargs:
+            if not isinstance(key, str):
+                raise self._fail("env_kwargs", f"keys must be argument names (str), got {key!r}.")
+        entry = gym.registry[suite.env_id].entry_point
+        if isinstance(entry, str):
+            module, _, name = entry.partition(":")
+            entry = getattr(importlib.import_module(module), name)
+        parameters = inspect.signature(entry).parameters
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            unknown = sorted(set(self.env_kwargs) - set(parameters))
+            if unknown:
+                takes = sorted(n for n, p in parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY)
+                raise self._fail("env_kwargs", f"{suite.env_id} takes no argument {', '.join(map(repr, unknown))}; "
+                                               f"it takes {', '.join(takes)}.")
+        merged = dataclasses.replace(suite, env_kwargs={**dict(suite.env_kwargs), **dict(self.env_kwargs)})
+        if getattr(entry, "cheap_steps", False):  # an in-process env: make one now, so a bad value fails here
+            try:
+                merged.make_env().close()
+            except Exception as exc:  # noqa: BLE001 - any constructor error is the config's
+                raise self._fail("env_kwargs", f"{suite.env_id} rejects them: {exc}") from None
+        return merged
 
     def check_model_dir(self, field_name: str = "model") -> Path:
         """The local directory of the model named by ``field_name`` (a directory, or a Hub id in the local

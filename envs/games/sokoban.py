@@ -6,6 +6,12 @@ game *backwards* (the player pulls boxes) from that solved state. Every pull is 
 so the result is solvable by construction; a breadth-first solver over (player, boxes) states then proves
 it and gives the shortest solution, and any puzzle it cannot solve within its state budget is rejected.
 A task's metadata carries the puzzle's rows, so a task file is readable and every episode reproducible.
+
+Two rewards: ``reward="solved"`` (the default) pays 1 for a solved room and nothing else; ``reward="gym-sokoban"``
+pays gym-sokoban's shaped reward, the one RAGEN and GiGPO train and report on: -0.1 per move (a bump into a wall
+included), +1 for each box pushed onto a target, -1 for each pushed off one, +10 when the room is solved. A turn
+that moves nothing (no parseable move) pays the step penalty too, so an unreadable reply never costs less than a
+move. Under it the return is the sum of those rewards, solved or not; success is still "solved".
 """
 
 from __future__ import annotations
@@ -37,6 +43,9 @@ LEGEND = (f"{WALL} wall, {FLOOR} floor, {TARGET} target, {BOX} box, {BOX_ON_TARG
           f"{PLAYER} you, {PLAYER_ON_TARGET} you on a target")
 MIN_SIDE, MAX_SIDE = 5, 12
 SEED_SPLITS = {"train": (0, 2**30), "test": (2**30, 2**31)}
+#: gym-sokoban's reward (``reward="gym-sokoban"``): per move, per box onto / off a target, for the solved room.
+STEP_PENALTY, BOX_ON_TARGET_REWARD, BOX_OFF_TARGET_PENALTY, SOLVED_BONUS = -0.1, 1.0, -1.0, 10.0
+REWARDS = ("solved", "gym-sokoban")
 
 
 def room_half(rows: Sequence[str]) -> Literal["train", "test"]:
@@ -98,6 +107,10 @@ class Puzzle:
 
     def solved(self) -> bool:
         return set(self.boxes) == self.targets
+
+    def on_targets(self) -> int:
+        """How many boxes stand on a target."""
+        return sum(b in self.targets for b in self.boxes)
 
     def push(self, direction: str) -> tuple[Puzzle, bool] | None:
         """The position after moving ``direction`` and whether a box was pushed; ``None`` if blocked."""
@@ -278,6 +291,8 @@ class SokobanEnv(AgentEnv):
         max_action_chars: See :class:`~agentgym.env.AgentEnv`.
         max_calls_per_turn: See :class:`~agentgym.env.AgentEnv`. Several moves in one reply all run.
         render_mode: ``"ansi"`` or ``None``.
+        reward: ``"solved"`` (1 for a solved room, the default) or ``"gym-sokoban"`` (the shaped reward RAGEN and
+            GiGPO use; see the module docstring). Success means a solved room under both.
     """
 
     description: ClassVar[str] = "Push every box onto a target in a text-grid Sokoban room with move(direction)."
@@ -296,7 +311,14 @@ class SokobanEnv(AgentEnv):
         max_action_chars: int = 20_000,
         max_calls_per_turn: int = 4,
         render_mode: str | None = None,
+        reward: Literal["solved", "gym-sokoban"] = "solved",
     ) -> None:
+        if reward not in REWARDS:
+            raise TaskError(f"reward must be one of {list(REWARDS)}, got {reward!r}: 'solved' pays 1 for a solved "
+                            "room, 'gym-sokoban' pays gym-sokoban's shaped reward.")
+        self.reward_scheme = reward
+        self._earned = 0.0  # gym-sokoban: the reward paid so far this episode
+        self._moved_this_turn = False
         self._task_params: dict[str, Any] = {"width": width, "height": height,
                                              "boxes": boxes if isinstance(boxes, int) else list(boxes)}
         generate_tasks(random.Random(0), 1, **self._task_params)  # fail fast on bad settings
@@ -317,17 +339,48 @@ class SokobanEnv(AgentEnv):
         """
         if self._puzzle is None:  # only reachable by calling the tool outside an episode
             return ToolResult.error("Error: no puzzle is loaded; call reset() first.")
-        result = self._puzzle.push(direction)
+        before = self._puzzle
+        result = before.push(direction)
+        self._pay_shaped("step", STEP_PENALTY)
+        self._moved_this_turn = True
         if result is None:
             return f"Something blocks {direction}; you did not move.\n{self._view()}"
         self._puzzle, pushed = result
         self._moves += 1
+        placed = self._puzzle.on_targets() - before.on_targets()
+        if placed:
+            self._pay_shaped("box_on_target" if placed > 0 else "box_off_target",
+                             placed * (BOX_ON_TARGET_REWARD if placed > 0 else -BOX_OFF_TARGET_PENALTY))
         if self._puzzle.solved():
-            self.add_reward("success", 1.0)
-            self.finish(success=True, reason="solved")
+            if self.reward_scheme == "solved":
+                self.add_reward("success", 1.0)
+                self.finish(success=True, reason="solved")
+            else:
+                self._pay_shaped("solved", SOLVED_BONUS)
+                self.finish(success=True, score=self._earned, reason="solved")
             return f"You pushed a box {direction}: every box is on a target, solved in {self._moves} moves!\n" \
                    f"{self._view()}"
         return f"You {'pushed a box' if pushed else 'moved'} {direction}.\n{self._view()}"
+
+    def _pay_shaped(self, name: str, value: float) -> None:
+        """Pay one gym-sokoban reward component now (nothing under ``reward="solved"``)."""
+        if self.reward_scheme == "gym-sokoban":
+            self.add_reward(name, value)
+            self._earned += value
+
+    def _run_action(self, action: Any, turn_info: dict[str, Any]) -> tuple[str, str]:
+        """A turn that moved nothing (void, invalid or refused) pays the step penalty under gym-sokoban too."""
+        self._moved_this_turn = False
+        observation, kind = super()._run_action(action, turn_info)
+        if not self._moved_this_turn and not self._finished:
+            self._pay_shaped("step", STEP_PENALTY)
+        return observation, kind
+
+    def _pay_outcome(self) -> None:
+        """Under gym-sokoban an unsolved episode keeps the (shaped) reward it earned: that sum is its return."""
+        if self.reward_scheme == "gym-sokoban" and not self._finished:
+            self._score = self._earned
+        super()._pay_outcome()
 
     def state_key(self) -> str:
         """Player and box cells: the room is fixed per task, so they are the whole state (a bump into a wall or
@@ -341,8 +394,8 @@ class SokobanEnv(AgentEnv):
     def _view(self) -> str:
         if self._puzzle is None:
             return ""
-        on = sum(b in self._puzzle.targets for b in self._puzzle.boxes)
-        return "\n".join(self._puzzle.rows()) + f"\nBoxes on targets: {on}/{len(self._puzzle.boxes)}."
+        return "\n".join(self._puzzle.rows()) + \
+            f"\nBoxes on targets: {self._puzzle.on_targets()}/{len(self._puzzle.boxes)}."
 
     def _build_tools(self) -> ToolSet:
         return ToolSet([self.move])
@@ -364,7 +417,7 @@ class SokobanEnv(AgentEnv):
             raise TaskError(f"Sokoban task {task.id!r}: {exc}") from None
         if puzzle.solved():
             raise TaskError(f"Sokoban task {task.id!r} starts solved; put at least one box off its target.")
-        self._puzzle, self._moves, self._plan = puzzle, 0, []
+        self._puzzle, self._moves, self._plan, self._earned = puzzle, 0, [], 0.0
         if self._fixed_max_turns is None:
             optimal = task.metadata.get("optimal_moves")
             if optimal is None:
