@@ -202,14 +202,14 @@ def run_config(task: CreditTask, method: str, seed: int, model: Path, out: Path,
             config["loss_agg"] = args.loss_agg
         if args.constrain_actions:  # only when set: fingerprints of earlier free-text runs stay valid
             config["constrain_actions"] = True
-    if args.env_kwargs:  # only when set, likewise
-        config["env_kwargs"] = args.env_kwargs
         if args.mask_over_turn:
             config["mask_over_turn"] = True
         if args.packing:
             config["packing"] = True
     else:
         config.update(actor_steps=3, batch_size=16, actor_warmup_steps=1)
+    if args.env_kwargs:  # only when set, likewise
+        config["env_kwargs"] = args.env_kwargs
     if method == "archer":
         config.update(critic_steps=10, critic_max_tokens=256)
     return config

@@ -134,6 +134,8 @@ def test_the_shuffled_control_and_env_kwargs_flags(tmp_path: Path, capsys: pytes
     task = bench.TASKS["sokoban"]
     control = bench.run_config(task, "grpo_shuffled", 0, tmp_path, tmp_path / "control", args)
     assert control["trainer"] == "grpo" and control["env_kwargs"] == {"reward": "gym-sokoban"}
+    assert control["micro_batch_size"] == 16 and "actor_steps" not in control  # still configured as a group method
+    assert bench.run_config(task, "archer", 0, tmp_path, tmp_path / "a", args)["actor_steps"] == 3
     assert "env_kwargs" not in bench.run_config(task, "grpo", 0, tmp_path, tmp_path / "out", bench.parse_args(["--tasks", "sokoban"]))
     assert "grpo_shuffled" not in bench.parse_args([]).methods  # a control, never run by default
     for flags, message in ((["--env-kwargs", "[1]"], "must be a JSON object"), (["--env-kwargs", "{x"], "JSON object such as"),
