@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from agentgym.envs.games._common import sample_one
+from agentgym.envs.games._common import check_settings, sample_one
 
 from agentgym.env import AgentEnv, ReferenceSolver
 from agentgym.errors import DependencyNotInstalled, TaskError
@@ -187,7 +187,7 @@ class BabyAIEnv(AgentEnv):
         render_mode: str | None = None,
     ) -> None:
         self._task_params: dict[str, Any] = {"levels": [levels] if isinstance(levels, str) else list(levels)}
-        generate_tasks(random.Random(0), 1, **self._task_params)  # fail fast on bad settings
+        check_settings(generate_tasks, self._task_params)  # fail fast on bad settings
         self._fixed_max_turns = max_turns
         self._levels: dict[str, Any] = {}
         self._world: Any = None

@@ -11,7 +11,7 @@ import numpy as np
 from agentgym.parsers import CompositeParser, FunctionCallParser, HermesParser
 from agentgym.suite import Task
 
-__all__ = ["games_parser", "python_rng", "sample_one"]
+__all__ = ["check_settings", "games_parser", "python_rng", "sample_one"]
 
 
 def games_parser(tool_names: Sequence[str], raw_argument_tools: dict[str, str] | None = None) -> CompositeParser:
@@ -31,3 +31,20 @@ def python_rng(np_rng: np.random.Generator) -> random.Random:
 def sample_one(generator: Callable[..., list[Task]], np_rng: np.random.Generator, params: dict[str, Any]) -> Task:
     """Draw a single task from a suite generator with the env's RNG."""
     return generator(python_rng(np_rng), 1, **params)[0]
+
+
+_CHECKED_SETTINGS: set[tuple[Callable[..., list[Task]], str]] = set()
+
+
+def check_settings(generator: Callable[..., list[Task]], params: dict[str, Any]) -> None:
+    """Fail fast on bad generator settings by drawing one task from them, once per settings and process.
+
+    Why once: an env is built per episode (a training step builds hundreds), and drawing a task is not free (a
+    Sokoban puzzle is generated and proven by a solver: about 16 ms, a second per 64 envs). Settings that
+    failed are checked again, so every bad construction raises.
+    """
+    key = (generator, repr(sorted(params.items())))
+    if key in _CHECKED_SETTINGS:
+        return
+    generator(random.Random(0), 1, **params)
+    _CHECKED_SETTINGS.add(key)

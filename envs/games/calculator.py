@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
-from agentgym.envs.games._common import games_parser, sample_one
+from agentgym.envs.games._common import check_settings, games_parser, sample_one
 from agentgym.envs.games.grading import expected_answer, grade_answer
 
 from agentgym.env import AgentEnv, ReferenceSolver
@@ -234,7 +234,7 @@ class CalculatorEnv(AgentEnv):
         render_mode: str | None = None,
     ) -> None:
         self._task_params: dict[str, Any] = {"min_operand": min_operand, "max_operand": max_operand, "ops": tuple(ops)}
-        generate_tasks(random.Random(0), 1, **self._task_params)  # fail fast on bad settings
+        check_settings(generate_tasks, self._task_params)  # fail fast on bad settings
         self._expected = 0
         self._question = ""
         self._computed: set[int] = set()  # values calc has shown this episode (what the agent can know)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from agentgym.envs.games._common import games_parser, sample_one
+from agentgym.envs.games._common import check_settings, games_parser, sample_one
 
 from agentgym.env import AgentEnv, ReferenceSolver
 from agentgym.errors import TaskError
@@ -177,7 +177,7 @@ class MazeEnv(AgentEnv):
         render_mode: str | None = None,
     ) -> None:
         self._task_params: dict[str, Any] = {"width": width, "height": height}
-        generate_tasks(random.Random(0), 1, **self._task_params)  # fail fast on bad settings
+        check_settings(generate_tasks, self._task_params)  # fail fast on bad settings
         self._fixed_max_turns = max_turns
         self._maze: Maze | None = None
         self._pos: Cell = (0, 0)

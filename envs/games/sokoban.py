@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from agentgym.envs.games._common import games_parser, sample_one
+from agentgym.envs.games._common import check_settings, games_parser, sample_one
 
 from agentgym.env import AgentEnv, ReferenceSolver
 from agentgym.errors import TaskError
@@ -321,7 +321,7 @@ class SokobanEnv(AgentEnv):
         self._moved_this_turn = False
         self._task_params: dict[str, Any] = {"width": width, "height": height,
                                              "boxes": boxes if isinstance(boxes, int) else list(boxes)}
-        generate_tasks(random.Random(0), 1, **self._task_params)  # fail fast on bad settings
+        check_settings(generate_tasks, self._task_params)  # fail fast on bad settings
         self._fixed_max_turns = max_turns
         self._puzzle: Puzzle | None = None
         self._moves = 0
