@@ -491,7 +491,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if "," not in args.seeds:
         seeds = list(range(seeds[0])) if seeds else []
     if not seeds or min(seeds) < 0:
-        p.error(f"--seeds must name at least one seed >= 0, got {args.seeds!r}")
+        hint = " (a lone number is a count of seeds: to run seed 0 alone write --seeds 1 or --seeds 0,)" \
+            if args.seeds.strip() == "0" else ""
+        p.error(f"--seeds must name at least one seed >= 0, got {args.seeds!r}{hint}")
     args.seeds = seeds
     if args.quick:
         args.seeds, args.steps, args.tasks_per_step, args.group_size = [0], 2, 2, 4

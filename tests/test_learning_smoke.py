@@ -139,7 +139,8 @@ def test_the_shuffled_control_and_env_kwargs_flags(tmp_path: Path, capsys: pytes
     assert "env_kwargs" not in bench.run_config(task, "grpo", 0, tmp_path, tmp_path / "out", bench.parse_args(["--tasks", "sokoban"]))
     assert "grpo_shuffled" not in bench.parse_args([]).methods  # a control, never run by default
     for flags, message in ((["--env-kwargs", "[1]"], "must be a JSON object"), (["--env-kwargs", "{x"], "JSON object such as"),
-                           (["--methods", "grpo_shufled"], "unknown ['grpo_shufled']")):
+                           (["--methods", "grpo_shufled"], "unknown ['grpo_shufled']"),
+                           (["--seeds", "0"], "to run seed 0 alone write --seeds 1 or --seeds 0,")):
         with pytest.raises(SystemExit):
             bench.parse_args(flags)
         assert message in capsys.readouterr().err, flags
