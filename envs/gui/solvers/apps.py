@@ -30,7 +30,9 @@ _EMAIL = r"""
     if (txt(email.querySelector('.email-sender')) !== by) return [click(byId('close-email'))];
     const target = {delete: '.email-actions .trash', important: '.email-actions .star', reply: '.email-reply',
                     forward: '.email-forward'}[task];
-    return [click(email.querySelector(target)), wait(50)];
+    const button = email.querySelector(target);
+    if (button && !pointOf(button)) return [];  // the pane is still sliding in or out: plan again once it settles
+    return [click(button), wait(50)];
   }
   const thread = $$('#main .email-thread').find((t) => txt(t.querySelector('.email-sender')) === by);
   if (!thread) fail('no email by ' + by);
