@@ -41,6 +41,7 @@ import logging
 import os
 import random
 import re
+import ssl
 import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -277,6 +278,7 @@ class OpenAIPolicy(Policy):
         # continues as soon as *its* reply arrives instead of waiting for a whole batch.
         self.max_batch_size = 1
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
+        self._tls: ssl.SSLContext | None = None  # built on first use, shared by every client (see _state)
         # Chat mode with a tokenizer: how many replies had their prompt checked against the server's
         # rendering, how many differed (their ids are not trainable) and how many could not be checked.
         self.stats: dict[str, int] = {"prompt_checked": 0, "prompt_mismatches": 0, "prompt_unverified": 0}
@@ -306,8 +308,14 @@ class OpenAIPolicy(Policy):
                 del self._loops[dead]
             n_clients = -(-self.max_concurrency // _CONNECTIONS_PER_CLIENT)
             per_client = -(-self.max_concurrency // n_clients)
+            if self._tls is None:
+                # httpx builds (and loads the CA bundle into) a new SSL context for every client unless given
+                # one: 40 ms each, 0.6 s for the 16 clients of 128 requests in flight (measured), paid
+                # before the first request of every run. One context serves every client and loop.
+                self._tls = httpx.create_ssl_context()
             clients = [
                 httpx.AsyncClient(
+                    verify=self._tls,
                     timeout=httpx.Timeout(self.timeout_s),
                     headers={"Authorization": f"Bearer {self.api_key}"},
                     limits=httpx.Limits(max_connections=per_client, max_keepalive_connections=per_client),
