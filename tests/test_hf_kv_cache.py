@@ -281,6 +281,40 @@ def test_limits_are_validated(reuse):
     assert not off.kv_cache.enabled and len(off.kv_cache) == 0
 
 
+def test_live_episodes_are_never_evicted_for_the_episode_limit_and_keep_a_stable_subset_under_the_token_limit():
+    entry = CachedPrefix((1, 2, 3), ())
+    store = EpisodeKVCache(2, 100)
+    for name in "abcd":
+        store.begin(name)
+        store.store(name, entry)
+    assert list(store._entries) == ["a", "b", "c", "d"]  # four live episodes, although the limit says two
+    store.store("old", entry)  # not live: the first to go once over a limit
+    assert "old" not in store._entries and len(store) == 4
+    store.drop("a")
+    store.drop("b")  # ended, and freed
+    store.begin("e")
+    store.store("e", entry)
+    assert list(store._entries) == ["c", "d", "e"]
+    for name in "cde":
+        store.drop(name)
+    for name in "fgh":  # no episode live: the plain least-recently-used limit of two
+        store.store(name, entry)
+    assert list(store._entries) == ["g", "h"]
+
+    tight = EpisodeKVCache(64, 7)
+    tight.store("ended", CachedPrefix((9,), ()))  # never begun: evicted before any live one
+    for name in "xyz":
+        tight.begin(name)
+        tight.store(name, entry)
+    # x and y fill the budget; z, stored last, is the one not kept (round-robin turns would otherwise evict the
+    # entry needed next, every turn), and a live episode's longer entry replaces its own
+    assert list(tight._entries) == ["x", "y"] and tight.tokens == 6
+    tight.store("x", CachedPrefix((1, 2, 3, 4), ()))
+    assert list(tight._entries) == ["y", "x"] and tight.tokens == 7
+    tight.store("y", CachedPrefix((1, 2, 3, 4), ()))  # no room for it beside x: y's old entry is gone, y not kept
+    assert list(tight._entries) == ["x"] and tight.tokens == 4
+
+
 def test_results_of_an_episode_ended_mid_generation_are_not_kept():
     store = EpisodeKVCache(4, 100)
     entry = CachedPrefix((1, 2, 3), ())

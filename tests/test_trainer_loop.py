@@ -151,6 +151,22 @@ def test_gigpo_with_omega_zero_is_grpo_and_missing_keys_fall_back_to_the_observa
     assert with_steps is not None and with_steps.stats["gigpo/anchor_groups"] == 3  # obs-0, obs-1 in g; h's one
 
 
+def test_rollouts_reuse_every_episodes_kv_cache_when_more_run_than_the_policy_default(maze_model: Path,
+                                                                                      tmp_path: Path) -> None:
+    """96 episodes in flight, more than HFPolicy's default of 64 kept episodes: each episode recomputes only its
+    first prompt, every later turn reuses its own cache (least-recently-used eviction used to drop each entry
+    just before its episode's next turn), and the trainer sizes the cache for every episode at full context."""
+    trainer = _ready(make_trainer(config_from_dict(_maze(maze_model, tmp_path, temperature=1.0, tasks_per_step=12,
+                                                         group_size=8, max_in_flight=96))))
+    assert trainer.policy.kv_cache.max_tokens == 96 * 700
+    trajectories = trainer._sample(0)
+    turns = sum(len(t.turns) for t in trajectories)
+    assert len(trajectories) == 96 and turns > 2 * 96
+    stats = trainer.policy.kv_cache.stats
+    assert stats["misses"] == 96 and stats["hits"] == turns - 96 and stats["evictions"] == 0
+    assert len(trainer.policy.kv_cache) == 0  # every entry freed as its episode ended
+
+
 def test_gigpo_step_puts_each_turns_advantage_on_its_tokens(maze_model: Path, tmp_path: Path) -> None:
     """A real GiGPO step on mazes: the group's rollouts share the start cell, so anchor groups are not all
     singletons; every trained token carries its own turn's advantage; the update runs and logs gigpo/*."""

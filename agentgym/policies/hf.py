@@ -125,8 +125,10 @@ class HFPolicy(InProcessTokenPolicy):
             of similar length.
         dtype: Optional torch dtype (or its name, e.g. ``"bfloat16"``) to cast the model to.
         name: Shown in eval tables and stored in trajectories (default: the model's path or class).
-        kv_cache_episodes: Most episodes whose KV cache is kept between turns (least recently used ones are
-            dropped first); 0 turns reuse across turns off. Requests reach the cache through their
+        kv_cache_episodes: Most episodes whose KV cache is kept between turns, or as many as are running when
+            that is more (the rollout engine's episodes, begun with :meth:`begin_episode`, are kept while they run,
+            within ``kv_cache_tokens``; least recently used ended ones are dropped first); 0 turns reuse across
+            turns off. Requests reach the cache through their
             ``episode_id`` (the rollout engine sets it; ``generate(..., episode_ids=...)`` for direct calls).
         kv_cache_tokens: Most tokens kept over all episodes together: memory is this times the model's KV bytes
             per token (2 x layers x kv_heads x head_dim x dtype size); 0 turns reuse off.
@@ -281,8 +283,8 @@ class HFPolicy(InProcessTokenPolicy):
         return agent._encode_images(agent._render(agent.messages, add_generation_prompt=True), agent.all_images())
 
     def begin_episode(self, episode_id: str, env: Any) -> None:
-        """A new episode never inherits a stale cache entry under a reused id."""
-        self.kv_cache.drop(episode_id)
+        """A new episode never inherits a stale cache entry under a reused id, and its entry is kept while it runs."""
+        self.kv_cache.begin(episode_id)
 
     def end_episode(self, episode_id: str) -> None:
         """Free the episode's KV cache."""

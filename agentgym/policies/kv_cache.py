@@ -21,7 +21,7 @@ from typing import Any
 
 from agentgym.errors import ConfigError
 
-__all__ = ["CachedPrefix", "EpisodeKVCache"]
+__all__ = ["CachedPrefix", "EpisodeKVCache", "kv_bytes_per_token"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,25 @@ class CachedPrefix:
 
     ids: tuple[int, ...]
     layers: tuple[tuple[Any, Any], ...]
+
+
+def kv_bytes_per_token(model: Any) -> int | None:
+    """Bytes the keys and values of one token take in ``model``'s cache (2 x layers x kv_heads x head_dim x dtype
+    size), read from its config (a vision-language model's text config); ``None`` when the config does not say."""
+    config = getattr(model, "config", None)
+    config = getattr(config, "text_config", None) or config
+    layers = getattr(config, "num_hidden_layers", None)
+    heads = getattr(config, "num_attention_heads", None)
+    hidden = getattr(config, "hidden_size", None)
+    if not all(isinstance(v, int) and v > 0 for v in (layers, heads, hidden)):
+        return None
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    try:
+        element = next(model.parameters()).element_size()
+    except (AttributeError, StopIteration, TypeError):
+        element = 4
+    return 2 * layers * kv_heads * head_dim * element
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -62,9 +81,11 @@ class EpisodeKVCache:
     """A thread-safe LRU store of :class:`CachedPrefix` entries keyed by episode id.
 
     Args:
-        max_episodes: Most episodes kept; 0 disables the store.
+        max_episodes: Most episodes kept, or as many as are live (begun with :meth:`begin`, not yet dropped) when
+            that is more: a live episode is never evicted for this limit. 0 disables the store.
         max_tokens: Most tokens kept over all episodes together (memory is this times the model's KV bytes per
-            token); an entry longer than this is not kept. 0 disables the store.
+            token); an entry longer than this is not kept. 0 disables the store. Over it, entries of episodes
+            that are not live go first, least recently used first; then the entry being stored is not kept.
 
     Attributes:
         stats: Counters since creation, as :meth:`record_use` and :meth:`store` saw them: ``hits`` / ``misses``
@@ -85,6 +106,7 @@ class EpisodeKVCache:
         # bring back an entry that end_episode freed.
         self._in_flight: Counter[str] = Counter()
         self._ended: set[str] = set()
+        self._live: set[str] = set()  # episodes begun and not yet ended (see store)
         self.stats: Counter[str] = Counter()
 
     @property
@@ -138,14 +160,37 @@ class EpisodeKVCache:
                 return
             self._entries[episode_id] = entry
             self._tokens += size
-            while len(self._entries) > self.max_episodes or self._tokens > self.max_tokens:
-                _, evicted = self._entries.popitem(last=False)
+            # Live episodes (begun, not ended) come back for their next turn, so the episode limit never evicts
+            # them: with more episodes in flight than kv_cache_episodes, least-recently-used eviction dropped each
+            # entry just before its episode's next turn (128 Sokoban rollouts at once reused 25% of their prompt
+            # tokens instead of 88%, and sampled 2.4x slower).
+            limit = max(self.max_episodes, len(self._live))
+            while len(self._entries) > limit or self._tokens > self.max_tokens:
+                victim = self._victim(episode_id)
+                evicted = self._entries.pop(victim)
                 self._tokens -= len(evicted.ids)
                 self.stats["evictions"] += 1
+
+    def _victim(self, newest: str) -> str:
+        """The entry to evict: the least recently used one of an episode that is not live, else the entry just
+        stored. Live episodes take their turns round-robin, and there evicting the least recently used entry
+        evicts the one needed next, every time; keeping the others gives a stable subset its hits."""
+        for episode_id in self._entries:
+            if episode_id not in self._live:
+                return episode_id
+        return newest if newest in self._entries else next(iter(self._entries))
+
+    def begin(self, episode_id: str) -> None:
+        """An episode starts: free any stale entry under its id, and count it live until :meth:`drop`."""
+        self.drop(episode_id)
+        if episode_id:
+            with self._lock:
+                self._live.add(episode_id)
 
     def drop(self, episode_id: str) -> None:
         """Free the episode's entry; results of a generation still in flight for it are not kept either."""
         with self._lock:
+            self._live.discard(episode_id)
             old = self._entries.pop(episode_id, None)
             if old is not None:
                 self._tokens -= len(old.ids)
