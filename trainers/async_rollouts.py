@@ -379,7 +379,8 @@ class AsyncRollouts:
             for p in model.parameters():
                 p.requires_grad_(False)
             self.policy = versioned_policy_class(HFPolicy)(model, self.trainer.tokenizer, device=cfg.device,
-                                                           max_batch_size=cfg.max_in_flight, name=cfg.trainer_name)
+                                                           max_batch_size=cfg.max_in_flight, name=cfg.trainer_name,
+                                                           kv_cache_tokens=self.trainer._kv_cache_tokens())
             self.policy.attach_mailbox(self.mailbox, model.load_state_dict, version, self._stop)
 
         def next_job() -> RolloutJob | None:
@@ -403,7 +404,8 @@ class AsyncRollouts:
         model = copy.deepcopy(self.trainer.model).cpu().eval()
         for p in model.parameters():
             p.requires_grad_(False)
-        options = {"device": cfg.device, "max_batch_size": cfg.max_in_flight, "name": cfg.trainer_name}
+        options = {"device": cfg.device, "max_batch_size": cfg.max_in_flight, "name": cfg.trainer_name,
+                   "kv_cache_tokens": self.trainer._kv_cache_tokens()}
         self._process = ctx.Process(
             target=_process_main, name="agentgym-rollouts", daemon=True,
             args=(model, self.trainer.tokenizer, options, self.mailbox, version, self._jobs, send, self._stop,
@@ -595,7 +597,8 @@ def _process_main(model: Any, tokenizer: Any, options: dict[str, Any], mailbox: 
         gym.registry.setdefault(env_id, spec)
     model = model.to(options["device"])
     policy = versioned_policy_class(HFPolicy)(model, tokenizer, device=options["device"],
-                                              max_batch_size=options["max_batch_size"], name=options["name"])
+                                              max_batch_size=options["max_batch_size"], name=options["name"],
+                                              kv_cache_tokens=options["kv_cache_tokens"])
     policy.attach_mailbox(mailbox, model.load_state_dict, version, stop)
     outbox: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
 
