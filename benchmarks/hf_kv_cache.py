@@ -19,7 +19,10 @@ log-probs within 1e-4 (float32 rounding: recomputing alone, with batches of 1 in
 about 4e-5 at these lengths); the run exits with an error otherwise. Times are the best of the repetitions (other
 processes only ever add time). Throughput = sampled tokens / wall time of all turns.
 
-Run: python benchmarks/hf_kv_cache.py [--quick] [--threads 1] [--turns 8] [--episodes 8]
+Run: python benchmarks/hf_kv_cache.py [--quick] [--threads 1] [--turns 8] [--episodes 8] [--kv-cache-tokens 65536]
+
+More episodes than ``HFPolicy``'s ``kv_cache_episodes`` (64) exercise the rule that running episodes are never evicted for
+that limit: ``--episodes 96 --kv-cache-tokens 131072``.
 """
 
 from __future__ import annotations
@@ -147,16 +150,21 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--observation-tokens", type=int, default=64)
     parser.add_argument("--system-tokens", type=int, default=500)
+    parser.add_argument("--kv-cache-tokens", type=int, default=65536,
+                        help="the reuse policy's token budget (HFPolicy's default; episodes x final context holds all)")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads (default: torch's choice; 1 is steadier on a shared, loaded machine)")
     args = parser.parse_args()
+    for name in ("episodes", "turns", "max_tokens", "kv_cache_tokens"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.threads:
         torch.set_num_threads(args.threads)
     repeats = 1 if args.quick else 3
 
     with tempfile.TemporaryDirectory() as tmp:
         path = build_model(Path(tmp))
-        reuse = HFPolicy.from_pretrained(path, max_batch_size=args.episodes)
+        reuse = HFPolicy.from_pretrained(path, max_batch_size=args.episodes, kv_cache_tokens=args.kv_cache_tokens)
         recompute = HFPolicy(reuse.model, reuse.tokenizer, max_batch_size=args.episodes, kv_cache_episodes=0)
         policies = {"reuse": reuse, "recompute": recompute}
         system = system_prompt(reuse.tokenizer, args.system_tokens)
