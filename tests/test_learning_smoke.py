@@ -14,12 +14,18 @@ from agentgym.trainers.gigpo import GigpoConfig
 from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parent.parent
-# task -> (config, the README's command for its learning result: the benchmark flags that differ from its defaults)
+# config -> (task, held-out split, the README's command for its learning result: the benchmark flags that differ
+# from its defaults)
 RUNS = {
-    "sokoban": ("gigpo_sokoban.yaml", ["--tasks", "sokoban", "--methods", "gigpo", "--jobs", "1", "--eval-every", "8",
-                                       "--max-bc-steps", "150", "--bc-check-every", "50"]),
-    "babyai": ("gigpo_babyai.yaml", ["--tasks", "babyai", "--methods", "gigpo", "--jobs", "3", "--eval-every", "8",
-                                     "--max-bc-steps", "100", "--bc-target", "0.15"]),
+    "gigpo_sokoban.yaml": ("sokoban", "test", ["--tasks", "sokoban", "--methods", "gigpo", "--jobs", "1",
+                                               "--eval-every", "8", "--max-bc-steps", "150", "--bc-check-every", "50"]),
+    "gigpo_sokoban_512.yaml": ("sokoban", "validation", [
+        "--tasks", "sokoban", "--methods", "gigpo", "--seeds", "2", "--jobs", "2", "--demos", "500", "--max-bc-steps",
+        "400", "--bc-check-every", "50", "--bc-target", "0.45", "--eval-split", "validation", "--eval-tasks", "400",
+        "--constrain-actions", "--tasks-per-step", "64", "--steps", "16", "--eval-every", "4", "--loss-agg",
+        "seq-mean-token-mean", "--learning-rate", "2e-4"]),
+    "gigpo_babyai.yaml": ("babyai", "test", ["--tasks", "babyai", "--methods", "gigpo", "--jobs", "3", "--eval-every",
+                                             "8", "--max-bc-steps", "100", "--bc-target", "0.15"]),
 }
 
 
@@ -27,26 +33,32 @@ def _benchmark():
     return load_script("benchmarks/credit_assignment.py")
 
 
-@pytest.mark.parametrize("task", sorted(RUNS))
-def test_config_validates_as_gigpo(task: str) -> None:
-    config = load_config(REPO / "configs" / RUNS[task][0])
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_config_validates_as_gigpo(name: str) -> None:
+    config = load_config(REPO / "configs" / name)
     assert isinstance(config, GigpoConfig) and config.trainer_name == "gigpo"
-    assert (config.eval_split, config.warmstart) == ("test", "bc")
+    assert (config.eval_split, config.warmstart) == (RUNS[name][1], "bc")
     assert config.system_prompt == "" and config.max_context_tokens > config.max_tokens_per_turn
 
 
-@pytest.mark.parametrize("task", sorted(RUNS))
-def test_config_matches_the_benchmark_run(task: str, tmp_path: Path) -> None:
-    """The config reproduces a benchmark run: same split, sizes, learning rate and turn budget (only the warm
-    start differs in form: the config runs BC itself, the benchmark shares one BC checkpoint across seeds)."""
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_config_matches_the_benchmark_run(name: str, tmp_path: Path) -> None:
+    """The config reproduces a benchmark run: same split, sizes, learning rate, turn budget and learner settings
+    (only the warm start differs in form: the config runs BC itself, the benchmark shares one BC checkpoint across
+    seeds)."""
     bench = _benchmark()
-    args = bench.parse_args(RUNS[task][1])
+    task, _, flags = RUNS[name]
+    args = bench.parse_args(flags)
     run = bench.run_config(bench.TASKS[task], "gigpo", 0, tmp_path / "model", tmp_path / "out", args)
-    config = load_config(REPO / "configs" / RUNS[task][0]).to_dict()
+    config = load_config(REPO / "configs" / name).to_dict()
     for key in ("suite", "eval_split", "steps", "tasks_per_step", "group_size", "learning_rate", "warmup_steps",
-                "eval_every", "eval_tasks", "max_tokens_per_turn", "max_context_tokens", "temperature", "system_prompt"):
-        assert config[key] == run[key], key
+                "eval_every", "eval_tasks", "max_tokens_per_turn", "max_context_tokens", "temperature", "system_prompt",
+                "loss_agg", "constrain_actions"):
+        assert config[key] == run.get(key, config[key] if key in ("loss_agg", "constrain_actions") else None), key
     assert config["model"] == f"{args.workdir}/base-{task}"  # what --build-only writes
+    if name == "gigpo_sokoban_512.yaml":  # the warm start of the same size: 500 demonstrations, 400 steps of 32
+        assert (config["bc_demos"], config["bc_steps"], config["bc_batch_size"]) == (
+            args.demos, args.max_bc_steps, args.bc_batch_size)
 
 
 @pytest.mark.parametrize("suite_name", ["sokoban", "babyai-goto"])
