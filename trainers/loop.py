@@ -168,17 +168,17 @@ class OnlineTrainer:
         the policy's default (65,536): 512 Sokoban rollouts a step took 7-8 CPU minutes to sample instead of about
         2. The budget: 4 GiB, and on a GPU at most a tenth of its memory (the training state needs the rest).
         """
-        from agentgym.policies.kv_cache import kv_bytes_per_token
+        from agentgym.policies.kv_cache import DEFAULT_KV_CACHE_TOKENS, kv_bytes_per_token
 
         cfg = self.config
         per_token = kv_bytes_per_token(self.model)
-        wanted = cfg.max_in_flight * (cfg.max_context_tokens or 4096)
+        if per_token is None:  # a model whose config does not say its cache size: the policy's default
+            return DEFAULT_KV_CACHE_TOKENS
         budget = _KV_CACHE_BUDGET_BYTES
         if str(cfg.device).startswith("cuda") and torch.cuda.is_available():
             budget = min(budget, torch.cuda.get_device_properties(torch.device(cfg.device)).total_memory // 10)
-        if per_token is None:
-            return 65536
-        return max(65536, min(wanted, budget // per_token))
+        wanted = cfg.max_in_flight * (cfg.max_context_tokens or 4096)
+        return max(DEFAULT_KV_CACHE_TOKENS, min(wanted, budget // per_token))
 
     def _processor(self) -> Any:
         """The model's processor when it is a vision-language model (else ``None``), loaded once: sampling and the

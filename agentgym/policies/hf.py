@@ -48,7 +48,7 @@ from agentgym.policies.base import (
     SamplingParams,
 )
 from agentgym.policies.choices import ChoiceTree
-from agentgym.policies.kv_cache import CachedPrefix, EpisodeKVCache
+from agentgym.policies.kv_cache import DEFAULT_KV_CACHE_TOKENS, CachedPrefix, EpisodeKVCache
 
 __all__ = ["HFPolicy"]
 
@@ -154,7 +154,7 @@ class HFPolicy(InProcessTokenPolicy):
         dtype: Any = None,
         name: str | None = None,
         kv_cache_episodes: int = 64,
-        kv_cache_tokens: int = 65536,
+        kv_cache_tokens: int = DEFAULT_KV_CACHE_TOKENS,
         processor: Any = None,
     ) -> None:
         torch = _import_torch()

@@ -21,7 +21,10 @@ from typing import Any
 
 from agentgym.errors import ConfigError
 
-__all__ = ["CachedPrefix", "EpisodeKVCache", "kv_bytes_per_token"]
+__all__ = ["DEFAULT_KV_CACHE_TOKENS", "CachedPrefix", "EpisodeKVCache", "kv_bytes_per_token"]
+
+#: HFPolicy's default token budget (trainers raise it to hold every episode they run at once)
+DEFAULT_KV_CACHE_TOKENS = 65536
 
 
 @dataclass(frozen=True)
