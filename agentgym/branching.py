@@ -65,6 +65,7 @@ from agentgym.rollout import (
     error_outcome,
     final_state,
     open_conversation,
+    run_coroutine,
     turn_sampling,
 )
 from agentgym.trajectory import TURN_KINDS, Trajectory, Turn
@@ -219,7 +220,7 @@ class BranchingSampler:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return asyncio.run(self.arun(specs))
+            return run_coroutine(self.arun(specs))
         raise RuntimeError("BranchingSampler.run() was called inside a running event loop; use 'await sampler.arun(...)'.")
 
     async def arun(self, specs: Sequence[EpisodeSpec]) -> list[Trajectory]:

@@ -254,6 +254,8 @@ class ImageRef:
 def observation_parts(observation: Any) -> tuple[str, tuple[ImageRef, ...]]:
     """``(text, images)`` of an env observation: a ``str``, or a mapping ``{"text": str, "image": pixels}``
     (``"images"``: a list of them) as GUI envs return. Pixels may be arrays or :class:`ImageRef`."""
+    if type(observation) is str:  # text envs, every turn: no ABC check
+        return observation, ()
     if not isinstance(observation, Mapping):
         return str(observation), ()
     raw = [observation["image"]] if observation.get("image") is not None else []

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from agentgym.fast_records import quick_init
 from agentgym.images import ImageRef
 
 __all__ = ["END_REASONS", "SCHEMA_VERSION", "TURN_KINDS", "TokenView", "Trajectory", "Turn", "jsonable", "utf8_safe"]
@@ -70,6 +71,7 @@ def jsonable(value: Any) -> Any:
     return repr(value)
 
 
+@quick_init
 @dataclass(frozen=True)
 class Turn:
     """One agent turn: what it saw, what it did, and what the env answered.
@@ -168,6 +170,7 @@ class TokenView:
         return len(self.input_ids)
 
 
+@quick_init
 @dataclass(frozen=True)
 class Trajectory:
     """A whole episode: identity, turns, outcome and timing; serialises to one JSON line."""

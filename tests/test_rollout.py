@@ -289,3 +289,33 @@ def test_a_request_shares_the_conversation_and_no_policy_can_rewrite_it() -> Non
     fork = agent.fork()
     fork.record_action(Generation(text="guess(8)"))
     assert len(fork.messages) == 5 and len(agent.messages) == 4  # forks go on separately
+
+
+def test_a_run_never_formats_its_trajectories_on_the_way_out() -> None:
+    """``asyncio.run`` on the main thread formats ``repr`` of its finished task, result included (CPython 3.11):
+    for a list of trajectories with token ids, milliseconds a run. ``run_coroutine`` returns the result unformatted."""
+    import asyncio
+
+    from agentgym.rollout import run_coroutine
+
+    formatted: list[int] = []
+
+    class Loud:
+        def __repr__(self) -> str:
+            formatted.append(1)
+            return "Loud()"
+
+    async def make() -> list[Loud]:
+        return [Loud()]
+
+    result = run_coroutine(make())
+    assert len(result) == 1 and isinstance(result[0], Loud) and formatted == []
+    asyncio.run(make())  # what RolloutEngine.run used: the cost this guards against, where the Python has it
+    if sys.version_info[:2] == (3, 11):
+        assert formatted
+
+    async def fail() -> None:
+        raise ValueError("from the episode")
+
+    with pytest.raises(ValueError, match="from the episode"):
+        run_coroutine(fail())

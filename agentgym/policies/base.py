@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentgym.errors import ConfigError
+from agentgym.fast_records import quick_init
 
 __all__ = ["Generation", "GenerationRequest", "InProcessTokenPolicy", "Policy", "SamplingParams", "prompt_token_ids",
            "refuse_choices"]
@@ -65,6 +66,7 @@ class SamplingParams:
             raise ConfigError(f"top_logprobs must be an integer >= 0 (0 = none; ARPO uses 10), got {self.top_logprobs!r}.")
 
 
+@quick_init
 @dataclass(frozen=True)
 class GenerationRequest:
     """One conversation to continue.
@@ -86,6 +88,7 @@ class GenerationRequest:
     episode_id: str = ""
 
 
+@quick_init
 @dataclass(frozen=True)
 class Generation:
     """One generated turn.
