@@ -48,7 +48,7 @@ import numpy as np
 from agentgym.agent import ChatAgent
 from agentgym.branch_rule import branch_probability, segment_entropy
 from agentgym.env import fork_env
-from agentgym.errors import AgentGymError, ConfigError
+from agentgym.errors import AgentGymError, ConfigError, ContextLengthExceeded
 from agentgym.policies.base import Generation, Policy, SamplingParams
 from agentgym.rollout import (
     EnvExecutor,
@@ -56,6 +56,7 @@ from agentgym.rollout import (
     RolloutConfig,
     _EnvPool,
     _text_of,
+    act_per_request,
     action_choices_of,
     apply_action,
     call_env,
@@ -361,9 +362,7 @@ class BranchingSampler:
             requests = [active[i].agent.request(self._sampling(active[i]), active[i].traj_id) for i in chunk]
             t0 = time.perf_counter()
             try:
-                generations = await self.policy.act(requests)
-                if len(generations) != len(requests):
-                    raise AgentGymError(f"policy returned {len(generations)} generations for {len(requests)} requests")
+                generations = await act_per_request(self.policy, requests)
             except Exception as exc:  # noqa: BLE001 - a failed batch ends its trajectories, not the run
                 for i in chunk:
                     self._fail(active[i], exc)
@@ -372,6 +371,10 @@ class BranchingSampler:
             for i, gen in zip(chunk, generations):
                 live = active[i]
                 live.timing["policy_s"] += elapsed
+                if isinstance(gen, ContextLengthExceeded):  # the model refused this prompt as too long
+                    live.outcome = context_limit_outcome()
+                    live.done = live.healthy = True
+                    continue
                 results[i] = gen
                 h = self._entropy(gen)
                 live.entropies.append(h)

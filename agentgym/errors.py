@@ -12,6 +12,7 @@ from collections.abc import Iterable
 __all__ = [
     "AgentGymError",
     "ConfigError",
+    "ContextLengthExceeded",
     "DependencyNotInstalled",
     "EnvCrashed",
     "RegistrationError",
@@ -23,6 +24,16 @@ __all__ = [
 
 class AgentGymError(Exception):
     """Base class of every error raised on purpose by agentgym."""
+
+
+class ContextLengthExceeded(AgentGymError):
+    """The model cannot take a request: its prompt plus ``max_tokens`` is longer than the model's context window.
+
+    Policies raise it for requests a server refused for their length (HTTP 400 ``context_length_exceeded``). The
+    rollout engine and the branching sampler end that episode as a ``context_limit`` truncation, as when
+    ``RolloutConfig.max_context_tokens`` stops it first: the conversation outgrew the model, which is how that
+    episode ended, not an infrastructure error that trainers would drop.
+    """
 
 
 class RegistrationError(AgentGymError):

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from agentgym.agent import ChatAgent
-from agentgym.errors import ConfigError
+from agentgym.errors import ConfigError, ContextLengthExceeded
 from agentgym.fast_records import quick_init
 from agentgym.gc_tuning import relaxed_gc
 from agentgym.images import ImageRef, observation_parts
@@ -46,7 +46,7 @@ from agentgym.suite import Task, TaskSuite
 from agentgym.trajectory import Trajectory, Turn, jsonable
 
 __all__ = ["DISCARD_THREAD_NAME", "EnvExecutor", "EpisodeSpec", "PolicyBatcher", "RolloutConfig", "RolloutEngine",
-           "TurnResult", "apply_action", "call_env", "context_limit_outcome", "context_limit_reached", "discard_env",
+           "TurnResult", "act_per_request", "apply_action", "call_env", "context_limit_outcome", "context_limit_reached", "discard_env",
            "episode_outcome", "episodes_for_suite", "error_outcome", "keyed_step", "read_state_key",
            "run_coroutine", "run_reference_episode", "summarize"]
 
@@ -257,11 +257,13 @@ class PolicyBatcher:
     async def _run(self, batch: list[tuple[int, GenerationRequest, asyncio.Future[Generation]]]) -> None:
         try:
             self.calls += 1
-            generations = await self.policy.act([request for _, request, _ in batch])
-            if len(generations) != len(batch):
-                raise RuntimeError(f"policy returned {len(generations)} generations for {len(batch)} requests")
+            generations = await act_per_request(self.policy, [request for _, request, _ in batch])
             for (_, _, fut), gen in zip(batch, generations):
-                if not fut.done():
+                if fut.done():
+                    continue
+                if isinstance(gen, ContextLengthExceeded):
+                    fut.set_exception(gen)
+                else:
                     fut.set_result(gen)
         except BaseException as exc:  # noqa: BLE001 - forwarded to every waiting episode
             for _, _, fut in batch:
@@ -272,6 +274,29 @@ class PolicyBatcher:
         finally:
             self.slots.release()
             self.wakeup.set()
+
+
+async def act_per_request(policy: Policy, requests: Sequence[GenerationRequest]) -> list[Generation | ContextLengthExceeded]:
+    """``policy.act(requests)``, where a prompt too long for the model fails only its own request.
+
+    A batch the policy refuses with :class:`ContextLengthExceeded` is asked again one request at a time, so the
+    episodes whose prompts fit still get their turn; each request that does not fit gets its error in its place.
+    Any other failure is raised as before (it ends every episode of the batch).
+
+    Raises:
+        RuntimeError: The policy returned a different number of generations than requests.
+    """
+    try:
+        generations: list[Generation | ContextLengthExceeded] = list(await policy.act(requests))
+    except ContextLengthExceeded as exc:
+        if len(requests) == 1:
+            return [exc]
+        generations = []
+        for request in requests:
+            generations.extend(await act_per_request(policy, [request]))
+    if len(generations) != len(requests):
+        raise RuntimeError(f"policy returned {len(generations)} generations for {len(requests)} requests")
+    return generations
 
 
 class EnvExecutor(concurrent.futures.Executor):
@@ -606,7 +631,13 @@ class RolloutEngine:
                     choices = await self._call_env(executor, action_choices_of, env, inline=inline)
                     sampling = dataclasses.replace(sampling, choices=choices)
                 tp = time.perf_counter()
-                generation = await batcher.submit(agent.request(sampling, episode_id), index)
+                try:
+                    generation = await batcher.submit(agent.request(sampling, episode_id), index)
+                except ContextLengthExceeded as exc:  # the model refused the prompt as too long: a truncation
+                    logger.debug("episode %s: %s", episode_id, exc)
+                    outcome = context_limit_outcome()
+                    healthy = True
+                    break
                 timing["policy_s"] += time.perf_counter() - tp
                 step = await apply_action(self.policy, agent, env, observation, generation, executor,
                                           cfg.step_timeout_s, inline=inline)

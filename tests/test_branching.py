@@ -360,3 +360,24 @@ def test_arpo_search_config_trains_a_step_through_the_cli(model_dir: Path, tmp_p
     assert "before ARPO" in result.stdout
     bad = subprocess.run(cmd[:5] + ["--set", "initial_rollouts=99"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert bad.returncode != 0 and "initial_rollouts" in bad.stderr and "group_size" in bad.stderr
+
+
+def test_a_prompt_the_model_refuses_as_too_long_ends_its_trajectory_as_a_context_limit(tokenizer: Any) -> None:
+    from agentgym.errors import ContextLengthExceeded
+    from agentgym.policies import Generation, GenerationRequest
+
+    class RefusesLongPrompts(ScriptedPolicy):
+        async def act(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+            if any(len(r.messages) > 4 for r in requests):  # a server refuses a batch with one too-long prompt
+                raise ContextLengthExceeded("This model's maximum context length is 64 tokens.")
+            return await super().act(requests)
+
+    policy = RefusesLongPrompts(lambda messages: "guess(50)", tokenizer=tokenizer, max_batch_size=8)
+    specs = [EpisodeSpec("agentgym/GuessNumber-v0", seed=10 * k + g, group_id=f"g{k}") for k in range(2) for g in range(3)]
+    sampler = BranchingSampler(policy, rollout_config(max_context_tokens=None),
+                               BranchingConfig(budget=3, initial_rollouts=3, branch_probability=0.0, entropy_weight=0.0))
+    trajectories = sampler.run(specs)
+    assert len(trajectories) == 6
+    for trajectory in trajectories:
+        assert trajectory.end_reason == "context_limit" and trajectory.error is None, trajectory.error
+        assert len(trajectory.turns) == 2  # the third request carried five messages

@@ -319,3 +319,33 @@ def test_a_run_never_formats_its_trajectories_on_the_way_out() -> None:
 
     with pytest.raises(ValueError, match="from the episode"):
         run_coroutine(fail())
+
+
+class RefusesLongPrompts(ScriptedPolicy):
+    """Echoes, in batches, but refuses (as a server would, for the whole request) any batch holding a
+    conversation longer than ``limit`` messages: only episode 0 is scripted to grow that long."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(lambda messages: ECHO, max_batch_size=8)
+        self.limit = limit
+        self.refused = 0
+
+    async def act(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        from agentgym.errors import ContextLengthExceeded
+
+        if any(len(r.messages) > self.limit and r.episode_id.endswith("-0") for r in requests):
+            self.refused += 1
+            raise ContextLengthExceeded("This model's maximum context length is 64 tokens.")
+        return await super().act(requests)
+
+
+def test_a_prompt_too_long_for_the_model_ends_only_its_episode_as_a_context_limit() -> None:
+    policy = RefusesLongPrompts(limit=4)
+    specs = [EpisodeSpec("agentgym-test/Echo-v0", seed=i, env_kwargs={"max_turns": 4}) for i in range(8)]
+    trajectories = RolloutEngine(policy, RolloutConfig(max_in_flight=8, deterministic=True)).run(specs)
+    first, *others = trajectories
+    assert first.end_reason == "context_limit" and first.error is None and len(first.turns) == 2
+    assert policy.refused >= 2  # the batch with it, then the request on its own
+    for trajectory in others:  # its batch-mates were asked again alone and went on
+        assert trajectory.end_reason == "max_turns" and trajectory.error is None and len(trajectory.turns) == 4
+    assert summarize(trajectories)["errors"] == 0

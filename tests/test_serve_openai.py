@@ -25,7 +25,7 @@ from agentgym.agent import ChatAgent
 from agentgym.errors import AgentGymError, ConfigError
 from agentgym.policies import make_policy
 from agentgym.policies.base import GenerationRequest, SamplingParams
-from agentgym.policies.openai import OpenAIPolicy, OpenAIServerError
+from agentgym.policies.openai import OpenAIContextLengthError, OpenAIPolicy, OpenAIServerError
 
 MODEL = "tiny-test"
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
@@ -430,6 +430,63 @@ def test_server_rejection_raises_with_message(server: Any) -> None:
 
 
 # ---- OpenAIPolicy on its own ---------------------------------------------------------------------------
+
+
+def test_an_episode_the_server_refuses_as_too_long_is_a_context_limit_not_an_error(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A chat-mode policy (no tokenizer) cannot count tokens, so the engine cannot stop a growing episode before
+    the model's context is full; the server's refusal (HTTP 400 context_length_exceeded) ends it as a truncation
+    with its turns kept, where it used to be an "error" that trainers drop."""
+    from agentgym.models.tiny import TinyModelConfig, build_tiny_model
+    from agentgym.policies.hf import HFPolicy
+    from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
+    from agentgym.serve import ServerThread
+
+    config = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128,
+                             max_position_embeddings=1024)
+    model = HFPolicy.from_pretrained(build_tiny_model(tmp_path_factory.mktemp("short"), config=config))
+    with ServerThread(model, model_name=MODEL) as srv:
+        policy = OpenAIPolicy(srv.base_url, MODEL, max_retries=0)
+        request = GenerationRequest(messages=({"role": "user", "content": "word " * 2000},))
+        with pytest.raises(OpenAIContextLengthError, match="maximum context length is 1024") as info:
+            asyncio.run(policy.act([request]))
+        assert info.value.status_code == 400
+        sampling = SamplingParams(max_tokens=16, temperature=1.0, seed=1)
+        specs = [EpisodeSpec("agentgym-test/Echo-v0", seed=s, env_kwargs={"max_turns": 40}) for s in range(3)]
+        trajectories = RolloutEngine(policy, RolloutConfig(sampling=sampling, max_in_flight=3)).run(specs)
+    for trajectory in trajectories:
+        assert trajectory.end_reason == "context_limit" and trajectory.error is None, trajectory.error
+        assert 1 <= len(trajectory.turns) < 40 and not trajectory.success
+
+
+@pytest.mark.parametrize(("status", "body", "too_long"), [
+    (400, {"error": {"message": "This model's maximum context length is 4096 tokens. However, you requested 5000 "
+                                "tokens (4900 in the messages, 100 in the completion).", "type": "BadRequestError",
+                     "code": 400}}, True),  # vLLM
+    (400, {"error": {"message": "too long", "type": "invalid_request_error", "code": "context_length_exceeded"}},
+     True),  # OpenAI: the code says it whatever the words
+    (400, {"error": {"message": "the request exceeds the available context size, try increasing it",
+                     "type": "exceed_context_size_error", "code": 400}}, True),  # llama.cpp
+    (422, {"error": "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` "
+                    "tokens and 200 `max_new_tokens`"}, True),  # TGI
+    (400, {"object": "error", "message": "Requested token count exceeds the model's maximum context length of 4096 "
+                                         "tokens.", "code": 400}, True),  # SGLang
+    (400, {"error": {"message": "temperature must be non-negative", "type": "invalid_request_error", "code": None}},
+     False),
+    (401, {"error": {"message": "Invalid API key; the context length is irrelevant", "code": "invalid_api_key"}}, False),
+])
+def test_each_servers_context_length_refusal_is_recognised(monkeypatch: pytest.MonkeyPatch, status: int,
+                                                          body: dict[str, Any], too_long: bool) -> None:
+    import agentgym.policies.openai as module
+
+    real = httpx.AsyncClient
+    monkeypatch.setattr(module.httpx, "AsyncClient", lambda **kw: real(
+        transport=httpx.MockTransport(lambda request: httpx.Response(status, json=body)), **kw))
+    policy = OpenAIPolicy("http://fake", "m", max_retries=0)
+    with pytest.raises(OpenAIServerError) as info:
+        asyncio.run(policy.act([GenerationRequest(messages=({"role": "user", "content": "Hi"},))]))
+    assert isinstance(info.value, OpenAIContextLengthError) is too_long
+    assert info.value.status_code == status
 
 
 def test_unreachable_server_fails_after_retries() -> None:

@@ -51,7 +51,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from agentgym.errors import AgentGymError, ConfigError, DependencyNotInstalled
+from agentgym.errors import AgentGymError, ConfigError, ContextLengthExceeded, DependencyNotInstalled
 from agentgym.images import ImageRef
 from agentgym.policies.base import (
     Generation,
@@ -62,7 +62,7 @@ from agentgym.policies.base import (
     refuse_choices,
 )
 
-__all__ = ["OpenAIPolicy", "OpenAIServerError"]
+__all__ = ["OpenAIContextLengthError", "OpenAIPolicy", "OpenAIServerError"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,34 @@ class OpenAIServerError(AgentGymError):
     def __init__(self, message: str, status_code: int | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
+
+
+class OpenAIContextLengthError(OpenAIServerError, ContextLengthExceeded):
+    """The server refused a request because its prompt plus ``max_tokens`` does not fit the model's context."""
+
+
+# How OpenAI-compatible servers word a prompt that does not fit: OpenAI, vLLM and agentgym serve ("maximum context
+# length"), vLLM ("longer than the maximum model length", "is too long and exceeds limit"), SGLang ("maximum context
+# length of"), llama.cpp ("exceeds the available context size"), TGI ("inputs tokens + max_new_tokens must be <=").
+_CONTEXT_LENGTH_MESSAGE = re.compile(
+    r"context[ _-]?(length|window)|exceeds? the available context|maximum model length|is too long and exceeds"
+    r"|max_new_tokens` must be <=", re.IGNORECASE)
+_CONTEXT_LENGTH_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
+
+
+def _is_context_length_error(response: httpx.Response, message: str) -> bool:
+    """Whether a refused request was refused for its length (then retrying it can never succeed)."""
+    if response.status_code not in (400, 413, 422):
+        return False
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    error = body.get("error") if isinstance(body, Mapping) else None
+    if isinstance(error, Mapping) and (error.get("code") in _CONTEXT_LENGTH_CODES
+                                       or error.get("type") in _CONTEXT_LENGTH_CODES):
+        return True
+    return bool(_CONTEXT_LENGTH_MESSAGE.search(message))
 
 
 async def _close_when_loop_shuts_down(clients: Sequence[httpx.AsyncClient]) -> AsyncIterator[None]:
@@ -384,6 +412,11 @@ class OpenAIPolicy(Policy):
                 message = _server_message(response)
                 last_status = response.status_code
                 if response.status_code != 429 and response.status_code < 500:
+                    if _is_context_length_error(response, message):
+                        raise OpenAIContextLengthError(
+                            f"{method} {url} was refused for its length (HTTP {response.status_code}): {message}",
+                            response.status_code,
+                        )
                     hint = ""
                     if response.status_code == 404 and "model" not in message.lower():
                         hint = " Check that base_url ends with /v1 and the server implements this endpoint."
