@@ -16,21 +16,22 @@ from agentgym.policies import Generation, GenerationRequest
 from agentgym.trajectory import Trajectory, Turn
 
 
-@dataclass(frozen=True)
-class Plain:
-    name: str
-    count: int = 0
-    tags: list[str] = field(default_factory=list)
-    note: str = field(default="", kw_only=True)
+def _record_class(name: str) -> Any:
+    """The same frozen dataclass each call (positional, default, factory and keyword-only fields), named ``name``."""
+
+    @dataclass(frozen=True)
+    class Record:
+        name: str
+        count: int = 0
+        tags: list[str] = field(default_factory=list)
+        note: str = field(default="", kw_only=True)
+
+    Record.__name__ = Record.__qualname__ = name  # module-level names, so pickle finds them
+    return Record
 
 
-@quick_init
-@dataclass(frozen=True)
-class Quick:
-    name: str
-    count: int = 0
-    tags: list[str] = field(default_factory=list)
-    note: str = field(default="", kw_only=True)
+Plain = _record_class("Plain")
+Quick = quick_init(_record_class("Quick"))
 
 
 def test_quick_init_takes_the_same_arguments_and_builds_the_same_values() -> None:
