@@ -313,13 +313,18 @@ class EnvExecutor(concurrent.futures.Executor):
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._name = name
+        self._workers = max(1, workers)
+        self._active = 0  # threads started and not replaced as stuck: the ones that count against ``workers``
         self._threads: list[threading.Thread] = []
         self._stuck: set[threading.Thread] = set()
+        # Threads start on demand (a submit that finds none idle), up to ``workers``: a rollout whose envs all step
+        # inline never starts one, where it used to start and join eight per run. One token per idle thread, in a
+        # SimpleQueue rather than a Semaphore: a worker never takes a Python lock after a call (see _work).
+        self._idle: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._closed = False
-        for _ in range(workers):
-            self._spawn()
 
     def _spawn(self) -> None:
+        self._active += 1
         thread = threading.Thread(target=self._work, name=f"{self._name}-{len(self._threads)}", daemon=True)
         self._threads.append(thread)
         thread.start()
@@ -330,6 +335,11 @@ class EnvExecutor(concurrent.futures.Executor):
                 raise RuntimeError("EnvExecutor is shut down; env calls cannot be scheduled after the rollout ended.")
             future: concurrent.futures.Future[Any] = concurrent.futures.Future()
             self._queue.put((future, fn, args, kwargs))
+            try:
+                self._idle.get_nowait()
+            except queue.Empty:
+                if self._active < self._workers:
+                    self._spawn()
         return future
 
     def _work(self) -> None:
@@ -351,6 +361,7 @@ class EnvExecutor(concurrent.futures.Executor):
                 with self._lock:  # it was replaced while stuck: keep the count
                     self._stuck.discard(threading.current_thread())
                 return
+            self._idle.put(None)
 
     def replace_stuck_worker(self, thread: threading.Thread) -> None:
         """``thread`` runs a call that is past its timeout: start a replacement; ``thread`` exits when it returns."""
@@ -358,7 +369,9 @@ class EnvExecutor(concurrent.futures.Executor):
             if self._closed or thread in self._stuck or thread not in self._threads:
                 return
             self._stuck.add(thread)
-            self._spawn()
+            self._active -= 1
+            if not self._queue.empty():  # calls are waiting: the replacement starts now, not at the next submit
+                self._spawn()
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:

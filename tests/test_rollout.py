@@ -349,3 +349,55 @@ def test_a_prompt_too_long_for_the_model_ends_only_its_episode_as_a_context_limi
     for trajectory in others:  # its batch-mates were asked again alone and went on
         assert trajectory.end_reason == "max_turns" and trajectory.error is None and len(trajectory.turns) == 4
     assert summarize(trajectories)["errors"] == 0
+
+
+def test_env_threads_start_only_when_calls_need_them_and_never_beyond_the_limit() -> None:
+    from agentgym.rollout import EnvExecutor
+
+    def live() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith("lazy-env")]
+
+    executor = EnvExecutor(4, name="lazy-env")
+    try:
+        assert live() == []  # an all-inline rollout never starts one
+        for i in range(5):  # one after another: the idle thread takes each
+            assert executor.submit(lambda x=i: x * 2).result(timeout=10) == i * 2
+        assert len(live()) == 1
+        gate = threading.Event()
+        futures = [executor.submit(gate.wait, 10) for _ in range(12)]
+        time.sleep(0.2)
+        assert len(live()) == 4  # twelve waiting calls, four threads
+        gate.set()
+        assert all(f.result(timeout=10) for f in futures)
+    finally:
+        executor.shutdown()
+    deadline = time.monotonic() + 5
+    while live() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert live() == []
+
+
+def test_a_stuck_env_call_is_replaced_and_the_other_calls_still_run() -> None:
+    from agentgym.rollout import EnvExecutor
+
+    executor = EnvExecutor(1, name="stuck-env")
+    release = threading.Event()
+    try:
+        started = threading.Event()
+
+        def stuck() -> str:
+            started.set()
+            release.wait(20)
+            return "late"
+
+        slow = executor.submit(stuck)
+        assert started.wait(10)
+        waiting = executor.submit(lambda: "next")  # queued behind the stuck call: the only worker is busy
+        (worker,) = [t for t in threading.enumerate() if t.name.startswith("stuck-env")]
+        executor.replace_stuck_worker(worker)
+        assert waiting.result(timeout=10) == "next"  # the replacement took it
+        assert executor.submit(lambda: "more").result(timeout=10) == "more"
+    finally:
+        release.set()
+        executor.shutdown()
+    assert slow.result(timeout=10) == "late"
