@@ -46,8 +46,8 @@ from agentgym.suite import Task, TaskSuite
 from agentgym.trajectory import Trajectory, Turn, jsonable
 
 __all__ = ["DISCARD_THREAD_NAME", "EnvExecutor", "EpisodeSpec", "PolicyBatcher", "RolloutConfig", "RolloutEngine",
-           "TurnResult", "act_per_request", "apply_action", "call_env", "context_limit_outcome", "context_limit_reached", "discard_env",
-           "episode_outcome", "episodes_for_suite", "error_outcome", "keyed_step", "read_state_key",
+           "TurnResult", "act_per_request", "apply_action", "call_env", "context_limit_outcome", "context_limit_reached",
+           "discard_env", "episode_outcome", "episodes_for_suite", "error_outcome", "keyed_step", "read_state_key",
            "run_coroutine", "run_reference_episode", "summarize"]
 
 logger = logging.getLogger(__name__)
@@ -300,7 +300,8 @@ async def act_per_request(policy: Policy, requests: Sequence[GenerationRequest])
 
 
 class EnvExecutor(concurrent.futures.Executor):
-    """Runs env calls on a fixed number of daemon threads, replacing a thread stuck in a timed-out call.
+    """Runs env calls on at most ``workers`` daemon threads (started as calls need them), replacing a thread stuck in
+    a timed-out call.
 
     Why not ``ThreadPoolExecutor``: Python joins its worker threads at interpreter exit, so a single env step
     that never returns keeps the whole process alive after the rollout has ended. Daemon threads are not
@@ -361,7 +362,8 @@ class EnvExecutor(concurrent.futures.Executor):
                 with self._lock:  # it was replaced while stuck: keep the count
                     self._stuck.discard(threading.current_thread())
                 return
-            self._idle.put(None)
+            if self._queue.empty():  # going idle: say so; with calls queued it takes one without a token
+                self._idle.put(None)
 
     def replace_stuck_worker(self, thread: threading.Thread) -> None:
         """``thread`` runs a call that is past its timeout: start a replacement; ``thread`` exits when it returns."""
@@ -370,8 +372,7 @@ class EnvExecutor(concurrent.futures.Executor):
                 return
             self._stuck.add(thread)
             self._active -= 1
-            if not self._queue.empty():  # calls are waiting: the replacement starts now, not at the next submit
-                self._spawn()
+            self._spawn()  # at once, not at the next submit: an idle token may be stale, and calls may be queued
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:

@@ -401,3 +401,24 @@ def test_a_stuck_env_call_is_replaced_and_the_other_calls_still_run() -> None:
         release.set()
         executor.shutdown()
     assert slow.result(timeout=10) == "late"
+
+
+def test_a_call_queued_behind_a_call_that_then_gets_stuck_still_runs() -> None:
+    """The worker that finished X took the queued A without going idle; A got stuck. B, submitted after A's
+    replacement, must still find a thread (a stale "idle" note from the worker would leave B waiting forever)."""
+    from agentgym.rollout import EnvExecutor
+
+    executor = EnvExecutor(1, name="stale-env")
+    finish_x, release_a, a_started = threading.Event(), threading.Event(), threading.Event()
+    try:
+        x = executor.submit(finish_x.wait, 10)
+        a = executor.submit(lambda: (a_started.set(), release_a.wait(20)))
+        finish_x.set()
+        assert x.result(timeout=10) and a_started.wait(10)
+        (worker,) = [t for t in threading.enumerate() if t.name.startswith("stale-env")]
+        executor.replace_stuck_worker(worker)
+        assert executor.submit(lambda: "b").result(timeout=10) == "b"
+    finally:
+        release_a.set()
+        executor.shutdown()
+    assert a.result(timeout=10)
