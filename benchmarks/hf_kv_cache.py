@@ -45,6 +45,7 @@ from agentgym.agent import ChatAgent
 from agentgym.models import TinyModelConfig, build_tiny_model, load_tiny_model
 from agentgym.policies.base import Generation, SamplingParams
 from agentgym.policies.hf import HFPolicy
+from agentgym.policies.kv_cache import DEFAULT_KV_CACHE_TOKENS
 
 MODES = ("reuse", "recompute")
 MODEL = TinyModelConfig(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=512,
@@ -150,7 +151,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--observation-tokens", type=int, default=64)
     parser.add_argument("--system-tokens", type=int, default=500)
-    parser.add_argument("--kv-cache-tokens", type=int, default=65536,
+    parser.add_argument("--kv-cache-tokens", type=int, default=DEFAULT_KV_CACHE_TOKENS,
                         help="the reuse policy's token budget (HFPolicy's default; episodes x final context holds all)")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads (default: torch's choice; 1 is steadier on a shared, loaded machine)")
