@@ -65,6 +65,7 @@ from agentgym.rollout import (
     discard_env,
     error_outcome,
     final_state,
+    log_context_refusal,
     open_conversation,
     run_coroutine,
     turn_sampling,
@@ -372,6 +373,7 @@ class BranchingSampler:
                 live = active[i]
                 live.timing["policy_s"] += elapsed
                 if isinstance(gen, ContextLengthExceeded):  # the model refused this prompt as too long
+                    log_context_refusal(gen, turns_taken=len(live.turns))
                     live.outcome = context_limit_outcome()
                     live.done = live.healthy = True
                     continue

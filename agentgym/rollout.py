@@ -47,7 +47,8 @@ from agentgym.trajectory import Trajectory, Turn, jsonable
 
 __all__ = ["DISCARD_THREAD_NAME", "EnvExecutor", "EpisodeSpec", "PolicyBatcher", "RolloutConfig", "RolloutEngine",
            "TurnResult", "act_per_request", "apply_action", "call_env", "context_limit_outcome", "context_limit_reached",
-           "discard_env", "episode_outcome", "episodes_for_suite", "error_outcome", "keyed_step", "read_state_key",
+           "discard_env", "episode_outcome", "episodes_for_suite", "error_outcome", "keyed_step", "log_context_refusal",
+           "read_state_key",
            "run_coroutine", "run_reference_episode", "summarize"]
 
 logger = logging.getLogger(__name__)
@@ -648,7 +649,7 @@ class RolloutEngine:
                 try:
                     generation = await batcher.submit(agent.request(sampling, episode_id), index)
                 except ContextLengthExceeded as exc:  # the model refused the prompt as too long: a truncation
-                    logger.debug("episode %s: %s", episode_id, exc)
+                    log_context_refusal(exc, turns_taken=len(turns))
                     outcome = context_limit_outcome()
                     healthy = True
                     break
@@ -799,6 +800,26 @@ def context_limit_reached(agent: ChatAgent, policy: Policy, config: RolloutConfi
 def context_limit_outcome() -> dict[str, Any]:
     """The outcome of an episode stopped by the context limit: a truncation that failed, score 0."""
     return {"success": False, "score": 0.0, "end_reason": "context_limit"}
+
+
+_first_prompt_refusal_logged = False
+
+
+def log_context_refusal(exc: ContextLengthExceeded, *, turns_taken: int) -> None:
+    """Log that the model refused an episode's prompt as too long (the episode ends as ``context_limit``).
+
+    A refused first prompt is a warning, logged once per process: no turn fitted at all, which is a setting (a
+    system prompt or ``max_tokens`` too large for the model's context) rather than an episode that grew too long,
+    and every episode would otherwise end quietly with no turns.
+    """
+    global _first_prompt_refusal_logged
+    if turns_taken or _first_prompt_refusal_logged:
+        logger.debug("prompt refused as too long after %d turns: %s", turns_taken, exc)
+        return
+    _first_prompt_refusal_logged = True
+    logger.warning("The model refused an episode's first prompt as too long (%s). Such episodes end with "
+                   "end_reason='context_limit' and no turns: shorten the system prompt, lower sampling.max_tokens, or "
+                   "serve the model with a longer context.", exc)
 
 
 def error_outcome() -> dict[str, Any]:

@@ -422,3 +422,20 @@ def test_a_call_queued_behind_a_call_that_then_gets_stuck_still_runs() -> None:
         release_a.set()
         executor.shutdown()
     assert a.result(timeout=10)
+
+
+def test_a_refused_first_prompt_is_a_warning_once_not_a_quiet_run_of_empty_episodes(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A first prompt the model refuses means a setting (system prompt, max_tokens) does not fit the model: every
+    episode would end context_limit with no turns, so the run says so, once."""
+    import agentgym.rollout as rollout
+
+    monkeypatch.setattr(rollout, "_first_prompt_refusal_logged", False)
+    policy = RefusesLongPrompts(limit=0)
+    specs = [EpisodeSpec("agentgym-test/Echo-v0", seed=i) for i in range(8)]
+    with caplog.at_level("WARNING", logger="agentgym.rollout"):
+        trajectories = RolloutEngine(policy, RolloutConfig(max_in_flight=8)).run(specs)
+    first = trajectories[0]
+    assert first.end_reason == "context_limit" and first.turns == () and first.error is None
+    warnings = [r for r in caplog.records if "first prompt" in r.getMessage()]
+    assert len(warnings) == 1 and "lower sampling.max_tokens" in warnings[0].getMessage()

@@ -470,7 +470,11 @@ def test_an_episode_the_server_refuses_as_too_long_is_a_context_limit_not_an_err
     (422, {"error": "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` "
                     "tokens and 200 `max_new_tokens`"}, True),  # TGI
     (400, {"object": "error", "message": "Requested token count exceeds the model's maximum context length of 4096 "
-                                         "tokens.", "code": 400}, True),  # SGLang
+                                         "tokens.", "code": 400}, True),  # LiteLLM-style proxies
+    (400, {"error": {"message": "prompt is too long: 213462 tokens > 200000 maximum", "type": "invalid_request_error"}},
+     True),  # Anthropic's OpenAI-compatible endpoint
+    (422, {"error": "Input validation error: `max_new_tokens` must be <= 4096. Given: 5000", "error_type": "validation"},
+     False),  # TGI: max_tokens too large for any prompt is a setting to fix, not a conversation that grew too long
     (400, {"error": {"message": "temperature must be non-negative", "type": "invalid_request_error", "code": None}},
      False),
     (401, {"error": {"message": "Invalid API key; the context length is irrelevant", "code": "invalid_api_key"}}, False),

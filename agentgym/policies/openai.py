@@ -87,12 +87,15 @@ class OpenAIContextLengthError(OpenAIServerError, ContextLengthExceeded):
     """The server refused a request because its prompt plus ``max_tokens`` does not fit the model's context."""
 
 
-# How OpenAI-compatible servers word a prompt that does not fit: OpenAI, vLLM and agentgym serve ("maximum context
-# length"), vLLM ("longer than the maximum model length", "is too long and exceeds limit"), SGLang ("maximum context
-# length of"), llama.cpp ("exceeds the available context size"), TGI ("inputs tokens + max_new_tokens must be <=").
+# How OpenAI-compatible servers word a prompt that does not fit: OpenAI ("exceeds the context window"), vLLM and
+# agentgym serve ("maximum context length is"), vLLM ("longer than the maximum model length", "is too long and exceeds
+# limit"), LiteLLM and Mistral ("maximum context length of"), SGLang ("longer than the model's context length"),
+# llama.cpp ("exceeds the available context size"), TGI ("`inputs` tokens + `max_new_tokens` must be <="), Anthropic's
+# compatible endpoint ("prompt is too long"), xAI ("maximum prompt length is"). TGI's "`max_new_tokens` must be <= N"
+# alone is a setting too large for any prompt, not a conversation that outgrew the model: it stays an error.
 _CONTEXT_LENGTH_MESSAGE = re.compile(
     r"context[ _-]?(length|window)|exceeds? the available context|maximum model length|is too long and exceeds"
-    r"|max_new_tokens` must be <=", re.IGNORECASE)
+    r"|`inputs` tokens \+ `max_new_tokens` must be <=|prompt is too long|maximum prompt length", re.IGNORECASE)
 _CONTEXT_LENGTH_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
 
 
