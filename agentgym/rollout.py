@@ -45,7 +45,7 @@ from agentgym.storage import TrajectoryWriter
 from agentgym.suite import Task, TaskSuite
 from agentgym.trajectory import Trajectory, Turn, jsonable
 
-__all__ = ["DISCARD_THREAD_NAME", "EnvExecutor", "EpisodeSpec", "PolicyBatcher", "RolloutConfig", "RolloutEngine",
+__all__ = ["DISCARD_THREAD_NAME", "IDLE_CHEAP_ENVS", "EnvExecutor", "EpisodeSpec", "IdleCheapEnvs", "PolicyBatcher", "RolloutConfig", "RolloutEngine",
            "TurnResult", "act_per_request", "apply_action", "call_env", "context_limit_outcome", "context_limit_reached",
            "discard_env", "episode_outcome", "episodes_for_suite", "error_outcome", "keyed_step", "log_context_refusal",
            "read_state_key",
@@ -395,7 +395,13 @@ class EnvExecutor(concurrent.futures.Executor):
 
 
 class _EnvPool:
-    """Reuses idle envs per (env_id, kwargs) so browsers and sandboxes are not rebuilt every episode."""
+    """Reuses idle envs per (env_id, kwargs) so browsers and sandboxes are not rebuilt every episode.
+
+    Idle ``cheap_steps`` envs outlive the run: :meth:`close` hands them to :data:`IDLE_CHEAP_ENVS`, where the next run
+    of any engine in this process takes them (trainers build an engine per step, so each step used to build every
+    env again: for GuessNumber that was a sixth of a free-policy run). Other envs hold browsers, sandboxes and
+    sockets, and are closed with the run as before.
+    """
 
     def __init__(self, config: RolloutConfig | None = None) -> None:
         self._idle: dict[str, list[Any]] = defaultdict(list)
@@ -403,16 +409,33 @@ class _EnvPool:
         self._config = config or RolloutConfig()
         self._cheap: dict[str, bool] = {}
         self._specs: dict[str, Any] = {}
+        self._ids: dict[str, str] = {}  # idle key -> env id
 
     @staticmethod
     def _key(spec: EpisodeSpec) -> str:
         return spec.env_id + repr(sorted(spec.env_kwargs.items())) if spec.env_kwargs else spec.env_id
 
     def take_idle(self, spec: EpisodeSpec) -> Any | None:
-        """An idle env for ``spec`` (cheap, no thread hop needed), or ``None``."""
+        """An idle env for ``spec`` (cheap, no thread hop needed): this run's own, else one an earlier run left
+        (:data:`IDLE_CHEAP_ENVS`, ``cheap_steps`` envs only), else ``None``."""
+        key = self._key(spec)
         with self._lock:
-            idle = self._idle[self._key(spec)]
-            return idle.pop() if idle else None
+            idle = self._idle.get(key)
+            if idle:
+                return idle.pop()
+        return IDLE_CHEAP_ENVS.take(key, self._registered(spec)) if self.cheap_to_make(spec) else None
+
+    def _registered(self, spec: EpisodeSpec) -> Any:
+        """Gymnasium's registered spec of ``spec.env_id``, looked up once per id and run (parsing the id on every
+        ``gym.make`` cost ~10 us per episode); ``None`` when the id is not registered."""
+        registered = self._specs.get(spec.env_id)
+        if registered is None:
+            import gymnasium as gym
+
+            import agentgym  # noqa: F401 - registers ids
+
+            registered = self._specs[spec.env_id] = gym.registry.get(spec.env_id)
+        return registered
 
     def cheap_to_make(self, spec: EpisodeSpec) -> bool:
         """Whether ``spec``'s env class says ``cheap_steps`` (pure in-process computation, construction included),
@@ -434,18 +457,17 @@ class _EnvPool:
             return RayEnv(spec.env_id, spec.env_kwargs, actor_options=self._config.ray_actor_options)
         import gymnasium as gym
 
-        import agentgym  # noqa: F401 - registers ids
-
         # Gymnasium's passive checker re-validates every first reset/step; registered envs are already
         # checked by check_agent_env, so the engine skips it (it costs ~0.4 ms per new env).
-        registered = self._specs.get(spec.env_id)
-        if registered is None:  # looked up once per id: parsing the id on every gym.make cost ~10 us per episode
-            registered = self._specs[spec.env_id] = gym.spec(spec.env_id)
-        return gym.make(registered, disable_env_checker=True, **dict(spec.env_kwargs))
+        registered = self._registered(spec)
+        return gym.make(spec.env_id if registered is None else registered, disable_env_checker=True,
+                        **dict(spec.env_kwargs))
 
     def release(self, spec: EpisodeSpec, env: Any) -> None:
+        key = self._key(spec)
         with self._lock:
-            self._idle[self._key(spec)].append(env)
+            self._idle[key].append(env)
+            self._ids[key] = spec.env_id
 
     def finish(self, spec: EpisodeSpec, env: Any, *, healthy: bool) -> None:
         """An episode is done with ``env``: keep it for the next episode if it ended cleanly, else discard it."""
@@ -455,14 +477,83 @@ class _EnvPool:
             discard_env(env)
 
     def close(self) -> None:
+        """End of the run: idle ``cheap_steps`` envs go to :data:`IDLE_CHEAP_ENVS` for later runs, the rest close."""
         with self._lock:
-            envs = [e for idle in self._idle.values() for e in idle]
+            idle = dict(self._idle)
             self._idle.clear()
-        for env in envs:
+        to_close = []
+        for key, envs in idle.items():
+            env_id = self._ids.get(key, "")
+            registered = self._specs.get(env_id)
+            if envs and registered is not None and self._cheap.get(env_id):
+                to_close.extend(IDLE_CHEAP_ENVS.keep(key, registered, envs))
+            else:
+                to_close.extend(envs)
+        for env in to_close:
             try:
                 env.close()
             except Exception:
                 logger.warning("closing an env failed", exc_info=True)
+
+
+class IdleCheapEnvs:
+    """Idle ``cheap_steps`` envs that runs leave behind, for later runs in this process to reuse (thread-safe).
+
+    Only ``cheap_steps`` envs come here: their state is plain in-process data that ``reset`` starts afresh, exactly
+    as when the engine reuses an env for the next episode of the same run. Each group remembers the registered
+    spec its envs were built from, so an id registered again (another class, other defaults) never gets an old
+    env; at most ``limit_per_key`` envs are kept per (id, kwargs), the rest are closed.
+    """
+
+    def __init__(self, limit_per_key: int = 1024) -> None:
+        self.limit_per_key = limit_per_key
+        self._lock = threading.Lock()
+        self._groups: dict[str, tuple[Any, list[Any]]] = {}
+
+    def take(self, key: str, registered: Any) -> Any | None:
+        """An idle env built from ``registered`` (the id's current registered spec), or ``None``."""
+        with self._lock:
+            group = self._groups.get(key)
+            if group is None:
+                return None
+            if group[0] is not registered:  # registered again since: these envs are another env's
+                del self._groups[key]
+                stale = group[1]
+            else:
+                return group[1].pop() if group[1] else None
+        for env in stale:
+            discard_env(env)
+        return None
+
+    def keep(self, key: str, registered: Any, envs: list[Any]) -> list[Any]:
+        """Keep ``envs`` (built from ``registered``) for later runs; returns those beyond the limit, to be closed."""
+        with self._lock:
+            group = self._groups.get(key)
+            if group is None or group[0] is not registered:
+                stale = group[1] if group is not None else []
+                group = self._groups[key] = (registered, [])
+            else:
+                stale = []
+            room = max(0, self.limit_per_key - len(group[1]))
+            group[1].extend(envs[:room])
+        return stale + envs[room:]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(envs) for _, envs in self._groups.values())
+
+    def clear(self) -> None:
+        """Close and forget every idle env (e.g. after changing an env class in place, or to free their memory)."""
+        with self._lock:
+            groups = list(self._groups.values())
+            self._groups.clear()
+        for _, envs in groups:
+            for env in envs:
+                _close_quietly(env)
+
+
+IDLE_CHEAP_ENVS = IdleCheapEnvs()
+"""The process's idle ``cheap_steps`` envs (see :class:`IdleCheapEnvs`); ``IDLE_CHEAP_ENVS.clear()`` drops them."""
 
 
 def _class_says_cheap(env_id: str) -> bool:

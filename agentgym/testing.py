@@ -216,17 +216,20 @@ def _play_reference(env_id: str, env: Any, seed: int, garbage: Sequence[str], ma
     return actions
 
 
-def _transcript(env_id: str, env: Any, seed: int, episodes: Sequence[Sequence[Any]]) -> list[str]:
-    lines: list[str] = []
+def _transcript(env_id: str, env: Any, seed: int, episodes: Sequence[Sequence[Any]], seeded: int = 1) -> list[list[str]]:
+    """The JSON lines of each of ``episodes``, played one after another on ``env``; the first ``seeded`` episodes
+    reset with ``seed``, the rest with ``None`` (the env's RNG goes on)."""
+    transcript: list[list[str]] = []
     for index, actions in enumerate(episodes):
-        obs, info = env.reset(seed=seed if index == 0 else None)
-        lines.append(_dump({"reset": index, "obs": obs, "info": info, "state_key": _state_key(env_id, env)}))
+        obs, info = env.reset(seed=seed if index < seeded else None)
+        lines = [_dump({"reset": True, "obs": obs, "info": info, "state_key": _state_key(env_id, env)})]
         for action in actions:
             result = _safe_step(env_id, env, action)
             lines.append(_dump({"action": action, "result": list(result), "state_key": _state_key(env_id, env)}))
             if result[2] or result[3]:
                 break
-    return lines
+        transcript.append(lines)
+    return transcript
 
 
 def _state_key(env_id: str, env: Any) -> str | None:
@@ -242,21 +245,27 @@ def _state_key(env_id: str, env: Any) -> str | None:
 
 
 def _check_determinism(env_id: str, env_kwargs: Mapping[str, Any], seed: int) -> None:
+    """Two envs with the same seed and actions give the same transcript, and so does an env that served an earlier,
+    unfinished episode: the rollout engine reuses envs for later episodes (and ``cheap_steps`` envs for later runs),
+    so nothing an episode leaves behind may reach the next one."""
     env_a, env_b = _make(env_id, env_kwargs), _make(env_id, env_kwargs)
     try:
         tools = list(getattr(env_a.unwrapped, "toolset", None) or [])
         garbage = garbage_actions([t.name for t in tools])
         solved = _play_reference(env_id, env_a, seed, garbage)
         episodes = [solved, garbage[5:5 + 40]]
-        first = _transcript(env_id, env_a, seed, episodes)
-        second = _transcript(env_id, env_b, seed, episodes)
+        earlier = [*garbage[:3], *solved[: max(1, len(solved) // 2)]]  # an episode left half-way, garbage first
+        # env_a first serves the earlier episode; from then on both must write the same lines
+        first = [line for lines in _transcript(env_id, env_a, seed, [earlier, *episodes], seeded=2)[1:] for line in lines]
+        second = [line for lines in _transcript(env_id, env_b, seed, episodes) for line in lines]
     finally:
         env_a.close()
         env_b.close()
     for index, (line_a, line_b) in enumerate(zip(first, second, strict=False)):
         if line_a != line_b:
-            raise _fail(env_id, "two envs with the same seed and actions diverged (the env must draw randomness "
-                        f"only from self.np_random) at transcript line {index}:\n  A: {line_a[:400]}\n  "
+            raise _fail(env_id, "an env diverged from a fresh one with the same seed and actions (the env must draw "
+                        "randomness only from self.np_random, and reset must clear everything an earlier episode "
+                        f"left, since envs are reused) at transcript line {index}:\n  A: {line_a[:400]}\n  "
                         f"B: {line_b[:400]}")
     if len(first) != len(second):
         raise _fail(env_id, f"replay lengths differ: {len(first)} vs {len(second)} lines")

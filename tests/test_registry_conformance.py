@@ -146,6 +146,31 @@ class _NondeterministicEnv(_TinyEnv):
         return f"pong {type(self).counter}"
 
 
+class _LeakyEnv(_TinyEnv):
+    """Deterministic per instance, but it clears its ping count only when an episode ends: an episode left half-way
+    (a context limit, a run that stopped) hands its count to the next episode on the same env."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.pings = 0
+        super().__init__(**kwargs)
+
+    @tool
+    def ping(self, n: int) -> str:
+        """Reply with the number of pings so far.
+
+        Args:
+            n: Any integer.
+        """
+        self.pings += 1
+        return f"pong {self.pings}"
+
+    def step(self, action: Any) -> Any:
+        result = super().step(action)
+        if result[2] or result[3]:
+            self.pings = 0
+        return result
+
+
 class _CrashingEnv(_TinyEnv):
     def step(self, action: Any) -> Any:
         if isinstance(action, str) and "\x00" in action:  # only garbage reaches this; check_env's samples do not
@@ -155,7 +180,8 @@ class _CrashingEnv(_TinyEnv):
 
 @pytest.fixture()
 def broken_ids() -> Any:
-    ids = {"agentgym-test/Nondet-v0": _NondeterministicEnv, "agentgym-test/Crash-v0": _CrashingEnv}
+    ids = {"agentgym-test/Nondet-v0": _NondeterministicEnv, "agentgym-test/Crash-v0": _CrashingEnv,
+           "agentgym-test/Leaky-v0": _LeakyEnv}
     for env_id, cls in ids.items():
         gym.register(id=env_id, entry_point=cls)
     yield ids
@@ -166,6 +192,13 @@ def broken_ids() -> Any:
 def test_checker_reports_nondeterminism(broken_ids: Any) -> None:
     with pytest.raises(EnvCheckError, match="diverged"):
         check_agent_env("agentgym-test/Nondet-v0", fuzz_examples=0)
+
+
+def test_checker_reports_state_an_earlier_episode_left_behind(broken_ids: Any) -> None:
+    """The engine reuses envs for later episodes and runs: an env whose reset leaves an earlier episode's state
+    fails the check, even though two fresh instances agree."""
+    with pytest.raises(EnvCheckError, match="reset must clear everything an earlier episode left"):
+        check_agent_env("agentgym-test/Leaky-v0", fuzz_examples=0)
 
 
 def test_checker_reports_crash_on_garbage(broken_ids: Any) -> None:

@@ -439,3 +439,87 @@ def test_a_refused_first_prompt_is_a_warning_once_not_a_quiet_run_of_empty_episo
     assert first.end_reason == "context_limit" and first.turns == () and first.error is None
     warnings = [r for r in caplog.records if "first prompt" in r.getMessage()]
     assert len(warnings) == 1 and "lower sampling.max_tokens" in warnings[0].getMessage()
+
+
+class CountingCheapEcho(ScriptedPolicy):
+    """Echo then stop, noting each episode's env object."""
+
+    def __init__(self) -> None:
+        super().__init__([ECHO, STOP])
+        self.envs: list[object] = []
+
+    def begin_episode(self, episode_id: str, env) -> None:  # type: ignore[no-untyped-def]
+        self.envs.append(env)
+
+
+def _without_timing(trajectories):  # type: ignore[no-untyped-def]
+    return [(t.seed, t.task_id, [(turn.observation, turn.action, turn.reward, turn.info) for turn in t.turns],
+             t.outcome) for t in trajectories]
+
+
+def test_later_runs_reuse_the_idle_cheap_envs_of_earlier_runs_with_the_same_episodes() -> None:
+    """Trainers build an engine per step: a step must not rebuild every ``cheap_steps`` env, and an env that served an
+    earlier run must give exactly the episodes a fresh one gives."""
+    from agentgym.rollout import IDLE_CHEAP_ENVS
+
+    IDLE_CHEAP_ENVS.clear()
+    specs = [EpisodeSpec("agentgym-test/CheapEcho-v0", seed=i) for i in range(6)]
+    first, second = CountingCheapEcho(), CountingCheapEcho()
+    fresh = RolloutEngine(first, RolloutConfig(max_in_flight=6)).run(specs)
+    assert len(IDLE_CHEAP_ENVS) == 6
+    reused = RolloutEngine(second, RolloutConfig(max_in_flight=6)).run(specs)
+    assert {id(e) for e in second.envs} == {id(e) for e in first.envs}, "the second run builds no env"
+    assert _without_timing(reused) == _without_timing(fresh)
+    assert len(IDLE_CHEAP_ENVS) == 6
+
+
+def test_envs_that_are_not_cheap_or_failed_are_never_kept_across_runs() -> None:
+    from agentgym.rollout import IDLE_CHEAP_ENVS
+
+    IDLE_CHEAP_ENVS.clear()
+    RolloutEngine(ScriptedPolicy([ECHO, STOP])).run([EpisodeSpec("agentgym-test/Echo-v0", seed=i) for i in range(3)])
+    assert len(IDLE_CHEAP_ENVS) == 0, "envs that may hold browsers or sandboxes close with their run"
+    policy = CountingCheapEcho()
+    policy.replies = lambda messages: (_ for _ in ()).throw(RuntimeError("policy bug"))  # every episode errors
+    trajectories = RolloutEngine(policy).run([EpisodeSpec("agentgym-test/CheapEcho-v0", seed=i) for i in range(3)])
+    assert all(t.end_reason == "error" for t in trajectories)
+    assert len(IDLE_CHEAP_ENVS) == 0, "an env whose episode failed is discarded, not kept"
+
+
+def test_an_id_registered_again_never_gets_the_idle_envs_of_its_old_class() -> None:
+    from agentgym.rollout import IDLE_CHEAP_ENVS
+    from tests.envs_for_tests import CheapEchoEnv
+
+    class Renamed(CheapEchoEnv):
+        pass
+
+    env_id = "agentgym-test/ReRegistered-v0"
+    IDLE_CHEAP_ENVS.clear()
+    try:
+        gym.register(id=env_id, entry_point="tests.envs_for_tests:CheapEchoEnv")
+        RolloutEngine(ScriptedPolicy([ECHO, STOP])).run([EpisodeSpec(env_id, seed=0)])
+        assert len(IDLE_CHEAP_ENVS) == 1
+        del gym.registry[env_id]
+        gym.register(id=env_id, entry_point=Renamed)
+        policy = CountingCheapEcho()
+        RolloutEngine(policy).run([EpisodeSpec(env_id, seed=0)])
+        assert [type(e.unwrapped) for e in policy.envs] == [Renamed]
+    finally:
+        gym.registry.pop(env_id, None)
+        IDLE_CHEAP_ENVS.clear()
+
+
+def test_idle_cheap_envs_are_bounded_per_id_and_closed_beyond_the_bound() -> None:
+    from agentgym.rollout import IdleCheapEnvs
+
+    class Env:
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    store, spec = IdleCheapEnvs(limit_per_key=2), object()
+    envs = [Env() for _ in range(3)]
+    assert store.keep("k", spec, envs) == envs[2:]
+    assert store.take("k", object()) is None, "another registration of the id"
+    assert len(store) == 0
