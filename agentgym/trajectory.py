@@ -47,9 +47,20 @@ def jsonable(value: Any) -> Any:
     kind = type(value)
     if kind in _PLAIN:  # the common case first: every turn's info goes through here
         return value
-    if kind is dict:  # empty ones are common (a turn's errors, rewards, arguments): no comprehension for them
-        return {k if type(k) is str else str(k): v if type(v) in _PLAIN else jsonable(v)
-                for k, v in value.items()} if value else {}
+    if kind is dict:  # every turn's info: a loop that copies empty containers without a call for each
+        if not value:
+            return {}
+        out = {}
+        for key, item in value.items():
+            item_kind = type(item)
+            if item_kind is dict:
+                item = jsonable(item) if item else {}
+            elif item_kind is list:
+                item = jsonable(item) if item else []
+            elif item_kind not in _PLAIN:
+                item = jsonable(item)
+            out[key if type(key) is str else str(key)] = item
+        return out
     if kind is list or kind is tuple:  # before the isinstance chain below: Mapping's ABC check is slow
         return [v if type(v) in _PLAIN else jsonable(v) for v in value] if value else []
     if kind is float:

@@ -2,7 +2,9 @@
 
 Part 1 - overhead and batching: 256 GuessNumber episodes with a ScriptedPolicy (binary search), the
 engine (256 in flight) against a plain sequential loop, once with a free policy and once with a fixed
-per-call latency standing in for a model forward pass.
+per-call latency standing in for a model forward pass. Each round builds a new engine, as trainers do per step; the
+engine runs twice, once reusing the idle envs earlier runs left (every run after a process's first) and once
+building every env (the first run).
 
 Part 2 - pipelining under real-world variance: 3-turn episodes whose tool calls take lognormal time,
 with the policy behind an OpenAI-compatible server on 127.0.0.1 whose latency is proportional to the
@@ -35,7 +37,7 @@ import gymnasium as gym
 import agentgym  # noqa: F401
 from agentgym.agent import ChatAgent
 from agentgym.policies import SamplingParams, ScriptedPolicy
-from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
+from agentgym.rollout import IDLE_CHEAP_ENVS, EpisodeSpec, RolloutConfig, RolloutEngine
 
 GUESS_ID = "agentgym/GuessNumber-v0"
 LATENCY_ID = "agentgym-bench/Latency-v0"
@@ -80,7 +82,11 @@ def sequential_loop(n: int, delay_s: float) -> tuple[float, int, int]:
     return time.perf_counter() - start, steps, successes
 
 
-def engine_run(n: int, delay_s: float) -> tuple[float, int, int, int]:
+def engine_run(n: int, delay_s: float, *, cold: bool = False) -> tuple[float, int, int, int]:
+    """The engine, a new one per run as trainers build one per step. ``cold``: with no idle env left by earlier runs
+    (the first run in a process), so every env is built; otherwise the run reuses the idle ``cheap_steps`` envs."""
+    if cold:
+        IDLE_CHEAP_ENVS.clear()
     policy = ScriptedPolicy(binary_search_reply, delay_s=delay_s, max_batch_size=n)
     engine = RolloutEngine(policy, RolloutConfig(max_in_flight=n, env_workers=8, batch_window_s=0.0))
     start = time.perf_counter()
@@ -90,20 +96,23 @@ def engine_run(n: int, delay_s: float) -> tuple[float, int, int, int]:
 
 
 def part1(n: int, rounds: int) -> list[dict[str, Any]]:
-    """Engine vs plain loop, ``rounds`` interleaved pairs per policy latency; medians and the per-round range.
+    """Engine vs plain loop, ``rounds`` interleaved triples per policy latency (loop, engine, engine building every
+    env); medians and the per-round range.
 
     One pair of runs takes well under a second, so a single pair swings with whatever else the machine does
     (0.33x-0.85x on 2 shared cores); interleaving spreads that noise evenly over both sides."""
     rows = []
     for delay in (0.0, 0.005):
-        seq_walls, eng_walls, ratios = [], [], []
+        seq_walls, eng_walls, ratios, cold_ratios = [], [], [], []
         for _ in range(rounds):
             seq_wall, seq_steps, seq_ok = sequential_loop(n, delay)
             eng_wall, eng_steps, eng_ok, calls = engine_run(n, delay)
-            assert seq_steps == eng_steps and seq_ok == eng_ok == n, (seq_steps, eng_steps, seq_ok, eng_ok)
+            cold_wall, cold_steps, cold_ok, _ = engine_run(n, delay, cold=True)
+            assert seq_steps == eng_steps == cold_steps and seq_ok == eng_ok == cold_ok == n, (seq_steps, eng_steps, seq_ok, eng_ok)
             seq_walls.append(seq_wall)
             eng_walls.append(eng_wall)
             ratios.append(seq_wall / eng_wall)
+            cold_ratios.append(seq_wall / cold_wall)
         seq_wall, eng_wall = statistics.median(seq_walls), statistics.median(eng_walls)
         rows.append({
             "policy latency": f"{delay * 1000:.0f} ms/call",
@@ -111,6 +120,7 @@ def part1(n: int, rounds: int) -> list[dict[str, Any]]:
             "sequential episodes/s": n / seq_wall, "engine episodes/s": n / eng_wall,
             "policy calls (engine)": calls, "ratio": statistics.median(ratios),
             "ratio range": f"{min(ratios):.2f}-{max(ratios):.2f} over {rounds} rounds",
+            "ratio building every env": statistics.median(cold_ratios),
         })
     return rows
 
@@ -244,11 +254,13 @@ def main() -> None:
     n1 = 64 if args.quick else 256
     print(f"Part 1: {n1} GuessNumber episodes, ScriptedPolicy (binary search)")
     for row in part1(n1, rounds=3 if args.quick else 21):
-        print("  " + " | ".join(f"{k}: {v:.2f}" if k == "ratio" else f"{k}: {v:.1f}" if isinstance(v, float)
+        print("  " + " | ".join(f"{k}: {v:.2f}" if k.startswith("ratio") else f"{k}: {v:.1f}" if isinstance(v, float)
                                 else f"{k}: {v}" for k, v in row.items()))
         if row["policy latency"] == "0 ms/call":
+            cold = row["ratio building every env"]
             print(f"  engine overhead: {row['ratio']:.2f}x a plain loop ({'meets' if row['ratio'] >= 0.7 else 'MISSES'} "
-                  "the 0.7x goal on this run)")
+                  f"the 0.7x goal on this run); {cold:.2f}x when the run builds every env, as the first run in a "
+                  f"process does ({'meets' if cold >= 0.7 else 'MISSES'} the goal)")
     scale = 4 if args.quick else 1
     print("\nPart 2: three-turn episodes, lognormal tool latency, token-time server (own process) on 127.0.0.1")
     # Row 1: one wave, every episode in flight, so each lock-step turn waits for its slowest tool call and

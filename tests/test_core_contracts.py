@@ -173,3 +173,33 @@ def test_sigkill_midway_leaves_finished_trajectories_readable(tmp_path: Path) ->
     trajectories = list(read_trajectories(path))
     assert len(trajectories) >= 10
     assert all(t.success for t in trajectories)
+
+
+def test_jsonable_copies_any_nesting_to_plain_json_without_aliasing_the_input() -> None:
+    """Every turn's info goes through ``jsonable``: the result must survive a JSON round trip unchanged and share no
+    container with what the env returned (an env that edits its info later must not rewrite a trajectory)."""
+    import numpy as np
+
+    from agentgym.trajectory import jsonable
+
+    leaves = st.none() | st.booleans() | st.integers() | st.text(max_size=5) | st.floats(allow_nan=False)
+    values = st.recursive(leaves, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.text(max_size=4) | st.integers(), inner, max_size=4) | st.tuples(inner, inner), max_leaves=25)
+
+    def containers(value, out):  # type: ignore[no-untyped-def]
+        if isinstance(value, (dict, list)):
+            out.add(id(value))
+            for item in (value.values() if isinstance(value, dict) else value):
+                containers(item, out)
+        return out
+
+    @settings(max_examples=300, deadline=None)
+    @given(values)
+    def check(value) -> None:  # type: ignore[no-untyped-def]
+        out = jsonable(value)
+        assert json.loads(json.dumps(out, allow_nan=False)) == out
+        assert not containers(out, set()) & containers(value, set())
+
+    check()
+    info = {"calls": [{"arguments": {"x": (1, np.int64(2))}}], "errors": [], "score": float("inf"), 3: np.float32(0.5)}
+    assert jsonable(info) == {"calls": [{"arguments": {"x": [1, 2]}}], "errors": [], "score": "inf", "3": 0.5}
