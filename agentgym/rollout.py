@@ -46,7 +46,7 @@ from agentgym.suite import Task, TaskSuite
 from agentgym.trajectory import Trajectory, Turn, jsonable
 
 __all__ = ["DISCARD_THREAD_NAME", "IDLE_CHEAP_ENVS", "EnvExecutor", "EpisodeSpec", "IdleCheapEnvs", "PolicyBatcher", "RolloutConfig", "RolloutEngine",
-           "TurnResult", "act_per_request", "apply_action", "call_env", "context_limit_outcome", "context_limit_reached",
+           "TurnResult", "act_per_request", "apply_action", "apply_action_inline", "call_env", "context_limit_outcome", "context_limit_reached",
            "discard_env", "episode_outcome", "episodes_for_suite", "error_outcome", "keyed_step", "log_context_refusal",
            "read_state_key",
            "run_coroutine", "run_reference_episode", "summarize"]
@@ -197,10 +197,12 @@ class PolicyBatcher:
         self.slots = asyncio.Semaphore(max(1, policy.max_concurrency))
         self.calls = 0
         self._task: asyncio.Task[None] | None = None
+        self._event_loop: asyncio.AbstractEventLoop | None = None
         self._inflight: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop())
+        self._event_loop = asyncio.get_running_loop()
+        self._task = self._event_loop.create_task(self._loop())
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -212,11 +214,15 @@ class PolicyBatcher:
         for t in list(self._inflight):
             t.cancel()
 
-    async def submit(self, request: GenerationRequest, order: int = 0) -> Generation:
-        future: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
+    def submit(self, request: GenerationRequest, order: int = 0) -> asyncio.Future[Generation]:
+        """Queue ``request`` for the next batch; await the returned future for its generation.
+
+        A plain function returning the future, not a coroutine: each turn's wake-up then resumes one coroutine
+        frame fewer (call it after :meth:`start`, on the loop it started on)."""
+        future: asyncio.Future[Generation] = (self._event_loop or asyncio.get_running_loop()).create_future()
         self.queue.append((order, request, future))
         self.wakeup.set()
-        return await future
+        return future
 
     def episode_started(self) -> None:
         self.running += 1
@@ -703,7 +709,7 @@ class RolloutEngine:
         cfg = self.config
         episode_id = f"{self._run_id}-{index}"
         t0 = time.perf_counter()
-        timing = {"policy_s": 0.0, "env_s": 0.0}
+        policy_s = env_s = 0.0
         turns: list[Turn] = []
         outcome: dict[str, Any] = {}
         error: str | None = None
@@ -718,7 +724,7 @@ class RolloutEngine:
             inline = bool(getattr(env.unwrapped, "cheap_steps", False))
             te = time.perf_counter()
             observation, info = await self._call_env(executor, env.reset, seed=spec.seed, options=options, inline=inline)
-            timing["env_s"] += time.perf_counter() - te
+            env_s += time.perf_counter() - te
             task_id = info.get("task_id", task_id)
             self.policy.begin_episode(episode_id, env)
             agent = open_conversation(self.policy, cfg, info, observation)
@@ -744,10 +750,11 @@ class RolloutEngine:
                     outcome = context_limit_outcome()
                     healthy = True
                     break
-                timing["policy_s"] += time.perf_counter() - tp
-                step = await apply_action(self.policy, agent, env, observation, generation, executor,
-                                          cfg.step_timeout_s, inline=inline)
-                timing["env_s"] += step.env_s
+                policy_s += time.perf_counter() - tp
+                step = apply_action_inline(self.policy, agent, env, observation, generation) if inline else \
+                    await apply_action(self.policy, agent, env, observation, generation, executor, cfg.step_timeout_s,
+                                       inline=False)
+                env_s += step.env_s
                 turns.append(step.turn)
                 observation = step.observation
                 if step.outcome is not None:
@@ -769,7 +776,7 @@ class RolloutEngine:
             outcome = error_outcome()
         elif turns:
             metadata = final_state(agent, observation)
-        timing["wall_s"] = time.perf_counter() - t0
+        timing = {"policy_s": policy_s, "env_s": env_s, "wall_s": time.perf_counter() - t0}
         return Trajectory(
             env_id=spec.env_id, task_id=task_id, seed=spec.seed, turns=tuple(turns), outcome=outcome,
             end_reason=str(outcome.get("end_reason", "error")), policy=self.policy.name, timing=timing,
@@ -962,19 +969,46 @@ async def apply_action(policy: Policy, agent: ChatAgent, env: Any, observation: 
                        executor: concurrent.futures.Executor, timeout_s: float, *, inline: bool) -> TurnResult:
     """One turn after the policy answered: record the action in the conversation, read the env's anchor state
     and step the env with it (one env call, see :func:`keyed_step`), then add the env's answer to the
-    conversation. The engine and the branching sampler both take every turn through here, so a trajectory
-    records the same fields whichever sampler made it.
+    conversation. The engine and the branching sampler both take every turn through here (or, for an env that
+    steps inline, through :func:`apply_action_inline`, its synchronous form), so a trajectory records the same
+    fields whichever sampler made it.
 
     Raises:
         TimeoutError: The env call ran past ``timeout_s``; any error the env's ``step`` raised.
     """
+    if inline:
+        return apply_action_inline(policy, agent, env, observation, generation)
+    prompt_ids, images, action_ids = _record_action(policy, agent, generation)
+    started = time.perf_counter()
+    state_key, result = await call_env(executor, timeout_s, keyed_step, env, generation.text)
+    return _finish_turn(agent, observation, generation, result, state_key, prompt_ids, action_ids, images,
+                        time.perf_counter() - started)
+
+
+def apply_action_inline(policy: Policy, agent: ChatAgent, env: Any, observation: str,
+                        generation: Generation) -> TurnResult:
+    """:func:`apply_action` for a ``cheap_steps`` env, stepped right here: no coroutine to create and resume per
+    turn, which the engine's hot loop would otherwise pay on every turn of every inline env."""
+    prompt_ids, images, action_ids = _record_action(policy, agent, generation)
+    started = time.perf_counter()
+    state_key, result = keyed_step(env, generation.text)
+    return _finish_turn(agent, observation, generation, result, state_key, prompt_ids, action_ids, images,
+                        time.perf_counter() - started)
+
+
+def _record_action(policy: Policy, agent: ChatAgent,
+                   generation: Generation) -> tuple[tuple[int, ...] | None, tuple[ImageRef, ...], tuple[int, ...] | None]:
+    """Put the action into the conversation; the prompt ids and images the turn records, and the action's ids."""
     prompt_ids = tuple(agent.pending_prompt_ids) if policy.tokenizer is not None else None
     images = agent.observation_images
-    action_ids = agent.record_action(generation)
-    started = time.perf_counter()
-    state_key, (next_obs, reward, terminated, truncated, info) = keyed_step(env, generation.text) if inline else \
-        await call_env(executor, timeout_s, keyed_step, env, generation.text)
-    env_s = time.perf_counter() - started
+    return prompt_ids, images, agent.record_action(generation)
+
+
+def _finish_turn(agent: ChatAgent, observation: str, generation: Generation, result: tuple[Any, ...],
+                 state_key: str | None, prompt_ids: tuple[int, ...] | None, action_ids: tuple[int, ...] | None,
+                 images: tuple[ImageRef, ...], env_s: float) -> TurnResult:
+    """The turn's record from the env's answer, which goes into the conversation."""
+    next_obs, reward, terminated, truncated, info = result
     turn = make_turn(observation, generation, reward, info, prompt_ids, action_ids, state_key, images)
     next_text, next_images = observation_parts(next_obs)
     agent.add_observation(next_text, images=next_images)
@@ -1053,7 +1087,8 @@ class _Progress:
     def advance(self, traj: Trajectory) -> None:
         self.done += 1
         self.successes += int(traj.success)
-        self._bar.advance(info=f"success {self.successes / self.done:.2f}")
+        if self._bar.enabled:  # the text is formatted only for a bar someone sees
+            self._bar.advance(info=f"success {self.successes / self.done:.2f}")
 
     def __exit__(self, *exc: object) -> None:
         self._bar.__exit__(*exc)

@@ -254,7 +254,7 @@ def main() -> None:
     n1 = 64 if args.quick else 256
     print(f"Part 1: {n1} GuessNumber episodes, ScriptedPolicy (binary search)")
     for row in part1(n1, rounds=3 if args.quick else 21):
-        print("  " + " | ".join(f"{k}: {v:.2f}" if k.startswith("ratio") else f"{k}: {v:.1f}" if isinstance(v, float)
+        print("  " + " | ".join(f"{k}: {v:.2f}" if k.startswith("ratio") and isinstance(v, float) else f"{k}: {v:.1f}" if isinstance(v, float)
                                 else f"{k}: {v}" for k, v in row.items()))
         if row["policy latency"] == "0 ms/call":
             cold = row["ratio building every env"]
