@@ -30,7 +30,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -508,13 +508,15 @@ class IdleCheapEnvs:
     Only ``cheap_steps`` envs come here: their state is plain in-process data that ``reset`` starts afresh, exactly
     as when the engine reuses an env for the next episode of the same run. Each group remembers the registered
     spec its envs were built from, so an id registered again (another class, other defaults) never gets an old
-    env; at most ``limit_per_key`` envs are kept per (id, kwargs), the rest are closed.
+    env. At most ``limit`` envs are kept in all: beyond it the groups used least recently are closed first, so
+    runs whose episodes each pass other env kwargs cannot pile envs up.
     """
 
-    def __init__(self, limit_per_key: int = 1024) -> None:
-        self.limit_per_key = limit_per_key
+    def __init__(self, limit: int = 2048) -> None:
+        self.limit = limit
         self._lock = threading.Lock()
-        self._groups: dict[str, tuple[Any, list[Any]]] = {}
+        self._groups: OrderedDict[str, tuple[Any, list[Any]]] = OrderedDict()  # least recently used first
+        self._count = 0
 
     def take(self, key: str, registered: Any) -> Any | None:
         """An idle env built from ``registered`` (the id's current registered spec), or ``None``."""
@@ -522,37 +524,53 @@ class IdleCheapEnvs:
             group = self._groups.get(key)
             if group is None:
                 return None
-            if group[0] is not registered:  # registered again since: these envs are another env's
-                del self._groups[key]
-                stale = group[1]
-            else:
-                return group[1].pop() if group[1] else None
+            if group[0] is registered:
+                if not group[1]:
+                    return None
+                self._count -= 1
+                return group[1].pop()
+            del self._groups[key]  # registered again since: these envs are another env's
+            self._count -= len(group[1])
+            stale = group[1]
         for env in stale:
             discard_env(env)
         return None
 
     def keep(self, key: str, registered: Any, envs: list[Any]) -> list[Any]:
-        """Keep ``envs`` (built from ``registered``) for later runs; returns those beyond the limit, to be closed."""
+        """Keep ``envs`` (built from ``registered``) for later runs; returns the envs to close: those of an older
+        registration of the id, and the least recently used beyond ``limit``."""
+        to_close: list[Any] = []
         with self._lock:
-            group = self._groups.get(key)
-            if group is None or group[0] is not registered:
-                stale = group[1] if group is not None else []
-                group = self._groups[key] = (registered, [])
-            else:
-                stale = []
-            room = max(0, self.limit_per_key - len(group[1]))
-            group[1].extend(envs[:room])
-        return stale + envs[room:]
+            group = self._groups.pop(key, None)
+            if group is not None and group[0] is not registered:
+                to_close.extend(group[1])
+                self._count -= len(group[1])
+                group = None
+            if group is None:
+                group = (registered, [])
+            self._groups[key] = group  # now the most recently used
+            group[1].extend(envs)
+            self._count += len(envs)
+            while self._count > self.limit:
+                oldest = next(iter(self._groups.values()))[1]
+                excess = min(len(oldest), self._count - self.limit)
+                to_close.extend(oldest[:excess])
+                del oldest[:excess]
+                self._count -= excess
+                if not oldest:
+                    self._groups.popitem(last=False)
+        return to_close
 
     def __len__(self) -> int:
         with self._lock:
-            return sum(len(envs) for _, envs in self._groups.values())
+            return self._count
 
     def clear(self) -> None:
         """Close and forget every idle env (e.g. after changing an env class in place, or to free their memory)."""
         with self._lock:
             groups = list(self._groups.values())
             self._groups.clear()
+            self._count = 0
         for _, envs in groups:
             for env in envs:
                 _close_quietly(env)

@@ -509,17 +509,53 @@ def test_an_id_registered_again_never_gets_the_idle_envs_of_its_old_class() -> N
         IDLE_CHEAP_ENVS.clear()
 
 
-def test_idle_cheap_envs_are_bounded_per_id_and_closed_beyond_the_bound() -> None:
+def test_idle_cheap_envs_are_bounded_in_all_and_the_least_recently_used_close_first() -> None:
+    """Runs whose episodes each pass other env kwargs must not pile idle envs up without end."""
     from agentgym.rollout import IdleCheapEnvs
 
-    class Env:
-        closed = False
+    store, spec = IdleCheapEnvs(limit=4), object()
+    a, b, c = [object(), object()], [object(), object()], [object()]
+    assert store.keep("a", spec, a) == [] and store.keep("b", spec, b) == []
+    assert store.keep("c", spec, c) == [a[0]], "the group used least recently gives way first"
+    assert len(store) == 4
+    assert store.take("a", spec) is a[1] and store.take("a", spec) is None
+    assert store.keep("a", object(), [object()]) == [], "a new registration of an emptied id"
+    assert store.take("b", object()) is None, "another registration of the id: its envs are dropped"
+    assert len(store) == 2
 
-        def close(self) -> None:
-            self.closed = True
 
-    store, spec = IdleCheapEnvs(limit_per_key=2), object()
-    envs = [Env() for _ in range(3)]
-    assert store.keep("k", spec, envs) == envs[2:]
-    assert store.take("k", object()) is None, "another registration of the id"
-    assert len(store) == 0
+def test_engines_running_at_once_in_threads_never_share_an_env() -> None:
+    """Idle envs are handed out under a lock: two engines in two threads (an async rollout worker beside an
+    evaluation) never get the same env for episodes that overlap."""
+    from agentgym.rollout import IDLE_CHEAP_ENVS
+
+    IDLE_CHEAP_ENVS.clear()
+    lock, in_use, clashes = threading.Lock(), set(), []
+
+    class Tracking(ScriptedPolicy):
+        def __init__(self) -> None:
+            super().__init__([ECHO, ECHO, STOP], delay_s=0.001)
+            self.envs: dict[str, int] = {}
+
+        def begin_episode(self, episode_id: str, env) -> None:  # type: ignore[no-untyped-def]
+            with lock:
+                if id(env) in in_use:
+                    clashes.append(episode_id)
+                in_use.add(id(env))
+                self.envs[episode_id] = id(env)
+
+        def end_episode(self, episode_id: str) -> None:
+            with lock:
+                in_use.discard(self.envs.pop(episode_id, None))
+
+    def work() -> None:
+        for _ in range(5):
+            RolloutEngine(Tracking(), RolloutConfig(max_in_flight=8)).run(
+                [EpisodeSpec("agentgym-test/CheapEcho-v0", seed=i) for i in range(16)])
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not clashes and 0 < len(IDLE_CHEAP_ENVS) <= 16
