@@ -33,6 +33,7 @@ import uuid
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from agentgym.agent import ChatAgent
@@ -415,7 +416,7 @@ class _EnvPool:
         self._config = config or RolloutConfig()
         self._cheap: dict[str, bool] = {}
         self._specs: dict[str, Any] = {}
-        self._ids: dict[str, str] = {}  # idle key -> env id
+        self._ids: dict[str, tuple[str, bool]] = {}  # idle key -> (env id, whether the key shows its kwargs by value)
 
     @staticmethod
     def _key(spec: EpisodeSpec) -> str:
@@ -473,7 +474,8 @@ class _EnvPool:
         key = self._key(spec)
         with self._lock:
             self._idle[key].append(env)
-            self._ids[key] = spec.env_id
+            if key not in self._ids:  # the kwargs are the same for every env under one key
+                self._ids[key] = (spec.env_id, _shown_by_value(spec.env_kwargs))
 
     def finish(self, spec: EpisodeSpec, env: Any, *, healthy: bool) -> None:
         """An episode is done with ``env``: keep it for the next episode if it ended cleanly, else discard it."""
@@ -489,9 +491,9 @@ class _EnvPool:
             self._idle.clear()
         to_close = []
         for key, envs in idle.items():
-            env_id = self._ids.get(key, "")
+            env_id, by_value = self._ids.get(key, ("", False))
             registered = self._specs.get(env_id)
-            if envs and registered is not None and self._cheap.get(env_id):
+            if envs and by_value and registered is not None and self._cheap.get(env_id):
                 to_close.extend(IDLE_CHEAP_ENVS.keep(key, registered, envs))
             else:
                 to_close.extend(envs)
@@ -578,6 +580,23 @@ class IdleCheapEnvs:
 
 IDLE_CHEAP_ENVS = IdleCheapEnvs()
 """The process's idle ``cheap_steps`` envs (see :class:`IdleCheapEnvs`); ``IDLE_CHEAP_ENVS.clear()`` drops them."""
+
+
+def _shown_by_value(value: Any) -> bool:
+    """Whether ``repr(value)`` is made of values only (plain data, the built-in containers and tasks of them), so
+    equal keys mean equal env kwargs. An object shown by its address (``<Foo object at 0x...>``) is not: once it is
+    freed, another object can take its address and its key, so envs built with such kwargs are never kept beyond
+    their run. Exact types only: a subclass may show itself any way it likes."""
+    kind = type(value)
+    if value is None or kind in (str, int, float, bool):
+        return True
+    if kind in (list, tuple, set, frozenset):
+        return all(_shown_by_value(item) for item in value)
+    if kind is dict or kind is MappingProxyType:
+        return all(_shown_by_value(k) and _shown_by_value(v) for k, v in value.items())
+    if kind is Task:
+        return all(_shown_by_value(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return False
 
 
 def _class_says_cheap(env_id: str) -> bool:

@@ -559,3 +559,28 @@ def test_engines_running_at_once_in_threads_never_share_an_env() -> None:
     for thread in threads:
         thread.join(60)
     assert not clashes and 0 < len(IDLE_CHEAP_ENVS) <= 16
+
+
+def test_envs_built_with_kwargs_shown_by_address_are_not_kept_beyond_their_run() -> None:
+    """A key made from ``<object at 0x...>`` could match a later, different object at the same address: such envs
+    serve the rest of their run only. Plain kwargs and tasks (shown by value) are kept."""
+    from agentgym.rollout import IDLE_CHEAP_ENVS, _shown_by_value
+    from agentgym.suite import Task
+
+    assert _shown_by_value({"tasks": (Task(id="t", prompt="p", metadata={"n": [1, 2.5]}),), "max_turns": 3})
+    assert not _shown_by_value({"hook": object()}) and not _shown_by_value({"f": print})
+    assert not _shown_by_value({"tasks": _TasksByAddress()})
+    IDLE_CHEAP_ENVS.clear()
+    RolloutEngine(ScriptedPolicy([ECHO, STOP])).run(
+        [EpisodeSpec("agentgym-test/CheapEcho-v0", seed=0, env_kwargs={"max_turns": 3})])
+    assert len(IDLE_CHEAP_ENVS) == 1
+    RolloutEngine(ScriptedPolicy([ECHO, STOP])).run(
+        [EpisodeSpec("agentgym-test/CheapEcho-v0", seed=0, env_kwargs={"tasks": _TasksByAddress()})])
+    assert len(IDLE_CHEAP_ENVS) == 1
+
+
+class _TasksByAddress(list):  # type: ignore[type-arg]
+    """A task list whose repr is its address, as a user's own container might be."""
+
+    def __repr__(self) -> str:
+        return object.__repr__(self)
