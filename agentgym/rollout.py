@@ -494,7 +494,10 @@ class _EnvPool:
             env_id, by_value = self._ids.get(key, ("", False))
             registered = self._specs.get(env_id)
             if envs and by_value and registered is not None and self._cheap.get(env_id):
-                to_close.extend(IDLE_CHEAP_ENVS.keep(key, registered, envs))
+                # the instance must agree with its class (one that holds a model opponent turns cheap_steps off)
+                cheap = [env for env in envs if getattr(env.unwrapped, "cheap_steps", False) is True]
+                to_close.extend(env for env in envs if getattr(env.unwrapped, "cheap_steps", False) is not True)
+                to_close.extend(IDLE_CHEAP_ENVS.keep(key, registered, cheap))
             else:
                 to_close.extend(envs)
         for env in to_close:
