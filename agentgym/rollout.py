@@ -46,11 +46,11 @@ from agentgym.storage import TrajectoryWriter
 from agentgym.suite import Task, TaskSuite
 from agentgym.trajectory import Trajectory, Turn, jsonable
 
-__all__ = ["DISCARD_THREAD_NAME", "IDLE_CHEAP_ENVS", "EnvExecutor", "EpisodeSpec", "IdleCheapEnvs", "PolicyBatcher", "RolloutConfig", "RolloutEngine",
-           "TurnResult", "act_per_request", "apply_action", "apply_action_inline", "call_env", "context_limit_outcome", "context_limit_reached",
-           "discard_env", "episode_outcome", "episodes_for_suite", "error_outcome", "keyed_step", "log_context_refusal",
-           "read_state_key",
-           "run_coroutine", "run_reference_episode", "summarize"]
+__all__ = ["DISCARD_THREAD_NAME", "IDLE_CHEAP_ENVS", "act_per_request", "apply_action", "apply_action_inline",
+           "call_env", "context_limit_outcome", "context_limit_reached", "discard_env", "EnvExecutor",
+           "episode_outcome", "episodes_for_suite", "EpisodeSpec", "error_outcome", "IdleCheapEnvs", "keyed_step",
+           "log_context_refusal", "PolicyBatcher", "read_state_key", "RolloutConfig", "RolloutEngine",
+           "run_coroutine", "run_reference_episode", "summarize", "TurnResult"]
 
 logger = logging.getLogger(__name__)
 
