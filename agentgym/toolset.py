@@ -9,7 +9,6 @@ mistake is training data, not a crash.
 
 from __future__ import annotations
 
-import copy
 import inspect
 import json
 import logging
@@ -187,8 +186,10 @@ class Tool:
             return self
         # A copy with the bound method; the schema was checked when the tool was defined, so binding (once per
         # env instance and tool) skips __post_init__: re-checking it made every gym.make cost milliseconds.
-        bound = copy.copy(self)
-        object.__setattr__(bound, "fn", self.fn.__get__(obj, objtype))
+        bound = object.__new__(type(self))  # a shallow copy without copy.copy's reduce protocol (3 -> 1 us)
+        values = bound.__dict__
+        values.update(self.__dict__)
+        values["fn"] = self.fn.__get__(obj, objtype)
         return bound
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
