@@ -455,9 +455,12 @@ class _EnvPool:
         return cheap
 
     def acquire(self, spec: EpisodeSpec) -> Any:
+        """An idle env for ``spec`` if there is one, else a new one (:meth:`build`)."""
         env = self.take_idle(spec)
-        if env is not None:
-            return env
+        return self.build(spec) if env is None else env
+
+    def build(self, spec: EpisodeSpec) -> Any:
+        """A new env for ``spec``: a Ray actor with ``env_backend: ray``, else ``gym.make`` in this process."""
         if self._config.env_backend == "ray":
             from agentgym.ray_envs import RayEnv
 
@@ -489,14 +492,15 @@ class _EnvPool:
         with self._lock:
             idle = dict(self._idle)
             self._idle.clear()
-        to_close = []
+        to_close: list[Any] = []
         for key, envs in idle.items():
             env_id, by_value = self._ids.get(key, ("", False))
             registered = self._specs.get(env_id)
             if envs and by_value and registered is not None and self._cheap.get(env_id):
                 # the instance must agree with its class (one that holds a model opponent turns cheap_steps off)
-                cheap = [env for env in envs if getattr(env.unwrapped, "cheap_steps", False) is True]
-                to_close.extend(env for env in envs if getattr(env.unwrapped, "cheap_steps", False) is not True)
+                cheap: list[Any] = []
+                for env in envs:
+                    (cheap if getattr(env.unwrapped, "cheap_steps", False) is True else to_close).append(env)
                 to_close.extend(IDLE_CHEAP_ENVS.keep(key, registered, cheap))
             else:
                 to_close.extend(envs)
@@ -759,7 +763,7 @@ class RolloutEngine:
         try:
             env = pool.take_idle(spec)
             if env is None:
-                env = await self._call_env(executor, pool.acquire, spec, inline=pool.cheap_to_make(spec))
+                env = await self._call_env(executor, pool.build, spec, inline=pool.cheap_to_make(spec))
             options = {"task": spec.task} if spec.task is not None else None
             inline = bool(getattr(env.unwrapped, "cheap_steps", False))
             te = time.perf_counter()

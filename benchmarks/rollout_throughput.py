@@ -108,7 +108,8 @@ def part1(n: int, rounds: int) -> list[dict[str, Any]]:
             seq_wall, seq_steps, seq_ok = sequential_loop(n, delay)
             eng_wall, eng_steps, eng_ok, calls = engine_run(n, delay)
             cold_wall, cold_steps, cold_ok, _ = engine_run(n, delay, cold=True)
-            assert seq_steps == eng_steps == cold_steps and seq_ok == eng_ok == cold_ok == n, (seq_steps, eng_steps, seq_ok, eng_ok)
+            assert seq_steps == eng_steps == cold_steps and seq_ok == eng_ok == cold_ok == n, \
+                (seq_steps, eng_steps, cold_steps, seq_ok, eng_ok, cold_ok)
             seq_walls.append(seq_wall)
             eng_walls.append(eng_wall)
             ratios.append(seq_wall / eng_wall)
@@ -254,8 +255,8 @@ def main() -> None:
     n1 = 64 if args.quick else 256
     print(f"Part 1: {n1} GuessNumber episodes, ScriptedPolicy (binary search)")
     for row in part1(n1, rounds=3 if args.quick else 21):
-        print("  " + " | ".join(f"{k}: {v:.2f}" if k.startswith("ratio") and isinstance(v, float) else f"{k}: {v:.1f}" if isinstance(v, float)
-                                else f"{k}: {v}" for k, v in row.items()))
+        print("  " + " | ".join(f"{k}: {v:.2f}" if k.startswith("ratio") and isinstance(v, float)
+                                else f"{k}: {v:.1f}" if isinstance(v, float) else f"{k}: {v}" for k, v in row.items()))
         if row["policy latency"] == "0 ms/call":
             cold = row["ratio building every env"]
             print(f"  engine overhead: {row['ratio']:.2f}x a plain loop ({'meets' if row['ratio'] >= 0.7 else 'MISSES'} "
