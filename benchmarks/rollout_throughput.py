@@ -13,7 +13,11 @@ tokens it returns and whose batch capacity is bounded. The engine against a sync
 free policy (part 1), >= 2.5x with every episode in flight (part 2, first row), >= 2x in waves (second row). Each row also
 prints the least wall time any scheduler could reach on the same episodes (no episode ends before its own chain
 of generations and tool calls, and the server decodes at most ``capacity`` requests at once), so the engine's
-ratio reads against the best ratio possible, measured rather than argued.
+ratio reads against the best ratio possible, measured rather than argued. Each row also prints the time the
+synchronous loop would take with no overhead at all (its own waves, the same server) and the best ratio over that.
+
+Last, a survey of the part-2 workload family (random draws, 128 three-turn episodes all in flight, tool-latency
+spread and server capacity varied): how often any scheduler could reach 2.5x at all. A model, not a measurement.
 
 Run: python benchmarks/rollout_throughput.py [--quick]
 """
@@ -26,9 +30,12 @@ import concurrent.futures
 import re
 import statistics
 import sys
+import heapq
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -195,13 +202,16 @@ def part2(n: int, in_flight: int, capacity: int, per_token_s: float, median_s: f
         policy.close()
     eng_ok = sum(t.success for t in trajectories)
     assert sync_ok == eng_ok == n, (sync_ok, eng_ok)
-    bound = pipelining_bound(trajectories, in_flight, capacity, per_token_s)
+    generation, delays = episode_costs(trajectories, per_token_s)
+    bound = pipelining_bound(generation, delays, in_flight, capacity)
+    floor = synchronous_floor(generation, delays, in_flight, capacity)
     return {
         "episodes": n, "in flight": in_flight, "server capacity": capacity, "ms/token": per_token_s * 1000,
         "tool latency": f"lognormal(median {median_s}s, sigma {sigma})",
         "sync batch loop s": sync_wall, "engine s": eng_wall,
         "sync episodes/s": n / sync_wall, "engine episodes/s": n / eng_wall, "ratio": sync_wall / eng_wall,
         "bound s": bound, "best possible ratio": sync_wall / bound, "engine share of bound": bound / eng_wall,
+        "overhead-free sync loop s": floor, "best ratio over an overhead-free loop": floor / bound,
     }
 
 
@@ -232,7 +242,15 @@ def generated_tokens(action: str) -> int:
     return padding + 20 if padding else 16
 
 
-def pipelining_bound(trajectories: list[Any], in_flight: int, capacity: int, per_token_s: float) -> float:
+def episode_costs(trajectories: list[Any], per_token_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Each turn's generation time at the server's unloaded speed and its tool latency, (episodes, turns) each."""
+    generation = np.array([[generated_tokens(turn.action) * per_token_s for turn in t.turns] for t in trajectories])
+    delays = np.array([tool_delays(t.seed) for t in trajectories])
+    assert generation.shape == delays.shape, "every episode makes one tool call per turn"
+    return generation, delays
+
+
+def pipelining_bound(generation: np.ndarray, delays: np.ndarray, in_flight: int, capacity: int) -> float:
     """The least wall time any scheduler could reach on these episodes (seconds).
 
     No episode can finish before its own chain of generations and tool calls (each generation at the server's
@@ -240,12 +258,51 @@ def pipelining_bound(trajectories: list[Any], in_flight: int, capacity: int, per
     bounds the run from below, and so does the chains' total over the ``in_flight`` episodes that may run at once;
     ``synchronous time / bound`` is the best ratio any engine could report.
     """
-    chains, work = [], 0.0
-    for trajectory in trajectories:
-        generation = sum(generated_tokens(turn.action) for turn in trajectory.turns) * per_token_s
-        chains.append(generation + sum(tool_delays(trajectory.seed)))
-        work += generation
-    return max(max(chains), work / capacity, sum(chains) / in_flight)
+    chains = (generation + delays).sum(axis=1)
+    return max(float(chains.max()), float(generation.sum()) / capacity, float(chains.sum()) / in_flight)
+
+
+def synchronous_floor(generation: np.ndarray, delays: np.ndarray, in_flight: int, capacity: int) -> float:
+    """The least time the synchronous batch loop could take on these episodes if it had no overhead at all.
+
+    ``generation`` (at the server's unloaded speed) and ``delays`` are (episodes, turns). The loop runs waves of
+    ``in_flight`` episodes; each turn of a wave the server decodes every episode's generation (at most ``capacity``
+    at once, first come first served), then every tool call runs at once and the turn ends with the slowest.
+    """
+    total = 0.0
+    for first in range(0, len(generation), in_flight):
+        wave = slice(first, first + in_flight)
+        for turn in range(generation.shape[1]):
+            slots = [0.0] * capacity
+            for seconds in generation[wave, turn]:
+                heapq.heappush(slots, heapq.heappop(slots) + float(seconds))
+            total += max(slots) + float(delays[wave, turn].max())
+    return total
+
+
+def best_ratio_survey(n: int, turns: int, draws: int, per_token_s: float = 0.002, median_s: float = 0.2,
+                      max_s: float = 10.0) -> list[dict[str, Any]]:
+    """The best ratio any scheduler could reach over an overhead-free synchronous batch loop, on random draws of the
+    part-2 workload (every episode in flight), by tool-latency spread and server capacity.
+
+    Not a measurement of agentgym: it says which goals a workload allows at all. Latencies and token counts are
+    drawn as the latency env and the token-time server draw them (lognormal tools capped at ``max_s``; 16-384
+    tokens, uniform); the bound is the same as :func:`pipelining_bound`'s.
+    """
+    rng = np.random.default_rng(0)
+    rows = []
+    for capacity in (n // 2, n):
+        for sigma in (0.5, 1.0, 1.5, 2.0, 3.0):
+            ratios = []
+            for _ in range(draws):
+                delays = np.minimum(max_s, median_s * np.exp(sigma * rng.standard_normal((n, turns))))
+                generation = rng.integers(16, 385, (n, turns)) * per_token_s
+                ratios.append(synchronous_floor(generation, delays, n, capacity)
+                              / pipelining_bound(generation, delays, n, capacity))
+            rows.append({"server capacity": capacity, "sigma": sigma, "median": float(np.median(ratios)),
+                         "95th percentile": float(np.percentile(ratios, 95)),
+                         "draws >= 2.5x": float(np.mean(np.asarray(ratios) >= 2.5))})
+    return rows
 
 
 def main() -> None:
@@ -274,6 +331,14 @@ def main() -> None:
         print(f"  {n} episodes, {in_flight} in flight: engine vs synchronous batch loop {row['ratio']:.2f}x "
               f"({verdict} the {goal:g}x goal); no scheduler can beat {row['best possible ratio']:.2f}x here, "
               f"the engine reaches {row['engine share of bound']:.0%} of that bound")
+    n = 128 // scale
+    print(f"\nWhich goals this workload allows: the best ratio any scheduler could reach over an overhead-free "
+          f"synchronous loop, {n} three-turn episodes all in flight, {200 // scale} random draws per row "
+          "(a model of the part-2 workload, not a measurement of agentgym)")
+    for row in best_ratio_survey(n, turns=3, draws=200 // scale):
+        print(f"  server capacity {row['server capacity']}, tool latency sigma {row['sigma']:g}: median "
+              f"{row['median']:.2f}x, 95th percentile {row['95th percentile']:.2f}x, "
+              f"{row['draws >= 2.5x']:.0%} of draws allow 2.5x")
 
 
 if __name__ == "__main__":

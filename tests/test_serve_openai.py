@@ -548,6 +548,21 @@ def test_every_http_client_of_a_policy_shares_one_tls_context() -> None:
     policy.close()
 
 
+def test_idle_connections_are_dropped_before_a_uvicorn_server_drops_them() -> None:
+    """uvicorn (vLLM, SGLang, ``agentgym serve``) closes a connection idle for 5 s. A client that kept it as long
+    would now and then send a request just as the server closes it: a ReadError and a retry's backoff."""
+    import uvicorn
+
+    async def expiries() -> list[float | None]:
+        state = await policy._state()
+        return [client._transport._pool._keepalive_expiry for client in state.clients]
+
+    server_idle_s = uvicorn.Config(app=None).timeout_keep_alive  # type: ignore[arg-type]
+    policy = OpenAIPolicy("http://127.0.0.1:9/v1", "m", max_concurrency=32)
+    assert all(e is not None and e < server_idle_s - 0.5 for e in asyncio.run(expiries()))
+    policy.close()
+
+
 def test_config_errors(model_dir: Any) -> None:
     with pytest.raises(ConfigError, match="tokenizer"):
         OpenAIPolicy("http://127.0.0.1:1/v1", mode="completions")

@@ -149,6 +149,12 @@ class _LoopState:
 # flight on one client it spent ~20 ms of CPU per request (measured). Several small pools keep it linear.
 _CONNECTIONS_PER_CLIENT = 8
 
+# uvicorn, which serves vLLM, SGLang and `agentgym serve`, closes a connection idle for 5 s; httpx's default is to
+# keep one for 5 s too, so a request sent on a connection the server is closing at that moment fails with a
+# ReadError and waits out a retry's backoff (2 of 1,536 requests in benchmarks/rollout_throughput.py, where tool
+# calls leave connections idle for seconds). Forgetting idle connections a second sooner leaves no such race.
+_KEEPALIVE_EXPIRY_S = 4.0
+
 
 def _normalise_base_url(base_url: str) -> str:
     if not isinstance(base_url, str) or not base_url.strip():
@@ -349,7 +355,8 @@ class OpenAIPolicy(Policy):
                     verify=self._tls,
                     timeout=httpx.Timeout(self.timeout_s),
                     headers={"Authorization": f"Bearer {self.api_key}"},
-                    limits=httpx.Limits(max_connections=per_client, max_keepalive_connections=per_client),
+                    limits=httpx.Limits(max_connections=per_client, max_keepalive_connections=per_client,
+                                        keepalive_expiry=_KEEPALIVE_EXPIRY_S),
                 )
                 for _ in range(n_clients)
             ]
