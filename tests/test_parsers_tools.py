@@ -255,21 +255,7 @@ def test_tool_schema_from_hints_and_docstring() -> None:
 
 
 def test_tool_on_methods_binds_instance() -> None:
-    class Counter:
-        def __init__(self) -> None:
-            self.n = 0
-
-        @tool
-        def bump(self, by: int) -> str:
-            """Add to the counter.
-
-            Args:
-                by: Amount.
-            """
-            self.n += by
-            return str(self.n)
-
-    counter = Counter()
+    counter = _Counter()
     assert "self" not in counter.bump.parameters["properties"]
     assert ToolSet([counter.bump]).call(ToolCall("bump", {"by": 3})).content == "3" and counter.n == 3
 
@@ -301,18 +287,20 @@ def test_a_dropped_env_is_freed_at_once_not_by_the_cycle_collector() -> None:
 def test_a_weakly_bound_tool_follows_its_env_into_deep_copies_and_says_when_its_env_is_gone() -> None:
     import copy
 
-    counter = _PicklableCounter()
+    counter = _Counter()
     bound = counter.bump
     assert bound.fn.__self__ is counter and bound == counter.bump and hash(bound.fn) == hash(counter.bump.fn)
     clone = copy.deepcopy(counter)  # what AgentEnv.fork does
     clone.tools.call(ToolCall("bump", {"by": 2}))
     assert (clone.n, counter.n) == (2, 0)  # the copy's tool acts on the copy, not on the original
-    orphan = _PicklableCounter().bump
+    orphan = _Counter().bump
     with pytest.raises(ToolError, match="keep a reference to the env"):
         orphan(by=1)
 
 
-class _PicklableCounter:
+class _Counter:
+    """A tool on a method: a module-level class, so deep copies of its instances can be checked too."""
+
     def __init__(self) -> None:
         self.n = 0
         self.tools = ToolSet([self.bump])
