@@ -163,8 +163,9 @@ class WeakMethod:
 
     A bound tool lives in its env's :class:`ToolSet`; bound strongly, every env was a reference cycle (env ->
     tool set -> tool -> method -> env), so a dropped env (closed by a pool, evicted from the idle store, replaced
-    after a crash) was not freed when its last reference went but waited, with everything it held, for a full
-    garbage collection. A deep copy (``AgentEnv.fork``) rebinds it to the copy.
+    after a crash) was not freed when its last reference went but waited, with everything it held, for the cycle
+    collector (a full collection once the env was old). A deep copy (``AgentEnv.fork``) rebinds it to the copy; the standard library's
+    ``weakref.WeakMethod`` cannot be deep-copied at all (``copy.deepcopy`` raises "cannot pickle").
     """
 
     __slots__ = ("__func__", "_owner")

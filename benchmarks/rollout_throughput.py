@@ -27,10 +27,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import heapq
 import re
 import statistics
 import sys
-import heapq
 import time
 from pathlib import Path
 from typing import Any

@@ -262,7 +262,7 @@ def test_tool_on_methods_binds_instance() -> None:
 
 def test_a_dropped_env_is_freed_at_once_not_by_the_cycle_collector() -> None:
     """A bound tool holds its env weakly: bound strongly, every env was a reference cycle (env -> tool set -> tool
-    -> method -> env), so a dropped env and all it held waited for a full garbage collection."""
+    -> method -> env), so a dropped env and all it held waited for the cycle collector."""
     import gc
     import weakref
 

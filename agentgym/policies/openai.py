@@ -151,8 +151,8 @@ _CONNECTIONS_PER_CLIENT = 8
 
 # uvicorn, which serves vLLM, SGLang and `agentgym serve`, closes a connection idle for 5 s; httpx's default is to
 # keep one for 5 s too, so a request sent on a connection the server is closing at that moment fails with a
-# ReadError and waits out a retry's backoff (2 of 1,536 requests in benchmarks/rollout_throughput.py, where tool
-# calls leave connections idle for seconds). Forgetting idle connections a second sooner leaves no such race.
+# ReadError and waits out a retry's backoff (2 of the 3,072 requests of one benchmarks/rollout_throughput.py row,
+# where tool calls leave connections idle for seconds). Forgetting idle connections a second sooner leaves no such race.
 _KEEPALIVE_EXPIRY_S = 4.0
 
 
