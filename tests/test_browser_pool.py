@@ -180,6 +180,44 @@ def test_missing_chromium_says_what_to_install():
 
 
 # ---- the guard in a real browser ----------------------------------------------------------------------
+def test_the_browser_process_is_told_from_a_child_forked_but_not_yet_execd():
+    """A child Chromium forks (a utility process starting) shows the browser's own command line until it execs; the
+    pool must still watch the browser itself, or a stopped browser goes unnoticed until the watchdog."""
+    import subprocess
+    import sys
+
+    from agentgym.tools.browser.pool import _browser_process
+
+    marker = "--agentgym-browser-pool=test-fork.1"
+    script = "import os, sys, time\nif os.fork() == 0:\n    time.sleep(30); os._exit(0)\nprint(os.getpid(), flush=True)\ntime.sleep(30)"
+    parent = subprocess.Popen([sys.executable, "-c", script, marker], stdout=subprocess.PIPE, text=True)
+    renderer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", marker, "--type=renderer"])
+    try:
+        pid = int(parent.stdout.readline())
+        assert pid == parent.pid
+        deadline = time.monotonic() + 10  # the forked child is listed once the fork returned in it
+        while not any(marker.encode() in open(f"/proc/{child}/cmdline", "rb").read()
+                      for child in _children(pid)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _children(pid), "the test's fork did not happen"
+        assert _browser_process(marker) == parent.pid
+        assert _browser_process("--agentgym-browser-pool=nobody-launched-this.1") is None
+    finally:
+        for proc in (parent, renderer):
+            for child in _children(proc.pid):
+                os.kill(child, signal.SIGKILL)
+            proc.kill()
+            proc.wait()
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(c) for c in fh.read().split()]
+    except OSError:
+        return []
+
+
 @needs_browser
 def test_every_way_out_is_refused_and_nothing_reaches_other_ports(pool, site):
     session = pool.session(viewport=(800, 600))

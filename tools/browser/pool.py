@@ -181,7 +181,11 @@ class BrowserPool:
         self._playwright: Any = None
         self._browser: Any = None
         self._browser_lock: asyncio.Lock | None = None
-        self._browser_pids: dict[int, int] = {}  # id(browser) -> pid of the Chromium process we launched
+        # browser -> pid of the Chromium browser process we launched (keyed by the object, never by id(): an id is
+        # reused once its object is freed); read and written on the loop thread only
+        self._browser_pids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._launched_pids: list[int] = []  # the same pids in launch order, for browser_pid() on any thread
+        self._launches_started = 0
         # browsers killed after a hang: until their disconnect arrives they still look connected and alive
         self._killed: weakref.WeakSet[Any] = weakref.WeakSet()
         self._launching = 0  # launches in progress (the watchdog waits for them)
@@ -213,8 +217,14 @@ class BrowserPool:
         self._run(warm())
 
     def browser_pid(self) -> int | None:
-        """Process id of this pool's Chromium (the browser process, not its renderers), or None if none runs."""
-        return next(iter(self._marked_pids()), None)
+        """Process id of this pool's Chromium browser process (not a renderer), or None if none runs.
+
+        The newest one this pool launched that still runs (with ``isolation="browser"`` several may).
+        """
+        for pid in reversed(self._launched_pids[:]):
+            if (_process_state(pid) or "Z") not in "ZX":
+                return pid
+        return None
 
     def close(self) -> None:
         """Close every context, the browser and Playwright; idempotent."""
@@ -285,8 +295,8 @@ class BrowserPool:
     def _kill_hung(self, browser: Any, reason: str) -> str:
         """Kill ``browser``'s process after a watchdog hang (its disconnect then makes the next start relaunch);
         returns the reason its episodes end with."""
-        pid = self._browser_pids.get(id(browser))
-        if pid is None:  # not watched by pid (a launch race): its connection alone decides whether it is reused
+        pid = self._browser_pids.get(browser)
+        if pid is None:  # its process was not found at launch: its connection alone decides whether it is reused
             return reason
         self._killed.add(browser)
         _kill_quietly(pid)
@@ -302,7 +312,7 @@ class BrowserPool:
         """
         if browser in self._killed:
             return "the browser process stopped answering and was killed"
-        pid = self._browser_pids.get(id(browser))
+        pid = self._browser_pids.get(browser)
         if pid is None:
             return None
         state = _process_state(pid)
@@ -389,7 +399,6 @@ class BrowserPool:
     async def _launch(self) -> Any:
         kwargs: dict[str, Any] = {
             "executable_path": self.executable,
-            "args": [*self.config.launch_args, self._marker],
             "headless": self.config.headless,
             "handle_sigint": False,
             "handle_sigterm": False,
@@ -398,32 +407,29 @@ class BrowserPool:
         if self.config.block_non_loopback:
             # Loopback bypasses proxies implicitly; everything else goes to a port where nothing listens.
             kwargs["proxy"] = {"server": _DEAD_PROXY, "bypass": "127.0.0.1,localhost,[::1]"}
-        before = set(self._marked_pids())
+        self._launches_started += 1
+        marker = f"{self._marker}.{self._launches_started}"  # this launch's own: no race with another launch
+        kwargs["args"] = [*self.config.launch_args, marker]
         self._launching += 1
         try:  # bounded by Playwright's own launch timeout (30 s), not by the watchdog
             browser = await self._playwright.chromium.launch(**kwargs)
         finally:
             self._launching -= 1
-        new = [pid for pid in self._marked_pids() if pid not in before]
-        if len(new) == 1:  # else (a race with another launch) the browser is watched only by the watchdog
-            self._browser_pids[id(browser)] = new[0]
-            browser.on("disconnected", lambda b: self._browser_pids.pop(id(b), None))
+        pid = _browser_process(marker)
+        if pid is None:  # a Chromium that hides its command line: only the watchdog and the connection watch it
+            logger.warning("could not find the process of the Chromium just launched (%s); a stopped (SIGSTOP) browser "
+                           "will be noticed only by the %.0f s watchdog", self.executable, self.config.watchdog_s)
+        else:
+            self._browser_pids[browser] = pid
+            self._launched_pids.append(pid)
+            # once it is gone its pid may be reused by an unrelated process, which must never be killed for it
+            browser.on("disconnected", self._forget_pid)
         return browser
 
-    def _marked_pids(self) -> list[int]:
-        """Pids of the Chromium browser processes (not renderers) this pool launched."""
-        pids = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                    argv = fh.read().split(b"\x00")
-            except OSError:
-                continue
-            if self._marker.encode() in argv and not any(a.startswith(b"--type=") for a in argv):
-                pids.append(int(entry))
-        return pids
+    def _forget_pid(self, browser: Any) -> None:
+        pid = self._browser_pids.pop(browser, None)
+        if pid in self._launched_pids:
+            self._launched_pids.remove(pid)
 
     async def _stop_playwright(self) -> None:
         if self._playwright is not None:
@@ -968,6 +974,32 @@ def _process_state(pid: int) -> str | None:
         return None
     fields = stat.rsplit(")", 1)[-1].split()
     return fields[0] if fields else None
+
+
+def _browser_process(marker: str) -> int | None:
+    """The pid of the Chromium browser process whose command line carries ``marker``, or None if none does.
+
+    Chromium's zygotes, renderers and GPU process say ``--type=...``; but a child the browser has forked and not yet
+    exec'd (a utility process starting) still shows the browser's own command line, so among the matches the browser
+    is the one whose parent is not itself a match.
+    """
+    wanted = marker.encode()
+    matches: dict[int, int] = {}  # pid -> parent pid
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                argv = fh.read().split(b"\x00")
+            if wanted not in argv or any(arg.startswith(b"--type=") for arg in argv):
+                continue
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                parent = int(fh.read().rsplit(b")", 1)[-1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        matches[int(entry)] = parent
+    roots = [pid for pid, parent in matches.items() if parent not in matches]
+    return roots[0] if len(roots) == 1 else None
 
 
 def _descendants(pid: int) -> list[int]:
