@@ -15,6 +15,7 @@ import logging
 import re
 import types
 import typing
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union, get_args, get_origin
@@ -157,6 +158,48 @@ def _validator_for(name: str, parameters: Mapping[str, Any]) -> Any:
     return validator
 
 
+class WeakMethod:
+    """A function bound to an instance it does not keep alive: what a tool method becomes on its env.
+
+    A bound tool lives in its env's :class:`ToolSet`; bound strongly, every env was a reference cycle (env ->
+    tool set -> tool -> method -> env), so a dropped env (closed by a pool, evicted from the idle store, replaced
+    after a crash) was not freed when its last reference went but waited, with everything it held, for the cycle
+    collector (a full collection once the env was old). A deep copy (``AgentEnv.fork``) rebinds it to the copy; the standard library's
+    ``weakref.WeakMethod`` cannot be deep-copied at all (``copy.deepcopy`` raises "cannot pickle").
+    """
+
+    __slots__ = ("__func__", "_owner")
+
+    def __init__(self, func: Callable[..., Any], owner: Any) -> None:
+        self.__func__ = func
+        self._owner = weakref.ref(owner)
+
+    @property
+    def __self__(self) -> Any:
+        """The instance, as a bound method's ``__self__``; ``None`` once it is gone."""
+        return self._owner()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        owner = self._owner()
+        if owner is None:
+            raise ToolError(f"Tool method {self.__func__.__qualname__} was called after its env was garbage-collected; "
+                            "keep a reference to the env for as long as you call its tools.")
+        return self.__func__(owner, *args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return WeakMethod, (self.__func__, self._owner())
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, WeakMethod) and self.__func__ is other.__func__
+                and self._owner() is other._owner() is not None)
+
+    def __hash__(self) -> int:
+        return hash((self.__func__, id(self._owner())))
+
+    def __repr__(self) -> str:
+        return f"<tool method {self.__func__.__qualname__} of {self._owner()!r}>"
+
+
 @dataclass(frozen=True)
 class Tool:
     """A callable the agent may invoke, with a name, a description and JSON-Schema parameters.
@@ -182,13 +225,20 @@ class Tool:
         object.__setattr__(self, "validator", _validator_for(self.name, self.parameters))
 
     def __get__(self, obj: Any, objtype: Any = None) -> Tool:
-        if obj is None or not callable(getattr(self.fn, "__get__", None)) or inspect.ismethod(self.fn):
+        if obj is None or not callable(getattr(self.fn, "__get__", None)) or isinstance(self.fn, WeakMethod) \
+                or inspect.ismethod(self.fn):
             return self
         # A copy with the bound method; the schema was checked when the tool was defined, so binding (once per
         # env instance and tool) skips __post_init__: re-checking it made every gym.make cost milliseconds.
         bound = object.__new__(type(self))  # a shallow copy without copy.copy's reduce protocol (3 -> 1 us)
         values = bound.__dict__
         values.update(self.__dict__)
+        if inspect.isfunction(self.fn):  # a plain method: bound without keeping its env alive (see WeakMethod)
+            try:
+                values["fn"] = WeakMethod(self.fn, obj)
+                return bound
+            except TypeError:  # an instance that refuses weak references (__slots__ without __weakref__)
+                pass
         values["fn"] = self.fn.__get__(obj, objtype)
         return bound
 

@@ -255,23 +255,65 @@ def test_tool_schema_from_hints_and_docstring() -> None:
 
 
 def test_tool_on_methods_binds_instance() -> None:
-    class Counter:
-        def __init__(self) -> None:
-            self.n = 0
-
-        @tool
-        def bump(self, by: int) -> str:
-            """Add to the counter.
-
-            Args:
-                by: Amount.
-            """
-            self.n += by
-            return str(self.n)
-
-    counter = Counter()
+    counter = _Counter()
     assert "self" not in counter.bump.parameters["properties"]
     assert ToolSet([counter.bump]).call(ToolCall("bump", {"by": 3})).content == "3" and counter.n == 3
+
+
+def test_a_dropped_env_is_freed_at_once_not_by_the_cycle_collector() -> None:
+    """A bound tool holds its env weakly: bound strongly, every env was a reference cycle (env -> tool set -> tool
+    -> method -> env), so a dropped env and all it held waited for the cycle collector."""
+    import gc
+    import weakref
+
+    import gymnasium as gym
+
+    import agentgym  # noqa: F401
+
+    gc.disable()
+    try:
+        for env_id in ("agentgym/GuessNumber-v0", "agentgym/Calculator-v0", "agentgym/Sokoban-v0"):
+            env = gym.make(env_id)
+            env.reset(seed=0)
+            env.step("garbage")
+            env.close()
+            alive = weakref.ref(env.unwrapped)
+            del env
+            assert alive() is None, f"{env_id}: the env outlived its last reference"
+    finally:
+        gc.enable()
+
+
+def test_a_weakly_bound_tool_follows_its_env_into_deep_copies_and_says_when_its_env_is_gone() -> None:
+    import copy
+
+    counter = _Counter()
+    bound = counter.bump
+    assert bound.fn.__self__ is counter and bound == counter.bump and hash(bound.fn) == hash(counter.bump.fn)
+    clone = copy.deepcopy(counter)  # what AgentEnv.fork does
+    clone.tools.call(ToolCall("bump", {"by": 2}))
+    assert (clone.n, counter.n) == (2, 0)  # the copy's tool acts on the copy, not on the original
+    orphan = _Counter().bump
+    with pytest.raises(ToolError, match="keep a reference to the env"):
+        orphan(by=1)
+
+
+class _Counter:
+    """A tool on a method: a module-level class, so deep copies of its instances can be checked too."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.tools = ToolSet([self.bump])
+
+    @tool
+    def bump(self, by: int) -> str:
+        """Add to the counter.
+
+        Args:
+            by: Amount.
+        """
+        self.n += by
+        return str(self.n)
 
 
 def test_tool_declaration_errors() -> None:
