@@ -81,12 +81,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("agentgym.trainers").setLevel(logging.INFO)
     summary = GrpoTrainer(config).train()
+    if "resumed_from" in summary:
+        console.print(f"resumed the earlier run in {escape(config.output_dir)} from {escape(summary['resumed_from'])} "
+                      f"(delete {escape(str(out))} to train from scratch)")
 
     console.print(f"[bold]3/3[/bold] held-out evaluation ({config.eval_tasks} test questions never seen in training)")
     suite = load_suite(config.suite)
     specs = episodes_for_suite(suite, config.eval_split, limit=config.eval_tasks)
     reference = summarize(RolloutEngine(ReferencePolicy(), RolloutConfig(sampling=SamplingParams(max_tokens=1))).run(specs))
-    rows = [("reference solver", reference), ("BC warm start", summary["eval_before"]),
+    before = summary.get("eval_before")  # absent only when resuming a run whose checkpoints predate carrying it
+    rows = [("reference solver", reference), *([("BC warm start", before)] if before else []),
             ("BC + GRPO", summary["eval_after"])]
     table = Table(title=escape(f"{suite.name} [{config.eval_split}]: held-out success"))
     for column in ("policy", "success", "turns", "tool calls", "action tokens"):
@@ -95,9 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         table.add_row(label, f"{s['success_rate']:.2f}", f"{s['mean_turns']:.2f}", f"{s['mean_tool_calls']:.2f}",
                       format_metric(s["mean_action_tokens"], "{:.1f}"))
     console.print(table)
-    gain = summary["eval_after"]["success_rate"] - summary["eval_before"]["success_rate"]
-    console.print(f"GRPO changed held-out success by {gain * 100:+.0f} points "
-                  f"({summary['eval_before']['success_rate']:.2f} -> {summary['eval_after']['success_rate']:.2f}).")
+    if before:
+        gain = summary["eval_after"]["success_rate"] - before["success_rate"]
+        console.print(f"GRPO changed held-out success by {gain * 100:+.0f} points "
+                      f"({before['success_rate']:.2f} -> {summary['eval_after']['success_rate']:.2f}).")
     (out / "quickstart.json").write_text(json.dumps({label: s for label, s in rows}, indent=2), encoding="utf-8")
     console.print(f"learning curve: {out / 'grpo' / 'learning_curve.png'}; metrics: {out / 'grpo' / 'metrics.jsonl'}; "
                   f"trained model: {out / 'grpo' / 'model'}; took {time.perf_counter() - started:.0f} s")

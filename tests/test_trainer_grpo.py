@@ -177,6 +177,25 @@ def _train_cli(config: GrpoConfig, tmp: Path) -> subprocess.Popen[bytes]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
+def test_a_resumed_run_still_reports_its_warm_start_and_evaluation_before_training(model_dir: Path,
+                                                                                   tmp_path: Path) -> None:
+    """A resumed run does not repeat the warm start or the first evaluation, but its summary must still carry them
+    (the quickstart's table read ``eval_before`` and failed with a KeyError when run a second time)."""
+    config = small_config(model_dir, tmp_path / "run", warmstart="bc", bc_steps=2, bc_demos=4)
+    first = GrpoTrainer(config).train()
+    again = GrpoTrainer(config).train()  # resumes the finished run from its last checkpoint: no step left
+    assert again["resumed_from"].endswith("step-000002")
+    assert again["eval_before"] == first["eval_before"] and again["bc"] == first["bc"]
+    assert again["eval_after"]["episodes"] == first["eval_after"]["episodes"] == 4
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["eval_before"] == first["eval_before"]
+    # a checkpoint from before checkpoints carried the summary: the finished run's summary.json stands in
+    state_path = tmp_path / "run" / "checkpoints" / "step-000002" / "state.json"
+    state = json.loads(state_path.read_text())
+    del state["summary"]
+    state_path.write_text(json.dumps(state))
+    assert GrpoTrainer(config).train()["eval_before"] == first["eval_before"]
+
+
 @pytest.mark.slow  # three training processes (minutes); test_lora and test_fsdp check exact resumes by default
 def test_sigkilled_run_resumes_to_identical_parameters(model_dir: Path, tmp_path: Path) -> None:
     straight = small_config(model_dir, tmp_path / "straight", steps=4, warmstart="bc", bc_steps=20, bc_demos=16,

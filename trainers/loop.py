@@ -51,6 +51,9 @@ logger = logging.getLogger(__name__)
 
 #: most memory the HF policy's KV cache may take between turns (see OnlineTrainer._kv_cache_tokens)
 _KV_CACHE_BUDGET_BYTES = 4 << 30
+#: The parts of a run's summary made before its first step, kept in every checkpoint so that a resumed run (a
+#: crash, a preemption, a second ``make quickstart``) still reports its warm start and its evaluation before training.
+_CARRIED_SUMMARY = ("bc", "eval_before")
 
 #: Metrics echoed to the log after each step (all of them go to metrics.jsonl and the trackers).
 SHOWN_METRICS = ("train/success_rate", "eval/success_rate", "train/loss", "critic/loss", "actor/loss", "bc/loss",
@@ -222,6 +225,7 @@ class OnlineTrainer:
         resume_from = latest_checkpoint(self.checkpoint_dir)
         self.model, self.tokenizer = self._load(resume_from / "model" if resume_from else cfg.model)
         summary: dict[str, Any] = {"config": cfg.to_dict(), "trainer": cfg.trainer_name}
+        self._summary = summary  # what each checkpoint carries of it (the warm start, the evaluation before training)
         if resume_from is None:
             if self.world.is_main:
                 (self.output_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2), encoding="utf-8")
@@ -240,6 +244,8 @@ class OnlineTrainer:
             state = load_checkpoint(resume_from, self.optimizer, self.scheduler, model=self.model)
             start, self.episodes = int(state["step"]), int(state.get("episodes", 0))
             self._restore_state(state, resume_from)
+            # the first run's warm start and evaluation before training, which a resumed run does not repeat
+            summary.update({k: v for k, v in self._carried_summary(state).items() if k not in summary})
             summary["resumed_from"] = str(resume_from)
 
         if start == 0:
@@ -318,6 +324,17 @@ class OnlineTrainer:
                 "train/mean_turns": total["turns"] / count, "train/mean_tool_calls": total["tool_calls"] / count,
                 "train/episodes": total["episodes"], "train/errors": total["errors"]}
 
+    def _carried_summary(self, state: dict[str, Any]) -> dict[str, Any]:
+        """What the checkpoint carries of the run's summary; a checkpoint written before it carried any (2026-11-28)
+        falls back on the summary a finished run left in the output directory."""
+        if "summary" in state:
+            return dict(state["summary"])
+        try:
+            earlier = json.loads((self.output_dir / "summary.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return {k: v for k, v in earlier.items() if k in _CARRIED_SUMMARY} if isinstance(earlier, dict) else {}
+
     def _checkpoint(self, done: int, states: tuple[Any, Any] | None = None) -> None:
         """Rank 0 writes the checkpoint; with FSDP every rank first gathers the full states (or passes them)."""
         model_state, optimizer_state = states or self.sharding.full_state_dicts(self.model, self.optimizer)
@@ -330,6 +347,7 @@ class OnlineTrainer:
 
         save_checkpoint(self.checkpoint_dir, done, self.model, self.tokenizer, self.optimizer, self.scheduler,
                         {"data_cursor": done * self.config.tasks_per_step, "episodes": self.episodes,
+                         "summary": {k: v for k, v in self._summary.items() if k in _CARRIED_SUMMARY},
                          **self._checkpoint_state()}, self.config.keep_checkpoints, extra,
                         model_state=model_state, optimizer_state=optimizer_state)
 
