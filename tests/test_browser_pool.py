@@ -351,12 +351,15 @@ def test_a_page_that_stops_answering_ends_its_episode_but_a_hidden_element_does_
 @needs_browser
 def test_a_killed_browser_is_relaunched_for_the_next_episode(site):
     from agentgym.tools.browser import BrowserPool
+    from agentgym.tools.browser.pool import _singleton_dir
 
     with BrowserPool() as own:
         session = own.session(viewport=(640, 480))
         session.start("/", allowed_origins=[site.server.origin])
         pid = own.browser_pid()
         assert pid is not None
+        singleton = _singleton_dir(pid)  # the profile lock's temp dir, which a killed Chromium cannot remove
+        assert singleton is not None and os.path.isdir(singleton)
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(BrowserCrashed):
             for _ in range(40):
@@ -364,6 +367,7 @@ def test_a_killed_browser_is_relaunched_for_the_next_episode(site):
                 time.sleep(0.05)
         assert_next_episode_works(session, site)
         assert own.stats["launches"] == 2 and own.browser_pid() not in (None, pid)
+        assert not os.path.exists(singleton), "a killed browser's temp dir was left behind"
         session.close()
 
 

@@ -35,6 +35,7 @@ import concurrent.futures
 import io
 import logging
 import os
+import shutil
 import signal
 import threading
 import time
@@ -185,6 +186,7 @@ class BrowserPool:
         # reused once its object is freed); read and written on the loop thread only
         self._browser_pids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._launched_pids: list[int] = []  # the same pids in launch order, for browser_pid() on any thread
+        self._singleton_dirs: dict[int, str] = {}  # pid -> the temp dir of its profile lock (see _singleton_dir)
         self._launches_started = 0
         # browsers killed after a hang: until their disconnect arrives they still look connected and alive
         self._killed: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -422,6 +424,9 @@ class BrowserPool:
         else:
             self._browser_pids[browser] = pid
             self._launched_pids.append(pid)
+            singleton = _singleton_dir(pid)
+            if singleton is not None:
+                self._singleton_dirs[pid] = singleton
             # once it is gone its pid may be reused by an unrelated process, which must never be killed for it
             browser.on("disconnected", self._forget_pid)
         return browser
@@ -430,6 +435,9 @@ class BrowserPool:
         pid = self._browser_pids.pop(browser, None)
         if pid in self._launched_pids:
             self._launched_pids.remove(pid)
+        singleton = self._singleton_dirs.pop(pid, None) if pid is not None else None
+        if singleton is not None:  # a killed Chromium cannot remove it; one closed normally already has
+            shutil.rmtree(singleton, ignore_errors=True)
 
     async def _stop_playwright(self) -> None:
         if self._playwright is not None:
@@ -974,6 +982,26 @@ def _process_state(pid: int) -> str | None:
         return None
     fields = stat.rsplit(")", 1)[-1].split()
     return fields[0] if fields else None
+
+
+def _singleton_dir(pid: int) -> str | None:
+    """The temp directory holding Chromium ``pid``'s profile lock socket, or None if it has none we can tell.
+
+    Chromium makes one (``$TMPDIR/org.chromium.Chromium.XXXXXX``) per browser and removes it when it exits normally;
+    a browser the pool kills (stopped, hung, or killed by a test) leaves it behind, one per kill, for the life of the
+    machine. Found through the profile's ``SingletonSocket`` link, and only a directory of that name is returned.
+    """
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read().decode(errors="replace").split("\x00")
+        profile = next(arg.split("=", 1)[1] for arg in argv if arg.startswith("--user-data-dir="))
+        target = os.readlink(os.path.join(profile, "SingletonSocket"))
+    except (OSError, StopIteration):
+        return None
+    directory, name = os.path.split(target)
+    if name != "SingletonSocket" or not os.path.basename(directory).startswith("org.chromium.Chromium."):
+        return None
+    return directory
 
 
 def _browser_process(marker: str) -> int | None:
