@@ -186,7 +186,7 @@ def test_the_browser_process_is_told_from_a_child_forked_but_not_yet_execd():
     import subprocess
     import sys
 
-    from agentgym.tools.browser.pool import _browser_process
+    from agentgym.tools.browser.pool import _browser_process, _descendants
 
     marker = "--agentgym-browser-pool=test-fork.1"
     script = "import os, sys, time\nif os.fork() == 0:\n    time.sleep(30); os._exit(0)\nprint(os.getpid(), flush=True)\ntime.sleep(30)"
@@ -197,25 +197,17 @@ def test_the_browser_process_is_told_from_a_child_forked_but_not_yet_execd():
         assert pid == parent.pid
         deadline = time.monotonic() + 10  # the forked child is listed once the fork returned in it
         while not any(marker.encode() in open(f"/proc/{child}/cmdline", "rb").read()
-                      for child in _children(pid)) and time.monotonic() < deadline:
+                      for child in _descendants(pid)) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert _children(pid), "the test's fork did not happen"
+        assert _descendants(pid), "the test's fork did not happen"
         assert _browser_process(marker) == parent.pid
         assert _browser_process("--agentgym-browser-pool=nobody-launched-this.1") is None
     finally:
         for proc in (parent, renderer):
-            for child in _children(proc.pid):
+            for child in _descendants(proc.pid):
                 os.kill(child, signal.SIGKILL)
             proc.kill()
             proc.wait()
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as fh:
-            return [int(c) for c in fh.read().split()]
-    except OSError:
-        return []
 
 
 @needs_browser

@@ -433,9 +433,11 @@ class BrowserPool:
 
     def _forget_pid(self, browser: Any) -> None:
         pid = self._browser_pids.pop(browser, None)
+        if pid is None:
+            return
         if pid in self._launched_pids:
             self._launched_pids.remove(pid)
-        singleton = self._singleton_dirs.pop(pid, None) if pid is not None else None
+        singleton = self._singleton_dirs.pop(pid, None)
         if singleton is not None:  # a killed Chromium cannot remove it; one closed normally already has
             shutil.rmtree(singleton, ignore_errors=True)
 
@@ -973,14 +975,19 @@ class BrowserSession:
         self._do(act)
 
 
-def _process_state(pid: int) -> str | None:
-    """The one-letter state of ``pid`` from ``/proc/PID/stat`` (R, S, T, Z, ...), or None if it is gone."""
+def _stat_fields(pid: int) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command name (state, parent pid, ...); empty if it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             stat = fh.read().decode("ascii", "replace")
     except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[-1].split()
+        return []
+    return stat.rsplit(")", 1)[-1].split()  # the name, in parentheses, may itself hold spaces and ')'
+
+
+def _process_state(pid: int) -> str | None:
+    """The one-letter state of ``pid`` (R, S, T, Z, ...), or None if it is gone."""
+    fields = _stat_fields(pid)
     return fields[0] if fields else None
 
 
@@ -1019,13 +1026,13 @@ def _browser_process(marker: str) -> int | None:
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as fh:
                 argv = fh.read().split(b"\x00")
-            if wanted not in argv or any(arg.startswith(b"--type=") for arg in argv):
-                continue
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                parent = int(fh.read().rsplit(b")", 1)[-1].split()[1])
-        except (OSError, ValueError, IndexError):
+        except OSError:
             continue
-        matches[int(entry)] = parent
+        if wanted not in argv or any(arg.startswith(b"--type=") for arg in argv):
+            continue
+        fields = _stat_fields(int(entry))
+        if len(fields) > 1:  # else it has just exited
+            matches[int(entry)] = int(fields[1])
     roots = [pid for pid, parent in matches.items() if parent not in matches]
     return roots[0] if len(roots) == 1 else None
 
