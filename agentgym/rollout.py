@@ -734,7 +734,7 @@ class RolloutEngine:
                       "write_failures": write_failures, "wall_s": time.perf_counter() - started}
         if errors:  # trainers drop these episodes: say so, with a reason, instead of training on less silently
             logger.warning("%d of %d episodes ended with end_reason='error' (first: %s)", len(errors),
-                           len(finished), errors[0].error)
+                           len(finished), error_reason(errors[0]))
         forks = sum(int(t.metadata.get("template_forks", 0)) for t in finished)
         mismatches = sum(int(t.metadata.get("prompt_mismatches", 0)) for t in finished)
         if forks or mismatches:  # once per run: the linear sequence is what was trained on, the render differs
@@ -962,6 +962,15 @@ def log_context_refusal(exc: ContextLengthExceeded, *, turns_taken: int) -> None
     logger.warning("The model refused an episode's first prompt as too long (%s). Such episodes end with "
                    "end_reason='context_limit' and no turns: shorten the system prompt, lower sampling.max_tokens, or "
                    "serve the model with a longer context.", exc)
+
+
+def error_reason(trajectory: Trajectory) -> str:
+    """Why an episode ended with ``end_reason="error"``: the engine's own error, else the error the env reported on
+    its last turn (a crashed browser, a dead sandbox), which ``Trajectory.error`` does not carry."""
+    if trajectory.error:
+        return trajectory.error
+    errors = trajectory.turns[-1].info.get("errors") if trajectory.turns else None
+    return str(errors[-1]) if errors else "the env ended the episode with end_reason='error' and gave no reason"
 
 
 def error_outcome() -> dict[str, Any]:

@@ -160,6 +160,22 @@ def test_step_timeout_counts_only_execution_not_queueing() -> None:
     assert engine.stats["errors"] == 0
 
 
+def test_the_error_warning_names_the_reason_the_env_gave() -> None:
+    """An env that ends an episode with an error (a crashed browser) reports why on its last turn, not in
+    ``Trajectory.error``; the engine's warning must still say why, not "first: None"."""
+    from agentgym.rollout import error_reason
+    from agentgym.trajectory import Trajectory, Turn
+
+    def ended(error: str | None, turn_errors: list[str] | None) -> Trajectory:
+        turns = (Turn(observation="page", action="scroll()", info={"errors": turn_errors}),) if turn_errors is not None else ()
+        return Trajectory(env_id="e", task_id="t", seed=0, turns=turns, outcome={"end_reason": "error"},
+                          end_reason="error", error=error)
+
+    assert error_reason(ended("TimeoutError: env call exceeded", ["ignored"])) == "TimeoutError: env call exceeded"
+    assert error_reason(ended(None, ["a bad call", "the browser process died"])) == "the browser process died"
+    assert "gave no reason" in error_reason(ended(None, [])) and "gave no reason" in error_reason(ended(None, None))
+
+
 def test_hanging_step_ends_its_episode_and_a_new_worker_takes_over(caplog: pytest.LogCaptureFixture) -> None:
     # One worker only: the hanging step holds it forever, yet the other episodes still finish promptly.
     specs = [EpisodeSpec("agentgym-test/Sleepy-v0", seed=0, env_kwargs={"hang": True})]
