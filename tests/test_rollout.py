@@ -167,7 +167,8 @@ def test_the_error_warning_names_the_reason_the_env_gave() -> None:
     from agentgym.trajectory import Trajectory, Turn
 
     def ended(error: str | None, turn_errors: list[str] | None) -> Trajectory:
-        turns = (Turn(observation="page", action="scroll()", info={"errors": turn_errors}),) if turn_errors is not None else ()
+        last = Turn(observation="page", action="scroll()", info={"errors": turn_errors})
+        turns = () if turn_errors is None else (last,)
         return Trajectory(env_id="e", task_id="t", seed=0, turns=turns, outcome={"end_reason": "error"},
                           end_reason="error", error=error)
 
