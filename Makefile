@@ -31,7 +31,7 @@ system-deps:
 install-test: system-deps install
 
 quickstart: install
-	$(PYTHON) -m agentgym.quickstart --out runs/quickstart
+	$(PYTHON) -m agentgym.cli.quickstart --out runs/quickstart
 
 # The default run: everything but the `slow` tests (whole-suite validations, long learning and container runs),
 # three test files at a time (most tests wait on browsers, sandboxes, servers and subprocesses, not on the CPU; four

@@ -6,9 +6,14 @@ and stays light: no torch, vllm, playwright, docker or ray is imported here.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from agentgym.catalogue import env_ids, register_all
+from agentgym.utils.source_tree import bind_namespace_folders
+
+bind_namespace_folders(Path(__file__).resolve().parent)  # before anything imports agentgym.envs & co.
+
+from agentgym.registration.catalogue import env_ids, register_all  # noqa: E402
 from agentgym.env import AgentEnv
 from agentgym.errors import (
     AgentGymError,
@@ -74,7 +79,7 @@ def make(env_id: str, **kwargs: Any) -> Any:
     """``gym.make`` with a 'did you mean' error for unknown agentgym ids."""
     import gymnasium as gym
 
-    from agentgym.catalogue import get_entry
+    from agentgym.registration.catalogue import get_entry
 
     if env_id.startswith("agentgym"):
         get_entry(env_id)

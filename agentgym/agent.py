@@ -18,7 +18,7 @@ token that opens the template's close (``<|im_end|>``, ``<|eot_id|>``, ``<end_of
 close is not added again; otherwise (length cut, plain token) the full close is encoded, so the real special
 id enters the sequence even when the action text ends in ``<|``.
 
-Observations with images (GUI screenshots, :mod:`agentgym.images`) become OpenAI-style content parts,
+Observations with images (GUI screenshots, :mod:`agentgym.utils.images`) become OpenAI-style content parts,
 ``[{"type": "text", "text": ...}, {"type": "image", "image": ImageRef}]``, for a policy that reads images
 (``images=True``); each policy turns the parts into what its backend takes. Text observations stay plain strings,
 so nothing changes for text envs. For a text-only policy an image observation is its text part only: the
@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentgym.errors import AgentGymError
-from agentgym.images import ImageRef, image_parts
+from agentgym.utils.images import ImageRef, image_parts
 from agentgym.policies.base import Generation, GenerationRequest, SamplingParams
 from agentgym.trajectory import utf8_safe
 

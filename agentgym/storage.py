@@ -15,7 +15,7 @@ kept as a ``repr`` line in a side file, never costing the rest of the batch.
 
 Observation images (GUI screenshots) are never inlined: the writer saves each as a content-hashed PNG,
 ``images/<sha256>.png`` beside the JSONL, *before* the line that refers to it, and the line holds only the
-relative path (see :mod:`agentgym.images`). One screenshot seen in many turns or runs is one file.
+relative path (see :mod:`agentgym.utils.images`). One screenshot seen in many turns or runs is one file.
 """
 
 from __future__ import annotations

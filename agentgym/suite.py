@@ -330,7 +330,7 @@ def _suite_dirs() -> list[Path]:
 
 def _suite_files() -> list[Path]:
     """Shipped suite files, then those of installed plugins (``agentgym.suites`` entry points)."""
-    from agentgym.plugins import plugin_suite_paths, suite_files
+    from agentgym.registration.plugins import plugin_suite_paths, suite_files
 
     return suite_files(_suite_dirs()) + suite_files(plugin_suite_paths())
 

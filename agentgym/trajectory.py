@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from agentgym.fast_records import quick_init
-from agentgym.images import ImageRef
+from agentgym.rollout.fast_records import quick_init
+from agentgym.utils.images import ImageRef
 
 __all__ = ["END_REASONS", "SCHEMA_VERSION", "TURN_KINDS", "TokenView", "Trajectory", "Turn", "jsonable", "utf8_safe"]
 
@@ -104,7 +104,7 @@ class Turn:
         state_key: The env's ``state_key()`` before this action (the state the action was chosen in, without
             history), or ``None`` where the env gave none: GiGPO groups turns of a task by it.
         images: The images of ``observation`` (GUI screenshots), in order; stored by reference as
-            ``images/<sha256>.png`` next to the JSONL (see :mod:`agentgym.images`). A vision policy saw them
+            ``images/<sha256>.png`` next to the JSONL (see :mod:`agentgym.utils.images`). A vision policy saw them
             (their placeholder tokens are in ``prompt_token_ids``); a text-only policy saw ``observation`` only.
     """
 

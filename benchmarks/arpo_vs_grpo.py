@@ -54,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def base_model(args: argparse.Namespace, workdir: Path) -> Path:
     """The quickstart's tiny model: a BPE tokenizer and random weights, built offline once."""
     from agentgym.models.tiny import TinyModelConfig, build_tiny_model
-    from agentgym.quickstart import demonstration_texts
+    from agentgym.cli.quickstart import demonstration_texts
 
     target = workdir / f"base-{args.suite}"
     if not (target / "config.json").is_file():

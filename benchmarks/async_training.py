@@ -83,7 +83,7 @@ def slow_suite(workdir: Path) -> Path:
 def warm_start(workdir: Path, bc_steps: int) -> Path:
     """The quickstart's tiny model after a BC warm start on half-shortcut demonstrations (built once)."""
     from agentgym.models.tiny import TinyModelConfig, build_tiny_model, load_tiny_model
-    from agentgym.quickstart import demonstration_texts
+    from agentgym.cli.quickstart import demonstration_texts
     from agentgym.suite import load_suite
     from agentgym.trainers.bc import behaviour_clone, collect_demonstrations
 

@@ -111,7 +111,7 @@ def warm_start(task: CreditTask, workdir: Path, *, target: float, max_bc_steps: 
     uninterrupted run). ``demos`` reference-solver demonstrations of distinct training tasks are cloned, ``batch_size``
     at a time; a count other than 200 or a batch other than 32 gets its own cache (``warm-TASK-dN-bB``)."""
     from agentgym.models.tiny import TinyModelConfig, build_tiny_model, load_tiny_model
-    from agentgym.quickstart import demonstration_texts
+    from agentgym.cli.quickstart import demonstration_texts
     from agentgym.suite import load_suite
     from agentgym.trainers.bc import behaviour_clone, collect_demonstrations
 

@@ -6,7 +6,7 @@ What it measures, side by side in one run:
 * one session: the same actions through ``gym.make("agentgym/Remote-v0", url=...)`` (OpenEnv's sync client), one
   step at a time: the protocol's own per-step overhead;
 * N sessions (default 64) for ``--seconds`` (default 120): concurrent episodes through OpenEnv's async client
-  (:class:`agentgym.env_server.AgentGymClient`) in one event loop: latency under load and steps/s;
+  (:class:`agentgym.serving.env_server.AgentGymClient`) in one event loop: latency under load and steps/s;
 * leaks: the server's sessions and live envs, open file descriptors, threads and child processes before the load
   (after one warm-up session) and after every client closed.
 
@@ -117,7 +117,7 @@ def settled(url: str, pid: int, baseline: dict[str, int] | None, timeout_s: floa
 
 async def _session(url: str, plans: dict[int, list[str]], deadline: float, latencies: list[float],
                    errors: list[str], rng: random.Random) -> int:
-    from agentgym.env_server import AgentGymAction, AgentGymClient
+    from agentgym.serving.env_server import AgentGymAction, AgentGymClient
 
     steps = 0
     client = AgentGymClient(base_url=url, message_timeout_s=60.0)
@@ -155,7 +155,7 @@ def load(url: str, pid: int, *, sessions: int, seconds: float, env_id: str = DEF
     Returns steps, errors, latency percentiles (ms), steps/s, the resources before/after, and ``leaks``: each
     resource that is higher after the run than before it, as ``(before, after)``.
     """
-    from agentgym.env_server import AgentGymAction, AgentGymClient
+    from agentgym.serving.env_server import AgentGymAction, AgentGymClient
 
     plans = plans or reference_actions(env_id, range(32))
 
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.sessions < 1 or args.seconds <= 0 or args.sequential_seconds <= 0:
         parser.error("--sessions must be >= 1 and --seconds, --sequential-seconds > 0")
 
-    from agentgym.remote_env import launch_env_server
+    from agentgym.serving.remote_env import launch_env_server
 
     plans = reference_actions(args.env_id, range(32))
     local = gym.make(args.env_id)

@@ -105,7 +105,7 @@ def mark_probabilities(model_dir: str | Path, pages: int = 36) -> dict[str, Any]
     import numpy as np
     import torch
 
-    from agentgym.images import observation_parts
+    from agentgym.utils.images import observation_parts
     from agentgym.models.loading import load_model, load_processor
     from agentgym.policies.base import SamplingParams
     from agentgym.policies.hf import HFPolicy, pixel_inputs

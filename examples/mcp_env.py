@@ -3,7 +3,7 @@ import sys
 from pathlib import Path
 
 from agentgym import ToolSet
-from agentgym.mcp_tools import McpToolbox
+from agentgym.integrations.mcp import McpToolbox
 from reverse_env import ReverseEnv
 
 SERVER = [sys.executable, str(Path(__file__).with_name("mcp_server.py"))]

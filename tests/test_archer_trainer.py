@@ -23,7 +23,7 @@ pytest.importorskip("transformers")
 
 from agentgym.errors import ConfigError  # noqa: E402
 from agentgym.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
-from agentgym.quickstart import demonstration_texts  # noqa: E402
+from agentgym.cli.quickstart import demonstration_texts  # noqa: E402
 from agentgym.trainers.archer import ArcherConfig, ArcherTrainer  # noqa: E402
 from agentgym.trainers.filtered_bc import FilteredBCConfig, FilteredBCTrainer  # noqa: E402
 from agentgym.trainers.replay import ReplayBuffer, Transition, transitions_from_trajectory  # noqa: E402

@@ -20,7 +20,7 @@ import torch  # noqa: E402
 
 from agentgym.errors import ConfigError  # noqa: E402
 from agentgym.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
-from agentgym.quickstart import demonstration_texts  # noqa: E402
+from agentgym.cli.quickstart import demonstration_texts  # noqa: E402
 from agentgym.trainers import make_trainer  # noqa: E402
 from agentgym.trainers.algorithms import behaviour_weights  # noqa: E402
 from agentgym.trainers.async_rollouts import AsyncRollouts, RolloutWorkerDied, WeightMailbox, _with_versions  # noqa: E402

@@ -17,12 +17,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from agentgym.branching import BranchingConfig, BranchingSampler
+from agentgym.rollout.branching import BranchingConfig, BranchingSampler
 from agentgym.errors import ConfigError
 from agentgym.models.tiny import TinyModelConfig, build_tiny_model, load_tiny_model
 from agentgym.policies import SamplingParams, ScriptedPolicy
 from agentgym.policies.hf import HFPolicy
-from agentgym.quickstart import demonstration_texts
+from agentgym.cli.quickstart import demonstration_texts
 from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
 from agentgym.suite import Task, load_suite
 from agentgym.trajectory import Trajectory

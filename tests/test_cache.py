@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agentgym.cache import build_once, cache_root
+from agentgym.utils.cache import build_once, cache_root
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -26,7 +26,7 @@ BUILDER = textwrap.dedent(
     import json, os, sys, time
     from pathlib import Path
     sys.path.insert(0, {repo!r})
-    from agentgym.cache import build_once
+    from agentgym.utils.cache import build_once
 
     root = Path({root!r})
     while not (root / "go").exists():  # start all processes at the same moment
@@ -147,7 +147,7 @@ def test_swe_source_cache_lives_under_the_cache_root(monkeypatch: pytest.MonkeyP
     from agentgym.tasks.swe import libraries
 
     if not _swe_on_build_once():
-        pytest.skip("tasks/swe/libraries.fetch_library does not use agentgym.cache.build_once yet (SWE helper's change)")
+        pytest.skip("tasks/swe/libraries.fetch_library does not use agentgym.utils.cache.build_once yet (SWE helper's change)")
     monkeypatch.setenv("AGENTGYM_CACHE_DIR", str(tmp_path))
     assert libraries.cache_root().is_relative_to(tmp_path)
 
@@ -156,7 +156,7 @@ def test_four_processes_fetch_the_same_swe_library(tmp_path: Path) -> None:
     from agentgym.tasks.swe import libraries
 
     if not _swe_on_build_once():
-        pytest.skip("tasks/swe/libraries.fetch_library does not use agentgym.cache.build_once yet (SWE helper's change)")
+        pytest.skip("tasks/swe/libraries.fetch_library does not use agentgym.utils.cache.build_once yet (SWE helper's change)")
     lib = libraries.get_library("toolz")
     cached = libraries.cache_root() / "sdists" / lib.sdist_name  # the user's cache: nothing is downloaded here
     if not cached.is_file():

@@ -20,7 +20,7 @@ import pytest
 
 import agentgym
 from agentgym.errors import EnvCrashed
-from agentgym.remote_env import launch_env_server
+from agentgym.serving.remote_env import launch_env_server
 from tests.scripts import load_script
 
 # openenv-core imports gradio (~12 s of CPU): imported inside the tests, so the xdist workers that only collect this
@@ -198,7 +198,7 @@ def test_short_load_run_leaks_nothing(server: Any) -> None:
 
 def test_capacity_error_then_killed_server_ends_episode_with_error() -> None:
     """A full server says so (OpenEnv's CAPACITY_REACHED); a killed server ends the episode with error, fast."""
-    from agentgym.env_server import EnvServerError
+    from agentgym.serving.env_server import EnvServerError
 
     proc = launch_env_server(CALC, max_sessions=2)
     try:
@@ -267,7 +267,7 @@ def test_wire_format_round_trips_gui_observations() -> None:
     """Screenshots travel as lossless PNG and come back as the same uint8 pixels, in the same space."""
     from gymnasium import spaces
 
-    from agentgym.env_server import (
+    from agentgym.serving.env_server import (
         AgentGymAction,
         AgentGymClient,
         _to_wire,

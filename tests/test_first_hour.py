@@ -17,8 +17,8 @@ import pytest
 from agentgym.cli import main
 from agentgym.errors import ConfigError, DependencyNotInstalled
 from agentgym.policies import SamplingParams
-from agentgym.progress import ProgressBar, progress_enabled, track
-from agentgym.report import render_summary_table
+from agentgym.utils.progress import ProgressBar, progress_enabled, track
+from agentgym.cli.report import render_summary_table
 from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, summarize
 from agentgym.trajectory import Trajectory, Turn
 

@@ -26,11 +26,11 @@ pytest.importorskip("uvicorn")
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from agentgym.gateway import SESSION_HEADER, sessions_to_trajectories  # noqa: E402
+from agentgym.serving.gateway import SESSION_HEADER, sessions_to_trajectories  # noqa: E402
 from agentgym.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
 from agentgym.policies.base import Generation, SamplingParams  # noqa: E402
-from agentgym.quickstart import demonstration_texts  # noqa: E402
-from agentgym.serve import ServerThread  # noqa: E402
+from agentgym.cli.quickstart import demonstration_texts  # noqa: E402
+from agentgym.serving.openai_server import ServerThread  # noqa: E402
 from agentgym.suite import load_suite  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -174,7 +174,7 @@ def test_rewritten_history_starts_a_counted_segment_and_reported_rewards_end_ses
 def test_streams_and_a_proxied_server_record_the_same_ids(hf_policy: Any, tmp_path: Path) -> None:
     """The gateway in front of a remote server (here `agentgym serve` on another port, as it would be vLLM): a
     streamed call and a plain call with the same seed record identical prompt ids, sampled ids and log-probs."""
-    from agentgym.gateway import create_gateway_app
+    from agentgym.serving.gateway import create_gateway_app
 
     with ServerThread(hf_policy, model_name="tiny") as upstream:
         app = create_gateway_app(upstream.base_url, tmp_path / "rec")

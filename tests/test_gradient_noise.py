@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")
 
 from agentgym.models.tiny import build_tiny_model  # noqa: E402
-from agentgym.quickstart import demonstration_texts  # noqa: E402
+from agentgym.cli.quickstart import demonstration_texts  # noqa: E402
 from tests.scripts import load_script  # noqa: E402
 from tests.tiny_models import SMALL  # noqa: E402
 

@@ -24,7 +24,7 @@ if importlib.util.find_spec("peft") is None:  # a spec check: importing peft cos
 from agentgym.errors import ConfigError  # noqa: E402
 from agentgym.models.loading import LoadOptions, is_checkpointing, load_model, merged_state_dict  # noqa: E402
 from agentgym.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
-from agentgym.quickstart import demonstration_texts  # noqa: E402
+from agentgym.cli.quickstart import demonstration_texts  # noqa: E402
 from agentgym.trainers.batch import build_batch, sequence_logprobs  # noqa: E402
 from agentgym.trainers.config import GrpoConfig  # noqa: E402
 from agentgym.trainers.grpo import GrpoTrainer  # noqa: E402

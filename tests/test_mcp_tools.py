@@ -20,7 +20,7 @@ pytest.importorskip("mcp", reason="pip install 'agentgym[mcp]'")
 
 from agentgym.env import AgentEnv  # noqa: E402
 from agentgym.errors import ToolError  # noqa: E402
-from agentgym.mcp_tools import McpToolbox  # noqa: E402
+from agentgym.integrations.mcp import McpToolbox  # noqa: E402
 from agentgym.suite import Task  # noqa: E402
 from agentgym.toolset import ToolCall, ToolSet, tool  # noqa: E402
 

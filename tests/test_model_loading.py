@@ -22,7 +22,7 @@ pytest.importorskip("transformers")
 from agentgym.errors import ConfigError  # noqa: E402
 from agentgym.models.loading import hub_cache_dir, parse_hub_id, resolve_model_dir  # noqa: E402
 from agentgym.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
-from agentgym.quickstart import demonstration_texts  # noqa: E402
+from agentgym.cli.quickstart import demonstration_texts  # noqa: E402
 
 SMALL = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128)
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -166,7 +166,7 @@ def test_grpo_config_with_a_hub_id_validates_and_loads(hf_home: Path, tmp_path: 
 def test_serve_accepts_a_cached_hub_id(hf_home: Path) -> None:
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("fastapi")
-    from agentgym.serve import run_server, serve_in_background
+    from agentgym.serving.openai_server import run_server, serve_in_background
 
     with serve_in_background("org/tiny") as base_url:
         assert httpx.get(base_url + "/models").json()["data"][0]["id"] == "org/tiny"

@@ -18,10 +18,10 @@ import pytest
 
 from agentgym.agent import ChatAgent
 from agentgym.errors import AgentGymError
-from agentgym.images import ImageRef, decode_png, encode_png, observation_parts
+from agentgym.utils.images import ImageRef, decode_png, encode_png, observation_parts
 from agentgym.policies import ScriptedPolicy
 from agentgym.policies.base import Generation, SamplingParams
-from agentgym.report import write_html_report
+from agentgym.cli.report import write_html_report
 from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, summarize
 from agentgym.storage import TrajectoryWriter, read_trajectories
 from agentgym.suite import Task
@@ -336,7 +336,7 @@ def test_vlm_rollout_records_images_by_reference_and_a_grpo_step_trains_on_them(
 def test_serve_takes_image_parts_for_a_vlm_with_the_openai_client(vlm: Any) -> None:
     openai = pytest.importorskip("openai")
     pytest.importorskip("fastapi")
-    from agentgym.serve import serve_in_background
+    from agentgym.serving.openai_server import serve_in_background
 
     image = ImageRef.from_array(_pixels(7))
     agent = ChatAgent(vlm.tokenizer, images=True, processor=vlm.processor)
@@ -361,7 +361,7 @@ def test_serve_takes_image_parts_for_a_vlm_with_the_openai_client(vlm: Any) -> N
         with pytest.raises(openai.BadRequestError, match="data:image"):
             client.chat.completions.create(model="tiny-vlm", max_tokens=2, messages=[{"role": "user", "content": [
                 {"type": "image_url", "image_url": {"url": "http://example.com/cat.png"}}]}])
-    from agentgym.serve import APIError, _message_text
+    from agentgym.serving.openai_server import APIError, _message_text
 
     with pytest.raises(APIError, match="reads text only"):
         _message_text(content, 1, vision=False)

@@ -38,7 +38,7 @@ def hf_policy(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 @pytest.fixture(scope="module")
 def base_url(hf_policy: Any) -> Any:
-    from agentgym.serve import serve_in_background
+    from agentgym.serving.openai_server import serve_in_background
 
     with serve_in_background(hf_policy, model_name=MODEL) as url:
         yield url

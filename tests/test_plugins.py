@@ -18,8 +18,8 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 
-from agentgym import plugins
-from agentgym.scaffold import render_env_package
+from agentgym.registration import plugins
+from agentgym.cli.scaffold import render_env_package
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / "examples" / "plugin"
@@ -121,7 +121,7 @@ def test_installed_plugin_is_listed_made_and_its_suite_loads(venv: Path) -> None
         print(json.dumps({"heavy": heavy, "obs": obs, "reward": reward, "terminated": terminated,
                           "outcome": step["outcome"], "suite": [suite.name, len(suite.train), len(suite.test)],
                           "valid": suite.validate(limit=5).ok,
-                          "errors": [str(e) for e in agentgym.plugins.plugin_errors()]}))
+                          "errors": [str(e) for e in agentgym.registration.plugins.plugin_errors()]}))
         """)
     proc = subprocess.run([str(venv), "-c", code], capture_output=True, text=True, timeout=120, env=ENV)
     assert proc.returncode == 0, proc.stderr[-3000:]

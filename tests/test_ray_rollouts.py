@@ -18,7 +18,7 @@ ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
 from agentgym.policies import ScriptedPolicy  # noqa: E402
-from agentgym.ray_envs import RayEnv  # noqa: E402
+from agentgym.rollout.ray_envs import RayEnv  # noqa: E402
 from agentgym.rollout import DISCARD_THREAD_NAME, EpisodeSpec, RolloutConfig, RolloutEngine  # noqa: E402
 from agentgym.suite import load_suite  # noqa: E402
 

@@ -241,7 +241,7 @@ def test_a_run_relaxes_the_garbage_collector_and_gives_its_thresholds_back() -> 
     restore the interpreter's own thresholds when the last one ends, and ``gc_threshold=None`` changes nothing."""
     import gc
 
-    from agentgym.gc_tuning import relaxed_gc
+    from agentgym.utils.gc_tuning import relaxed_gc
 
     before = gc.get_threshold()
     seen: list[tuple[int, ...]] = []
@@ -445,7 +445,7 @@ def test_a_refused_first_prompt_is_a_warning_once_not_a_quiet_run_of_empty_episo
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """A first prompt the model refuses means a setting (system prompt, max_tokens) does not fit the model: every
     episode would end context_limit with no turns, so the run says so, once."""
-    import agentgym.rollout as rollout
+    import agentgym.rollout.engine as rollout
 
     monkeypatch.setattr(rollout, "_first_prompt_refusal_logged", False)
     policy = RefusesLongPrompts(limit=0)

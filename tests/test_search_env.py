@@ -264,7 +264,7 @@ def test_eval_summary_reports_success_per_question_type() -> None:
 
 
 def test_bm25_index_is_cached_atomically_and_reloaded(tmp_path) -> None:
-    """The index folder is built by agentgym.cache.build_once (complete marker, no temporaries) and reloads."""
+    """The index folder is built by agentgym.utils.cache.build_once (complete marker, no temporaries) and reloads."""
     from agentgym.envs.search.corpus import load_corpus
     from agentgym.envs.search.index import clear_retriever_cache, corpus_retriever
 

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible server (agentgym.serve) and the OpenAIPolicy client, end to end on the tiny model."""
+"""The OpenAI-compatible server (agentgym.serving.openai_server) and the OpenAIPolicy client, end to end on the tiny model."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def hf_policy(model_dir: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def server(hf_policy: Any) -> Any:
-    from agentgym.serve import ServerThread
+    from agentgym.serving.openai_server import ServerThread
 
     with ServerThread(hf_policy, model_name=MODEL, max_batch_size=32, batch_window_s=0.02) as srv:
         yield srv
@@ -273,7 +273,7 @@ def test_error_messages_help(http: Any) -> None:
 
 
 def test_run_server_and_serve_in_background_check_the_directory(tmp_path: Any, model_dir: Any) -> None:
-    from agentgym.serve import run_server, serve_in_background
+    from agentgym.serving.openai_server import run_server, serve_in_background
 
     with pytest.raises(ConfigError, match="does not exist"):
         run_server(str(tmp_path / "missing"))
@@ -379,7 +379,7 @@ def test_policy_top_logprobs_over_http_equal_the_in_process_ones(server: Any, hf
 def test_arpo_branching_measures_entropy_through_the_server(server: Any, hf_policy: Any) -> None:
     """Entropy-guided branching with an HTTP policy: every turn's segment entropy comes from the server's
     top-k alternatives (it used to stop with 'neither top-k log-probs nor entropies')."""
-    from agentgym.branching import BranchingConfig, BranchingSampler
+    from agentgym.rollout.branching import BranchingConfig, BranchingSampler
     from agentgym.rollout import EpisodeSpec, RolloutConfig
     from agentgym.suite import load_suite
 
@@ -397,7 +397,7 @@ def test_arpo_branching_measures_entropy_through_the_server(server: Any, hf_poli
 
 
 def test_generation_failure_is_a_retried_500(hf_policy: Any) -> None:
-    from agentgym.serve import ServerThread
+    from agentgym.serving.openai_server import ServerThread
 
     class Broken:
         tokenizer = hf_policy.tokenizer
@@ -440,7 +440,7 @@ def test_an_episode_the_server_refuses_as_too_long_is_a_context_limit_not_an_err
     from agentgym.models.tiny import TinyModelConfig, build_tiny_model
     from agentgym.policies.hf import HFPolicy
     from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
-    from agentgym.serve import ServerThread
+    from agentgym.serving.openai_server import ServerThread
 
     config = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128,
                              max_position_embeddings=1024)

@@ -40,7 +40,7 @@ def hf_policy(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 @pytest.fixture(scope="module")
 def server(hf_policy: Any) -> Any:
-    from agentgym.serve import ServerThread
+    from agentgym.serving.openai_server import ServerThread
 
     with ServerThread(hf_policy, model_name=MODEL, max_batch_size=32, batch_window_s=0.02) as srv:
         yield srv
@@ -92,7 +92,7 @@ def qwen_tokenizer() -> Any:
 
 
 def _scripted_server(policy: Any) -> Any:
-    from agentgym.serve import ServerThread
+    from agentgym.serving.openai_server import ServerThread
 
     return ServerThread(policy, model_name="scripted", batch_window_s=0.01)
 
@@ -230,7 +230,7 @@ def test_tool_call_loop_with_the_openai_client(qwen_tokenizer: Any) -> None:
 
 
 def test_tool_parser_reads_hermes_blocks_like_vllm(qwen_tokenizer: Any) -> None:
-    from agentgym.serve import _Batcher, _Server
+    from agentgym.serving.openai_server import _Batcher, _Server
 
     policy = Scripted(qwen_tokenizer, lambda _: "")
     server = _Server(policy, "m", _Batcher(policy, max_batch_size=1, window_s=0, max_queue_size=1))

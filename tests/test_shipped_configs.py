@@ -13,7 +13,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 
 from agentgym.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
-from agentgym.quickstart import demonstration_texts  # noqa: E402
+from agentgym.cli.quickstart import demonstration_texts  # noqa: E402
 from agentgym.trainers.config import load_config  # noqa: E402
 from agentgym.trainers.grpo_config import GrpoConfig  # noqa: E402
 from agentgym.trainers.replay_actor import ReplayActorConfig  # noqa: E402

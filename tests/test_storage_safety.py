@@ -15,7 +15,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from agentgym.policies import ScriptedPolicy
-from agentgym.report import write_html_report
+from agentgym.cli.report import write_html_report
 from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, summarize
 from agentgym.storage import TrajectoryWriter, errors_path, read_trajectories, to_hf_dataset
 from agentgym.trajectory import Trajectory, Turn

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from agentgym.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
-from agentgym.quickstart import demonstration_texts  # noqa: E402
+from agentgym.cli.quickstart import demonstration_texts  # noqa: E402
 from agentgym.trainers.batch import build_batch  # noqa: E402
 from agentgym.trainers.config import GrpoConfig  # noqa: E402
 from agentgym.trainers.grpo import GrpoTrainer  # noqa: E402

@@ -10,7 +10,7 @@ import gymnasium as gym
 import pytest
 
 import agentgym  # noqa: F401 - registers the env ids
-from agentgym.branching import BranchingConfig, BranchingSampler
+from agentgym.rollout.branching import BranchingConfig, BranchingSampler
 from agentgym.policies import ScriptedPolicy
 from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, read_state_key
 from agentgym.suite import Task, load_suite

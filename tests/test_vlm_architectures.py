@@ -25,7 +25,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("PIL")
 
 from agentgym.agent import ChatAgent  # noqa: E402
-from agentgym.images import ImageRef  # noqa: E402
+from agentgym.utils.images import ImageRef  # noqa: E402
 from agentgym.models.tiny import default_corpus, train_tokenizer  # noqa: E402
 from agentgym.policies.base import Generation, SamplingParams  # noqa: E402
 from agentgym.policies.hf import HFPolicy, _rope_index_fn, pixel_inputs, rope_position_ids  # noqa: E402

@@ -19,7 +19,7 @@ SMALL = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=
 
 def build_maze_tiny_model(path: Path) -> Path:
     """An untrained :data:`SMALL` tiny model whose tokenizer was trained on ``games-maze`` demonstrations."""
-    from agentgym.quickstart import demonstration_texts
+    from agentgym.cli.quickstart import demonstration_texts
 
     return build_tiny_model(path, texts=demonstration_texts("games-maze", 40), config=SMALL)
 

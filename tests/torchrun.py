@@ -47,7 +47,7 @@ def build_small_model(path: Path, suite: str) -> Path:
     """The tiny from-config model at its smallest useful size (2 layers, hidden 32), tokenizer trained on
     ``suite``'s demonstrations: a real decoder whose collectives are the same as a large model's, in seconds."""
     from agentgym.models.tiny import TinyModelConfig, build_tiny_model
-    from agentgym.quickstart import demonstration_texts
+    from agentgym.cli.quickstart import demonstration_texts
 
     small = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=64)
     return build_tiny_model(path, texts=demonstration_texts(suite, 60), config=small)

@@ -3,7 +3,7 @@
 ``ArpoTrainer(config).train()`` is :class:`~agentgym.trainers.grpo.GrpoTrainer` (the one online loop with the
 clipped policy-gradient update) with two parts swapped:
 
-1. Rollouts come from :class:`~agentgym.branching.BranchingSampler`: ``initial_rollouts`` (N) fresh
+1. Rollouts come from :class:`~agentgym.rollout.branching.BranchingSampler`: ``initial_rollouts`` (N) fresh
    trajectories per task, grown to ``group_size`` (M) by branching after tool results, where the
    entropy of the model's next turn rose relative to its first turn.
 2. Advantages reach tokens by ``attribution``: ``soft`` (default, the reference code) keeps each
@@ -29,7 +29,7 @@ from agentgym.trainers.config import GrpoConfig
 from agentgym.trainers.grpo import GrpoTrainer
 from agentgym.trainers.seeding import mix_seed
 
-from agentgym.branching import BranchingConfig
+from agentgym.rollout.branching import BranchingConfig
 from agentgym.trainers.async_rollouts import RolloutJob
 from agentgym.trajectory import Trajectory
 

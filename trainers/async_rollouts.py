@@ -79,7 +79,7 @@ class RolloutJob:
         step: The training step these episodes are for.
         specs: The episodes (``group_size`` per task, each with its own sampling seed).
         rollout: The rollout engine's settings (sampling, context limit, env backend).
-        branching: ARPO's branching-sampler settings (a :class:`~agentgym.branching.BranchingConfig`), or ``None``
+        branching: ARPO's branching-sampler settings (a :class:`~agentgym.rollout.branching.BranchingConfig`), or ``None``
             for independent episodes from the rollout engine.
     """
 
@@ -94,7 +94,7 @@ class RolloutJob:
             from agentgym.rollout import RolloutEngine
 
             return RolloutEngine(policy, self.rollout).run(list(self.specs)), {}
-        from agentgym.branching import BranchingSampler
+        from agentgym.rollout.branching import BranchingSampler
 
         sampler = BranchingSampler(policy, self.rollout, self.branching)
         return sampler.run(list(self.specs)), dict(sampler.stats)
@@ -575,7 +575,7 @@ def _custom_env_specs(env_ids: Sequence[str]) -> dict[str, Any]:
     """Gymnasium specs of the ids that were registered at run time (not by agentgym's catalogue) in this process."""
     import gymnasium as gym
 
-    from agentgym.catalogue import env_ids as catalogue_ids
+    from agentgym.registration.catalogue import env_ids as catalogue_ids
 
     known = set(catalogue_ids())
     return {i: gym.spec(i) for i in env_ids if i not in known and i in gym.registry}

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from agentgym.trainers.logprobs import DEFAULT_CHUNK_SIZE, token_logprobs
-from agentgym.images import ImageRef
+from agentgym.utils.images import ImageRef
 from agentgym.trajectory import Trajectory
 
 __all__ = ["TrainingBatch", "build_batch", "sequence_logprobs", "vision_inputs"]

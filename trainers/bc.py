@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from agentgym.policies import ReferencePolicy, SamplingParams
-from agentgym.progress import track
+from agentgym.utils.progress import track
 from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
 from agentgym.suite import TaskSuite
 from agentgym.trainers.batch import build_batch, sequence_logprobs, vision_inputs
@@ -59,7 +59,7 @@ def behaviour_clone(model: Any, tokenizer: Any, demonstrations: Sequence[Traject
     so ``processor`` is then required (:func:`agentgym.trainers.batch.vision_inputs` says so otherwise).
 
     Every 25th step (and the last) is logged as ``BC step N/STEPS`` (1-based) and handed to ``log`` with its
-    0-based index; ``progress`` draws a step bar (see :mod:`agentgym.progress`).
+    0-based index; ``progress`` draws a step bar (see :mod:`agentgym.utils.progress`).
     """
     if not demonstrations:
         raise ValueError("behaviour_clone got no demonstrations; check the suite's reference solver.")

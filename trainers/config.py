@@ -146,7 +146,7 @@ class TrainerConfig:
     load_in_4bit: bool = False
     """QLoRA: load the frozen base in 4-bit NF4 (bitsandbytes, CUDA only) and train LoRA adapters on it (needs lora)."""
 
-    # ---- experiment tracking and progress (see agentgym.trainers.metrics and agentgym.progress) ----------
+    # ---- experiment tracking and progress (see agentgym.trainers.metrics and agentgym.utils.progress) ----------
     loggers: tuple[str, ...] = ()
     """Experiment trackers beside metrics.jsonl and TensorBoard: 'wandb' and/or 'mlflow' (pip install
     'agentgym[tracking]'; WANDB_MODE=offline logs to W&B without an account)."""

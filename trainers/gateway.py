@@ -1,10 +1,10 @@
 """GRPO where a black-box agent program plays every episode through the recording gateway.
 
 The one online loop (:class:`~agentgym.trainers.loop.OnlineTrainer`) with a different sampler: each step, the
-trainer opens ``tasks_per_step x group_size`` env sessions on a :mod:`agentgym.gateway` served in-process in front
+trainer opens ``tasks_per_step x group_size`` env sessions on a :mod:`agentgym.serving.gateway` served in-process in front
 of the training model itself, runs the agent program once per session (``agent(base_url)``, where ``base_url`` is
 the session's ``http://127.0.0.1:PORT/s/<session>/v1``), and learns with GRPO from the recorded sessions
-(:func:`~agentgym.gateway.sessions_to_trajectories`). The agent program is anything that talks the OpenAI API, e.g.
+(:func:`~agentgym.serving.gateway.sessions_to_trajectories`). The agent program is anything that talks the OpenAI API, e.g.
 the ``openai``-only loop in ``examples/gateway_agent.py``; it never sees agentgym. Held-out evaluation runs the
 same program on the eval split's tasks with fixed seeds, so "success" is the agent program's success.
 
@@ -62,7 +62,7 @@ class GatewayGrpoTrainer(GrpoTrainer):
 
     def _setup(self, resume_from: Path | None) -> None:
         super()._setup(resume_from)
-        from agentgym.serve import ServerThread
+        from agentgym.serving.openai_server import ServerThread
 
         self._server = ServerThread(self.policy, model_name="policy", max_batch_size=self.config.max_in_flight,
                                     record_dir=self.record_dir)
@@ -92,7 +92,7 @@ class GatewayGrpoTrainer(GrpoTrainer):
     def _run_sessions(self, tag: str, plan: list[tuple[Task, int, str]], suite: Any) -> tuple[list[Trajectory],
                                                                                                dict[str, float]]:
         """Open one session per (task, seed, group) of ``plan``, let the agent play them, read them back."""
-        from agentgym.gateway import sessions_to_trajectories
+        from agentgym.serving.gateway import sessions_to_trajectories
 
         sessions = [self.gateway.open_session(f"{tag}-{i}", env_id=suite.env_id, task=task, seed=seed,
                                               group_id=group, env_kwargs=dict(suite.env_kwargs))

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from agentgym.policies import SamplingParams
-from agentgym.progress import track
+from agentgym.utils.progress import track
 from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, summarize
 from agentgym.suite import Task
 from agentgym.trainers.async_rollouts import RolloutJob

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym.errors import AgentGymError, ConfigError, DependencyNotInstalled
-from agentgym.images import ImageRef, image_parts
+from agentgym.utils.images import ImageRef, image_parts
 from agentgym.policies.base import (
     Generation,
     GenerationRequest,

@@ -52,7 +52,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from agentgym.errors import AgentGymError, ConfigError, ContextLengthExceeded, DependencyNotInstalled
-from agentgym.images import ImageRef
+from agentgym.utils.images import ImageRef
 from agentgym.policies.base import (
     Generation,
     GenerationRequest,
@@ -218,7 +218,7 @@ def _retry_after_s(response: httpx.Response) -> float | None:
 
 
 def _wire_message(message: Mapping[str, Any]) -> dict[str, Any]:
-    """A message as OpenAI's API takes it: image parts (:class:`~agentgym.images.ImageRef`) become ``image_url``
+    """A message as OpenAI's API takes it: image parts (:class:`~agentgym.utils.images.ImageRef`) become ``image_url``
     parts with a PNG data URI; text and plain-string content pass unchanged."""
     content = message.get("content")
     if isinstance(content, str) or not content:

@@ -9,7 +9,7 @@ every generated question is thus retrievable, while the 10,033 real summaries ac
 and as realistic distractors.
 
 Building is deterministic (sorted inputs, no randomness) and takes about a second; the result is cached as
-JSONL under ``<cache root>/search`` (:func:`agentgym.cache.cache_root`) with the corpus version and the data packages' versions in the
+JSONL under ``<cache root>/search`` (:func:`agentgym.utils.cache.cache_root`) with the corpus version and the data packages' versions in the
 file name, so upgrading either rebuilds it.
 
 Corpora: ``full`` (Wikipedia + profiles, the default) and ``profiles`` (country and city profiles only: a
@@ -38,7 +38,7 @@ from agentgym.envs.search.sources import (
 )
 from agentgym.tools.retrieval.base import Document, default_cache_dir
 
-from agentgym.cache import build_once
+from agentgym.utils.cache import build_once
 from agentgym.errors import ConfigError, did_you_mean
 
 __all__ = [

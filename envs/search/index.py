@@ -28,7 +28,7 @@ from agentgym.tools.retrieval import (
 from agentgym.tools.retrieval.base import INDEX_FORMAT
 from agentgym.tools.retrieval.text import ANALYZER_VERSION
 
-from agentgym.cache import build_once, file_lock
+from agentgym.utils.cache import build_once, file_lock
 from agentgym.errors import ConfigError
 
 __all__ = ["CORPUS_RETRIEVERS", "clear_retriever_cache", "corpus_retriever"]

@@ -482,14 +482,14 @@ def _prepared_sandbox_config(library: str, backend: str) -> Any:
     The first reset that needs a library downloads its pinned sdist with pip and unpacks it into the cache
     (seconds to minutes, depending on PyPI); every later reset, in any process, finds it built. A silent wait
     that long looks like a hang, so it is logged (INFO) at start and end, with sizes, and drawn as a bar in a
-    terminal (:mod:`agentgym.progress`).
+    terminal (:mod:`agentgym.utils.progress`).
     """
-    from agentgym.progress import ProgressBar
+    from agentgym.utils.progress import ProgressBar
     from agentgym.tasks.swe.libraries import cache_root, get_library
 
     lib = get_library(library)
     tree = cache_root() / "src" / lib.key
-    if (tree / ".agentgym-complete").is_file():  # agentgym.cache.build_once's mark of a complete entry
+    if (tree / ".agentgym-complete").is_file():  # agentgym.utils.cache.build_once's mark of a complete entry
         return _episode_sandbox_config(library, backend)
     logger.info("SWE: first use of %s: downloading its sdist with pip and unpacking it into %s (once per machine)",
                 lib.key, tree)

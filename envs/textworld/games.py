@@ -2,7 +2,7 @@
 
 Why a cache: generating one game (TextWorld's logic engine, then the Inform 7 compiler) takes seconds, while
 playing a step takes milliseconds. Each game is identified by ``(kind, level, distribution, seed)`` and built once
-under the agentgym cache root by :func:`agentgym.cache.build_once` (file lock, temporary directory, atomic
+under the agentgym cache root by :func:`agentgym.utils.cache.build_once` (file lock, temporary directory, atomic
 rename), so concurrent workers never see half a game and tests pay generation once per machine.
 
 Two kinds of games, three levels each:
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentgym.cache import build_once, cache_root
+from agentgym.utils.cache import build_once, cache_root
 from agentgym.errors import DependencyNotInstalled, TaskError
 from agentgym.suite import Task
 

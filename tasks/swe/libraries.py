@@ -38,7 +38,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from agentgym import cache
+from agentgym.utils import cache
 from agentgym.errors import ConfigError, TaskError, did_you_mean
 
 __all__ = ["DEPS_MOUNT", "LIBRARIES", "LIBRARY_FILES_ENV", "Library", "cache_root", "fetch_library",
@@ -203,7 +203,7 @@ def get_library(name: str) -> Library:
 
 
 def cache_root() -> Path:
-    """Where SWE sources live: ``agentgym.cache.cache_root()/swe/v1``."""
+    """Where SWE sources live: ``agentgym.utils.cache.cache_root()/swe/v1``."""
     return cache.cache_root() / "swe" / CACHE_VERSION
 
 
@@ -255,7 +255,7 @@ def _sdist_root(staging: Path, lib: Library) -> Path:
 def fetch_library(name: str) -> Path:
     """The pristine source tree of a pinned library (downloaded once with pip, verified, cached).
 
-    Built with :func:`agentgym.cache.build_once`, so any number of processes may ask at once.
+    Built with :func:`agentgym.utils.cache.build_once`, so any number of processes may ask at once.
     """
     lib = get_library(name)
     tree = cache_root() / "src" / lib.key

@@ -521,7 +521,7 @@ def _apply(instance: SweBenchInstance, tree: Path, patch: str, what: str, *, che
 
 
 def _prepare(instance: SweBenchInstance) -> PreparedInstance:
-    from agentgym import cache
+    from agentgym.utils import cache
 
     # A commit id names its whole tree, so the entry is shared by every clone (and every run) of the same instance.
     key = hashlib.sha256("\0".join([instance.base_commit, instance.test_patch, instance.patch]).encode()).hexdigest()[:24]

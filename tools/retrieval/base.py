@@ -215,8 +215,8 @@ class Retriever(abc.ABC):
 
 # ---- files ---------------------------------------------------------------------------------------
 def default_cache_dir() -> Path:
-    """Where corpora, indexes and embeddings are cached: the one root of :func:`agentgym.cache.cache_root`."""
-    from agentgym.cache import cache_root
+    """Where corpora, indexes and embeddings are cached: the one root of :func:`agentgym.utils.cache.cache_root`."""
+    from agentgym.utils.cache import cache_root
 
     return cache_root()
 

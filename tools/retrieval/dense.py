@@ -5,7 +5,7 @@ at run time; we load it with plain ``transformers`` and mean-pool (what sentence
 model) to avoid the heavier library. Encoding is the expensive part (about 100 documents/s on two CPU
 cores with bfloat16, 5x slower in float32), so document embeddings are cached on disk under a key made of
 the model, the precision and a hash of every indexed text: a changed corpus or model never reuses stale
-vectors, and an unchanged one is encoded once per machine: :func:`agentgym.cache.build_once` lets exactly one
+vectors, and an unchanged one is encoded once per machine: :func:`agentgym.utils.cache.build_once` lets exactly one
 of several processes indexing the same corpus at once encode it, while the others wait and load the file.
 """
 
@@ -31,7 +31,7 @@ from agentgym.tools.retrieval.base import (
     default_cache_dir,
 )
 
-from agentgym.cache import build_once
+from agentgym.utils.cache import build_once
 from agentgym.errors import ConfigError, DependencyNotInstalled
 
 __all__ = ["DenseRetriever", "SentenceEncoder", "default_model_dir"]
@@ -129,7 +129,7 @@ class SentenceEncoder:
     def encode(self, texts: Sequence[str], *, progress: bool | str = False) -> np.ndarray:
         """Embed ``texts``: a float32 array ``[len(texts), dim]`` of unit vectors.
 
-        ``progress`` (``True``/``False``/``"auto"``, see :mod:`agentgym.progress`) draws a bar over the batches.
+        ``progress`` (``True``/``False``/``"auto"``, see :mod:`agentgym.utils.progress`) draws a bar over the batches.
         """
         import torch
 
@@ -140,7 +140,7 @@ class SentenceEncoder:
             batches = [order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size)]
             iterator: Any = batches
             if progress is not False and len(batches) > 1:
-                from agentgym.progress import track
+                from agentgym.utils.progress import track
 
                 iterator = track(batches, f"encoding {len(texts)} texts with {MODEL_NAME}", enabled=progress,
                                  unit="batch")
@@ -184,7 +184,7 @@ class DenseRetriever(Retriever):
         dtype: Encoder precision: ``auto``, ``float32`` or ``bfloat16``.
         device: ``cpu`` or ``cuda``.
         cache_dir: Where document embeddings are cached (default ``embeddings/`` under
-            :func:`agentgym.cache.cache_root`, i.e. ``$AGENTGYM_CACHE_DIR``);
+            :func:`agentgym.utils.cache.cache_root`, i.e. ``$AGENTGYM_CACHE_DIR``);
             ``None`` uses the default, ``False`` disables the cache.
         progress: Show a progress bar while encoding many documents: ``"auto"`` (default) when stderr is a
             terminal, or ``True``/``False``. Index builds that encode are also logged (INFO) with their size.

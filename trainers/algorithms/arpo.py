@@ -1,7 +1,7 @@
 """ARPO's math (spec section 4): segment entropy, the branch rule and advantage attribution.
 
-The sampler that uses these lives in :mod:`agentgym.branching`; the trainer in :mod:`agentgym.trainers.arpo`.
-The sampler's two functions (entropy, branch rule) are defined in the core module :mod:`agentgym.branch_rule`, so
+The sampler that uses these lives in :mod:`agentgym.rollout.branching`; the trainer in :mod:`agentgym.trainers.arpo`.
+The sampler's two functions (entropy, branch rule) are defined in the core module :mod:`agentgym.rollout.branch_rule`, so
 the core does not depend on a trainer, and re-exported here beside the attribution they belong with.
 
 * :func:`segment_entropy`: the reference code's entropy of a generated segment, a **sum** over its first
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from agentgym.branch_rule import branch_probability, segment_entropy
+from agentgym.rollout.branch_rule import branch_probability, segment_entropy
 from agentgym.errors import ConfigError
 
 from ._common import check_choice, check_vector, group_index

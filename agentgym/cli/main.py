@@ -46,8 +46,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    from agentgym.catalogue import all_entries
-    from agentgym.plugins import plugin_errors
+    from agentgym.registration.catalogue import all_entries
+    from agentgym.registration.plugins import plugin_errors
     from agentgym.suite import list_suites
 
     table = Table(title="agentgym environments")
@@ -108,7 +108,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from agentgym.policies import SamplingParams, make_policy
-    from agentgym.report import render_summary_table, write_html_report
+    from agentgym.cli.report import render_summary_table, write_html_report
     from agentgym.rollout import (
         RolloutConfig,
         RolloutEngine,
@@ -248,13 +248,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.proxy is not None:  # the recording gateway in front of another server (e.g. vllm serve)
         if args.record is None or args.model_dir is not None:
             raise ConfigError("--proxy URL records another server's sessions: give --record DIR and no MODEL_DIR.")
-        from agentgym.gateway import run_gateway
+        from agentgym.serving.gateway import run_gateway
 
         run_gateway(args.proxy, args.record, host=args.host, port=args.port, tokenizer=args.tokenizer)
         return 0
     if args.model_dir is None:
         raise ConfigError("agentgym serve needs a MODEL_DIR (or --proxy URL --record DIR to record another server).")
-    from agentgym.serve import run_server
+    from agentgym.serving.openai_server import run_server
 
     run_server(args.model_dir, host=args.host, port=args.port, model_name=args.model_name,
                max_batch_size=args.max_batch_size, record_dir=args.record)
@@ -265,7 +265,7 @@ def _cmd_serve_env(args: argparse.Namespace) -> int:
     import gymnasium as gym
 
     import agentgym  # noqa: F401 - registers the ids
-    from agentgym.catalogue import get_entry
+    from agentgym.registration.catalogue import get_entry
 
     if args.env_id is None:
         args.env_id = os.environ.get("AGENTGYM_ENV_ID") or None
@@ -283,7 +283,7 @@ def _cmd_serve_env(args: argparse.Namespace) -> int:
                           f"({exc.msg}).") from None
     if not isinstance(env_kwargs, dict):
         raise ConfigError(f"--env-kwargs must be a JSON object (keyword arguments for gym.make), got {args.env_kwargs!r}.")
-    from agentgym.env_server import bind_socket, serve_env
+    from agentgym.serving.env_server import bind_socket, serve_env
 
     sock = bind_socket(args.host, args.port)
 
@@ -305,7 +305,7 @@ def _positive_float(text: str) -> float:
 
 
 def _cmd_new_env(args: argparse.Namespace) -> int:
-    from agentgym.scaffold import write_env_package
+    from agentgym.cli.scaffold import write_env_package
 
     root = write_env_package(args.name, args.dir, force=args.force)
     sys.stdout.write(f"wrote {root}: cd {root} && python -m pytest -q (then pip install -e . to register it)\n")
@@ -354,7 +354,7 @@ def _cmd_view(args: argparse.Namespace) -> int:
         if traj.error:
             console.print(f"[red]error[/red] {shown(traj.error)}", markup=True)
     if args.html:
-        from agentgym.report import write_html_report
+        from agentgym.cli.report import write_html_report
         from agentgym.rollout import summarize
 
         report = write_html_report(args.html, summarize(viewed), viewed, title=str(path))
@@ -461,7 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="serve a local HF model directory as an OpenAI-compatible API")
     p.add_argument("model_dir", nargs="?", default=None)
     p.add_argument("--record", default=None, metavar="DIR",
-                   help="record every session's token-exact calls here (the recording gateway, agentgym.gateway)")
+                   help="record every session's token-exact calls here (the recording gateway, agentgym.serving.gateway)")
     p.add_argument("--proxy", default=None, metavar="URL",
                    help="with --record: record the sessions of another OpenAI-compatible server (e.g. vllm serve)")
     p.add_argument("--tokenizer", default=None, help="with --proxy: tokenizer for servers that return no token ids")

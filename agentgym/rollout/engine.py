@@ -38,9 +38,9 @@ from typing import Any, TypeVar
 
 from agentgym.agent import ChatAgent
 from agentgym.errors import ConfigError, ContextLengthExceeded
-from agentgym.fast_records import quick_init
-from agentgym.gc_tuning import relaxed_gc
-from agentgym.images import ImageRef, observation_parts
+from agentgym.rollout.fast_records import quick_init
+from agentgym.utils.gc_tuning import relaxed_gc
+from agentgym.utils.images import ImageRef, observation_parts
 from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams
 from agentgym.storage import TrajectoryWriter
 from agentgym.suite import Task, TaskSuite
@@ -85,17 +85,17 @@ class RolloutConfig:
         progress: Show a progress bar of finished episodes: ``"auto"`` (default) shows it when stderr is a
             terminal, ``True``/``False`` force it on or off.
         env_backend: ``local`` runs envs in this process (worker threads); ``ray`` runs each env in a Ray actor
-            anywhere in the cluster this process is connected to (:mod:`agentgym.ray_envs`), while the policy
+            anywhere in the cluster this process is connected to (:mod:`agentgym.rollout.ray_envs`), while the policy
             and its batching stay here.
         ray_actor_options: Ray actor options for ``env_backend: ray`` (e.g. ``{"num_cpus": 1}``), merged over
-            :data:`agentgym.ray_envs.DEFAULT_ACTOR_OPTIONS`.
+            :data:`agentgym.rollout.ray_envs.DEFAULT_ACTOR_OPTIONS`.
         constrain_actions: Decode each reply as one of the env's valid actions
             (:meth:`~agentgym.env.AgentEnv.action_choices`, asked every turn) instead of free text: no turn is
             void and the tokens the choice forces are left out of training (``Turn.action_forced``). Needs a
             policy that ``supports_choices`` (HFPolicy) and an env with a finite action set (BabyAI, Sokoban,
             Maze); an env without one ends its episodes with an error that says so.
         gc_threshold: While a run is in progress, the garbage collector's youngest generation runs every
-            ``gc_threshold`` net allocations instead of CPython's 700 (:mod:`agentgym.gc_tuning`): each turn
+            ``gc_threshold`` net allocations instead of CPython's 700 (:mod:`agentgym.utils.gc_tuning`): each turn
             allocates many short-lived objects next to many long-lived ones, and frequent collections walked
             them all. The interpreter's thresholds come back when the run ends. ``None`` leaves the collector
             alone.
@@ -462,7 +462,7 @@ class _EnvPool:
     def build(self, spec: EpisodeSpec) -> Any:
         """A new env for ``spec``: a Ray actor with ``env_backend: ray``, else ``gym.make`` in this process."""
         if self._config.env_backend == "ray":
-            from agentgym.ray_envs import RayEnv
+            from agentgym.rollout.ray_envs import RayEnv
 
             return RayEnv(spec.env_id, spec.env_kwargs, actor_options=self._config.ray_actor_options)
         import gymnasium as gym
@@ -1123,10 +1123,10 @@ def _text_of(observation: Any) -> str:
 
 
 class _Progress:
-    """Finished episodes and the running success rate, on the shared bar (:mod:`agentgym.progress`)."""
+    """Finished episodes and the running success rate, on the shared bar (:mod:`agentgym.utils.progress`)."""
 
     def __init__(self, total: int, enabled: bool | str) -> None:
-        from agentgym.progress import ProgressBar
+        from agentgym.utils.progress import ProgressBar
 
         self.total = total
         self.done = 0

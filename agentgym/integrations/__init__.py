@@ -1,0 +1,1 @@
+"""Bridges to other ecosystems' protocols (the Model Context Protocol's tools as agentgym tools)."""

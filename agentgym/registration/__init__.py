@@ -1,0 +1,1 @@
+"""Env ids and how they are found: the catalogue of built-in ids and the plugin entry points."""

@@ -1,0 +1,831 @@
+"""A recording gateway: black-box agents talk to a model through it, and their sessions become trajectories.
+
+Why: many agents are programs we cannot change (written against the ``openai`` package, run by another
+framework). To train the model they use, the gateway sits between such a program and an OpenAI-compatible
+server (``agentgym serve`` in-process, or any server by URL, such as ``vllm serve``), forwards each call, and
+records it *token-exactly*: the prompt ids the server conditioned on, the ids it sampled and their log-probs.
+:func:`sessions_to_trajectories` turns the recorded sessions into :class:`~agentgym.trajectory.Trajectory`
+objects that the bundled trainers train on (:class:`agentgym.trainers.gateway.GatewayGrpoTrainer` runs the loop).
+
+Sessions. Every call names its session, in one of three ways (the first that is present wins):
+
+* the path: ``http://HOST:PORT/s/<session>/v1`` as the client's ``base_url`` (for agents that let you set
+  nothing but a base URL);
+* the header ``X-Agentgym-Session: <session>``;
+* the request's ``user`` field (OpenAI's end-user id, which every client can set).
+
+A session the gateway has not seen is created on its first call. A session ends with its reward, in one of
+two ways: the agent reports it (``POST .../v1/session/reward`` with ``{"reward": r, "success": bool}``), or the
+gateway plays an env for the agent: a session opened with an env (``POST /v1/sessions`` with ``{"env": id,
+"suite": name, "task_id": ...}``, or :meth:`Gateway.open_session`) exposes ``POST .../v1/env/reset`` and
+``POST .../v1/env/step`` (``{"action": text}``), and the env's outcome ends it. Both are plain JSON endpoints,
+so an agent written only against the ``openai`` package reaches them with ``client.post(path, body=...,
+cast_to=object)``; the model calls are ordinary ``client.chat.completions.create`` calls.
+
+What is recorded. The gateway asks the upstream server for ``return_token_ids`` and log-probs (vLLM >= 0.10.2 and
+``agentgym serve`` honour them), hands the client exactly the fields it asked for, and appends one JSON line per
+call to ``<record_dir>/<session>.jsonl`` (``type: call``), one per env step (``type: step``) and one for the end
+(``type: end``). When a server reports no prompt ids or no sampled ids, the gateway encodes them with its local
+``tokenizer`` (if it has one) and marks the call ``ids_source: "tokenized"`` (not token-exact: the server may
+have tokenised differently); with no tokenizer the call is recorded without ids (``ids_source: null``) and is
+not trainable. A session opened with a seed gets a per-call ``seed`` (from the session seed and the call's index)
+when the request has none, so replays sample the same.
+
+Merging calls into training sequences. A session's calls form one training sequence while each call's prompt
+starts exactly with an earlier call's prompt plus its sampled ids (the tokens in between are the observation and
+template glue: loss mask 0). A call whose prompt extends no open sequence (the agent rewrote or truncated its
+history, or the server re-rendered an earlier turn differently) starts a new sequence (a *segment*) and counts as
+a mismatch; every segment becomes its own trajectory, carrying the session's outcome and group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import re
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentgym.errors import AgentGymError, ConfigError, did_you_mean
+from agentgym.serving.openai_server import APIError, _json_body
+from agentgym.suite import Task
+from agentgym.trajectory import Trajectory, Turn, jsonable
+
+try:
+    import httpx
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    from agentgym.errors import DependencyNotInstalled
+
+    raise DependencyNotInstalled("fastapi", "serve", "the recording gateway") from exc
+
+__all__ = ["SESSION_HEADER", "Gateway", "RecordedSessions", "create_gateway_app", "read_session",
+           "run_gateway", "sessions_to_trajectories"]
+
+logger = logging.getLogger(__name__)
+
+#: The header that names a call's session.
+SESSION_HEADER = "X-Agentgym-Session"
+_SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_TOKEN_ID_RE = re.compile(r"^token_id:(-?\d+)$")
+#: Upstream paths the gateway forwards without recording (they generate nothing).
+_PASSTHROUGH = ("models", "tokenize", "detokenize")
+
+
+def _check_session_id(session: str) -> str:
+    if not isinstance(session, str) or not _SESSION_RE.match(session):
+        raise APIError(f"Session id {session!r} is not valid: use 1-128 letters, digits, '.', '_' or '-', starting "
+                       "with a letter or digit (it names the session's file).", param="session", code="bad_session")
+    return session
+
+
+def _call_seed(seed: int, index: int) -> int:
+    """The seed of a session's ``index``-th call: a function of both, so replays sample the same."""
+    digest = hashlib.blake2b(f"{seed}/{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % (2**31)
+
+
+def _text_of(content: Any) -> str:
+    """The text of an OpenAI message content (a string, or a list of parts of which the text ones count)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping) and p.get("type") == "text")
+    return ""
+
+
+def _observation_of(body: Mapping[str, Any]) -> str:
+    """What the model saw since its last turn: the text of the messages after the last assistant message."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        prompt = body.get("prompt")
+        return prompt if isinstance(prompt, str) else ""
+    tail: list[str] = []
+    for message in reversed(messages):
+        if not isinstance(message, Mapping) or message.get("role") == "assistant":
+            break
+        tail.append(_text_of(message.get("content")))
+    return "\n".join(reversed(tail))
+
+
+def _int_list(value: Any) -> list[int] | None:
+    if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        return list(value)
+    return None
+
+
+# ---- sessions and their files -------------------------------------------------------------------------
+@dataclass
+class _Session:
+    """A session's state in the gateway (its record is the JSONL file)."""
+
+    id: str
+    env_id: str | None = None
+    task: Task | None = None
+    seed: int | None = None
+    group_id: str = ""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    env: Any = None
+    calls: int = 0
+    steps: int = 0
+    ended: bool = False
+    total_reward: float = 0.0
+    lock: asyncio.Lock | None = None
+
+
+class Gateway:
+    """The gateway's state: the session files and the envs it plays for agents (one per env session).
+
+    Thread-safe: a trainer opens sessions from its own thread while the server's event loop records calls.
+
+    Args:
+        record_dir: Where each session's JSONL is written (created if missing).
+        tokenizer: Optional local tokenizer, used only when the upstream server reports no token ids.
+    """
+
+    def __init__(self, record_dir: str | Path, *, tokenizer: Any = None) -> None:
+        self.record_dir = Path(record_dir)
+        self.record_dir.mkdir(parents=True, exist_ok=True)
+        self.tokenizer = tokenizer
+        self._sessions: dict[str, _Session] = {}
+        self._lock = threading.Lock()
+
+    # -- opening and recording --
+    def open_session(self, session: str | None = None, *, env_id: str | None = None, task: Task | None = None,
+                     seed: int | None = None, group_id: str = "", env_kwargs: Mapping[str, Any] | None = None,
+                     metadata: Mapping[str, Any] | None = None) -> str:
+        """Open a session (an env episode when ``env_id`` is given; the env is built at the agent's reset).
+
+        Returns:
+            The session id (a new random one when ``session`` is ``None``).
+        """
+        sid = _check_session_id(session) if session is not None else uuid.uuid4().hex
+        if env_id is not None:
+            import gymnasium as gym
+
+            import agentgym  # noqa: F401 - registers the ids
+
+            if env_id not in gym.registry:
+                raise APIError(f"Unknown env {env_id!r}.{did_you_mean(env_id, gym.registry)} See `agentgym list`.",
+                               param="env", code="unknown_env")
+        with self._lock:
+            if sid in self._sessions or self.path(sid).exists():
+                raise APIError(f"Session {sid!r} already exists; open each session once (pick a new id).",
+                               status=409, param="session", code="session_exists")
+            self._sessions[sid] = _Session(sid, env_id, task, seed, group_id or sid, dict(env_kwargs or {}))
+        self._append(sid, {"type": "session", "session": sid, "env_id": env_id,
+                           "task_id": task.id if task is not None else None, "seed": seed, "group_id": group_id or sid,
+                           "created": time.time(), "metadata": jsonable(dict(metadata or {}))})
+        return sid
+
+    def path(self, session: str) -> Path:
+        return self.record_dir / f"{session}.jsonl"
+
+    def _session(self, sid: str, *, create: bool) -> _Session:
+        sid = _check_session_id(sid)
+        with self._lock:
+            state = self._sessions.get(sid)
+        if state is not None:
+            return state
+        if not create:
+            raise APIError(f"No session {sid!r}: open it first (POST /v1/sessions) or make a model call in it.",
+                           status=404, param="session", code="unknown_session")
+        try:
+            self.open_session(sid)
+        except APIError as exc:
+            if exc.code != "session_exists":
+                raise
+        with self._lock:
+            state = self._sessions.get(sid)
+        if state is None:  # recorded by an earlier gateway run: never append to another run's file
+            raise APIError(f"Session {sid!r} was recorded by an earlier run ({self.path(sid)}); use a new id.",
+                           status=409, param="session", code="session_exists")
+        return state
+
+    def _append(self, sid: str, record: Mapping[str, Any]) -> None:
+        """One JSON line, written with a single ``write`` so a crash never leaves half a record."""
+        line = json.dumps(jsonable(dict(record)), ensure_ascii=False) + "\n"
+        with open(self.path(sid), "a", encoding="utf-8") as f:
+            f.write(line)
+
+    def record_call(self, sid: str, record: Mapping[str, Any]) -> None:
+        state = self._session(sid, create=True)
+        self._append(sid, {"type": "call", "session": sid, "index": state.calls, **record})
+        state.calls += 1
+
+    def next_call_seed(self, sid: str) -> int | None:
+        state = self._session(sid, create=True)
+        return None if state.seed is None else _call_seed(state.seed, state.calls)
+
+    # -- the env an agent plays through the gateway --
+    def _lock_of(self, state: _Session) -> asyncio.Lock:
+        if state.lock is None:
+            state.lock = asyncio.Lock()
+        return state.lock
+
+    async def reset(self, sid: str) -> dict[str, Any]:
+        state = self._session(sid, create=False)
+        if state.env_id is None:
+            raise APIError(f"Session {sid!r} has no env: open it with {{'env': ...}} (POST /v1/sessions) to play one, "
+                           "or report the reward with POST .../v1/session/reward.", status=409, code="no_env")
+        async with self._lock_of(state):
+            if state.env is not None:
+                raise APIError(f"Session {sid!r} was already reset: one session is one episode; open a new one.",
+                               status=409, code="already_reset")
+
+            def make_and_reset() -> tuple[Any, Any, Any]:
+                import gymnasium as gym
+
+                env = gym.make(state.env_id, **state.env_kwargs)
+                options = {"task": state.task} if state.task is not None else None
+                obs, info = env.reset(seed=state.seed, options=options)
+                return env, obs, info
+
+            state.env, observation, info = await asyncio.to_thread(make_and_reset)
+        self._append(sid, {"type": "reset", "observation": observation, "task_id": info.get("task_id")})
+        return {"observation": observation, "instructions": info.get("instructions", ""),
+                "tools": jsonable(info.get("tools") or []), "task_id": info.get("task_id")}
+
+    async def step(self, sid: str, action: str) -> dict[str, Any]:
+        state = self._session(sid, create=False)
+        if state.env is None:
+            raise APIError(f"Session {sid!r} has no running env: call POST .../v1/env/reset first.", status=409,
+                           code="not_reset")
+        async with self._lock_of(state):
+            if state.ended:
+                raise APIError(f"Session {sid!r} has ended; open a new session for another episode.", status=409,
+                               code="session_ended")
+            observation, reward, terminated, truncated, info = await asyncio.to_thread(state.env.step, action)
+            state.steps += 1
+            state.total_reward += float(reward)
+            turn = info.get("turn") or {}
+            self._append(sid, {"type": "step", "action": action, "observation": observation, "reward": float(reward),
+                               "terminated": bool(terminated), "truncated": bool(truncated), "turn": turn})
+            outcome = info.get("outcome") if terminated or truncated else None
+            if outcome is not None:
+                self._end(state, {"source": "env", "outcome": outcome,
+                                  "end_reason": outcome.get("end_reason", "answered")})
+        return {"observation": observation, "reward": float(reward), "terminated": bool(terminated),
+                "truncated": bool(truncated), "done": outcome is not None, "outcome": jsonable(outcome)}
+
+    def report_reward(self, sid: str, reward: float, success: bool | None) -> dict[str, Any]:
+        """End a session with the reward the agent program computed itself."""
+        state = self._session(sid, create=False)
+        if state.ended:
+            raise APIError(f"Session {sid!r} has already ended.", status=409, code="session_ended")
+        if state.env is not None:
+            raise APIError(f"Session {sid!r} plays an env, whose outcome is its reward; step the env to its end "
+                           "instead of reporting a reward.", status=409, code="env_session")
+        outcome = {"success": bool(reward > 0) if success is None else bool(success), "score": float(reward),
+                   "end_reason": "answered"}
+        self._end(state, {"source": "agent", "outcome": outcome, "end_reason": "answered"})
+        return {"session": sid, "ended": True, "outcome": outcome}
+
+    def _end(self, state: _Session, record: Mapping[str, Any]) -> None:
+        state.ended = True
+        self._append(state.id, {"type": "end", **record})
+        if state.env is not None:
+            with contextlib.suppress(Exception):
+                state.env.close()
+
+    def summary(self, sid: str) -> dict[str, Any]:
+        state = self._session(sid, create=False)
+        return {"session": sid, "env": state.env_id, "task_id": state.task.id if state.task else None,
+                "calls": state.calls, "steps": state.steps, "ended": state.ended, "path": str(self.path(sid))}
+
+    def close(self) -> None:
+        """Close every env still open (sessions that never ended stay unended in their files)."""
+        with self._lock:
+            states = list(self._sessions.values())
+        for state in states:
+            if state.env is not None:
+                with contextlib.suppress(Exception):
+                    state.env.close()
+                state.env = None
+
+
+# ---- what a call's response holds ------------------------------------------------------------------
+def _chat_choice_record(choice: Mapping[str, Any]) -> dict[str, Any]:
+    message = choice.get("message") if isinstance(choice.get("message"), Mapping) else {}
+    text = message.get("content") or ""
+    lp = choice.get("logprobs") if isinstance(choice.get("logprobs"), Mapping) else {}
+    entries = lp.get("content") if isinstance(lp.get("content"), list) else []
+    return {"text": text, "tool_calls": message.get("tool_calls"), "token_ids": _int_list(choice.get("token_ids")),
+            "logprobs": [e.get("logprob") for e in entries if isinstance(e, Mapping)],
+            "logprob_tokens": [e.get("token") for e in entries if isinstance(e, Mapping)],
+            "finish_reason": choice.get("finish_reason")}
+
+
+def _completion_choice_record(choice: Mapping[str, Any]) -> dict[str, Any]:
+    lp = choice.get("logprobs") if isinstance(choice.get("logprobs"), Mapping) else {}
+    return {"text": choice.get("text") or "", "token_ids": _int_list(choice.get("token_ids")),
+            "logprobs": list(lp.get("token_logprobs") or []), "logprob_tokens": list(lp.get("tokens") or []),
+            "finish_reason": choice.get("finish_reason"),
+            "prompt_token_ids": _int_list(choice.get("prompt_token_ids"))}
+
+
+class _Proxy:
+    """Forwards calls upstream, records them, and answers the client with what it asked for."""
+
+    def __init__(self, gateway: Gateway, client: httpx.AsyncClient) -> None:
+        self.gateway = gateway
+        self.client = client
+
+    @staticmethod
+    def upstream_body(body: Mapping[str, Any], endpoint: str, seed: int | None) -> dict[str, Any]:
+        out = dict(body)
+        out["return_token_ids"] = True
+        if endpoint == "chat":
+            out["logprobs"] = True
+        else:
+            requested = body.get("logprobs")
+            out["logprobs"] = max(1, requested if isinstance(requested, int) and not isinstance(requested, bool) else 0)
+        if seed is not None and body.get("seed") is None:
+            out["seed"] = seed
+        return out
+
+    @staticmethod
+    def for_client(data: dict[str, Any], body: Mapping[str, Any], endpoint: str) -> dict[str, Any]:
+        """Drop what the gateway asked for and the client did not (the client sees the server's own answer)."""
+        if not body.get("return_token_ids"):
+            data.pop("prompt_token_ids", None)
+        wants_logprobs = bool(body.get("logprobs")) if endpoint == "chat" else body.get("logprobs") is not None
+        for choice in data.get("choices") or ():
+            if not isinstance(choice, dict):
+                continue
+            if not body.get("return_token_ids"):
+                choice.pop("token_ids", None)
+                choice.pop("prompt_token_ids", None)
+            if not wants_logprobs:
+                choice["logprobs"] = None
+        return data
+
+    def _fill_ids(self, body: Mapping[str, Any], endpoint: str, prompt_ids: list[int] | None,
+                  rec: dict[str, Any]) -> dict[str, Any]:
+        """Complete a choice's record: ids from ``token_id:N`` log-prob tokens or the local tokenizer when the
+        server gave none, with ``ids_source`` saying which."""
+        source = "server"
+        ids = rec.get("token_ids")
+        if ids is None:
+            parsed = [_TOKEN_ID_RE.match(t) if isinstance(t, str) else None for t in rec.get("logprob_tokens") or []]
+            if parsed and all(parsed):
+                ids = [int(m.group(1)) for m in parsed]  # type: ignore[union-attr]
+        tok = self.gateway.tokenizer
+        if ids is None and tok is not None:
+            ids, source = list(tok.encode(rec["text"], add_special_tokens=False)), "tokenized"
+        if prompt_ids is None and tok is not None:
+            prompt_ids, source = self._local_prompt_ids(body, endpoint), "tokenized"
+        if ids is None or prompt_ids is None:
+            source = None
+        logprobs = rec.get("logprobs") or []
+        if ids is None or len(logprobs) != len(ids) or not all(isinstance(v, (int, float)) for v in logprobs):
+            logprobs = None
+        rec.pop("logprob_tokens", None)
+        return {**rec, "prompt_token_ids": prompt_ids, "token_ids": ids, "logprobs": logprobs, "ids_source": source}
+
+    def _local_prompt_ids(self, body: Mapping[str, Any], endpoint: str) -> list[int] | None:
+        tok = self.gateway.tokenizer
+        if endpoint == "chat":
+            text = tok.apply_chat_template(list(body.get("messages") or []), tools=body.get("tools"), tokenize=False,
+                                           add_generation_prompt=True)
+            return list(tok.encode(text, add_special_tokens=False))
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            return list(tok.encode(prompt))
+        return _int_list(prompt)
+
+    def record(self, sid: str, body: Mapping[str, Any], endpoint: str, data: Mapping[str, Any]) -> None:
+        top_prompt = _int_list(data.get("prompt_token_ids"))
+        for choice in data.get("choices") or ():
+            if not isinstance(choice, Mapping):
+                continue
+            if endpoint == "chat":
+                rec, prompt_ids = _chat_choice_record(choice), top_prompt or _int_list(choice.get("prompt_token_ids"))
+            else:
+                rec = _completion_choice_record(choice)
+                prompt_ids = rec.pop("prompt_token_ids") or top_prompt
+            rec = self._fill_ids(body, endpoint, prompt_ids, rec)
+            self.gateway.record_call(sid, {
+                "endpoint": endpoint, "choice": choice.get("index", 0), "model": body.get("model"),
+                "observation": _observation_of(body), "temperature": body.get("temperature", 1.0),
+                "top_p": body.get("top_p", 1.0), **rec, "time": time.time()})
+
+    async def generate(self, body: Mapping[str, Any], endpoint: str, sid: str) -> Response:
+        path = "/chat/completions" if endpoint == "chat" else "/completions"
+        seed = self.gateway.next_call_seed(sid)
+        upstream = self.upstream_body(body, endpoint, seed)
+        if body.get("stream"):
+            return await self._stream(body, upstream, endpoint, path, sid)
+        response = await self.client.post(path, json=upstream)
+        if response.status_code != 200:
+            return Response(response.content, status_code=response.status_code,
+                            media_type=response.headers.get("content-type", "application/json"))
+        data = response.json()
+        self.record(sid, upstream, endpoint, data)
+        return JSONResponse(self.for_client(data, body, endpoint))
+
+    async def _stream(self, body: Mapping[str, Any], upstream: dict[str, Any], endpoint: str, path: str,
+                      sid: str) -> Response:
+        request = self.client.build_request("POST", path, json=upstream)
+        response = await self.client.send(request, stream=True)
+        if response.status_code != 200:
+            content = await response.aread()
+            await response.aclose()
+            return Response(content, status_code=response.status_code,
+                            media_type=response.headers.get("content-type", "application/json"))
+
+        async def relay() -> AsyncIterator[str]:
+            merged: dict[str, Any] = {"choices": {}}
+            try:
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    payload = line[len("data: "):]
+                    if payload.strip() == "[DONE]":
+                        yield "data: [DONE]\n\n"
+                        continue
+                    chunk = json.loads(payload)
+                    self._accumulate(merged, chunk, endpoint)
+                    yield f"data: {json.dumps(self.for_client(chunk, body, endpoint), ensure_ascii=False)}\n\n"
+            finally:
+                await response.aclose()
+            self.record(sid, upstream, endpoint, self._as_response(merged, endpoint))
+
+        return StreamingResponse(relay(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    @staticmethod
+    def _accumulate(merged: dict[str, Any], chunk: Mapping[str, Any], endpoint: str) -> None:
+        """Fold one SSE chunk into the whole response (text, ids, log-probs, calls, finish reason per choice)."""
+        if _int_list(chunk.get("prompt_token_ids")):
+            merged["prompt_token_ids"] = chunk["prompt_token_ids"]
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, Mapping):
+                continue
+            acc = merged["choices"].setdefault(choice.get("index", 0), {
+                "index": choice.get("index", 0), "text": "", "token_ids": [], "lp": [], "tokens": [],
+                "tool_calls": [], "finish_reason": None, "prompt_token_ids": None, "has_ids": False})
+            if endpoint == "chat":
+                delta = choice.get("delta") if isinstance(choice.get("delta"), Mapping) else {}
+                acc["text"] += delta.get("content") or ""
+                acc["tool_calls"] += list(delta.get("tool_calls") or [])
+                lp = choice.get("logprobs") if isinstance(choice.get("logprobs"), Mapping) else {}
+                for entry in lp.get("content") or []:
+                    acc["lp"].append(entry.get("logprob"))
+                    acc["tokens"].append(entry.get("token"))
+            else:
+                acc["text"] += choice.get("text") or ""
+                lp = choice.get("logprobs") if isinstance(choice.get("logprobs"), Mapping) else {}
+                acc["lp"] += list(lp.get("token_logprobs") or [])
+                acc["tokens"] += list(lp.get("tokens") or [])
+                if _int_list(choice.get("prompt_token_ids")):
+                    acc["prompt_token_ids"] = choice["prompt_token_ids"]
+            ids = _int_list(choice.get("token_ids"))
+            if ids is not None:
+                acc["token_ids"] += ids
+                acc["has_ids"] = True
+            if choice.get("finish_reason") is not None:
+                acc["finish_reason"] = choice["finish_reason"]
+
+    @staticmethod
+    def _as_response(merged: Mapping[str, Any], endpoint: str) -> dict[str, Any]:
+        choices = []
+        for acc in merged["choices"].values():
+            ids = acc["token_ids"] if acc["has_ids"] else None
+            if endpoint == "chat":
+                logprobs = {"content": [{"token": t, "logprob": v} for t, v in zip(acc["tokens"], acc["lp"])]}
+                message = {"role": "assistant", "content": acc["text"], "tool_calls": acc["tool_calls"] or None}
+                choices.append({"index": acc["index"], "message": message, "logprobs": logprobs, "token_ids": ids,
+                                "finish_reason": acc["finish_reason"]})
+            else:
+                choices.append({"index": acc["index"], "text": acc["text"], "token_ids": ids,
+                                "prompt_token_ids": acc["prompt_token_ids"], "finish_reason": acc["finish_reason"],
+                                "logprobs": {"token_logprobs": acc["lp"], "tokens": acc["tokens"]}})
+        return {"prompt_token_ids": merged.get("prompt_token_ids"), "choices": choices}
+
+
+# ---- the app ----------------------------------------------------------------------------------------
+def create_gateway_app(upstream: str | FastAPI, record_dir: str | Path, *, tokenizer: Any = None,
+                       timeout_s: float = 600.0) -> FastAPI:
+    """Build the gateway app in front of ``upstream``.
+
+    Args:
+        upstream: The base URL of an OpenAI-compatible server (``http://host:port/v1``, e.g. ``vllm serve``), or
+            an app of :func:`agentgym.serving.openai_server.create_app`, served in-process (no second socket; its lifespan runs
+            inside the gateway's).
+        record_dir: Where session files go.
+        tokenizer: Optional local tokenizer for servers that report no token ids (see the module docstring).
+        timeout_s: How long an upstream call may take.
+
+    Returns:
+        The app; ``app.state.gateway`` is the :class:`Gateway` (open sessions from Python with it). An in-process
+        upstream's ``state`` fields (``stats``, ``policy``, ``model_name``) are copied onto it.
+    """
+    gateway = Gateway(record_dir, tokenizer=tokenizer)
+    inner: FastAPI | None = None
+    if isinstance(upstream, str):
+        if not upstream.startswith(("http://", "https://")):
+            raise ConfigError(f"upstream must be a server's base URL such as http://127.0.0.1:8000/v1, got {upstream!r}.")
+        base = upstream.rstrip("/")
+        client = httpx.AsyncClient(base_url=base, timeout=timeout_s)
+    else:
+        inner = upstream
+        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=inner), base_url="http://upstream/v1",
+                                   timeout=timeout_s)
+    proxy = _Proxy(gateway, client)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            if inner is not None:
+                await stack.enter_async_context(inner.router.lifespan_context(inner))
+            try:
+                yield
+            finally:
+                await client.aclose()
+                gateway.close()
+
+    app = FastAPI(title="agentgym recording gateway", lifespan=lifespan)
+    app.state.gateway = gateway
+    if inner is not None:
+        for key in ("stats", "policy", "model_name"):
+            if hasattr(inner.state, key):
+                setattr(app.state, key, getattr(inner.state, key))
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    def session_of(request: Request, body: Mapping[str, Any] | None = None) -> str:
+        sid = request.path_params.get("session") or request.headers.get(SESSION_HEADER)
+        if not sid and body is not None and isinstance(body.get("user"), str) and body["user"]:
+            sid = body["user"]
+        if not sid:
+            raise APIError(f"This call names no session. Put it in the base URL (http://HOST:PORT/s/<session>/v1), "
+                           f"the header {SESSION_HEADER}, or the request's 'user' field.", code="no_session")
+        return _check_session_id(sid)
+
+    async def generation(request: Request, endpoint: str) -> Response:
+        body = await _json_body(request)
+        return await proxy.generate(body, endpoint, session_of(request, body))
+
+    async def chat(request: Request) -> Response:
+        return await generation(request, "chat")
+
+    async def completions(request: Request) -> Response:
+        return await generation(request, "completions")
+
+    async def env_reset(request: Request) -> JSONResponse:
+        return JSONResponse(await gateway.reset(session_of(request)))
+
+    async def env_step(request: Request) -> JSONResponse:
+        body = await _json_body(request)
+        action = body.get("action")
+        if not isinstance(action, str):
+            raise APIError(f"'action' must be the model's text for this turn (a string), got {action!r}.",
+                           param="action")
+        return JSONResponse(await gateway.step(session_of(request), action))
+
+    async def reward(request: Request) -> JSONResponse:
+        body = await _json_body(request)
+        value = body.get("reward")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            raise APIError(f"'reward' must be a number, got {value!r}.", param="reward")
+        success = body.get("success")
+        if success is not None and not isinstance(success, bool):
+            raise APIError(f"'success' must be true, false or absent, got {success!r}.", param="success")
+        return JSONResponse(gateway.report_reward(session_of(request), float(value), success))
+
+    async def session_info(request: Request) -> JSONResponse:
+        return JSONResponse(gateway.summary(session_of(request)))
+
+    async def passthrough(request: Request) -> Response:
+        name = request.url.path.rsplit("/", 1)[-1]
+        # /tokenize and /detokenize sit at the server root in vLLM (and agentgym serve), /models under /v1
+        url = f"/{name}" if name != "models" else "/models"
+        if name == "models":
+            response = await client.get(url)
+        else:
+            root = str(client.base_url).rstrip("/").removesuffix("/v1")
+            response = await client.post(root + url, content=await request.body(),
+                                         headers={"content-type": "application/json"})
+        return Response(response.content, status_code=response.status_code,
+                        media_type=response.headers.get("content-type", "application/json"))
+
+    for prefix in ("/v1", "/s/{session}/v1"):
+        app.add_api_route(prefix + "/chat/completions", chat, methods=["POST"])
+        app.add_api_route(prefix + "/completions", completions, methods=["POST"])
+        app.add_api_route(prefix + "/env/reset", env_reset, methods=["POST"])
+        app.add_api_route(prefix + "/env/step", env_step, methods=["POST"])
+        app.add_api_route(prefix + "/session/reward", reward, methods=["POST"])
+        app.add_api_route(prefix + "/session", session_info, methods=["GET"])
+        app.add_api_route(prefix + "/models", passthrough, methods=["GET"])
+    for name in ("tokenize", "detokenize"):
+        app.add_api_route(f"/{name}", passthrough, methods=["POST"])
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        return JSONResponse({"status": "ok", "record_dir": str(gateway.record_dir)})
+
+    @app.post("/v1/sessions")
+    async def open_session(request: Request) -> JSONResponse:
+        body = await _json_body(request)
+        allowed = {"session", "env", "suite", "split", "task_id", "seed", "group", "env_kwargs", "metadata"}
+        unknown = sorted(set(body) - allowed)
+        if unknown:
+            raise APIError(f"Unknown field(s) {unknown} for /v1/sessions.{did_you_mean(unknown[0], allowed)} "
+                           f"Allowed: {sorted(allowed)}.", param=unknown[0])
+        env_id, task = body.get("env"), None
+        if body.get("suite") is not None:
+            task, suite_env, suite_kwargs = _suite_task(body["suite"], body.get("split", "train"), body.get("task_id"))
+            env_id = env_id or suite_env
+            body = {**body, "env_kwargs": {**suite_kwargs, **(body.get("env_kwargs") or {})}}
+        seed = body.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise APIError(f"'seed' must be an integer, got {seed!r}.", param="seed")
+        sid = gateway.open_session(body.get("session"), env_id=env_id, task=task, seed=seed,
+                                   group_id=str(body.get("group") or ""), env_kwargs=body.get("env_kwargs"),
+                                   metadata=body.get("metadata"))
+        root = str(request.base_url).rstrip("/")
+        return JSONResponse({"session": sid, "base_url": f"{root}/s/{sid}/v1", "env": env_id,
+                             "task_id": task.id if task is not None else None})
+
+    return app
+
+
+def _suite_task(suite_name: Any, split: Any, task_id: Any) -> tuple[Task, str, dict[str, Any]]:
+    from agentgym.suite import load_suite
+
+    try:
+        suite = load_suite(str(suite_name))
+        tasks = suite.split(str(split))
+    except AgentGymError as exc:
+        raise APIError(str(exc), param="suite") from exc
+    if task_id is None:
+        raise APIError("With 'suite', name the task: 'task_id' (an id of the split).", param="task_id")
+    by_id = {t.id: t for t in tasks}
+    if str(task_id) not in by_id:
+        raise APIError(f"No task {task_id!r} in {suite.name}[{split}].{did_you_mean(str(task_id), by_id)}",
+                       param="task_id")
+    return by_id[str(task_id)], suite.env_id, dict(suite.env_kwargs)
+
+
+def run_gateway(upstream: str | FastAPI, record_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000,
+                tokenizer: str | None = None) -> None:
+    """Serve the gateway until interrupted (``agentgym serve --record DIR [--proxy URL]``)."""
+    from agentgym.serving.openai_server import _import_uvicorn
+
+    tok = None
+    if tokenizer is not None:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer)
+    app = create_gateway_app(upstream, record_dir, tokenizer=tok)
+    where = upstream if isinstance(upstream, str) else "the local model"
+    logger.info("Recording gateway for %s on http://%s:%d/v1 (sessions in %s)", where, host, port, record_dir)
+    _import_uvicorn().run(app, host=host, port=port, log_level="info")
+
+
+# ---- sessions -> trajectories ------------------------------------------------------------------------
+def read_session(path: str | Path) -> list[dict[str, Any]]:
+    """The records of one session file, in order (a torn last line, from a crash mid-write, is skipped)."""
+    records = []
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i != len(lines) - 1:
+                raise AgentGymError(f"{path}:{i + 1} is not valid JSON; session files are append-only JSONL.") from None
+    return records
+
+
+@dataclass(frozen=True)
+class RecordedSessions:
+    """What :func:`sessions_to_trajectories` made of a set of sessions.
+
+    Attributes:
+        trajectories: One per segment of each ended session (ordered by session, then segment).
+        sessions: Sessions read that had ended (their reward is known).
+        open_sessions: Sessions without an end record (skipped: no reward yet).
+        calls: Calls of the ended sessions.
+        segments: Training sequences made (``len(trajectories)``).
+        mismatches: Calls whose prompt extended no earlier call of their session (each began a segment).
+        untrainable_calls: Calls recorded without token ids (skipped).
+        tokenized_calls: Calls whose ids the gateway tokenised itself (not token-exact).
+    """
+
+    trajectories: list[Trajectory]
+    sessions: int = 0
+    open_sessions: int = 0
+    calls: int = 0
+    segments: int = 0
+    mismatches: int = 0
+    untrainable_calls: int = 0
+    tokenized_calls: int = 0
+
+    def stats(self) -> dict[str, float]:
+        return {f"gateway/{k}": float(getattr(self, k)) for k in (
+            "sessions", "open_sessions", "calls", "segments", "mismatches", "untrainable_calls", "tokenized_calls")}
+
+
+def _segments(calls: Sequence[Mapping[str, Any]]) -> tuple[list[list[tuple[Mapping[str, Any], list[int]]]], int]:
+    """Group calls into segments: each call extends the open segment whose full ids (prompt + sampled so far) are
+    the longest prefix of its prompt; the new prompt tokens in between are its observation ids."""
+    segments: list[list[tuple[Mapping[str, Any], list[int]]]] = []
+    full: list[list[int]] = []
+    mismatches = 0
+    for call in calls:
+        prompt = call["prompt_token_ids"]
+        best, best_len = None, -1
+        for k, ids in enumerate(full):
+            if len(ids) > best_len and len(ids) <= len(prompt) and prompt[:len(ids)] == ids:
+                best, best_len = k, len(ids)
+        if best is None:
+            if segments:
+                mismatches += 1
+            segments.append([(call, list(prompt))])
+            full.append(list(prompt) + list(call["token_ids"]))
+        else:
+            segments[best].append((call, list(prompt[best_len:])))
+            full[best] = list(prompt) + list(call["token_ids"])
+    return segments, mismatches
+
+
+def sessions_to_trajectories(record_dir: str | Path, sessions: Iterable[str] | None = None) -> RecordedSessions:
+    """Turn recorded sessions into trajectories (see the module docstring for how calls merge).
+
+    Args:
+        record_dir: The gateway's ``record_dir``.
+        sessions: Session ids to read, in this order; ``None`` reads every ``*.jsonl`` in the directory (by name).
+
+    Returns:
+        The trajectories and counts. A session's turns carry the env's step reward and turn info (a call is the
+        action of the env step that follows it); its outcome is the env's or the reported one.
+    """
+    root = Path(record_dir)
+    if not root.is_dir():
+        raise ConfigError(f"{root} is not a directory of recorded sessions (the gateway's --record DIR).")
+    paths = sorted(root.glob("*.jsonl")) if sessions is None else [root / f"{s}.jsonl" for s in sessions]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise ConfigError(f"No recorded session file {missing[0]} ({len(missing)} missing): was the session opened "
+                          "on this gateway with this record_dir?")
+    out: list[Trajectory] = []
+    counts = dict(sessions=0, open_sessions=0, calls=0, segments=0, mismatches=0, untrainable_calls=0,
+                  tokenized_calls=0)
+    for path in paths:
+        records = read_session(path)
+        end = next((r for r in records if r.get("type") == "end"), None)
+        if end is None:
+            counts["open_sessions"] += 1
+            continue
+        head = next((r for r in records if r.get("type") == "session"), {})
+        counts["sessions"] += 1
+        calls: list[dict[str, Any]] = []
+        step_of: dict[int, Mapping[str, Any]] = {}  # call position -> the env step it was the action of
+        for r in records:
+            if r.get("type") == "call":
+                counts["calls"] += 1
+                if r.get("prompt_token_ids") is None or r.get("token_ids") is None:
+                    counts["untrainable_calls"] += 1
+                    continue
+                counts["tokenized_calls"] += r.get("ids_source") == "tokenized"
+                calls.append(r)
+            elif r.get("type") == "step" and calls and id(calls[-1]) not in step_of:
+                step_of[id(calls[-1])] = r
+        segments, mismatches = _segments(calls)
+        counts["mismatches"] += mismatches
+        outcome = dict(end.get("outcome") or {})
+        sid = path.stem
+        for k, segment in enumerate(segments):
+            turns = []
+            for call, prompt_ids in segment:
+                step = step_of.get(id(call), {})
+                lps = call.get("logprobs")
+                turns.append(Turn(
+                    observation=str(call.get("observation") or ""), action=str(call.get("text") or ""),
+                    reward=float(step.get("reward", 0.0)), info=step.get("turn") or {},
+                    prompt_token_ids=tuple(prompt_ids), action_token_ids=tuple(call["token_ids"]),
+                    action_logprobs=None if lps is None else tuple(float(v) for v in lps),
+                    finish_reason=call.get("finish_reason")))
+            out.append(Trajectory(
+                env_id=str(head.get("env_id") or "gateway"), task_id=str(head.get("task_id") or sid),
+                seed=head.get("seed"), turns=tuple(turns), outcome=outcome,
+                end_reason=str(end.get("end_reason") or outcome.get("end_reason") or "answered"),
+                policy="gateway", traj_id=f"{sid}#{k}", group_id=str(head.get("group_id") or sid),
+                metadata={"session": sid, "segment": k, "segments": len(segments), "mismatches": mismatches,
+                          "reward_source": end.get("source"),
+                          "temperature": segment[0][0].get("temperature"),
+                          **({"final_observation": records[-2].get("observation")}
+                             if len(records) > 1 and records[-2].get("type") == "step" else {})}))
+            counts["segments"] += 1
+    return RecordedSessions(out, **counts)

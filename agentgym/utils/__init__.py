@@ -1,0 +1,1 @@
+"""Utilities every layer may use: caches, progress display, images, procfs, lazy attributes, deprecation."""
