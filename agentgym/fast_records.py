@@ -1,5 +1,5 @@
-"""Deprecated path of :mod:`agentgym.rollout.fast_records`; kept for one release."""
+"""Deprecated path of :mod:`agentgym.utils.fast_records`; kept for one release."""
 
 from agentgym.utils.deprecation import moved_module
 
-moved_module(__name__, "agentgym.rollout.fast_records")
+moved_module(__name__, "agentgym.utils.fast_records")

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from agentgym.rollout.fast_records import quick_init
+from agentgym.utils.fast_records import quick_init
 from agentgym.utils.images import ImageRef
 
 __all__ = ["END_REASONS", "SCHEMA_VERSION", "TURN_KINDS", "TokenView", "Trajectory", "Turn", "jsonable", "utf8_safe"]

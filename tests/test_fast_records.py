@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agentgym.rollout.fast_records import quick_init
+from agentgym.utils.fast_records import quick_init
 from agentgym.policies import Generation, GenerationRequest
 from agentgym.trajectory import Trajectory, Turn
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentgym.errors import ConfigError
-from agentgym.rollout.fast_records import quick_init
+from agentgym.utils.fast_records import quick_init
 
 __all__ = ["Generation", "GenerationRequest", "InProcessTokenPolicy", "Policy", "SamplingParams", "prompt_token_ids",
            "refuse_choices"]

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 
 from agentgym.agent import ChatAgent
 from agentgym.errors import ConfigError, ContextLengthExceeded
-from agentgym.rollout.fast_records import quick_init
+from agentgym.utils.fast_records import quick_init
 from agentgym.utils.gc_tuning import relaxed_gc
 from agentgym.utils.images import ImageRef, observation_parts
 from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams
