@@ -32,7 +32,8 @@ from agentgym.parsers import (
     TagParser,
 )
 from agentgym.spaces import UnicodeText
-from agentgym.suite import Task, TaskSuite, list_suites, load_suite
+from agentgym.suite import Task, TaskSuite
+from agentgym.registration.suites import list_suites, load_suite
 from agentgym.toolset import Tool, ToolCall, ToolResult, ToolSet, tool
 from agentgym.trajectory import Trajectory, Turn
 

@@ -317,45 +317,9 @@ def _register_entry_point(env_id: str, entry_point: str, path: Path) -> None:
     gym.register(id=env_id, entry_point=env_class)
 
 
-def _suite_dirs() -> list[Path]:
-    """Where shipped suites live: ``tasks/suites`` (installed as package data of ``agentgym.tasks``)."""
-    from importlib import resources
+def __getattr__(name: str) -> Any:
+    """``load_suite`` and ``list_suites`` moved to :mod:`agentgym.registration.suites` (finding suites by name,
+    plugins included, is registration); the old names resolve there for one release."""
+    from agentgym.utils.deprecation import moved_name
 
-    try:
-        root = Path(str(resources.files("agentgym.tasks"))) / "suites"
-    except (ModuleNotFoundError, TypeError):
-        root = Path(__file__).resolve().parent.parent / "tasks" / "suites"
-    return [root] if root.is_dir() else []
-
-
-def _suite_files() -> list[Path]:
-    """Shipped suite files, then those of installed plugins (``agentgym.suites`` entry points)."""
-    from agentgym.registration.plugins import plugin_suite_paths, suite_files
-
-    return suite_files(_suite_dirs()) + suite_files(plugin_suite_paths())
-
-
-def list_suites() -> list[str]:
-    """Names of the suites shipped in ``tasks/suites`` and provided by plugins."""
-    return sorted({p.stem for p in _suite_files()})
-
-
-_CACHE: dict[str, TaskSuite] = {}
-
-
-def load_suite(name_or_path: str) -> TaskSuite:
-    """Load a suite by name (``games-calc``) or by path to a YAML/JSONL file."""
-    path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") and path.is_file():
-        return TaskSuite.from_yaml(path)
-    if name_or_path in _CACHE:
-        return _CACHE[name_or_path]
-    for candidate in _suite_files():
-        if candidate.stem == name_or_path and candidate.is_file():
-            suite = TaskSuite.from_yaml(candidate)
-            _CACHE[name_or_path] = suite
-            return suite
-    raise TaskError(
-        f"Unknown task suite {name_or_path!r}.{did_you_mean(name_or_path, list_suites())} "
-        f"Available suites: {', '.join(list_suites()) or 'none'}. Or pass a path to a suite .yaml file."
-    )
+    return moved_name(__name__, name, "agentgym.registration.suites", ("list_suites", "load_suite"))

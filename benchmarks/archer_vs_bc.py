@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.episodes % args.episodes_per_iteration:
         p.error("--episodes must be a multiple of --episodes-per-iteration")
     from agentgym.errors import TaskError
-    from agentgym.suite import load_suite
+    from agentgym.registration.suites import load_suite
 
     try:
         splits = load_suite(args.suite).splits
@@ -88,7 +88,7 @@ def warm_start(args: argparse.Namespace, workdir: Path) -> Path:
     """A tiny model with a tokenizer trained on the suite's text, behaviour-cloned on reference episodes."""
     from agentgym.models.tiny import build_tiny_model, load_tiny_model
     from agentgym.rollout import run_reference_episode
-    from agentgym.suite import load_suite
+    from agentgym.registration.suites import load_suite
     from agentgym.trainers.bc import behaviour_clone, collect_demonstrations
 
     target = workdir / f"warm-{args.suite}-bc{args.bc_steps}"

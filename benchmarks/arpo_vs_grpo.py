@@ -67,7 +67,7 @@ def held_out(model_dir: Path, args: argparse.Namespace) -> dict[str, float]:
     from agentgym.policies import SamplingParams
     from agentgym.policies.hf import HFPolicy
     from agentgym.rollout import RolloutConfig, RolloutEngine, episodes_for_suite
-    from agentgym.suite import load_suite
+    from agentgym.registration.suites import load_suite
 
     suite = load_suite(args.suite)
     policy = HFPolicy.from_pretrained(model_dir, max_batch_size=256)

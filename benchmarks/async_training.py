@@ -84,7 +84,7 @@ def warm_start(workdir: Path, bc_steps: int) -> Path:
     """The quickstart's tiny model after a BC warm start on half-shortcut demonstrations (built once)."""
     from agentgym.models.tiny import TinyModelConfig, build_tiny_model, load_tiny_model
     from agentgym.cli.quickstart import demonstration_texts
-    from agentgym.suite import load_suite
+    from agentgym.registration.suites import load_suite
     from agentgym.trainers.bc import behaviour_clone, collect_demonstrations
 
     target = workdir / "warm"

@@ -112,7 +112,7 @@ def warm_start(task: CreditTask, workdir: Path, *, target: float, max_bc_steps: 
     at a time; a count other than 200 or a batch other than 32 gets its own cache (``warm-TASK-dN-bB``)."""
     from agentgym.models.tiny import TinyModelConfig, build_tiny_model, load_tiny_model
     from agentgym.cli.quickstart import demonstration_texts
-    from agentgym.suite import load_suite
+    from agentgym.registration.suites import load_suite
     from agentgym.trainers.bc import behaviour_clone, collect_demonstrations
 
     name = f"warm-{task.name}" if (demos, batch_size) == (200, 32) else f"warm-{task.name}-d{demos}-b{batch_size}"
@@ -504,7 +504,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.demos != 200:  # each demonstration needs its own training task
-        from agentgym.suite import load_suite
+        from agentgym.registration.suites import load_suite
 
         for name in args.tasks:
             available = len(load_suite(TASKS[name].suite).split("train"))
@@ -512,7 +512,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 p.error(f"--demos {args.demos}: suite {TASKS[name].suite!r} (--tasks {name}) has only {available} "
                         "training tasks; ask for at most that many")
     if args.eval_split is not None:
-        from agentgym.suite import load_suite
+        from agentgym.registration.suites import load_suite
 
         for name in args.tasks:
             splits = sorted(load_suite(TASKS[name].suite).splits)

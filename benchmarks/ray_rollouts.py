@@ -16,7 +16,7 @@ import time
 
 from agentgym.policies import ReferencePolicy
 from agentgym.rollout import RolloutConfig, RolloutEngine, episodes_for_suite
-from agentgym.suite import load_suite
+from agentgym.registration.suites import load_suite
 
 
 def run(specs: list, backend: str, in_flight: int) -> tuple[float, int]:

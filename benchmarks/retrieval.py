@@ -33,7 +33,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from agentgym.envs.search.corpus import load_corpus
 from agentgym.tools.retrieval import Document, Retriever, make_retriever, tokenize
 
-from agentgym.suite import load_suite
+from agentgym.registration.suites import load_suite
 
 
 # ---- baselines with the same interface ------------------------------------------------------------------

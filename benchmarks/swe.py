@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from agentgym.envs.swe.env import SWEEnv
-from agentgym.suite import load_suite
+from agentgym.registration.suites import load_suite
 from agentgym.tasks.swe.builder import SweTaskSpec
 from agentgym.tasks.swe.libraries import fetch_library, get_library
 

@@ -110,7 +110,7 @@ def mark_probabilities(model_dir: str | Path, pages: int = 36) -> dict[str, Any]
     from agentgym.policies.base import SamplingParams
     from agentgym.policies.hf import HFPolicy, pixel_inputs
     from agentgym.rollout import RolloutConfig, open_conversation
-    from agentgym.suite import load_suite
+    from agentgym.registration.suites import load_suite
     from agentgym.trainers.batch import sequence_logprobs
     from agentgym.trainers.config import load_config
 
@@ -160,7 +160,7 @@ def run(out: Path, *, bc_demos: int, bc_steps: int, bc_batch_size: int, bc_learn
 
     from agentgym.models.loading import load_model
     from agentgym.models.tiny_vlm import TinyVLMConfig, build_tiny_vlm
-    from agentgym.suite import load_suite
+    from agentgym.registration.suites import load_suite
     from agentgym.trainers.bc import behaviour_clone, collect_demonstrations
     from agentgym.trainers.config import GrpoConfig, load_config
     from agentgym.trainers.grpo import GrpoTrainer

@@ -27,7 +27,8 @@ from typing import Any
 import gymnasium as gym
 
 import agentgym  # noqa: F401 - registers the env ids
-from agentgym.suite import Task, load_suite
+from agentgym.suite import Task
+from agentgym.registration.suites import load_suite
 
 _JSON_TYPES: dict[str, type] = {"string": str, "integer": int, "number": float, "boolean": bool, "array": list,
                                 "object": dict}

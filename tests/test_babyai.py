@@ -15,7 +15,8 @@ from agentgym.envs.babyai.env import BabyAIEnv, describe_view  # noqa: E402
 
 from agentgym.errors import TaskError  # noqa: E402
 from agentgym.rollout import run_reference_episode  # noqa: E402
-from agentgym.suite import Task, load_suite  # noqa: E402
+from agentgym.suite import Task  # noqa: E402
+from agentgym.registration.suites import load_suite
 
 
 def test_describe_view_is_egocentric() -> None:

@@ -24,7 +24,8 @@ from agentgym.policies import SamplingParams, ScriptedPolicy
 from agentgym.policies.hf import HFPolicy
 from agentgym.cli.quickstart import demonstration_texts
 from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
-from agentgym.suite import Task, load_suite
+from agentgym.suite import Task
+from agentgym.registration.suites import load_suite
 from agentgym.trajectory import Trajectory
 
 SMALL = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128)

@@ -154,7 +154,7 @@ def test_hf_policy_rollout_on_calculator_is_token_exact_per_family(family: Famil
     from agentgym.policies.base import SamplingParams
     from agentgym.policies.hf import HFPolicy
     from agentgym.rollout import RolloutConfig, RolloutEngine, episodes_for_suite, summarize
-    from agentgym.suite import load_suite
+    from agentgym.registration.suites import load_suite
     from tests.chat_families import build_model
 
     tok = build_tokenizer(family)
@@ -216,7 +216,7 @@ class _ReRenderingChatPolicy(Policy):
 def test_rollout_drops_ids_of_actions_sampled_from_another_prompt_and_counts_them() -> None:
     from agentgym.policies.base import SamplingParams
     from agentgym.rollout import RolloutConfig, RolloutEngine, episodes_for_suite, summarize
-    from agentgym.suite import load_suite
+    from agentgym.registration.suites import load_suite
 
     family = FAMILIES[0]
     tok = build_tokenizer(family)
@@ -236,7 +236,7 @@ def test_template_tools_option_is_validated_and_never_keeps_tools_out_of_the_tem
     from agentgym.errors import ConfigError
     from agentgym.policies.base import SamplingParams
     from agentgym.rollout import RolloutConfig, RolloutEngine, episodes_for_suite
-    from agentgym.suite import load_suite
+    from agentgym.registration.suites import load_suite
 
     with pytest.raises(ConfigError, match="template_tools"):
         RolloutConfig(template_tools="always")

@@ -8,7 +8,8 @@ import pytest
 import agentgym  # noqa: F401 - registers ids
 from agentgym.envs.code_interpreter.env import CodeInterpreterEnv, TirParser, format_feedback
 from agentgym.errors import ConfigError
-from agentgym.suite import Task, load_suite
+from agentgym.suite import Task
+from agentgym.registration.suites import load_suite
 from agentgym.tools.sandbox import SandboxUnavailable
 
 TASK = Task(id="t", prompt="What is 6 * 7?", answer="42",

@@ -23,7 +23,8 @@ pytest.importorskip("champ_dataset")
 
 from agentgym.envs.code_interpreter.answers import extract_final_answer, grade_answer
 from agentgym.envs.code_interpreter.tasks import DATASETS
-from agentgym.suite import Task, load_suite
+from agentgym.suite import Task
+from agentgym.registration.suites import load_suite
 
 NUMBER_KINDS = ("basic_arithmetic", "gsm_symbolic", "simple_equations", "count_primes", "letter_counting")
 

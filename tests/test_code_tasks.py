@@ -28,7 +28,8 @@ from agentgym.envs.code_interpreter.tasks import (
 )
 
 from agentgym.errors import TaskError
-from agentgym.suite import Task, load_suite
+from agentgym.suite import Task
+from agentgym.registration.suites import load_suite
 
 SUITES_DIR = Path(__file__).resolve().parent.parent / "tasks" / "suites"
 SMOKE_CONFIGS = {"count_primes": {"max_n": 300}, "prime_factorization": {"max_value": 300}}

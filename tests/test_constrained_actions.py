@@ -19,7 +19,7 @@ from agentgym.policies.base import SamplingParams  # noqa: E402
 from agentgym.policies.hf import HFPolicy  # noqa: E402
 from agentgym.policies.scripted import ScriptedPolicy  # noqa: E402
 from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine  # noqa: E402
-from agentgym.suite import load_suite  # noqa: E402
+from agentgym.registration.suites import load_suite  # noqa: E402
 from agentgym.trainers.batch import build_batch  # noqa: E402
 from agentgym.trainers.config import config_from_dict  # noqa: E402
 from agentgym.trajectory import Trajectory, Turn  # noqa: E402

@@ -187,7 +187,7 @@ def test_trainer_configs_take_progress_and_loggers() -> None:
 
 def test_bc_steps_are_numbered(tiny_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     from agentgym.models.tiny import load_tiny_model
-    from agentgym.suite import load_suite
+    from agentgym.registration.suites import load_suite
     from agentgym.trainers.bc import behaviour_clone, collect_demonstrations
 
     model, tokenizer = load_tiny_model(tiny_dir)

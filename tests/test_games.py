@@ -15,7 +15,8 @@ from agentgym.envs.games.maze import Maze, MazeEnv
 
 import agentgym
 from agentgym.errors import TaskError
-from agentgym.suite import Task, TaskSuite, list_suites, load_suite
+from agentgym.suite import Task, TaskSuite
+from agentgym.registration.suites import list_suites, load_suite
 
 GAME_SUITES = ["games-calc", "games-guess", "games-maze"]
 

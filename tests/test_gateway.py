@@ -31,7 +31,7 @@ from agentgym.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
 from agentgym.policies.base import Generation, SamplingParams  # noqa: E402
 from agentgym.cli.quickstart import demonstration_texts  # noqa: E402
 from agentgym.serving.openai_server import ServerThread  # noqa: E402
-from agentgym.suite import load_suite  # noqa: E402
+from agentgym.registration.suites import load_suite  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "examples"))

@@ -73,7 +73,7 @@ def test_coverage(rows) -> None:
 
 def test_code_tasks_are_real_suite_tasks(rows) -> None:
     """The labelled tasks are the shipped suites' own, metadata included, so the grader sees what the env sees."""
-    from agentgym.suite import load_suite
+    from agentgym.registration.suites import load_suite
 
     suites = {"code": ("code-train", "code-test", "champ"), "games": ("games-calc", "games-guess")}
     for family, names in suites.items():

@@ -10,7 +10,7 @@ from agentgym.envs.gui.solvers import SOLVABLE_TASKS
 from agentgym.envs.gui.tasks import generate_tasks, make_task
 
 from agentgym.errors import TaskError
-from agentgym.suite import load_suite
+from agentgym.registration.suites import load_suite
 from tests.browsers import HAVE_BROWSER, needs_browser
 
 if "agentgym/MiniWoB-v0" not in gym.registry:

@@ -14,7 +14,7 @@ from agentgym.envs.gui.solvers import PLANNERS, SOLVABLE_TASKS, planner_js, refe
 from agentgym.envs.gui.tasks import make_task
 
 from agentgym.rollout import run_reference_episode
-from agentgym.suite import load_suite
+from agentgym.registration.suites import load_suite
 from tests.browsers import HAVE_BROWSER, needs_browser
 
 if "agentgym/MiniWoB-v0" not in gym.registry:

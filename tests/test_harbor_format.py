@@ -12,7 +12,7 @@ import pytest
 from agentgym.envs.swe.harbor import HarborEnv, base_images, build_environment_image, harbor_tasks, load_harbor_task
 from agentgym.errors import ConfigError, TaskError
 from agentgym.rollout import run_reference_episode
-from agentgym.suite import load_suite
+from agentgym.registration.suites import load_suite
 from tests.dockerd import docker_host_with_pool_cleanup
 
 TEST_SH = """#!/bin/bash

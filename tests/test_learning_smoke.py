@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agentgym.suite import load_suite
+from agentgym.registration.suites import load_suite
 from agentgym.trainers.config import load_config
 from agentgym.trainers.gigpo import GigpoConfig
 from tests.scripts import load_script

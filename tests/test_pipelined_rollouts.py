@@ -16,7 +16,7 @@ from agentgym.models.tiny import TinyModelConfig  # noqa: E402
 from agentgym.policies import SamplingParams  # noqa: E402
 from agentgym.policies.hf import HFPolicy  # noqa: E402
 from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine  # noqa: E402
-from agentgym.suite import load_suite  # noqa: E402
+from agentgym.registration.suites import load_suite  # noqa: E402
 from agentgym.trainers.seeding import mix_seed  # noqa: E402
 from tests.tiny_models import build_context_sensitive_tiny_model  # noqa: E402
 

@@ -25,7 +25,7 @@ from agentgym.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
 from agentgym.policies import Policy, ReferencePolicy, SamplingParams  # noqa: E402
 from agentgym.policies.hf import HFPolicy  # noqa: E402
 from agentgym.rollout import RolloutConfig, RolloutEngine, episodes_for_suite  # noqa: E402
-from agentgym.suite import load_suite  # noqa: E402
+from agentgym.registration.suites import load_suite  # noqa: E402
 from agentgym.trajectory import Trajectory  # noqa: E402
 
 SYSTEM = "Solve the task with the tools."

@@ -20,7 +20,7 @@ cluster_utils = pytest.importorskip("ray.cluster_utils")
 from agentgym.policies import ScriptedPolicy  # noqa: E402
 from agentgym.rollout.ray_envs import RayEnv  # noqa: E402
 from agentgym.rollout import DISCARD_THREAD_NAME, EpisodeSpec, RolloutConfig, RolloutEngine  # noqa: E402
-from agentgym.suite import load_suite  # noqa: E402
+from agentgym.registration.suites import load_suite  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -226,7 +226,7 @@ def test_dense_and_hybrid_on_real_documents_retrieve_gold_documents(tmp_path: Pa
     from agentgym.envs.search.corpus import load_corpus
     from agentgym.tools.retrieval import HybridRetriever, make_retriever
 
-    from agentgym.suite import load_suite
+    from agentgym.registration.suites import load_suite
 
     try:
         corpus = load_corpus("full")

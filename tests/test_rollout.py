@@ -223,7 +223,7 @@ def test_gymnasium_time_limit_is_a_truncation_not_an_error() -> None:
 
 def test_reference_episode_under_a_time_limit_is_a_truncation() -> None:
     from agentgym.rollout import run_reference_episode
-    from agentgym.suite import load_suite
+    from agentgym.registration.suites import load_suite
 
     task = load_suite("games-maze").split("test")[0]
     env = gym.make("agentgym/Maze-v0", max_episode_steps=1)

@@ -16,7 +16,8 @@ if shutil.which("java") is None:  # the env's own error for this case is tested 
 import agentgym  # noqa: E402,F401 - registers the ids
 from agentgym.envs.scienceworld import env as sw  # noqa: E402
 from agentgym.errors import TaskError  # noqa: E402
-from agentgym.suite import Task, load_suite  # noqa: E402
+from agentgym.suite import Task  # noqa: E402
+from agentgym.registration.suites import load_suite
 
 
 def _call(text: str) -> str:

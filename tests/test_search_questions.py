@@ -187,7 +187,7 @@ def test_every_gold_answer_appears_in_its_reference_passages(corpus) -> None:
 
 def test_comparisons_are_typed_balanced_and_capped_in_the_shipped_suites() -> None:
     from agentgym.envs.search.questions import COMPARISON_SHARE, NAMED_OPTION_KINDS
-    from agentgym.suite import load_suite
+    from agentgym.registration.suites import load_suite
 
     for name in ("search-test", "search-train"):
         for split, tasks in load_suite(name).splits.items():

@@ -15,7 +15,8 @@ import gymnasium as gym
 import pytest
 
 from agentgym.errors import DependencyNotInstalled
-from agentgym.suite import Task, load_suite
+from agentgym.suite import Task
+from agentgym.registration.suites import load_suite
 
 ENV_ID = "agentgym/Search-v1"
 LABELS = Path(__file__).parent / "data" / "grading" / "search.jsonl"

@@ -29,7 +29,8 @@ from agentgym.envs.multi_agent.stockfish import find_stockfish
 from agentgym.errors import ConfigError, EnvCrashed
 from agentgym.policies import ReferencePolicy, ScriptedPolicy
 from agentgym.rollout import RolloutEngine, episodes_for_suite, summarize
-from agentgym.suite import Task, load_suite
+from agentgym.suite import Task
+from agentgym.registration.suites import load_suite
 from agentgym.testing import check_agent_env
 
 for _entry in SELFPLAY_ENTRIES:

@@ -381,7 +381,7 @@ def test_arpo_branching_measures_entropy_through_the_server(server: Any, hf_poli
     top-k alternatives (it used to stop with 'neither top-k log-probs nor entropies')."""
     from agentgym.rollout.branching import BranchingConfig, BranchingSampler
     from agentgym.rollout import EpisodeSpec, RolloutConfig
-    from agentgym.suite import load_suite
+    from agentgym.registration.suites import load_suite
 
     policy = OpenAIPolicy(server.base_url, MODEL, mode="completions", tokenizer=hf_policy.tokenizer)
     tasks = load_suite("games-calc").split("train")[:2]

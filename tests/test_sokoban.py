@@ -11,7 +11,8 @@ from agentgym.envs.games.sokoban import Puzzle, SokobanEnv, solve
 
 from agentgym.errors import TaskError
 from agentgym.rollout import run_reference_episode
-from agentgym.suite import Task, load_suite
+from agentgym.suite import Task
+from agentgym.registration.suites import load_suite
 
 ROOM = ["######",
         "#@$_.#",

@@ -12,7 +12,7 @@ import pytest
 from agentgym.envs.swe.env import OUTCOME_REWARDS, SWEEnv, resolve_repo_path
 from agentgym.errors import ConfigError
 from agentgym.rollout import run_reference_episode
-from agentgym.suite import load_suite
+from agentgym.registration.suites import load_suite
 from agentgym.tasks.swe.builder import load_specs
 from agentgym.tasks.swe.libraries import LIBRARIES, fetch_library
 from agentgym.tasks.swe.mutations import apply_mutation, candidate_mutations

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from agentgym.envs.swe.env import OUTCOME_REWARDS
-from agentgym.suite import load_suite
+from agentgym.registration.suites import load_suite
 from agentgym.tasks.swe.libraries import fetch_library
 
 TASK_INDEX = 8  # swe-smoke test-00008: toolz, one FAIL_TO_PASS test; its tests live inside the package dir

@@ -19,7 +19,7 @@ import pytest
 from agentgym.envs.swe.env import SWEEnv
 from agentgym.errors import TaskError
 from agentgym.rollout import run_reference_episode
-from agentgym.suite import load_suite
+from agentgym.registration.suites import load_suite
 from agentgym.tasks.swe.builder import load_specs
 from agentgym.tasks.swe.libraries import fetch_library
 from agentgym.tasks.swe.mutations import apply_mutation

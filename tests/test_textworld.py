@@ -14,7 +14,8 @@ pytest.importorskip("textworld", reason="pip install 'agentgym[textworld]'")
 import agentgym  # noqa: E402,F401 - registers the ids
 from agentgym.envs.textworld.games import GameSpec, generate_tasks, spec_from_task, task_for  # noqa: E402
 from agentgym.errors import TaskError  # noqa: E402
-from agentgym.suite import Task, load_suite  # noqa: E402
+from agentgym.suite import Task  # noqa: E402
+from agentgym.registration.suites import load_suite
 
 
 def _call(text: str) -> str:

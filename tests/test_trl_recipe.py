@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "examples"))
 import trl_grpo_agentgym as recipe  # noqa: E402
 
-from agentgym.suite import load_suite  # noqa: E402
+from agentgym.registration.suites import load_suite  # noqa: E402
 
 
 def test_bridge_exposes_the_env_tools_to_trl_and_forwards_calls_to_the_env() -> None:

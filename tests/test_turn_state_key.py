@@ -13,7 +13,8 @@ import agentgym  # noqa: F401 - registers the env ids
 from agentgym.rollout.branching import BranchingConfig, BranchingSampler
 from agentgym.policies import ScriptedPolicy
 from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, read_state_key
-from agentgym.suite import Task, load_suite
+from agentgym.suite import Task
+from agentgym.registration.suites import load_suite
 from agentgym.trajectory import Trajectory
 from tests.envs_for_tests import EchoEnv
 

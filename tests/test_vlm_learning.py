@@ -28,7 +28,7 @@ def test_bc_on_screenshot_demonstrations_then_a_grpo_step_with_the_tiny_vlm(tmp_
     from agentgym.errors import ConfigError
     from agentgym.models.loading import load_model, load_processor
     from agentgym.models.tiny_vlm import build_tiny_vlm
-    from agentgym.suite import load_suite
+    from agentgym.registration.suites import load_suite
     from agentgym.trainers.bc import behaviour_clone, collect_demonstrations
     from agentgym.trainers.config import GrpoConfig, load_config
     from agentgym.trainers.grpo import GrpoTrainer

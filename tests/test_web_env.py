@@ -16,7 +16,7 @@ from agentgym.envs.web.goals import RESULTS_PER_PAGE, Goal, generate_tasks
 from agentgym.envs.web.reward import order_score, score_item
 from agentgym.envs.web.search import default_index
 
-from agentgym.suite import load_suite
+from agentgym.registration.suites import load_suite
 from tests.browsers import needs_browser
 
 for _id, _entry in (("agentgym/WebShop-v1", "agentgym.envs.web.env:WebShopEnv"),

@@ -332,7 +332,7 @@ class TrainerConfig:
 
         import agentgym  # noqa: F401 - registers the env ids
         from agentgym.errors import TaskError
-        from agentgym.suite import load_suite
+        from agentgym.registration.suites import load_suite
 
         try:
             suite = load_suite(name)

@@ -48,7 +48,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
     from agentgym.registration.catalogue import all_entries
     from agentgym.registration.plugins import plugin_errors
-    from agentgym.suite import list_suites
+    from agentgym.registration.suites import list_suites
 
     table = Table(title="agentgym environments")
     table.add_column("id")
@@ -116,7 +116,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         summarize,
     )
     from agentgym.storage import TrajectoryWriter
-    from agentgym.suite import load_suite
+    from agentgym.registration.suites import load_suite
 
     suite = load_suite(args.suite)
     if args.split not in suite.splits:

@@ -24,7 +24,7 @@ __all__ = ["main"]
 def demonstration_texts(suite_name: str, limit: int) -> list[str]:
     """Instructions, observations and reference actions of ``limit`` training tasks (tokenizer corpus)."""
     from agentgym.rollout import run_reference_episode
-    from agentgym.suite import load_suite
+    from agentgym.registration.suites import load_suite
 
     suite = load_suite(suite_name)
     env = suite.make_env()
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     from agentgym.policies import ReferencePolicy, SamplingParams
     from agentgym.cli.report import format_metric
     from agentgym.rollout import RolloutConfig, RolloutEngine, episodes_for_suite, summarize
-    from agentgym.suite import load_suite
+    from agentgym.registration.suites import load_suite
     from agentgym.trainers.config import GrpoConfig, load_config
     from agentgym.trainers.grpo import GrpoTrainer
 

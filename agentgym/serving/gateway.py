@@ -662,7 +662,7 @@ def create_gateway_app(upstream: str | FastAPI, record_dir: str | Path, *, token
 
 
 def _suite_task(suite_name: Any, split: Any, task_id: Any) -> tuple[Task, str, dict[str, Any]]:
-    from agentgym.suite import load_suite
+    from agentgym.registration.suites import load_suite
 
     try:
         suite = load_suite(str(suite_name))

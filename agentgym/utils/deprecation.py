@@ -27,3 +27,15 @@ def moved_module(old: str, new: str) -> None:
     warnings.warn(f"{old} has moved to {new}; import it from there (the old path will be removed in the next "
                   "release)", DeprecationWarning, stacklevel=3)
     sys.modules[old] = importlib.import_module(new)
+
+
+def moved_name(module: str, name: str, new_module: str, moved: tuple[str, ...]) -> object:
+    """A module ``__getattr__`` body for names that moved to ``new_module``: warn, then return the new object.
+
+    Raises the usual :class:`AttributeError` for names that never lived in ``module``.
+    """
+    if name not in moved:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    warnings.warn(f"{module}.{name} has moved to {new_module}.{name}; import it from there (the old path will be "
+                  "removed in the next release)", DeprecationWarning, stacklevel=3)
+    return getattr(importlib.import_module(new_module), name)

@@ -207,7 +207,7 @@ class CodeInterpreterEnv(AgentEnv):
         return CompositeParser([HermesParser(), TirParser()])
 
     def _sample_task(self, rng: np.random.Generator) -> Task:
-        from agentgym.suite import load_suite
+        from agentgym.registration.suites import load_suite
 
         pool = list(load_suite(self._suite_name))
         if not pool:

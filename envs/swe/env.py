@@ -355,7 +355,7 @@ print("\\n[" + _status + "]")
                                 FunctionCallParser(["bash", "view", "str_replace", "create", "run_tests", "submit"])])
 
     def _sample_task(self, rng: np.random.Generator) -> Task:
-        from agentgym.suite import load_suite
+        from agentgym.registration.suites import load_suite
 
         pool = list(load_suite(self._suite_name))
         return pool[int(rng.integers(len(pool)))]

@@ -12,7 +12,7 @@ from collections import defaultdict
 from fractions import Fraction
 from pathlib import Path
 
-from agentgym.suite import load_suite
+from agentgym.registration.suites import load_suite
 
 OUT = str(Path(__file__).resolve().parent) + "/"
 rows = []
