@@ -34,7 +34,7 @@ from typing import Any
 
 from agentgym.errors import AgentGymError
 from agentgym.utils.images import ImageRef, image_parts
-from agentgym.policies.base import Generation, GenerationRequest, SamplingParams
+from agentgym.policy import Generation, GenerationRequest, SamplingParams
 from agentgym.trajectory import utf8_safe
 
 __all__ = ["ChatAgent", "Message"]

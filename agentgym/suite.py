@@ -127,8 +127,6 @@ class TaskSuite:
         """Create this suite's env with the suite's env kwargs (``gym.make`` + the catalogue)."""
         import gymnasium as gym
 
-        import agentgym  # noqa: F401 - registers ids
-
         return gym.make(self.env_id, **{**dict(self.env_kwargs), **overrides})
 
     def validate(self, split: str | None = None, limit: int | None = None) -> ValidationReport:
@@ -308,8 +306,6 @@ def _import_callable(dotted: str, where: str, base_dir: Path | None = None) -> C
 def _register_entry_point(env_id: str, entry_point: str, path: Path) -> None:
     """Register the suite's own env class under ``env_id`` (nothing to do when the id is registered)."""
     import gymnasium as gym
-
-    import agentgym  # noqa: F401 - the catalogue and plugins first, so a suite never shadows them
 
     if env_id in gym.registry:
         return

@@ -100,8 +100,6 @@ def _dump(value: Any) -> str:
 def _make(env_id: str, env_kwargs: Mapping[str, Any]) -> Any:
     import gymnasium as gym
 
-    import agentgym  # noqa: F401 - registers the catalogue
-
     return gym.make(env_id, **dict(env_kwargs))
 
 

@@ -1,8 +1,7 @@
-"""The policy contract: batched, async text generation with optional token-level records.
+"""What the policy implementations share: the contract's names (from :mod:`agentgym.policy`), the check for
+constrained decoding, exact prompt ids, and the base of in-process token-level policies.
 
-A policy receives a batch of :class:`GenerationRequest` (chat messages, and the exact prompt token ids
-when the :class:`~agentgym.agent.ChatAgent` tokenises) and returns one :class:`Generation` each. Token-level
-policies (HF, vLLM, OpenAI completions) return the sampled ids with their log-probs, which is what
+Token-level policies (HF, vLLM, OpenAI completions) return the sampled ids with their log-probs, which is what
 trainers need; text-only policies (OpenAI chat, scripted) return text.
 """
 
@@ -10,161 +9,14 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 from agentgym.errors import ConfigError
-from agentgym.utils.fast_records import quick_init
+from agentgym.policy import Generation, GenerationRequest, Policy, SamplingParams
 
 __all__ = ["Generation", "GenerationRequest", "InProcessTokenPolicy", "Policy", "SamplingParams", "prompt_token_ids",
            "refuse_choices"]
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to sample one turn.
-
-    Attributes:
-        max_tokens: Most tokens generated for the turn.
-        temperature: 0 means greedy.
-        top_p: Nucleus sampling mass (1.0 disables it).
-        stop: Extra stop strings; the generation ends after the first one (it is kept in the text).
-        seed: Seed for reproducible sampling where the backend supports it.
-        top_logprobs: Also return, per generated position, the log-probs of this many most likely tokens
-            (``Generation.top_logprobs``); 0 returns none. Entropy-based branching (ARPO) measures its
-            truncated segment entropy from them.
-        choices: When non-empty, the reply is exactly one of these strings followed by the end-of-turn token
-            (constrained decoding, like vLLM's guided choice): each choice's tokens (the tokenizer's own encoding)
-            form a prefix tree, and each step samples among the tokens that continue a choice, renormalised.
-            Tokens with a single continuation are forced; the policy marks them
-            (``Generation.forced``) so trainers leave them out of the loss. Set per turn by the rollout engine
-            from the env's :meth:`~agentgym.env.AgentEnv.action_choices` when ``RolloutConfig.constrain_actions``.
-    """
-
-    max_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    top_logprobs: int = 0
-    choices: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if isinstance(self.choices, str) or not all(isinstance(c, str) and c for c in self.choices):
-            raise ConfigError("choices must be a tuple of non-empty strings (the whole replies allowed), e.g. "
-                              f"('forward()', 'turn_left()'), or () for free text; got {self.choices!r}.")
-        if len(set(self.choices)) != len(self.choices):
-            raise ConfigError(f"choices holds duplicates: {self.choices!r}; list each allowed reply once.")
-        if self.max_tokens < 1:
-            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}.")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}.")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}.")
-        if not isinstance(self.top_logprobs, int) or isinstance(self.top_logprobs, bool) or self.top_logprobs < 0:
-            raise ConfigError(f"top_logprobs must be an integer >= 0 (0 = none; ARPO uses 10), got {self.top_logprobs!r}.")
-
-
-@quick_init
-@dataclass(frozen=True)
-class GenerationRequest:
-    """One conversation to continue.
-
-    Attributes:
-        messages: OpenAI-style chat messages so far (system, user, assistant, ...); for a policy that
-            ``accepts_images``, an image observation's content is parts: ``[{"type": "text", "text": ...},
-            {"type": "image", "image": ImageRef}]``. Read-only: they are the episode's own messages, shared rather
-            than copied per turn, so changing one raises ``TypeError``; work on ``dict(message)`` instead.
-        prompt_token_ids: The exact prompt tokens, when the agent tokenised it (token-level policies use
-            these and never re-tokenise the messages).
-        sampling: Sampling parameters.
-        episode_id: Which episode asks (lets stateful policies such as the reference solver keep state).
-    """
-
-    messages: tuple[Mapping[str, Any], ...]
-    prompt_token_ids: tuple[int, ...] | None = None
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    episode_id: str = ""
-
-
-@quick_init
-@dataclass(frozen=True)
-class Generation:
-    """One generated turn.
-
-    Attributes:
-        text: The action text (special tokens removed).
-        token_ids: Sampled ids, including the token that ended the turn (EOS / end-of-turn).
-        logprobs: Log-probs of the sampled ids under the sampling distribution.
-        entropies: Entropy of the sampling distribution at each step.
-        finish_reason: ``stop``, ``length``, or ``abort`` (a caller cancelled the row, e.g. its client left).
-        top_logprobs: When ``SamplingParams.top_logprobs = k > 0`` and the policy supports it: per generated
-            position, the log-probs of the k most likely tokens in descending order, followed by the sampled
-            token's log-prob when it is not among them (vLLM's convention). ``None`` otherwise.
-        top_token_ids: The token ids of ``top_logprobs``, entry for entry (what a server needs to name the
-            alternatives); ``None`` when the backend did not say which tokens they were.
-        prompt_token_ids: The prompt ids the backend actually conditioned on, when it reports them (a chat
-            server re-renders the conversation itself; vLLM's ``return_token_ids``). The agent compares them
-            with its own rendering and never records action ids sampled from a different prompt.
-        forced: Under ``SamplingParams.choices``, per generated token whether it was the only token that could
-            follow (its constrained probability is 1, so it carries no learning signal and trainers mask it);
-            ``None`` for free-text sampling.
-    """
-
-    text: str
-    token_ids: tuple[int, ...] | None = None
-    logprobs: tuple[float, ...] | None = None
-    entropies: tuple[float, ...] | None = None
-    finish_reason: str = "stop"
-    top_logprobs: tuple[tuple[float, ...], ...] | None = None
-    top_token_ids: tuple[tuple[int, ...], ...] | None = None
-    prompt_token_ids: tuple[int, ...] | None = None
-    forced: tuple[bool, ...] | None = None
-
-
-class Policy(abc.ABC):
-    """Base class of all policies.
-
-    Attributes:
-        name: Shown in eval tables and stored in trajectories.
-        tokenizer: A Hugging Face tokenizer when the policy works at token level, else ``None``; the
-            ChatAgent uses it to build exact prompt ids.
-        max_batch_size: Most requests the engine puts in one ``act`` call.
-        max_concurrency: Most ``act`` calls the engine keeps in flight at once (1 for an in-process model
-            that uses all cores; more for a server that batches on its own).
-        default_system_prompt: The system prompt the model was trained with (read from the ``agentgym.json``
-            its trainer saved), used by the rollout engine when ``RolloutConfig.system_prompt`` is ``None``;
-            ``None`` keeps each env's instructions. A model evaluated with a prompt it never saw scores 0.
-        accepts_images: The policy reads images: the ChatAgent then sends observation images as message content
-            parts (``{"type": "image", "image": ImageRef}``); otherwise it shows the text part only.
-        processor: A Hugging Face processor (``AutoProcessor``) when the policy is an in-process vision-language
-            model: the ChatAgent expands image placeholders with it into the exact ids the model sees.
-        supports_choices: The policy decodes under ``SamplingParams.choices`` (constrained to whole replies) and
-            marks forced tokens; the rollout engine refuses ``constrain_actions`` for one that does not.
-    """
-
-    name: str = "policy"
-    supports_choices: bool = False
-    default_system_prompt: str | None = None
-    accepts_images: bool = False
-    processor: Any = None
-    tokenizer: Any = None
-    max_batch_size: int = 64
-    max_concurrency: int = 1
-
-    @abc.abstractmethod
-    async def act(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        """Generate one turn for each request, in order."""
-
-    def begin_episode(self, episode_id: str, env: Any) -> None:
-        """Called by the rollout engine when an episode starts (default: nothing)."""
-
-    def end_episode(self, episode_id: str) -> None:
-        """Called by the rollout engine when an episode ends (default: nothing)."""
-
-    def close(self) -> None:
-        """Release resources (threads, HTTP clients, models)."""
 
 
 def refuse_choices(policy: Policy, requests: Sequence[GenerationRequest]) -> None:

@@ -27,7 +27,7 @@ import numpy as np
 
 from agentgym.agent import ChatAgent
 from agentgym.errors import ConfigError
-from agentgym.policies.base import Generation, Policy, SamplingParams
+from agentgym.policy import Generation, Policy, SamplingParams
 
 from .chess import START_FEN
 from .stockfish import StockfishConfig, StockfishEngine

@@ -25,7 +25,7 @@ from typing import Any, ClassVar, TypeVar
 from agentgym.tools.retrieval.base import Document, Hit, RetrievalError, Retriever
 
 from agentgym.errors import ConfigError
-from agentgym.policies.base import GenerationRequest, Policy, SamplingParams
+from agentgym.policy import GenerationRequest, Policy, SamplingParams
 
 __all__ = ["SimulatedSearchEngine", "curriculum_noise"]
 
