@@ -47,6 +47,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from agentgym.registration.catalogue import all_entries
+    from agentgym.registration.env_docs import entry_point_summary
     from agentgym.registration.plugins import plugin_errors
     from agentgym.registration.suites import list_suites
 
@@ -54,8 +55,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
     table.add_column("id")
     table.add_column("family")
     table.add_column("description")
-    for entry in all_entries():  # ours, then those of installed plugins
-        table.add_row(entry.id, entry.family, entry.description)
+    for entry in all_entries():  # ours, then those of installed plugins; summaries read from source, no env imported
+        table.add_row(entry.id, entry.family, entry.summary)
     console = Console(width=max(100, Console().width))
     console.print(table)
     from agentgym.envs.multi_agent.registry import MULTI_AGENT_CATALOGUE
@@ -64,7 +65,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
     for column in ("id", "forms", "description"):
         games.add_column(column)
     for game in MULTI_AGENT_CATALOGUE:
-        games.add_row(game.id, "AEC + parallel" if game.parallel_entry_point else "AEC", game.description)
+        games.add_row(game.id, "AEC + parallel" if game.parallel_entry_point else "AEC",
+                      entry_point_summary(game.aec_entry_point))
     console.print(games)
     console.print("suites: " + ", ".join(list_suites()))
     for error in plugin_errors():

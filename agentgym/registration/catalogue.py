@@ -3,7 +3,10 @@
 Every id is registered here with a string entry point, so importing :mod:`agentgym` registers the whole
 catalogue without importing any env module (or its heavy dependencies). Ids of other packages come in through
 entry-point plugins (:mod:`agentgym.registration.plugins`), registered right after ours. Bump the version suffix when an
-env's rewards, tools or termination change.
+env's rewards, tools or termination change (and add a line to its docstring's ``## Version history``).
+
+The entries hold no prose: each env describes itself once, in its class docstring, and ``agentgym list`` shows
+that docstring's summary line (:attr:`CatalogueEntry.summary`).
 """
 
 from __future__ import annotations
@@ -22,143 +25,71 @@ NAMESPACE = "agentgym"
 
 @dataclass(frozen=True)
 class CatalogueEntry:
-    """One registered env: id, entry point, a one-line description and default kwargs."""
+    """One registered env: its id, entry point, family and default kwargs.
+
+    The env's description lives once, in its class docstring (see :mod:`agentgym.registration.env_docs`), so
+    our entries carry no prose; :attr:`summary` reads the docstring's summary line.
+
+    Attributes:
+        id: ``namespace/Name-vN``.
+        entry_point: ``module:Class``.
+        description: A plugin's own one-line description, shown instead of its class docstring's summary; empty
+            for ours.
+        family: The env family (one docs page each), e.g. ``games``.
+        kwargs: Default constructor arguments.
+    """
 
     id: str
     entry_point: str
-    description: str
-    family: str
+    description: str = ""
+    family: str = ""
     kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def summary(self) -> str:
+        """The line ``agentgym list`` shows: :attr:`description` if set, else the class docstring's summary line,
+        read from the module's source without importing it (so heavy dependencies stay unloaded)."""
+        if self.description:
+            return self.description
+        from agentgym.registration.env_docs import entry_point_summary
+
+        return entry_point_summary(self.entry_point)
 
 
 CATALOGUE: tuple[CatalogueEntry, ...] = (
-    CatalogueEntry(
-        "agentgym/Calculator-v0",
-        "agentgym.envs.games.calculator:CalculatorEnv",
-        "Arithmetic question: call calc(expression), read the result, then answer(value).",
-        "games",
-    ),
-    CatalogueEntry(
-        "agentgym/GuessNumber-v0",
-        "agentgym.envs.games.guess_number:GuessNumberEnv",
-        "Find a secret integer by guessing; each guess is answered 'higher', 'lower' or 'correct'.",
-        "games",
-    ),
-    CatalogueEntry(
-        "agentgym/Maze-v0",
-        "agentgym.envs.games.maze:MazeEnv",
-        "Walk a grid maze to the exit with move(direction); the agent sees its surroundings as text.",
-        "games",
-    ),
-    CatalogueEntry(
-        "agentgym/Sokoban-v0",
-        "agentgym.envs.games.sokoban:SokobanEnv",
-        "Push every box onto a target in a generated text-grid Sokoban room (6x6, 1-2 boxes) with move(direction).",
-        "games",
-    ),
-    CatalogueEntry(
-        "agentgym/BabyAI-v0",
-        "agentgym.envs.babyai.env:BabyAIEnv",
-        "Follow a BabyAI mission in a minigrid world described as text (BALROG style): turn, go forward, pick up.",
-        "babyai",
-    ),
-    CatalogueEntry(
-        "agentgym/CodeInterpreter-v1",
-        "agentgym.envs.code_interpreter.env:CodeInterpreterEnv",
-        "Solve math/algorithmic problems by running Python in a sandbox (SimpleTIR style); answer in \\boxed{}.",
-        "code_interpreter",
-    ),
-    CatalogueEntry(
-        "agentgym/SWE-v1",
-        "agentgym.envs.swe.env:SWEEnv",
-        "Fix a bug injected into a real Python library; graded by its hidden tests (bash, view, str_replace, submit).",
-        "swe",
-    ),
-    CatalogueEntry(
-        "agentgym/Chess-vs-Stockfish-v0",
-        "agentgym.envs.multi_agent.selfplay:ChessVsStockfishEnv",
-        'Chess against Stockfish over UCI (skill 0 by default) as White or Black: move("e2e4").',
-        "multi_agent",
-    ),
-    CatalogueEntry(
-        "agentgym/Negotiation-SelfPlay-v0",
-        "agentgym.envs.multi_agent.selfplay:NegotiationSelfPlayEnv",
-        'Deal or no deal against a scripted negotiator: propose(book, hat, ball), accept(), walk_away().',
-        "multi_agent",
-    ),
-    CatalogueEntry(
-        "agentgym/TicTacToe-SelfPlay-v0",
-        "agentgym.envs.multi_agent.selfplay:TicTacToeSelfPlayEnv",
-        'Tic-tac-toe against a scripted bot (win, block, centre): play(cell).',
-        "multi_agent",
-    ),
-    CatalogueEntry(
-        "agentgym/ConnectFour-SelfPlay-v0",
-        "agentgym.envs.multi_agent.selfplay:ConnectFourSelfPlayEnv",
-        'Connect-four against a scripted bot (win, block, centre): play(column).',
-        "multi_agent",
-    ),
-    CatalogueEntry(
-        "agentgym/Referential-SelfPlay-v0",
-        "agentgym.envs.multi_agent.selfplay:ReferentialSelfPlayEnv",
-        'Describe a target object so that a scripted listener picks it: describe(message).',
-        "multi_agent",
-    ),
-    CatalogueEntry(
-        "agentgym/PrisonersDilemma-SelfPlay-v0",
-        "agentgym.envs.multi_agent.selfplay:PrisonersDilemmaSelfPlayEnv",
-        "Iterated prisoner's dilemma against tit for tat: cooperate() or defect().",
-        "multi_agent",
-    ),
-    CatalogueEntry(
-        "agentgym/WebShop-v1",
-        "agentgym.envs.web.env:WebShopEnv",
-        'Buy what a WebShop-style instruction asks in a local grocery shop, in a real Chromium driven through accessibility snapshots.',
-        "web",
-    ),
-    CatalogueEntry(
-        "agentgym/WebShop-text-v1",
-        "agentgym.envs.web.env:WebShopTextEnv",
-        'The same shop rendered as the same accessibility snapshots without a browser, for fast RL.',
-        "web",
-    ),
-    CatalogueEntry(
-        "agentgym/MiniWoB-v0",
-        "agentgym.envs.gui.env:MiniWoBEnv",
-        "MiniWoB++ web tasks by pixels: screenshot in, click(x, y)/type/key/scroll/drag out; the page's own reward.",
-        "gui",
-    ),
-    CatalogueEntry(
-        "agentgym/Search-v1",
-        "agentgym.envs.search.env:SearchEnv",
-        "Answer 1-3 hop questions over 11k real Wikipedia/fact documents with search(query, k), open(doc_id), answer(text); "
-        "hedged answers fail.",
-        "search",
-    ),
-    CatalogueEntry(
-        "agentgym/TextWorld-v0",
-        "agentgym.envs.textworld.env:TextWorldEnv",
-        'TextWorld cooking and household games generated offline: command("open fridge"); the game\'s own score.',
-        "textworld",
-    ),
-    CatalogueEntry(
-        "agentgym/ScienceWorld-v0",
-        "agentgym.envs.scienceworld.env:ScienceWorldEnv",
-        'ScienceWorld\'s 30 science task types (Java simulator): command("open door to kitchen"); the simulator\'s score.',
-        "scienceworld",
-    ),
+    CatalogueEntry("agentgym/Calculator-v0", "agentgym.envs.games.calculator:CalculatorEnv", family="games"),
+    CatalogueEntry("agentgym/GuessNumber-v0", "agentgym.envs.games.guess_number:GuessNumberEnv", family="games"),
+    CatalogueEntry("agentgym/Maze-v0", "agentgym.envs.games.maze:MazeEnv", family="games"),
+    CatalogueEntry("agentgym/Sokoban-v0", "agentgym.envs.games.sokoban:SokobanEnv", family="games"),
+    CatalogueEntry("agentgym/BabyAI-v0", "agentgym.envs.babyai.env:BabyAIEnv", family="babyai"),
+    CatalogueEntry("agentgym/CodeInterpreter-v1",
+                   "agentgym.envs.code_interpreter.env:CodeInterpreterEnv", family="code_interpreter"),
+    CatalogueEntry("agentgym/SWE-v1", "agentgym.envs.swe.env:SWEEnv", family="swe"),
+    CatalogueEntry("agentgym/Chess-vs-Stockfish-v0",
+                   "agentgym.envs.multi_agent.selfplay:ChessVsStockfishEnv", family="multi_agent"),
+    CatalogueEntry("agentgym/Negotiation-SelfPlay-v0",
+                   "agentgym.envs.multi_agent.selfplay:NegotiationSelfPlayEnv", family="multi_agent"),
+    CatalogueEntry("agentgym/TicTacToe-SelfPlay-v0",
+                   "agentgym.envs.multi_agent.selfplay:TicTacToeSelfPlayEnv", family="multi_agent"),
+    CatalogueEntry("agentgym/ConnectFour-SelfPlay-v0",
+                   "agentgym.envs.multi_agent.selfplay:ConnectFourSelfPlayEnv", family="multi_agent"),
+    CatalogueEntry("agentgym/Referential-SelfPlay-v0",
+                   "agentgym.envs.multi_agent.selfplay:ReferentialSelfPlayEnv", family="multi_agent"),
+    CatalogueEntry("agentgym/PrisonersDilemma-SelfPlay-v0",
+                   "agentgym.envs.multi_agent.selfplay:PrisonersDilemmaSelfPlayEnv", family="multi_agent"),
+    CatalogueEntry("agentgym/WebShop-v1", "agentgym.envs.web.env:WebShopEnv", family="web"),
+    CatalogueEntry("agentgym/WebShop-text-v1", "agentgym.envs.web.env:WebShopTextEnv", family="web"),
+    CatalogueEntry("agentgym/MiniWoB-v0", "agentgym.envs.gui.env:MiniWoBEnv", family="gui"),
+    CatalogueEntry("agentgym/Search-v1", "agentgym.envs.search.env:SearchEnv", family="search"),
+    CatalogueEntry("agentgym/TextWorld-v0", "agentgym.envs.textworld.env:TextWorldEnv", family="textworld"),
+    CatalogueEntry("agentgym/ScienceWorld-v0", "agentgym.envs.scienceworld.env:ScienceWorldEnv", family="scienceworld"),
 )
 
 
 #: Ids that are clients of a server rather than envs of their own: registered like the others, but they need
 #: arguments (``url=...``) to be made, so :func:`env_ids` (the ids every conformance test makes bare) leaves them out.
 CLIENT_CATALOGUE: tuple[CatalogueEntry, ...] = (
-    CatalogueEntry(
-        "agentgym/Remote-v0",
-        "agentgym.serving.remote_env:RemoteEnv",
-        "Any env served by 'agentgym serve-env' (OpenEnv's protocol): gym.make('agentgym/Remote-v0', url=...).",
-        "remote",
-    ),
+    CatalogueEntry("agentgym/Remote-v0", "agentgym.serving.remote_env:RemoteEnv", family="remote"),
 )
 
 

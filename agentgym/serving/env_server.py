@@ -310,7 +310,7 @@ class AgentGymEnvironment(Environment):
         from agentgym.registration.catalogue import get_entry
 
         try:
-            description = get_entry(self.env_id).description
+            description = get_entry(self.env_id).summary
         except AgentGymError:
             description = f"agentgym env {self.env_id}"
         return EnvironmentMetadata(name=self.env_id, description=description, version=_version(),

@@ -202,16 +202,42 @@ def _expression_of(task: Task) -> str:
 class CalculatorEnv(AgentEnv):
     """Answer an arithmetic question exactly, with a calculator tool.
 
-    Args:
-        max_turns: Turns before truncation; 4 leaves room for one mistake around calc + answer.
-        tasks: Tasks to draw from; without them a question is generated from the reset seed with the
-            operand settings below.
-        min_operand: Smallest operand of generated questions.
-        max_operand: Largest operand of generated questions.
-        ops: Operators of generated questions.
-        max_action_chars: See :class:`~agentgym.env.AgentEnv`.
-        max_calls_per_turn: See :class:`~agentgym.env.AgentEnv`.
-        render_mode: ``"ansi"`` or ``None``.
+    ## Description
+
+    The agent is asked a question such as "What is 27*42?", may compute with `calc` and must submit the exact
+    integer with `answer`. The interesting decision is local (call the tool, copy its result, stop), so RL on a tiny
+    warm-started model can learn it on a CPU in minutes: this is the quickstart env. Without `tasks`, a question is
+    generated from the reset seed (two operands in `[min_operand, max_operand]`, one of `ops`).
+
+    ## Tools
+
+    - `calc(expression)`: evaluate integer arithmetic (`+ - * //` and parentheses) and show the exact value.
+    - `answer(value)`: submit the final integer; this ends the episode.
+
+    ## Reward
+
+    1 when the answer equals the question's value (component `success`), else 0. The return is 0 for an episode
+    that never answers.
+
+    ## Episode end
+
+    Terminated by `answer` (right or wrong); truncated after `max_turns` turns.
+
+    ## Arguments
+
+    - `max_turns`: turns before truncation; 4 leaves room for one mistake around calc + answer.
+    - `tasks`: tasks to draw from; without them a question is generated from the reset seed with the operand
+      settings below.
+    - `min_operand`: smallest operand of generated questions.
+    - `max_operand`: largest operand of generated questions.
+    - `ops`: operators of generated questions.
+    - `max_action_chars`: see `AgentEnv`.
+    - `max_calls_per_turn`: see `AgentEnv`.
+    - `render_mode`: `"ansi"` or `None`.
+
+    ## Version history
+
+    - v0: the first version.
     """
 
     description: ClassVar[str] = "Arithmetic question: compute with calc(expression), then answer(value) exactly."

@@ -81,17 +81,41 @@ def _opaque_ids(rng: random.Random, low: int, high: int, count: int) -> list[str
 class GuessNumberEnv(AgentEnv):
     """Find a secret integer; every guess is answered "higher", "lower" or "correct".
 
-    Args:
-        max_turns: Turns before truncation. ``None`` (default) gives each task what binary search needs
-            plus 2, so a bigger range in a test split stays solvable.
-        tasks: Tasks to draw from; without them a secret is drawn from ``[low, high]`` with the reset seed.
-        low: Range of generated secrets (lower end).
-        high: Range of generated secrets (upper end).
-        max_action_chars: See :class:`~agentgym.env.AgentEnv`.
-        max_calls_per_turn: See :class:`~agentgym.env.AgentEnv`. 1 by default: the game is one guess per turn,
-            and a reply holding many guesses would otherwise search 4x faster than the turn budget assumes
-            (only the first call runs, the observation says the rest were ignored).
-        render_mode: ``"ansi"`` or ``None``.
+    ## Description
+
+    A secret integer is drawn from an announced range and each `guess` is answered "higher", "lower" or "correct".
+    Optimal play is binary search, which needs the agent to track an interval across turns: a harder
+    credit-assignment problem than the calculator for tiny models. Without `tasks`, the secret is drawn from
+    `[low, high]` with the reset seed.
+
+    ## Tools
+
+    - `guess(number)`: guess the secret; a guess outside the announced range is an error and changes nothing.
+
+    ## Reward
+
+    1 for the correct guess (component `success`); 0 for an episode that runs out of turns.
+
+    ## Episode end
+
+    Terminated by the correct guess; truncated after `max_turns` turns.
+
+    ## Arguments
+
+    - `max_turns`: turns before truncation. `None` (default) gives each task what binary search needs plus 2, so a
+      bigger range in a test split stays solvable.
+    - `tasks`: tasks to draw from; without them a secret is drawn from `[low, high]` with the reset seed.
+    - `low`: range of generated secrets (lower end).
+    - `high`: range of generated secrets (upper end).
+    - `max_action_chars`: see `AgentEnv`.
+    - `max_calls_per_turn`: see `AgentEnv`. 1 by default: the game is one guess per turn, and a reply holding many
+      guesses would otherwise search 4x faster than the turn budget assumes (only the first call runs, the
+      observation says the rest were ignored).
+    - `render_mode`: `"ansi"` or `None`.
+
+    ## Version history
+
+    - v0: the first version.
     """
 
     description: ClassVar[str] = "Find a secret integer by guessing; each guess is answered higher, lower or correct."

@@ -147,17 +147,41 @@ def generate_tasks(rng: random.Random, count: int, *, width: int = 5, height: in
 
 
 class MazeEnv(AgentEnv):
-    """Walk from ``@`` to the exit ``E`` of a text maze with ``move(direction)``.
+    """Walk from `@` to the exit `E` of a text maze with `move(direction)`.
 
-    Args:
-        max_turns: Turns before truncation. ``None`` (default) gives each task twice its shortest path
-            plus 5 (or ``metadata["max_turns"]`` when the task sets one).
-        tasks: Tasks to draw from; without them a maze of ``width x height`` is drawn with the reset seed.
-        width: Width of generated mazes.
-        height: Height of generated mazes.
-        max_action_chars: See :class:`~agentgym.env.AgentEnv`.
-        max_calls_per_turn: See :class:`~agentgym.env.AgentEnv`. Several moves in one reply all run.
-        render_mode: ``"ansi"`` or ``None``.
+    ## Description
+
+    The agent reads a 2-D text map of a grid maze (its cell `@`, the exit `E`, and the open directions) and must
+    plan a path and keep to it. Each task's metadata (width, height, seed, start, exit) fully determines the maze,
+    so a task file is a few integers and every episode is reproducible. Without `tasks`, a `width x height` maze is
+    drawn with the reset seed.
+
+    ## Tools
+
+    - `move(direction)`: move one cell north, south, east or west (north is up); a wall leaves the agent in place.
+
+    ## Reward
+
+    1 on reaching the exit (component `success`); 0 for an episode that runs out of turns.
+
+    ## Episode end
+
+    Terminated on reaching the exit; truncated after `max_turns` turns.
+
+    ## Arguments
+
+    - `max_turns`: turns before truncation. `None` (default) gives each task twice its shortest path plus 5 (or
+      `metadata["max_turns"]` when the task sets one).
+    - `tasks`: tasks to draw from; without them a maze of `width x height` is drawn with the reset seed.
+    - `width`: width of generated mazes.
+    - `height`: height of generated mazes.
+    - `max_action_chars`: see `AgentEnv`.
+    - `max_calls_per_turn`: see `AgentEnv`. Several moves in one reply all run.
+    - `render_mode`: `"ansi"` or `None`.
+
+    ## Version history
+
+    - v0: the first version.
     """
 
     description: ClassVar[str] = "Walk a grid maze to the exit with move(direction); the maze is shown as text."

@@ -279,20 +279,48 @@ def generate_tasks(rng: random.Random, count: int, *, width: int = 6, height: in
 
 
 class SokobanEnv(AgentEnv):
-    """Push every box ``$`` onto a target ``.`` with ``move(direction)``; the room is shown as a text grid.
+    """Push every box `$` onto a target `.` with `move(direction)`; the room is shown as a text grid.
 
-    Args:
-        max_turns: Turns before truncation. ``None`` (default) gives each task three times its shortest
-            solution plus 10 (or ``metadata["max_turns"]`` when the task sets one).
-        tasks: Tasks to draw from; without them a puzzle is generated from the reset seed.
-        width: Width of generated puzzles (outer walls included).
-        height: Height of generated puzzles.
-        boxes: Boxes in generated puzzles (an int or a list to draw from).
-        max_action_chars: See :class:`~agentgym.env.AgentEnv`.
-        max_calls_per_turn: See :class:`~agentgym.env.AgentEnv`. Several moves in one reply all run.
-        render_mode: ``"ansi"`` or ``None``.
-        reward: ``"solved"`` (1 for a solved room, the default) or ``"gym-sokoban"`` (the shaped reward RAGEN and
-            GiGPO use; see the module docstring). Success means a solved room under both.
+    ## Description
+
+    The puzzles are the RAGEN / GiGPO kind (6x6 rooms, outer walls included, with 1-2 boxes), generated as
+    gym-sokoban does: a room carved by a random walk, the boxes put on their targets, then the game played
+    backwards (the player pulls boxes), so every puzzle is solvable; a breadth-first solver proves it and gives the
+    shortest solution. A task's metadata carries the puzzle's rows, so every episode is reproducible.
+
+    ## Tools
+
+    - `move(direction)`: walk one cell up, down, left or right; walking into a box pushes it, unless a wall or
+      another box is behind it.
+
+    ## Reward
+
+    Under `reward="solved"` (the default): 1 for a solved room (component `success`), else 0. Under
+    `reward="gym-sokoban"`: gym-sokoban's shaped reward that RAGEN and GiGPO train and report on, -0.1 per move
+    (a bump into a wall, and a turn that moves nothing, included), +1 per box pushed onto a target, -1 per box
+    pushed off one, +10 when the room is solved; the return is the sum, solved or not. Success means a solved room
+    under both.
+
+    ## Episode end
+
+    Terminated when every box is on a target; truncated after `max_turns` turns (a stuck room is not detected).
+
+    ## Arguments
+
+    - `max_turns`: turns before truncation. `None` (default) gives each task three times its shortest solution plus
+      10 (or `metadata["max_turns"]` when the task sets one).
+    - `tasks`: tasks to draw from; without them a puzzle is generated from the reset seed.
+    - `width`: width of generated puzzles (outer walls included).
+    - `height`: height of generated puzzles.
+    - `boxes`: boxes in generated puzzles (an int or a list to draw from).
+    - `max_action_chars`: see `AgentEnv`.
+    - `max_calls_per_turn`: see `AgentEnv`. Several moves in one reply all run.
+    - `render_mode`: `"ansi"` or `None`.
+    - `reward`: `"solved"` (the default) or `"gym-sokoban"` (see Reward).
+
+    ## Version history
+
+    - v0: the first version.
     """
 
     description: ClassVar[str] = "Push every box onto a target in a text-grid Sokoban room with move(direction)."
