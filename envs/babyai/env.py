@@ -159,15 +159,48 @@ def generate_tasks(rng: random.Random, count: int, *, levels: Sequence[str] = DE
 class BabyAIEnv(AgentEnv):
     """A minigrid BabyAI level seen as text, acted on with one tool per minigrid action.
 
-    Args:
-        max_turns: Turns before truncation. ``None`` (default): the level's own step limit (minigrid's
-            ``max_steps``), or ``metadata["max_turns"]`` when the task sets one. The level's own step limit
-            also ends the episode when several actions in one reply reach it first.
-        tasks: Tasks to draw from; without them a ``(level, seed)`` is drawn with the reset seed.
-        levels: Levels of generated tasks.
-        max_action_chars: See :class:`~agentgym.env.AgentEnv`.
-        max_calls_per_turn: See :class:`~agentgym.env.AgentEnv`. Several actions in one reply all run.
-        render_mode: ``"ansi"`` or ``None``.
+    ## Description
+
+    The level, its dynamics, its mission and its success are minigrid's own BabyAI levels, untouched: the env turns
+    the agent's egocentric 7x7 view into sentences the way BALROG does ("a red ball 2 steps forward and 1 step
+    left") and tool calls into minigrid actions. A task is `(level, seed)`, so an episode replays exactly from its
+    task. The default levels are `BabyAI-GoToLocal-v0` and `BabyAI-PickupLoc-v0`. The reference solver is
+    minigrid's BabyAI bot, the planner the BabyAI authors used for their demonstrations.
+
+    ## Tools
+
+    - `turn_left()`: turn 90 degrees left, staying on the same cell.
+    - `turn_right()`: turn 90 degrees right, staying on the same cell.
+    - `forward()`: move one cell forward, unless a wall, a closed door or an object is in front.
+    - `pickup()`: pick up the object directly in front (one object can be carried at a time).
+    - `drop()`: drop the carried object onto the empty cell in front.
+    - `toggle()`: open or close the door (or open the box) in front; a locked door needs its key.
+    - `done()`: say the mission is done (most BabyAI levels ignore it).
+
+    ## Reward
+
+    1 when the level ends with a positive minigrid reward, i.e. the mission is complete (component `success`);
+    0 otherwise. minigrid's step-discounted reward value is not passed on.
+
+    ## Episode end
+
+    Terminated when the mission is complete, or when the level ends in a failed state or reaches its own step
+    limit (minigrid's `max_steps`); truncated after `max_turns` turns.
+
+    ## Arguments
+
+    - `max_turns`: turns before truncation. `None` (default): the level's own step limit, or `metadata["max_turns"]`
+      when the task sets one. The level's step limit also ends the episode when several actions in one reply
+      reach it first.
+    - `tasks`: tasks to draw from; without them a `(level, seed)` is drawn with the reset seed.
+    - `levels`: levels of generated tasks.
+    - `max_action_chars`: see `AgentEnv`.
+    - `max_calls_per_turn`: see `AgentEnv`. Several actions in one reply all run.
+    - `render_mode`: `"ansi"` or `None`.
+
+    ## Version history
+
+    - v0: the first version.
     """
 
     description: ClassVar[str] = ("Carry out a BabyAI mission (minigrid) seen as text: turn_left, turn_right, "

@@ -88,19 +88,50 @@ def format_feedback(stdout: str, stderr: str, *, style: str = "simpletir", max_c
 
 
 class CodeInterpreterEnv(AgentEnv):
-    """Tool-integrated reasoning with a sandboxed, persistent Python interpreter.
+    r"""Solve math and algorithmic problems by running Python in a sandbox (SimpleTIR style); answer in `\boxed{}`.
 
-    Args:
-        max_turns: Generation rounds before truncation (SimpleTIR's recipe uses 5).
-        tasks: Tasks to draw from; by default tasks come from the ``suite`` below.
-        suite: Suite to sample from when ``tasks`` is not given (default ``code-train``).
-        sandbox: Sandbox options (``backend``, limits such as ``wall_timeout_s``, ``memory_bytes``; see
-            :class:`agentgym.tools.sandbox.SandboxConfig`) as a dict, or a ``SandboxConfig``.
-        feedback: ``"simpletir"`` (stdout, or the last stderr line) or ``"full"`` (stdout and traceback).
-        max_feedback_chars: Interpreter output longer than this is elided in the middle.
-        end_on_void: End the episode on a turn with neither code nor a final answer (SimpleTIR).
-        max_action_chars: See :class:`~agentgym.env.AgentEnv`.
-        render_mode: ``"ansi"`` or ``None``.
+    ## Description
+
+    Tool-integrated reasoning with a sandboxed, persistent Python interpreter. Each turn the agent writes text and
+    at most one fenced Python block; the block runs in the episode's interpreter (state persists across turns, numpy
+    and sympy are preloaded, there is no internet) and its output is the next observation. Code that raises is not
+    a wasted turn: the error comes back as feedback. Tasks come from the `code-train` suite by default.
+
+    ## Tools
+
+    - `python(code)`: run code in the persistent interpreter and see its output (the reply's first fenced Python
+      block is this call); printing `\boxed{...}` (e.g. with the predefined `final_answer(x)`) answers.
+    - `answer(answer)`: give the final answer and end the episode (`\boxed{...}` or `<answer>...</answer>` in the
+      reply is the same call).
+
+    ## Reward
+
+    1 when `grade_answer` accepts the final answer (one value in the structure the task kind asks for, in any
+    equivalent notation; component `correct`), else 0. Several different final answers in one reply or one code
+    output (`\boxed{5} ... \boxed{6}`, `final_answer` in a loop) are a hedge and score 0.
+
+    ## Episode end
+
+    Terminated by a final answer, or by a void turn (neither code nor a final answer) when `end_on_void` is on;
+    truncated after `max_turns` turns, or when the rollout engine's `max_context_tokens` is reached.
+
+    ## Arguments
+
+    - `max_turns`: generation rounds before truncation (SimpleTIR's recipe uses 5).
+    - `tasks`: tasks to draw from; by default tasks come from the `suite` below.
+    - `suite`: suite to sample from when `tasks` is not given (default `code-train`).
+    - `sandbox`: sandbox options (`backend`, limits such as `wall_timeout_s`, `memory_bytes`; see
+      `agentgym.tools.sandbox.SandboxConfig`) as a dict, or a `SandboxConfig`.
+    - `feedback`: `"simpletir"` (stdout, or the last stderr line) or `"full"` (stdout and traceback).
+    - `max_feedback_chars`: interpreter output longer than this is elided in the middle.
+    - `end_on_void`: end the episode on a turn with neither code nor a final answer (SimpleTIR).
+    - `max_action_chars`: see `AgentEnv`.
+    - `render_mode`: `"ansi"` or `None`.
+
+    ## Version history
+
+    - v1: the reward changed: graders per answer kind, hedged answers fail, no partial credit.
+    - v0: the first version.
     """
 
     description: ClassVar[str] = "Solve math/algorithmic problems by running Python in a sandbox; answer in \\boxed{}."

@@ -78,17 +78,59 @@ def resolve_repo_path(path: str) -> str:
 
 
 class SWEEnv(AgentEnv):
-    """Fix a bug injected into a pinned real library; graded by its own hidden tests.
+    """Fix a bug injected into a pinned real Python library; graded by its hidden tests.
 
-    Args:
-        max_turns: Tool-using turns before truncation.
-        tasks: Tasks to draw from (default: the ``suite``).
-        suite: Suite to sample from when ``tasks`` is not given (``swe-train``).
-        backend: Sandbox backend: ``auto`` (bwrap where it works, else Docker), ``bwrap`` or ``docker``.
-        command_timeout_s: Wall-clock limit of one ``bash`` command.
-        test_timeout_s: Wall-clock limit of one ``run_tests`` or grading run.
-        max_output_chars: Tool output beyond this is cut in the middle.
-        render_mode: ``"ansi"`` or ``None``.
+    ## Description
+
+    SWE-Gym / SWE-smith style. Each episode gets a fresh copy of the buggy repository in its own sandbox
+    (bubblewrap or a Docker container; no network, resource limits). The tests that reveal the bug are hidden; the
+    agent reads the statement, explores with `bash`/`view`, edits with `str_replace`/`create`, runs the visible
+    tests with `run_tests` and finally calls `submit`. Tasks come from the `swe-train` suite by default, or from a
+    user's own SWE-bench-format instances (`agentgym.tasks.swe.swebench`).
+
+    `submit` stages everything and diffs against the baseline commit; that patch (`info["turn"]["patch"]`) is graded
+    in a fresh sandbox the agent never touched: the pristine tree is rebuilt, the patch applied, and only changes
+    to source modules under the library's package are kept (tests, conftest files, pytest settings, `.pth` files
+    and the like are put back and listed as ignored).
+
+    ## Tools
+
+    - `bash(command)`: run a bash command from the repository root (no network; time-limited).
+    - `view(path, start, end)`: show a file with line numbers (up to 400 lines), or list a directory.
+    - `str_replace(path, old, new)`: replace the one occurrence of `old` in a file with `new` (exact text).
+    - `create(path, text)`: create or overwrite a text file.
+    - `run_tests(selector)`: run the repository's visible tests with pytest (the tests that reveal the bug are
+      hidden).
+    - `submit()`: submit the changes for grading; this ends the episode.
+
+    ## Reward
+
+    With f = passing FAIL_TO_PASS tests / all FAIL_TO_PASS tests and G the guarded tests (PASS_TO_PASS plus every
+    visible test that passes on the buggy tree): reward = f * (1 - regressions / |G|), paid on submit (component
+    `tests`); success is f == 1 with no regressions. An episode that never submits scores 0. Reward channels for
+    gated accumulation are reported in `info["turn"]["channels"]` on every step (`tool_validity`, `test_runs`, and on
+    the last step `outcome`, `patch_submitted`, `f2p_fraction`); `info["turn"]["grading"]` holds the details.
+
+    ## Episode end
+
+    Terminated by `submit`; truncated after `max_turns` turns.
+
+    ## Arguments
+
+    - `max_turns`: tool-using turns before truncation.
+    - `tasks`: tasks to draw from (default: the `suite`).
+    - `suite`: suite to sample from when `tasks` is not given (`swe-train`).
+    - `backend`: sandbox backend: `auto` (bwrap where it works, else Docker), `bwrap` or `docker`.
+    - `command_timeout_s`: wall-clock limit of one `bash` command.
+    - `test_timeout_s`: wall-clock limit of one `run_tests` or grading run.
+    - `max_output_chars`: tool output beyond this is cut in the middle.
+    - `max_action_chars`: see `AgentEnv` (large by default: a reply may carry a whole file).
+    - `render_mode`: `"ansi"` or `None`.
+
+    ## Version history
+
+    - v1: grading changed: a clean sandbox grades the patch, and regressions count.
+    - v0: the first version.
     """
 
     description: ClassVar[str] = "Fix a real bug in a real Python library (bash, view, str_replace, run_tests, submit)."
