@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from agentgym.errors import TaskError, did_you_mean
+from agentgym.reference import run_reference_episode
 
 __all__ = ["SPLITS", "Task", "TaskSuite", "ValidationReport", "list_suites", "load_suite"]
 
@@ -131,8 +132,6 @@ class TaskSuite:
 
     def validate(self, split: str | None = None, limit: int | None = None) -> ValidationReport:
         """Run the env's reference solver on every task and report each one it cannot solve."""
-        from agentgym.rollout import run_reference_episode
-
         tasks: list[Task] = list(self.split(split)) if split else list(self)
         if limit is not None:
             tasks = tasks[:limit]

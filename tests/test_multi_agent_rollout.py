@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("pettingzoo")
 pytest.importorskip("pyspiel")
 
-from agentgym.envs.multi_agent.rollout import (
+from agentgym.rollout.multi_agent import (
     MultiAgentEpisodeSpec,
     MultiAgentRolloutConfig,
     MultiAgentRolloutEngine,

@@ -445,9 +445,9 @@ def test_a_refused_first_prompt_is_a_warning_once_not_a_quiet_run_of_empty_episo
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """A first prompt the model refuses means a setting (system prompt, max_tokens) does not fit the model: every
     episode would end context_limit with no turns, so the run says so, once."""
-    import agentgym.rollout.engine as rollout
+    import agentgym.rollout.turns as turns
 
-    monkeypatch.setattr(rollout, "_first_prompt_refusal_logged", False)
+    monkeypatch.setattr(turns, "_first_prompt_refusal_logged", False)
     policy = RefusesLongPrompts(limit=0)
     specs = [EpisodeSpec("agentgym-test/Echo-v0", seed=i) for i in range(8)]
     with caplog.at_level("WARNING", logger="agentgym.rollout"):
@@ -581,7 +581,8 @@ def test_engines_running_at_once_in_threads_never_share_an_env() -> None:
 def test_envs_built_with_kwargs_shown_by_address_are_not_kept_beyond_their_run() -> None:
     """A key made from ``<object at 0x...>`` could match a later, different object at the same address: such envs
     serve the rest of their run only. Plain kwargs and tasks (shown by value) are kept."""
-    from agentgym.rollout import IDLE_CHEAP_ENVS, _shown_by_value
+    from agentgym.rollout import IDLE_CHEAP_ENVS
+    from agentgym.rollout.env_reuse import _shown_by_value
     from agentgym.suite import Task
 
     assert _shown_by_value({"tasks": (Task(id="t", prompt="p", metadata={"n": [1, 2.5]}),), "max_turns": 3})

@@ -50,24 +50,20 @@ from agentgym.rollout.branch_rule import branch_probability, segment_entropy
 from agentgym.env import fork_env
 from agentgym.errors import AgentGymError, ConfigError, ContextLengthExceeded
 from agentgym.policies.base import Generation, Policy, SamplingParams
-from agentgym.rollout import (
-    EnvExecutor,
-    EpisodeSpec,
-    RolloutConfig,
-    _EnvPool,
-    _text_of,
-    act_per_request,
+from agentgym.rollout.batching import act_per_request
+from agentgym.rollout.env_reuse import EnvPool, discard_env
+from agentgym.rollout.executor import EnvExecutor, call_env, run_coroutine
+from agentgym.rollout.specs import EpisodeSpec, RolloutConfig
+from agentgym.rollout.turns import (
     action_choices_of,
     apply_action,
-    call_env,
     context_limit_outcome,
     context_limit_reached,
-    discard_env,
     error_outcome,
     final_state,
     log_context_refusal,
     open_conversation,
-    run_coroutine,
+    text_of,
     turn_sampling,
 )
 from agentgym.trajectory import TURN_KINDS, Trajectory, Turn
@@ -231,7 +227,7 @@ class BranchingSampler:
         cfg = self.config
         run_id = uuid.uuid4().hex[:8]
         started = time.perf_counter()
-        pool = _EnvPool(self.rollout)
+        pool = EnvPool(self.rollout)
         executor = EnvExecutor(self.rollout.env_workers, name="agentgym-branch")  # daemon threads: a hang never blocks exit
         rngs = [np.random.default_rng([cfg.seed, g]) for g in range(len(groups))]
         created: list[list[_Live]] = [[] for _ in groups]
@@ -308,7 +304,7 @@ class BranchingSampler:
                 raise ConfigError(f"group {gid!r} mixes tasks or envs; every spec of a group must name the same env and task.")
         return list(by_group.values())
 
-    async def _start(self, live: _Live, pool: _EnvPool, executor: concurrent.futures.Executor) -> None:
+    async def _start(self, live: _Live, pool: EnvPool, executor: concurrent.futures.Executor) -> None:
         """Acquire an env, reset it and open the conversation (a failure ends only this trajectory)."""
         spec = live.spec
         timeout = self.rollout.step_timeout_s
@@ -322,7 +318,7 @@ class BranchingSampler:
             live.timing["env_s"] += time.perf_counter() - t0
             live.task_id = info.get("task_id", live.task_id)
             self.policy.begin_episode(live.traj_id, live.env)
-            live.observation = _text_of(observation)
+            live.observation = text_of(observation)
             live.agent = open_conversation(self.policy, self.rollout, info, live.observation)
         except Exception as exc:  # noqa: BLE001 - one trajectory's failure must not end the others
             self._fail(live, exc)
@@ -447,7 +443,7 @@ class BranchingSampler:
                 made.append((live, child))
         return made
 
-    async def _fork_all(self, pending: list[tuple[_Live, _Live]], created: list[list[_Live]], pool: _EnvPool,
+    async def _fork_all(self, pending: list[tuple[_Live, _Live]], created: list[list[_Live]], pool: EnvPool,
                         executor: concurrent.futures.Executor, counters: Counter[str]) -> None:
         """Give each new branch a copy of its parent's conversation, turns and env; drop those that fail."""
         if not pending:
@@ -467,7 +463,7 @@ class BranchingSampler:
             else:
                 self.policy.begin_episode(child.traj_id, child.env)
 
-    async def _fork_env(self, parent: _Live, child: _Live, pool: _EnvPool, executor: concurrent.futures.Executor,
+    async def _fork_env(self, parent: _Live, child: _Live, pool: EnvPool, executor: concurrent.futures.Executor,
                         counters: Counter[str]) -> None:
         t0 = time.perf_counter()
         timeout = self.rollout.step_timeout_s
@@ -494,12 +490,12 @@ class BranchingSampler:
         env = child.env
         observation, _ = env.reset(seed=child.spec.seed, options=self._options(child.spec))
         for i, turn in enumerate(child.turns):
-            if _text_of(observation) != turn.observation:
+            if text_of(observation) != turn.observation:
                 raise BranchReplayMismatch(f"replayed observation before turn {i} differs from the recorded one")
             observation, _, terminated, truncated, _ = env.step(turn.action)
             if terminated or truncated:
                 raise BranchReplayMismatch(f"the replayed episode ended at turn {i}, the recorded one went on")
-        if _text_of(observation) != child.observation:
+        if text_of(observation) != child.observation:
             raise BranchReplayMismatch("the replayed observation at the branch point differs from the recorded one")
 
     def _abandon(self, child: _Live, exc: Exception | None = None) -> None:
@@ -518,7 +514,7 @@ class BranchingSampler:
         live.done = True
         live.healthy = False
 
-    def _release(self, live: _Live, pool: _EnvPool) -> None:
+    def _release(self, live: _Live, pool: EnvPool) -> None:
         self.policy.end_episode(live.traj_id)
         if live.env is None:
             return

@@ -29,6 +29,7 @@ from agentgym.errors import ConfigError, EnvCrashed, TaskError, did_you_mean
 from agentgym.parsers import ToolCallParser
 from agentgym.suite import Task
 from agentgym.toolset import ToolSet
+from agentgym.trajectory import END_REASONS
 
 from .base import TextAECEnv
 from .board_games import ConnectFourEnv, TicTacToeEnv
@@ -48,8 +49,6 @@ __all__ = [
     "SelfPlay",
     "TicTacToeSelfPlayEnv",
 ]
-
-_END_REASONS = {"answered", "solved", "failed", "max_turns", "context_limit", "error"}
 
 
 class SelfPlay(AgentEnv):
@@ -191,7 +190,7 @@ class SelfPlay(AgentEnv):
         result = self.game.infos[self.learner].get("outcome") or {}
         reason = str(result.get("end_reason", "failed"))
         self.finish(success=bool(result.get("success", False)), score=float(result.get("score", 0.0)),
-                    reason=reason if reason in _END_REASONS else "failed")
+                    reason=reason if reason in END_REASONS else "failed")
 
     def _run_action(self, action: Any, turn_info: dict[str, Any]) -> tuple[str, str]:
         self._opponent_log = []
