@@ -175,6 +175,15 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.replay).with_name("critic_fit.json")
     out.write_text(json.dumps({"args": vars(args), "rows": rows, "curve": curve}, indent=2))
     sys.stdout.write(f"written {out}\n")
+    if argv is None:  # a run from the command line records its figures; a test calling main() does not
+        from _results import figure, write_results
+
+        best = max(rows[:text_free], key=lambda r: r[1])[0]
+        write_results("archer_critic_fit", [
+            figure(f"{name}: held-out explained variance, {len(test)} turns of {len(held)} held-out episodes of "
+                   f"{args.replay}; baseline: {best}", value, reference, unit="explained variance",
+                   ratio=value / reference if reference > 0 else None)
+            for name, value in rows[text_free:]], details={"rows": rows, "curve": curve})
     return 0
 
 

@@ -242,7 +242,31 @@ def main(argv: list[str] | None = None) -> int:
     out.with_suffix(".json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
     sys.stdout.write(f"\n{title}; held-out = {args.eval_tasks} {args.eval_split} tasks, greedy\n{table(results)}\n")
     sys.stdout.write(f"curves: {out}; total {time.perf_counter() - t0:.0f} s\n")
+    if argv is None:  # a run from the command line records its figures; a test calling main() does not
+        record(results, args, title)
     return 0
+
+
+def record(results: list[dict[str, Any]], args: argparse.Namespace, title: str) -> None:
+    """The table's final held-out success to ``benchmarks/results/archer_vs_bc.json``, filtered BC as the baseline
+    (the same ``vs filtered BC`` ratio the table prints)."""
+    from _results import figure, write_results
+
+    finals = {m: statistics.mean(r["curve"][-1][1] for r in results if r["method"] == m)
+              for m in METHODS if any(r["method"] == m for r in results)}
+    ref = finals.get("filtered_bc", float("nan"))
+    figures = []
+    for method, mean in finals.items():
+        if method == "filtered_bc":
+            continue
+        fits = [r["critic_explained_variance"] for r in results
+                if r["method"] == method and r.get("critic_explained_variance") is not None]
+        figures.append(figure(f"{title}: {method}, final greedy held-out success ({args.eval_tasks} {args.eval_split} "
+                              "tasks); baseline: online filtered BC", mean, ref, unit="success rate",
+                              ratio=mean / ref if ref > 0 else None,
+                              note=f"critic explained variance {statistics.mean(fits):.3f}" if fits else None))
+    write_results("archer_vs_bc", figures, details={"runs": results},
+                  note="--quick: 1 seed, 32 episodes, 8 eval tasks, 30 BC steps" if args.quick else None)
 
 
 if __name__ == "__main__":

@@ -98,7 +98,7 @@ def run_one(method: str, seed: int, model: Path, args: argparse.Namespace, workd
     else:
         from agentgym.trainers.arpo import ArpoConfig, ArpoTrainer
 
-        summary = ArpoTrainer(ArpoConfig(**shared, initial_rollouts=args.initial)).train()
+        summary = ArpoTrainer(ArpoConfig.from_dict({**shared, "initial_rollouts": args.initial})).train()
     seconds = time.perf_counter() - started
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "train/loss" in r or "train/tokens" in r]
@@ -165,7 +165,32 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         if r["method"] == "arpo":
             sys.stdout.write(f"ARPO seed {r['seed']} branching: {json.dumps(r.get('branching', {}))}\n")
+    if argv is None:  # a run from the command line records its figures; a test calling main() does not
+        record(results, args)
     return 0
+
+
+def record(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """The table's means to ``benchmarks/results/arpo_vs_grpo.json``: ARPO is agentgym's row, GRPO the baseline."""
+    from _results import figure, write_results
+
+    def mean(method: str, key: Any) -> float:
+        values = [key(r) for r in results if r["method"] == method]
+        values = [v for v in values if v == v]
+        return statistics.mean(values) if values else float("nan")
+
+    workload = (f"{args.suite}, M={args.budget} trajectories per task (ARPO N={args.initial}), {args.steps} steps x "
+                f"{args.tasks_per_step} tasks, {args.seeds} seed(s); ARPO; baseline: GRPO at the same budget")
+    write_results("arpo_vs_grpo", [
+        figure(f"{workload}: greedy held-out success after training ({args.eval_tasks} tasks)",
+               mean("arpo", lambda r: r["after"]["success"]), mean("grpo", lambda r: r["after"]["success"]),
+               unit="success rate", note="before training: "
+               f"{mean('arpo', lambda r: r['before']):.3f} vs {mean('grpo', lambda r: r['before']):.3f}"),
+        figure(f"{workload}: tool calls per solved task", mean("arpo", lambda r: r["after"]["tool_calls_per_solved"]),
+               mean("grpo", lambda r: r["after"]["tool_calls_per_solved"]), unit="calls"),
+        figure(f"{workload}: trained tokens per step", mean("arpo", lambda r: r["trained_tokens_per_step"]),
+               mean("grpo", lambda r: r["trained_tokens_per_step"]), unit="tokens"),
+    ], details={"runs": results}, note="--quick: 1 seed, 3 steps, 50 eval tasks, 100 BC steps" if args.quick else None)
 
 
 if __name__ == "__main__":

@@ -140,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", default=",".join(WORKERS), help="rollout workers of the asynchronous rows, "
                    "comma-separated (thread, process)")
     args = p.parse_args(argv)
+    from _results import figure
+
     workers = [w.strip() for w in args.workers.split(",") if w.strip()]
     if not workers or set(workers) - set(WORKERS):
         p.error(f"--workers takes a comma-separated subset of {', '.join(WORKERS)}, got {args.workers!r}")
@@ -175,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     print("| setting | worker | s / step (mean) | speed-up | held-out after (mean ± sd) | per seed | mean lag "
           "(per token) |")
     print("|---|---|---|---|---|---|---|")
+    sync_after = [r["after"] for r in results if r["staleness"] == 0]
+    sync_sd = statistics.stdev(sync_after) if len(sync_after) > 1 else None
+    figures = []
     for name, staleness, worker in rows:
         rs = [r for r in results if r["staleness"] == staleness and r["worker"] == worker]
         after = [r["after"] for r in rs]
@@ -183,7 +188,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {worker} | {step_s:.2f} | {sync_step / step_s:.2f}x | {statistics.mean(after):.3f} ± "
               f"{sd:.3f} | {', '.join(f'{a:.3f}' for a in after)} | {statistics.mean(r['lag'] for r in rs):.2f} "
               f"({statistics.mean(r['token_lag'] for r in rs):.2f}) |")
+        if staleness:
+            workload = (f"GRPO on games-calc, {args.steps} steps x 8 tasks x 8 rollouts, {args.seeds} seed(s), env step "
+                        f"latency lognormal(median {args.latency_median} s, sigma {args.latency_sigma}): {name}, "
+                        f"{worker} worker; baseline: synchronous")
+            gap = abs(statistics.mean(after) - statistics.mean(sync_after))
+            figures += [
+                figure(workload, step_s, sync_step, unit="s/step", ratio=sync_step / step_s, goal=">= 1.5x faster",
+                       met=sync_step / step_s >= 1.5, note="ratio is baseline / agentgym time (higher is better)"),
+                figure(workload + " (greedy held-out success after training)", statistics.mean(after),
+                       statistics.mean(sync_after), unit="success rate", goal="within the seed spread of synchronous",
+                       met=None if sync_sd is None else gap <= sync_sd,
+                       note=f"per seed {', '.join(f'{a:.3f}' for a in after)}" + (
+                           "; one seed: no spread to judge against" if sync_sd is None else "")),
+            ]
     (workdir / "results.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
+    if argv is None:  # a run from the command line records its figures; a test calling main() does not
+        from _results import write_results
+
+        write_results("async_training", figures, details={"results": results},
+                      note="--quick: 1 seed, 3 steps, 20 eval tasks, 100 BC steps" if args.quick else None)
     return 0
 
 

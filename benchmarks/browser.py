@@ -47,7 +47,8 @@ from agentgym.envs.web.env import WebShopEnv, WebShopTextEnv
 from agentgym.envs.web.goals import generate_tasks
 from agentgym.tools.browser import BrowserConfig
 from agentgym.tools.browser.marks import MARKS_JS, MAX_MARKS, draw_marks, parse_marks
-from agentgym.tools.browser.pool import BrowserPool, PageView
+from agentgym.tools.browser.page_session import PageView
+from agentgym.tools.browser.pool import BrowserPool
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -260,7 +261,10 @@ def run_miniwob(steps: int, resets: int, config: BrowserConfig) -> dict[str, Any
     return out
 
 
-def print_miniwob(result: dict[str, Any]) -> None:
+def print_miniwob(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Print the MiniWoB part and return its rows for the results file."""
+    from _results import figure
+
     print("\nMiniWoB-v0 (click-checkboxes, 1 env): env.step = click + screenshot (ms)")
     header = f"  {'setting':<38} {'steps':>5} {'p50':>7} {'p99':>7}"
     print(header + "\n  " + "-" * (len(header) - 2))
@@ -279,6 +283,21 @@ def print_miniwob(result: dict[str, Any]) -> None:
     print(f"  reset p50/p95: pooled contexts {pooled['p50']:.0f} / {pooled['p95']:.0f} ms, fresh browser per episode "
           f"{fresh['p50']:.0f} / {fresh['p95']:.0f} ms ({fresh['p50'] / pooled['p50']:.1f}x; launches "
           f"{pooled['launches']} vs {fresh['launches']})")
+    faster = "ratio is baseline / agentgym time (higher is better)"
+    return [
+        figure(f"MiniWoB-v0 step (click + screenshot), click-checkboxes, 1 env, {ours['steps']} steps: one look (CDP "
+               "capture + state script at once); baseline: state poll, then Playwright page.screenshot", ours["p50"],
+               before["p50"], unit="ms p50", ratio=before["p50"] / ours["p50"], goal="p50 < 60 ms",
+               met=ours["p50"] < 60, note=f"{faster}; p99 {ours['p99']:.1f} vs {before['p99']:.1f} ms"),
+        figure("MiniWoB-v0 screenshots per second: observe (CDP); baseline: page.screenshot", shots["observe (CDP)"],
+               shots["page.screenshot"], unit="screenshots/s"),
+        figure(f"MiniWoB-v0 set-of-marks ({marks['marks']} marks): Pillow after capture; baseline: overlay in the page",
+               marks["pil_ms"], marks["overlay_ms"], unit="ms per marked screenshot",
+               ratio=marks["overlay_ms"] / marks["pil_ms"], note=faster),
+        figure("MiniWoB-v0 reset: pooled contexts; baseline: fresh browser per episode", pooled["p50"], fresh["p50"],
+               unit="ms p50", ratio=fresh["p50"] / pooled["p50"],
+               note=f"{faster}; launches {pooled['launches']} vs {fresh['launches']}"),
+    ]
 
 
 def main() -> None:
@@ -296,16 +315,24 @@ def main() -> None:
 
     import random
 
+    from _results import write_results
+
     config = BrowserConfig()
+    figures: list[dict[str, Any]] = []
     print(f"load average at start: {' / '.join(f'{v:.1f}' for v in os.getloadavg())} on {os.cpu_count()} cores")
     if args.only != "webshop":
-        print_miniwob(run_miniwob(args.miniwob_steps, args.miniwob_resets, config))
+        figures += print_miniwob(run_miniwob(args.miniwob_steps, args.miniwob_resets, config))
     if args.only != "miniwob":
-        run_webshop(args, generate_tasks(random.Random("benchmark"), 32), config)
+        figures += run_webshop(args, generate_tasks(random.Random("benchmark"), 32), config)
     print(f"\nload average at end: {' / '.join(f'{v:.1f}' for v in os.getloadavg())}")
+    write_results("browser", figures)
 
 
-def run_webshop(args: argparse.Namespace, tasks: list[Any], config: BrowserConfig) -> None:
+def run_webshop(args: argparse.Namespace, tasks: list[Any], config: BrowserConfig) -> list[dict[str, Any]]:
+    """Run and print the WebShop part and return its rows for the results file."""
+    from _results import figure
+
+    figures = []
     rows = []
     for contexts in args.contexts:
         for setting in ("ours", "fresh browser"):
@@ -327,10 +354,21 @@ def run_webshop(args: argparse.Namespace, tasks: list[Any], config: BrowserConfi
         print(f"  {contexts} env(s): reset {fresh['reset_p50'] / ours['reset_p50']:.1f}x faster, "
               f"actions/s {ours['actions_per_s'] / fresh['actions_per_s']:.1f}x higher than a fresh browser per "
               "episode")
+        figures += [
+            figure(f"WebShop-v1 reset, {contexts} env(s), {ours['episodes']} reference-solver episodes: pooled contexts; "
+                   "baseline: fresh browser per episode", ours["reset_p50"], fresh["reset_p50"], unit="ms p50",
+                   ratio=fresh["reset_p50"] / ours["reset_p50"],
+                   note="ratio is baseline / agentgym time (higher is better)"),
+            figure(f"WebShop-v1 actions per second, {contexts} env(s): pooled contexts; baseline: fresh browser per "
+                   "episode", ours["actions_per_s"], fresh["actions_per_s"], unit="actions/s"),
+        ]
     text = by_key[("text fallback", 1)]
     best = max(r["actions_per_s"] for r in rows if r["setting"] == "ours")
     print(f"  text fallback: {text['actions_per_s']:.0f} steps/s, {text['actions_per_s'] / best:.0f}x the best browser "
           "setting")
+    figures.append(figure(f"WebShop-v1 text fallback (no browser), {text['episodes']} episodes; baseline: the best "
+                          "browser setting", text["actions_per_s"], best, unit="steps/s"))
+    return figures
 
 
 if __name__ == "__main__":

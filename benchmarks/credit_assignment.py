@@ -618,7 +618,33 @@ def main(argv: list[str] | None = None) -> int:
     say(f"curves: {out}; raw: {out.with_suffix('.json')}; wall time {wall:.0f} s")
     if failed:
         say(f"{len(failed)} run(s) FAILED (run again to retry them):\n" + "\n".join(failed))
+    if argv is None:  # a run from the command line records its figures; a test calling main() does not
+        record_results(results, args, title, failed)
     return 1 if failed else 0
+
+
+def record_results(results: list[dict[str, Any]], args: argparse.Namespace, title: str, failed: list[str]) -> None:
+    """Final held-out success per task to ``benchmarks/results/credit_assignment.json``: each method against the
+    baseline its goal names (GiGPO and ARPO against GRPO, ArCHer against filtered BC), with the goals ``goals``
+    prints."""
+    from _results import figure, write_results
+
+    figures = []
+    for task in args.tasks:
+        finals = {m: statistics.mean(v) for m, v in finals_by_method(results, task).items()}
+        split = args.eval_split or TASKS[task].eval_split
+        for method, base, goal, met in (
+                ("gigpo", "grpo", "GiGPO - GRPO >= +0.10", lambda gap: gap >= 0.10 - 1e-9),
+                ("arpo", "grpo", None, None),
+                ("archer", "filtered_bc", "ArCHer - filtered BC > 0", lambda gap: gap > 0)):
+            if method not in finals or base not in finals:
+                continue
+            gap = finals[method] - finals[base]
+            figures.append(figure(f"{TASKS[task].suite} ({split}): {method}, final greedy held-out success; {title}; "
+                                  f"baseline: {base}", finals[method], finals[base], unit="success rate", goal=goal,
+                                  met=None if met is None else met(gap), note=f"difference {gap:+.3f}"))
+    write_results("credit_assignment", figures, details={"runs": results, "failed": failed},
+                  note="--quick: 1 seed, 2 steps of 2 tasks x 4, 16 eval tasks" if args.quick else None)
 
 
 if __name__ == "__main__":

@@ -232,6 +232,26 @@ def main(argv: list[str] | None = None) -> int:
     print(f"server before: {result['before']}")
     print(f"server after:  {result['after']}")
     print(f"leaks: {result['leaks'] or 'none'}")
+    if argv is None:  # a run from the command line records its figures; a test calling main() does not
+        from _results import figure, write_results
+
+        slower = "ratio is agentgym / baseline latency (lower is better)"
+        write_results("env_server", [
+            figure(f"{args.env_id} steps through `agentgym serve-env` (OpenEnv protocol, loopback), Remote-v0, 1 session; "
+                   "baseline: in-process env.step", ms(one_session, 50), ms(in_process, 50), unit="ms p50",
+                   note=f"{slower}; overhead +{ms(one_session, 50) - ms(in_process, 50):.2f} ms p50, "
+                        f"+{ms(one_session, 99) - ms(in_process, 99):.2f} ms p99"),
+            figure(f"same, OpenEnv async client, {args.sessions} sessions for {result['seconds']:.0f} s; baseline: "
+                   "in-process env.step", result["p50_ms"], ms(in_process, 50), unit="ms p50",
+                   note=f"{slower}; {result['steps_per_s']:.0f} steps/s under load"),
+            figure(f"{args.sessions} sessions: errors and leaks (sessions, envs, fds, threads, children after the load)",
+                   result["errors"] + len(result["leaks"] or []), unit="count", goal="0 errors, no leaks",
+                   met=not result["leaks"] and not result["errors"], note=f"leaks: {result['leaks'] or 'none'}"),
+            figure("CPU per step: server + client under load; baseline: in-process (resets included)",
+                   result["server_cpu_ms_per_step"] + result["client_cpu_ms_per_step"], in_process_cpu_ms,
+                   unit="CPU ms/step", note=f"server {result['server_cpu_ms_per_step']:.3f} ms + client "
+                                           f"{result['client_cpu_ms_per_step']:.3f} ms; lower is better"),
+        ])
     return 1 if result["leaks"] or result["errors"] else 0
 
 

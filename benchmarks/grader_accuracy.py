@@ -162,7 +162,27 @@ def main(argv: list[str] | None = None) -> int:
         for error in overall.errors:
             print(f"{'FP' if not error['label'] else 'FN'} {error['where']}: {error['answer'][:80]!r} "
                   f"(gold {str(error['gold'])[:40]!r}; {error['why']})")
+    if argv is None:  # a run from the command line records its figures; a test calling main() does not
+        record(results)
     return 1 if overall.false_positives else 0
+
+
+def record(results: Mapping[tuple[str, str], KindResult]) -> None:
+    """Write the table's per-env totals to ``benchmarks/results/grader_accuracy.json`` (no baseline: rates)."""
+    from _results import figure, write_results
+
+    figures = []
+    for env in [*sorted({env for env, _ in results}), None]:
+        cell = total(results, env)
+        label = env or "all envs"
+        figures.append(figure(f"{label}: false-positive rate ({cell.false_positives} of {cell.negatives} wrong answers "
+                              "rewarded)", cell.fp_rate, unit="fraction", goal="0 false positives",
+                              met=cell.false_positives == 0))
+        figures.append(figure(f"{label}: false-negative rate ({cell.false_negatives} of {cell.positives} correct answers "
+                              "refused)", cell.fn_rate, unit="fraction"))
+        figures.append(figure(f"{label}: grading time per answer ({cell.n} answers)",
+                              1000 * cell.seconds / cell.n if cell.n else 0.0, unit="ms (mean)"))
+    write_results("grader_accuracy", figures)
 
 
 if __name__ == "__main__":

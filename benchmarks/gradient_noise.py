@@ -199,7 +199,28 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print("\n" + table(report) + f"\n\nraw: {args.out}")
+    if argv is None:  # a run from the command line records its figures; a test calling main() does not
+        record(report)
     return 0
+
+
+def record(report: dict[str, Any]) -> None:
+    """The table's noise scales to ``benchmarks/results/gradient_noise.json``, GRPO as the baseline (the same
+    ``vs GRPO`` ratio the table prints: GRPO's noise scale over the variant's, higher is better)."""
+    from _results import figure, write_results
+
+    base = report["variants"].get("grpo", {}).get("noise_scale")
+    figures = []
+    for name, r in report["variants"].items():
+        if name == "grpo":
+            continue
+        figures.append(figure(
+            f"{report['task']}: {name}, gradient noise scale (rollouts a step for half signal), {report['batches']} "
+            f"batches of {report['rollouts_per_batch']} rollouts; baseline: GRPO", r["noise_scale"], base,
+            unit="rollouts", ratio=base / r["noise_scale"] if base and r["noise_scale"] else None,
+            note=f"mean pairwise cos {r['mean_cos']:+.3f} ± {r['se_cos']:.3f}; ratio is GRPO's / the variant's "
+                 "(higher is better); none: not measurable at this batch count"))
+    write_results("gradient_noise", figures, details=report)
 
 
 if __name__ == "__main__":

@@ -174,6 +174,8 @@ def main() -> None:
         parser.error(f"--chunk-sizes must all be >= 1, got {args.chunk_sizes}")
     shape = [str(args.batch), str(args.length), str(args.vocab)]
 
+    from _results import figure, write_results
+
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
     errors = run_worker("check", *shape, str(DEFAULT_CHUNK_SIZE))
@@ -219,6 +221,18 @@ def main() -> None:
           f"{_fmt(t_chunk['all_seconds'])}); backward recomputes each chunk's lm_head matmul and softmax")
     print(f"\nLoad average (1 min) {load_before:.2f} before, {load_after:.2f} after, on {os.cpu_count()} cores. "
           f"Total wall time {time.perf_counter() - started:.0f} s.")
+    write_results("logprob_memory", [
+        figure(f"training log-probs + backward, from-config Qwen2 (V = {args.vocab:,}), {args.batch} x {args.length} "
+               f"tokens: chunked (chunk_size={DEFAULT_CHUNK_SIZE}); baseline: full [N, L, V] logits",
+               default["rss_peak_mb"] - default["rss_setup_mb"], base_extra, unit="MB RSS over setup", ratio=ratio,
+               goal=">= 4x less memory", met=ratio >= 4,
+               note="ratio is baseline / agentgym memory (higher is better); peak RSS "
+                    f"{default['rss_peak_mb']:,.0f} vs {base['rss_peak_mb']:,.0f} MB"),
+        figure(f"time per forward + backward pass, same workload: chunked (chunk_size={DEFAULT_CHUNK_SIZE}); baseline: "
+               "full logits", t_chunk["seconds"], t_full["seconds"], unit="s (fastest pass)",
+               ratio=t_chunk["seconds"] / t_full["seconds"], note="ratio is agentgym / baseline time (lower is better)"),
+    ], details={"correctness": errors, "memory": results, "timing": timing},
+        note="--quick: 1,024-token sequences, a smoke test" if args.quick else None)
 
 
 def _fmt(values: list[float]) -> str:

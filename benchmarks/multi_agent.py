@@ -149,6 +149,8 @@ def row(name: str, ours: tuple[int, float], naive: tuple[int, float]) -> str:
 
 
 def main() -> None:
+    from _results import figure, write_results
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--games", type=int, default=20, help="games per env (same seeds for both methods)")
     parser.add_argument("--stockfish-games", type=int, default=4, help="games against Stockfish per method")
@@ -165,6 +167,7 @@ def main() -> None:
         for env_id in AEC_GAMES
     ]
     runs.append(("PrisonersDilemma-v0 (parallel)", lambda: play_parallel(seeds, False), lambda: play_parallel(seeds, True)))
+    figures = []
     for name, ours_fn, naive_fn in runs:
         ours_fn()  # warm-up (imports, OpenSpiel game loading)
         ours = ours_fn()
@@ -172,12 +175,15 @@ def main() -> None:
         if ours[0] != naive[0]:
             raise SystemExit(f"{name}: the two methods played different games ({ours[0]} vs {naive[0]} steps)")
         print(row(name, ours, naive))
+        figures.append(figure(f"{name}, {args.games} games with scripted players; baseline: rebuild the game every turn",
+                              ours[0] / ours[1], naive[0] / naive[1], unit="env steps/s"))
 
     if args.stockfish_games:
         try:
             find_stockfish()
         except Exception as exc:  # noqa: BLE001
             print(f"\n  (Stockfish table skipped: {exc})")
+            write_results("multi_agent", figures, note=f"Stockfish rows skipped: {exc}")
             return
         sf_seeds = list(range(args.stockfish_games))
         ours: Any = play_vs_stockfish(sf_seeds, fresh_process=False)
@@ -188,6 +194,10 @@ def main() -> None:
         print(f"  {'naive: a new stockfish process per move':<40} {naive[0]:>7} {naive[0] / naive[1]:>10,.1f}")
         print(f"  speedup: {(ours[0] / ours[1]) / (naive[0] / naive[1]):.1f}x (games differ: the baseline's engine is "
               "not seeded)")
+        figures.append(figure(f"Chess-vs-Stockfish-v0, {args.stockfish_games} games (skill 0, depth 1), learner steps; "
+                              "baseline: a new stockfish process per move", ours[0] / ours[1], naive[0] / naive[1],
+                              unit="learner steps/s", note="games differ: the baseline's engine is not seeded"))
+    write_results("multi_agent", figures)
 
 
 if __name__ == "__main__":

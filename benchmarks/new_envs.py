@@ -112,6 +112,8 @@ def babyai_rows(steps: int, rounds: int, level: str) -> tuple[float, float]:
 
 
 def main() -> None:
+    from _results import figure, write_results
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3000, help="random actions per loop")
     parser.add_argument("--rounds", type=int, default=3, help="repeats; the fastest is kept")
@@ -124,6 +126,11 @@ def main() -> None:
     for name, engine, ours, base in rows:
         print(f"{name:38} {engine:18} {1 / ours:12.0f} {1 / base:14.0f} {(ours - base) * 1e6:11.0f} us "
               f"{ours / base:6.1f}")
+    write_results("new_envs", [
+        figure(f"{name}, {args.steps} random actions, best of {args.rounds}; baseline: {engine}", 1 / ours, 1 / base,
+               unit="steps/s (CPU time)", ratio=ours / base,
+               note=f"ratio is CPU time per step, ours / engine (lower is better); +{(ours - base) * 1e6:.0f} us per step")
+        for name, engine, ours, base in rows])
 
 
 if __name__ == "__main__":

@@ -60,6 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     print("| envs | episodes/s | finished | vs in-process |\n|---|---|---|---|")
     for name, wall, ok in rows:
         print(f"| {name} | {args.episodes / wall:.1f} | {ok}/{args.episodes} | {args.episodes / wall / base:.2f}x |")
+    if argv is None:  # a run from the command line records its figures; a test calling main() does not
+        from _results import figure, write_results
+
+        write_results("ray_rollouts", [
+            figure(f"{args.episodes} CodeInterpreter episodes (code-smoke, reference solver), {args.in_flight} in "
+                   f"flight, envs as Ray actors: {name} ({ok}/{args.episodes} finished); baseline: envs in-process",
+                   args.episodes / wall, base, unit="episodes/s", ratio=args.episodes / wall / base)
+            for name, wall, ok in rows[1:]])
     return 0
 
 

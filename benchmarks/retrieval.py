@@ -164,6 +164,7 @@ def main() -> None:
     parser.add_argument("--cold", action="store_true", help="encode the corpus from scratch (no embedding cache)")
     parser.add_argument("--skip-dense", action="store_true", help="BM25 engines only")
     args = parser.parse_args()
+    from _results import figure, write_results
 
     start = time.perf_counter()
     corpus_s, corpus = timed(lambda: load_corpus("full"))
@@ -219,6 +220,24 @@ def main() -> None:
         row["q/s vs rank-bm25"] = f"{row['q/s'] / base['q/s']:.1f}x"
     table(speed, f"Part 2 - speed on the full corpus ({len(docs)} docs, one query at a time, k=5)")
     print(f"\nTotal {time.perf_counter() - start:.0f} s.")
+    base_quality = next(r for r in quality if r["retriever"] == "rank-bm25")
+    base_natural = next(r for r in natural if r["retriever"] == "rank-bm25")
+    figures = []
+    for row, q, nat in zip(speed, quality, natural):
+        if row["retriever"] == "rank-bm25":
+            continue
+        figures += [
+            figure(f"{row['retriever']}: query speed, {len(docs):,} docs, one query at a time, k=5 ({row['queries']} "
+                   "queries); baseline: rank-bm25, same tokens", row["q/s"], base["q/s"], unit="queries/s",
+                   ratio=row["q/s"] / base["q/s"], note=f"p50 {row['p50 ms']:.2f} ms, p95 {row['p95 ms']:.2f} ms; "
+                                                     f"build {row['build s']:.2f} s ({row['build']})"),
+            figure(f"{q['retriever']}: hop recall@5 of gold documents, {len(tasks)} search-test questions, reference "
+                   "queries; baseline: rank-bm25", q["hop recall@5"], base_quality["hop recall@5"], unit="recall",
+                   note=f"recall@1 {q['hop recall@1']:.3f}"),
+            figure(f"{nat['retriever']}: first-hop gold@5 with the raw question as the query; baseline: rank-bm25",
+                   nat["first-hop gold@5"], base_natural["first-hop gold@5"], unit="recall"),
+        ]
+    write_results("retrieval", figures, note="--quick: fewer questions and queries" if args.quick else None)
 
 
 def _indexed(engine: Any, docs: Sequence[Document]) -> Any:

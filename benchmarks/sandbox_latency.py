@@ -93,6 +93,8 @@ def throughput(make_call: Callable[[], Callable[[], object]], episodes: int, sec
 
 
 def main() -> None:
+    from _results import figure, write_results
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=400, help="calls per round for our sandbox")
     parser.add_argument("--baseline-calls", type=int, default=40, help="calls per round for each baseline")
@@ -158,6 +160,20 @@ def main() -> None:
     p50, p95, p99 = percentiles(episode_starts)
     print(f"\n  episode start (host-side cleanup + fork + first call), {len(episode_starts)} episodes: "
           f"p50 {p50:.2f} ms, p95 {p95:.2f} ms, p99 {p99:.2f} ms")
+    numpy_ours = percentiles(samples[("numpy", "ours")])[0]
+    numpy_bwrap = percentiles(samples[("numpy", "(b) bwrap python -c")])[0]
+    faster = "ratio is baseline / agentgym latency (higher is better)"
+    write_results("sandbox_latency", [
+        figure("python sandbox call `x = 1`, one episode's session (bwrap, full isolation); baseline: (b) bwrap ... "
+               "python -c per call", ours_p50, bwrap_p50, unit="ms p50", ratio=speedup, goal="p50 < 5 ms and >= 5x",
+               met=ours_p50 < 5 and speedup >= 5, note=faster),
+        figure("python sandbox call, small numpy computation; baseline: (b) bwrap ... python -c per call", numpy_ours,
+               numpy_bwrap, unit="ms p50", ratio=numpy_bwrap / numpy_ours, note=faster),
+        figure("8 concurrent episodes, trivial code; baseline: (b) bwrap ... python -c per call", ours_tput, base_tput,
+               unit="calls/s", ratio=ours_tput / base_tput),
+        figure(f"episode start (host-side cleanup + fork + first call), {len(episode_starts)} episodes", p50,
+               unit="ms p50", note=f"p95 {p95:.2f} ms, p99 {p99:.2f} ms"),
+    ])
 
 
 if __name__ == "__main__":

@@ -78,6 +78,8 @@ def docker_available() -> bool:
 
 
 def main() -> None:
+    from _results import figure, write_results
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=10, help="episodes per method (smoke tasks, cycled)")
     args = parser.parse_args()
@@ -111,11 +113,26 @@ def main() -> None:
         print(f"  {method:<8} {statistics.median(setups):>10.3f} {max(setups):>10.3f} {statistics.median(runs):>14.3f} "
               f"{statistics.median(grades):>10.3f} {max(grades):>10.3f} {first_grade}")
     naive_setup = statistics.median(v[0] for v in results["naive"])
+    figures = []
     for backend in backends:
         ours = statistics.median(v[0] for v in results[backend])
         print(f"  setup: {backend} is {naive_setup / ours:.1f}x faster than the naive copy + venv")
+        figures.append(figure(f"SWE episode setup (lease a warm sandbox, send the buggy repo, git baseline), {backend}, "
+                              f"{args.episodes} swe-smoke episodes; baseline: copy + venv per episode", ours,
+                              naive_setup, unit="s p50", ratio=naive_setup / ours,
+                              note="ratio is baseline / agentgym time (higher is better)"))
+        for i, part in ((1, "run_tests on a visible test file"), (2, "grading the reference fix")):
+            mine = statistics.median(v[i] for v in results[backend])
+            theirs = statistics.median(v[i] for v in results["naive"])
+            figures.append(figure(f"SWE {part}, {backend}; baseline: naive pytest in place", mine, theirs, unit="s p50",
+                                  note="agentgym's grading runs in a fresh sandbox and adds the visible tests; "
+                                       "lower is better" if i == 2 else "lower is better"))
+        figures.append(figure(f"SWE first grade per task (finds the visible tests that pass on the buggy tree), {backend}",
+                              statistics.median(first[backend]), unit="s p50"))
     if "docker" not in backends:
         print("  (docker rows skipped: no Docker daemon answers; start dockerd or set DOCKER_HOST)")
+    write_results("swe", figures, note=None if "docker" in backends else
+                  "docker rows skipped: no Docker daemon answered")
 
 
 if __name__ == "__main__":

@@ -124,6 +124,8 @@ def bench_scienceworld(rounds: int, repeats: int) -> list[tuple[str, float, floa
 
 
 def main() -> None:
+    from _results import figure, write_results
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="Rounds per side; the fastest is reported.")
     parser.add_argument("--repeats", type=int, default=5, help="Episodes of each game per round.")
@@ -141,6 +143,11 @@ def main() -> None:
     for ours, theirs in zip(rows[::2], rows[1::2]):
         print(f"{ours[0]}: {ours[1] / theirs[1]:.2f}x the steps/s of {theirs[0]} (wall; >1 is faster)")
     print(f"load average after: {os.getloadavg()[0]:.1f}")
+    write_results("text_games", [
+        figure(f"{ours[0]}, {ours[3]} reference-solver steps a round, best of {args.rounds}; baseline: {theirs[0]}",
+               ours[1], theirs[1], unit="steps/s (wall)", ratio=ours[1] / theirs[1],
+               note=f"CPU: {ours[2]:.1f} vs {theirs[2]:.1f} steps/s")
+        for ours, theirs in zip(rows[::2], rows[1::2])])
 
 
 if __name__ == "__main__":

@@ -305,6 +305,8 @@ def main() -> None:
         print(json.dumps(out))
         return
 
+    from _results import figure, write_results
+
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
     errors = check_packing()
@@ -340,6 +342,7 @@ def main() -> None:
         print("  " + " | ".join(c.ljust(w) for c, w in zip(row, widths)))
 
     print()
+    figures = []
     for name in names:
         s = setups(args.quick)[name]
         pad, pack = results[(name, "padded")], results[(name, "packed")]
@@ -356,6 +359,19 @@ def main() -> None:
         print(f"    sorted/padded (longest first, what the trainer does): throughput "
               f"{pad['seconds'] / ordered['seconds']:.2f}x (wall), {pad['cpu_seconds'] / ordered['cpu_seconds']:.2f}x "
               f"(CPU time); positions computed {ordered['positions'] / pad['positions']:.2f}x")
+        workload = (f"one GRPO update, {name} model ({pad['parameters'] / 1e6:.1f}M parameters), {pad['sequences']} "
+                    f"sequences of {s.min_len}-{s.max_len} tokens")
+        figures += [
+            figure(f"{workload}: rows sorted longest first (the trainer's default); baseline: right padding in "
+                   "trajectory order", ordered["trained_tokens"] / ordered["seconds"],
+                   pad["trained_tokens"] / pad["seconds"], unit="trained tokens/s", ratio=pad["seconds"] / ordered["seconds"],
+                   note=f"padding share {1 - ordered['tokens'] / ordered['positions']:.0%} vs "
+                        f"{1 - pad['tokens'] / pad['positions']:.0%}"),
+            figure(f"{workload}: sequence packing; baseline: right padding in trajectory order",
+                   pack["trained_tokens"] / pack["seconds"], pad["trained_tokens"] / pad["seconds"],
+                   unit="trained tokens/s", ratio=speed,
+                   note=f"padding share {1 - pack['tokens'] / pack['positions']:.0%}; peak RSS {memory:.2f}x"),
+        ]
         print(f"    every timed update: padded {_fmt(pad['all_seconds'])}, sorted {_fmt(ordered['all_seconds'])}, "
               f"packed {_fmt(pack['all_seconds'])}")
         if speed < 1.0:
@@ -369,6 +385,9 @@ def main() -> None:
     print(f"\nLoad average (1 min) {load_before:.2f} before, {load_after:.2f} after, on {os.cpu_count()} cores: "
           "other processes share the CPU, so compare ratios rather than absolute figures. "
           f"Total wall time {time.perf_counter() - started:.0f} s.")
+    write_results("train_step", figures, note="--quick: smaller batches, a smoke test" if args.quick else None,
+                  details={"packing check": errors, "runs": [{"model": n, "method": m, **{k: v for k, v in r.items()}}
+                                                             for (n, m), r in results.items()]})
 
 
 def _fmt(values: list[float]) -> str:

@@ -108,7 +108,8 @@ def mark_probabilities(model_dir: str | Path, pages: int = 36) -> dict[str, Any]
     from agentgym.utils.images import observation_parts
     from agentgym.models.loading import load_model, load_processor
     from agentgym.policies.base import SamplingParams
-    from agentgym.policies.hf import HFPolicy, pixel_inputs
+    from agentgym.models.vision import pixel_inputs
+    from agentgym.policies.hf import HFPolicy
     from agentgym.rollout import RolloutConfig, open_conversation
     from agentgym.registration.suites import load_suite
     from agentgym.trainers.batch import sequence_logprobs
@@ -261,6 +262,19 @@ def main(argv: list[str] | None = None) -> int:
     result = run(Path(args.out), bc_demos=args.bc_demos, bc_steps=args.bc_steps, bc_batch_size=args.bc_batch_size,
                  bc_learning_rate=args.bc_learning_rate, overrides=overrides, seed=args.seed)
     print(json.dumps(result, indent=2))
+    if argv is None:  # a run from the command line records its figures; a test calling main() does not
+        from _results import figure, write_results
+
+        held = result["held_out_success"]
+        what = (f"tiny VLM on {SUITE} ({result['eval_tasks']} held-out pages, greedy), BC on "
+                f"{result['bc']['demonstrations']} demonstrations then {result['grpo']['steps']} GRPO steps")
+        write_results("vlm_miniwob", [
+            figure(f"{what}: held-out success after BC + GRPO; baseline: after BC alone", held["bc_grpo"], held["bc"],
+                   unit="success rate", note=f"gain {result['gain_points']:+.1f} points"),
+            figure(f"{what}: held-out success after BC + GRPO; baseline: a uniformly random mark", held["bc_grpo"],
+                   held["random_mark"], unit="success rate",
+                   note=f"the reference solver's marks succeed on {held['reference_marks']:.3f}"),
+        ], details=result)
     return 0
 
 
