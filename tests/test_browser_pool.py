@@ -186,7 +186,8 @@ def test_the_browser_process_is_told_from_a_child_forked_but_not_yet_execd():
     import subprocess
     import sys
 
-    from agentgym.tools.browser.pool import _browser_process, _descendants
+    from agentgym.tools.browser.chromium_processes import browser_process
+    from agentgym.utils.procfs import descendants
 
     marker = "--agentgym-browser-pool=test-fork.1"
     script = "import os, sys, time\nif os.fork() == 0:\n    time.sleep(30); os._exit(0)\nprint(os.getpid(), flush=True)\ntime.sleep(30)"
@@ -197,14 +198,14 @@ def test_the_browser_process_is_told_from_a_child_forked_but_not_yet_execd():
         assert pid == parent.pid
         deadline = time.monotonic() + 10  # the forked child is listed once the fork returned in it
         while not any(marker.encode() in open(f"/proc/{child}/cmdline", "rb").read()
-                      for child in _descendants(pid)) and time.monotonic() < deadline:
+                      for child in descendants(pid) - {pid}) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert _descendants(pid), "the test's fork did not happen"
-        assert _browser_process(marker) == parent.pid
-        assert _browser_process("--agentgym-browser-pool=nobody-launched-this.1") is None
+        assert descendants(pid) - {pid}, "the test's fork did not happen"
+        assert browser_process(marker) == parent.pid
+        assert browser_process("--agentgym-browser-pool=nobody-launched-this.1") is None
     finally:
         for proc in (parent, renderer):
-            for child in _descendants(proc.pid):
+            for child in descendants(proc.pid) - {proc.pid}:
                 os.kill(child, signal.SIGKILL)
             proc.kill()
             proc.wait()
@@ -343,14 +344,14 @@ def test_a_page_that_stops_answering_ends_its_episode_but_a_hidden_element_does_
 @needs_browser
 def test_a_killed_browser_is_relaunched_for_the_next_episode(site):
     from agentgym.tools.browser import BrowserPool
-    from agentgym.tools.browser.pool import _singleton_dir
+    from agentgym.tools.browser.chromium_processes import singleton_dir
 
     with BrowserPool() as own:
         session = own.session(viewport=(640, 480))
         session.start("/", allowed_origins=[site.server.origin])
         pid = own.browser_pid()
         assert pid is not None
-        singleton = _singleton_dir(pid)  # the profile lock's temp dir, which a killed Chromium cannot remove
+        singleton = singleton_dir(pid)  # the profile lock's temp dir, which a killed Chromium cannot remove
         assert singleton is not None and os.path.isdir(singleton)
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(BrowserCrashed):

@@ -29,7 +29,8 @@ from agentgym.tools.sandbox import (
     SandboxUnavailable,
 )
 from agentgym.tools.sandbox.backends import BwrapBackend, python_roots
-from agentgym.tools.sandbox.hostside import _start_ticks, descendants, parent_doubt, worker_prefix
+from agentgym.tools.sandbox.hostside import descendants, parent_doubt, worker_prefix
+from agentgym.utils.procfs import start_ticks
 
 from agentgym.errors import ConfigError
 from tests.dockerd import docker_daemon
@@ -493,14 +494,14 @@ def test_a_killed_host_leaves_nothing_that_the_next_pool_does_not_reap():
     script = textwrap.dedent("""
         import json, sys, time
         from agentgym.tools.sandbox import SandboxConfig, SandboxLimits, SandboxPool
-        from agentgym.tools.sandbox.hostside import _start_ticks
+        from agentgym.utils.procfs import start_ticks
         pool = SandboxPool(SandboxConfig(backend="bwrap", limits=SandboxLimits(memory_bytes=256 << 20)))
         py = pool.session()
         py.run("import subprocess\\nsubprocess.Popen(['sleep', '600'], start_new_session=True)")
         worker = py._worker
         pids = sorted(pool.backend.members(worker.launch))
         print(json.dumps({"ipc": worker.ipc_dir, "cgroups": [str(d) for d in worker.launch.cgroup.dirs],
-                          "pids": pids, "started": {p: _start_ticks(p) for p in pids}}), flush=True)
+                          "pids": pids, "started": {p: start_ticks(p) for p in pids}}), flush=True)
         time.sleep(600)
     """)
     host = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
@@ -516,7 +517,7 @@ def test_a_killed_host_leaves_nothing_that_the_next_pool_does_not_reap():
     started = {pid: ticks for pid, ticks in left["started"].items()}
 
     def survivors() -> list[str]:  # same pid and same start time: the same process, not a reused pid
-        return [pid for pid, ticks in started.items() if _start_ticks(int(pid)) == ticks]
+        return [pid for pid, ticks in started.items() if start_ticks(int(pid)) == ticks]
 
     deadline = time.monotonic() + 5
     while survivors() and time.monotonic() < deadline:

@@ -44,7 +44,7 @@ from agentgym.tools.browser.actions import (
 )
 from agentgym.tools.browser.errors import ActionError, BrowserCrashed
 from agentgym.tools.browser.marks import MARKS_JS, MAX_MARKS, Mark, describe_marks, draw_marks, parse_marks
-from agentgym.tools.browser.pool import STILL_CSS
+from agentgym.tools.browser.page_session import STILL_CSS
 
 from agentgym.env import AgentEnv, ReferenceSolver
 from agentgym.errors import AgentGymError, ConfigError, TaskError
@@ -67,7 +67,7 @@ READY_POLLS = 40  # x 50 ms: how long a page may take to become ready before the
 OBSERVE_JS = (f"([marks, limit]) => {{ let state; try {{ state = ({STATE_JS})(); }} catch (e) {{ "
               f"state = [false, null, String(e)]; }} return [state, marks ? ({MARKS_JS})(limit) : null]; }}")
 #: Added to every page at the start: MiniWoB's side panels hidden, the caret and CSS animations still (so that
-#: equal pages give equal pixels; see ``agentgym.tools.browser.pool.STILL_CSS``).
+#: equal pages give equal pixels; see ``agentgym.tools.browser.page_session.STILL_CSS``).
 _PAGE_CSS_JS = ("(css) => { const s = document.createElement('style'); s.textContent = css; "
                 "document.head.appendChild(s); }")
 SCREENSHOT_LIMITS = (16, 4096)

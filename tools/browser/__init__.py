@@ -50,8 +50,12 @@ __all__ = [
 
 def __getattr__(name: str) -> object:
     # The pool imports numpy and (lazily) Playwright; load it only when asked for.
-    if name in ("BrowserPool", "BrowserSession", "default_pool"):
+    if name in ("BrowserPool", "default_pool"):
         from agentgym.tools.browser import pool
 
         return getattr(pool, name)
+    if name == "BrowserSession":
+        from agentgym.tools.browser.page_session import BrowserSession
+
+        return BrowserSession
     raise AttributeError(f"module 'agentgym.tools.browser' has no attribute {name!r}")

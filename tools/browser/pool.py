@@ -29,36 +29,29 @@ Why this shape:
 from __future__ import annotations
 
 import asyncio
-import atexit
-import base64
 import concurrent.futures
-import io
 import logging
 import os
 import shutil
-import signal
 import threading
 import time
 import uuid
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Self, TypeVar
 from urllib.parse import urljoin
 
-import numpy as np
+from agentgym.tools.browser.chromium_processes import browser_process, kill_quietly, singleton_dir
 from agentgym.tools.browser.config import BrowserConfig, find_chromium
-from agentgym.tools.browser.errors import ActionError, BrowserCrashed
+from agentgym.tools.browser.errors import BrowserCrashed
 from agentgym.tools.browser.guard import UrlGuard
-from agentgym.tools.browser.snapshot import (
-    SELECT_ROLES,
-    TEXT_ROLES,
-    Snapshot,
-    match_option,
-    normalize_refs,
-)
+from agentgym.tools.browser.loop_thread import LoopThread
+from agentgym.tools.browser.page_session import STILL_CSS, BrowserSession, PageView
 
 from agentgym.errors import DependencyNotInstalled
+from agentgym.utils import procfs
+from agentgym.utils.singletons import ProcessSingletons
 
 __all__ = ["STILL_CSS", "BrowserPool", "BrowserSession", "PageView", "default_pool", "resolve_pool"]
 
@@ -83,14 +76,6 @@ MAX_REDIRECT_HOPS = 10
 #: this long, so quick calls never pay for it).
 LIVENESS_POLL_S = 0.5
 _DEAD_PROXY = "http://127.0.0.1:9"  # the discard port: nothing listens, so proxied requests fail at once
-#: A style that keeps a page's pixels still between two looks: no blinking caret, no CSS animation or
-#: transition mid-way. :meth:`BrowserSession.observe` captures pixels as they are (one CDP call, no per-shot
-#: stilling as ``page.screenshot(animations="disabled", caret="hide")`` does with its extra round trips), so an
-#: env that hashes or compares screenshots adds this style once per page.
-STILL_CSS = ("*, *::before, *::after { caret-color: transparent !important; animation: none !important; "
-             "transition: none !important; }")
-#: ``Page.captureScreenshot`` parameters: lossless PNG, fast zlib level, the viewport only.
-_CAPTURE = {"format": "png", "optimizeForSpeed": True, "captureBeyondViewport": False}
 
 
 def _import_playwright() -> Any:
@@ -101,41 +86,8 @@ def _import_playwright() -> Any:
     return async_api
 
 
-class _LoopThread:
-    """An asyncio event loop running forever in a daemon thread."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run, name="agentgym-browser-loop", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def run(self, coro: Awaitable[T], timeout: float) -> T:
-        future = self.submit(coro)
-        try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise
-
-    def submit(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("BrowserPool methods must not be called from the pool's own event loop thread.")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
-
-    def stop(self) -> None:
-        if self.loop.is_running():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=5)
-        if not self._thread.is_alive():
-            self.loop.close()
-
-
 @dataclass(eq=False)
-class _Lease:
+class Lease:
     """One browser context with its page, owned by one session at a time."""
 
     key: Viewport
@@ -178,7 +130,7 @@ class BrowserPool:
         self.recycle_after = recycle_after
         self._marker = f"--agentgym-browser-pool={uuid.uuid4().hex}"
         self._pid = os.getpid()
-        self._loop = _LoopThread()
+        self._loop = LoopThread()
         self._playwright: Any = None
         self._browser: Any = None
         self._browser_lock: asyncio.Lock | None = None
@@ -191,8 +143,8 @@ class BrowserPool:
         # browsers killed after a hang: until their disconnect arrives they still look connected and alive
         self._killed: weakref.WeakSet[Any] = weakref.WeakSet()
         self._launching = 0  # launches in progress (the watchdog waits for them)
-        self._idle: dict[Viewport, list[_Lease]] = {}
-        self._leases: set[_Lease] = set()
+        self._idle: dict[Viewport, list[Lease]] = {}
+        self._leases: set[Lease] = set()
         self._closed = False
         self._close_lock = threading.Lock()
         #: Counters for benchmarks and tests: browser launches, contexts created/reused, crashes seen.
@@ -224,7 +176,7 @@ class BrowserPool:
         The newest one this pool launched that still runs (with ``isolation="browser"`` several may).
         """
         for pid in reversed(self._launched_pids[:]):
-            if (_process_state(pid) or "Z") not in "ZX":
+            if (procfs.state(pid) or "Z") not in "ZX":
                 return pid
         return None
 
@@ -257,7 +209,7 @@ class BrowserPool:
         if self._closed:
             raise BrowserCrashed("the browser pool is closed; create a new BrowserPool")
 
-    def _run(self, coro: Awaitable[T], lease: _Lease | None = None) -> T:
+    def _run(self, coro: Awaitable[T], lease: Lease | None = None) -> T:
         """Run ``coro`` on the loop; a hang past the watchdog or a dead browser becomes BrowserCrashed."""
         if self._closed:
             if asyncio.iscoroutine(coro):
@@ -301,7 +253,7 @@ class BrowserPool:
         if pid is None:  # its process was not found at launch: its connection alone decides whether it is reused
             return reason
         self._killed.add(browser)
-        _kill_quietly(pid)
+        kill_quietly(pid)
         return f"{reason}; it was killed and the next episode gets a new browser"
 
     def _process_problem(self, browser: Any) -> str | None:
@@ -317,25 +269,25 @@ class BrowserPool:
         pid = self._browser_pids.get(browser)
         if pid is None:
             return None
-        state = _process_state(pid)
+        state = procfs.state(pid)
         if state is None or state in "ZX":
             return "the browser process died"
         if state in "Tt":
-            _kill_quietly(pid)
+            kill_quietly(pid)
             return f"the browser process (pid {pid}) was stopped (SIGSTOP) and did not answer; it was killed"
-        for child in _descendants(pid):
-            if (_process_state(child) or "") in "Tt" and _process_state(child) is not None:
-                _kill_quietly(child)
+        for child in procfs.descendants(pid) - {pid}:
+            if procfs.state(child) in ("T", "t"):
+                kill_quietly(child)
         return None
 
-    def _is_crash(self, lease: _Lease, exc: BaseException) -> bool:
+    def _is_crash(self, lease: Lease, exc: BaseException) -> bool:
         if lease.broken:
             return True
         if not lease.browser.is_connected() or lease.page.is_closed():
             return True
         return _names_a_crash(exc)
 
-    async def _answers(self, lease: _Lease) -> bool:
+    async def _answers(self, lease: Lease) -> bool:
         """Whether ``lease``'s page still runs a trivial script within the action timeout.
 
         Asked only after a Playwright timeout, to tell a model's mistake (a hidden element: the page answers)
@@ -350,7 +302,7 @@ class BrowserPool:
             return not self._is_crash(lease, exc)
         return True
 
-    def _crashed(self, lease: _Lease, exc: BaseException) -> BrowserCrashed:
+    def _crashed(self, lease: Lease, exc: BaseException) -> BrowserCrashed:
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         lease.broken = lease.broken or f"the browser page died ({first_line})"
         self.stats["crashes"] += 1
@@ -417,14 +369,14 @@ class BrowserPool:
             browser = await self._playwright.chromium.launch(**kwargs)
         finally:
             self._launching -= 1
-        pid = _browser_process(marker)
+        pid = browser_process(marker)
         if pid is None:  # a Chromium that hides its command line: only the watchdog and the connection watch it
             logger.warning("could not find the process of the Chromium just launched (%s); a stopped (SIGSTOP) browser "
                            "will be noticed only by the %.0f s watchdog", self.executable, self.config.watchdog_s)
         else:
             self._browser_pids[browser] = pid
             self._launched_pids.append(pid)
-            singleton = _singleton_dir(pid)
+            singleton = singleton_dir(pid)
             if singleton is not None:
                 self._singleton_dirs[pid] = singleton
             # once it is gone its pid may be reused by an unrelated process, which must never be killed for it
@@ -456,7 +408,7 @@ class BrowserPool:
         for key, idle in self._idle.items():
             self._idle[key] = [lease for lease in idle if lease.browser is not browser]
 
-    async def _acquire(self, key: Viewport) -> _Lease:
+    async def _acquire(self, key: Viewport) -> Lease:
         idle = self._idle.get(key, [])
         while idle:
             lease = idle.pop()
@@ -481,7 +433,7 @@ class BrowserPool:
                 raise
             self._drop_browser_leases(browser, "the browser process died")
             raise BrowserCrashed(f"the browser died while a page was being opened ({str(exc).splitlines()[0][:200]})") from exc
-        lease = _Lease(key=key, context=context, page=page, browser=browser)
+        lease = Lease(key=key, context=context, page=page, browser=browser)
         self._leases.add(lease)
         await context.route("**/*", lambda route: self._route(lease, route))
         await context.route_web_socket("**/*", lambda ws: self._route_websocket(lease, ws))
@@ -491,15 +443,15 @@ class BrowserPool:
         return lease
 
     @staticmethod
-    def _mark(lease: _Lease, reason: str) -> None:
+    def _mark(lease: Lease, reason: str) -> None:
         lease.broken = lease.broken or reason
 
-    def _on_new_page(self, lease: _Lease, page: Any) -> None:
+    def _on_new_page(self, lease: Lease, page: Any) -> None:
         if page is not lease.page:
             lease.notices.append("The page tried to open a new window or tab; it was blocked.")
             asyncio.ensure_future(page.close())
 
-    async def _route(self, lease: _Lease, route: Any) -> None:
+    async def _route(self, lease: Lease, route: Any) -> None:
         request = route.request
         guard = lease.guard
         try:
@@ -549,14 +501,14 @@ class BrowserPool:
             url, status, headers = target, hop.status, hop.headers
         return url  # too many redirects: treat the chain as refused
 
-    async def _route_websocket(self, lease: _Lease, ws: Any) -> None:
+    async def _route_websocket(self, lease: Lease, ws: Any) -> None:
         if lease.guard is not None and lease.guard.allows(ws.url.replace("ws", "http", 1)):
             ws.connect_to_server()
         else:
             lease.refused.append((ws.url, False))
             await ws.close()
 
-    async def _clean(self, lease: _Lease) -> None:
+    async def _clean(self, lease: Lease) -> None:
         """Make a used context look new: one blank page, no cookies, storage or permissions."""
         for page in list(lease.context.pages):
             if page is not lease.page:
@@ -571,7 +523,7 @@ class BrowserPool:
         lease.refused.clear()
         lease.notices.clear()
 
-    async def _dispose(self, lease: _Lease) -> None:
+    async def _dispose(self, lease: Lease) -> None:
         self._leases.discard(lease)
         try:
             await asyncio.wait_for(lease.context.close(), timeout=5)
@@ -583,7 +535,7 @@ class BrowserPool:
             except Exception:
                 logger.debug("closing a per-episode browser failed", exc_info=True)
 
-    async def _release(self, lease: _Lease) -> None:
+    async def _release(self, lease: Lease) -> None:
         if (lease.broken or not lease.browser.is_connected() or lease.episodes >= self.recycle_after
                 or self.isolation == "browser"):
             await self._dispose(lease)
@@ -608,511 +560,15 @@ class BrowserPool:
         await self._stop_playwright()
 
 
-@dataclass(frozen=True)
-class PageView:
-    """What :meth:`BrowserSession.observe` saw: the script's value, the pixels and the accessibility tree.
-
-    Attributes:
-        value: What the script returned (None without a script).
-        image: The viewport as ``uint8[H, W, 3]`` RGB pixels.
-        aria: The page's accessibility tree as YAML without refs, or None when not asked for.
-    """
-
-    value: Any
-    image: np.ndarray
-    aria: str | None = None
-
-
-class BrowserSession:
-    """One env's window into the pool: a leased context, its page and the current episode's URL guard.
-
-    Every method is synchronous and safe to call from any one thread at a time. Model mistakes raise
-    :class:`ActionError`; a dead or hung browser raises :class:`BrowserCrashed` (the env's episode ends),
-    after which :meth:`start` gets a fresh context (relaunching the browser if it died).
-    """
-
-    def __init__(self, pool: BrowserPool, viewport: Viewport) -> None:
-        self.pool = pool
-        self.viewport = viewport
-        self._lease: _Lease | None = None
-        self._snapshot = Snapshot("")
-        self._home = ""
-        self._closed = False
-
-    # ---- episode lifecycle ----------------------------------------------------------------------------
-    def start(self, url: str, *, allowed_origins: Sequence[str], cookies: Iterable[dict[str, Any]] = ()) -> None:
-        """Begin an episode: a clean context, the guard for ``allowed_origins``, ``cookies`` set, ``url`` open.
-
-        A context whose browser died since the last episode is replaced (and the browser relaunched) here,
-        so one crash costs one episode, not the env.
-        """
-        if self._closed:
-            raise BrowserCrashed("this browser session is closed")
-        guard = UrlGuard(allowed_origins)
-        target = guard.resolve(url)
-        if not guard.allows(target):
-            raise ValueError(f"start url {url!r} is not inside the allowed origins {list(guard.origins)}.")
-        cookie_list = [dict(c) for c in cookies]
-        last_error: BrowserCrashed | None = None
-        for _attempt in range(3):  # a dead browser, then a hung relaunch, still leave one clean try
-            lease = self._lease
-            try:
-                fresh = self.pool.isolation == "browser" or lease is None or lease.broken
-                if fresh or lease.episodes >= self.pool.recycle_after:
-                    self._give_back()
-                    lease = self._lease = self.pool._run(self.pool._acquire(self.viewport))
-                    self.pool._run(self._begin(lease, guard, cookie_list, target, clean=False), lease)
-                else:
-                    self.pool._run(self._begin(lease, guard, cookie_list, target, clean=True), lease)
-                lease.episodes += 1
-                self._home = target
-                self._snapshot = Snapshot("")
-                return
-            except BrowserCrashed as exc:
-                last_error = exc
-                if self._lease is not None:
-                    self._lease.broken = self._lease.broken or str(exc)
-            except ActionError as exc:  # the env's own start page failed to load: infrastructure
-                last_error = BrowserCrashed(f"the start page {target} did not load: {exc}")
-                if self._lease is not None:
-                    self._lease.broken = str(last_error)
-        assert last_error is not None
-        raise last_error
-
-    async def _begin(self, lease: _Lease, guard: UrlGuard, cookies: list[dict[str, Any]], url: str,
-                     *, clean: bool) -> None:
-        try:
-            if clean:
-                await self.pool._clean(lease)
-            lease.guard = guard
-            if cookies:
-                await lease.context.add_cookies([{**c, "url": c.get("url", guard.home)} for c in cookies])
-            await lease.page.goto(url, wait_until="load")
-        except self.pool._api.Error as exc:
-            if self.pool._is_crash(lease, exc):
-                raise self.pool._crashed(lease, exc) from exc
-            raise ActionError(str(exc).splitlines()[0]) from exc
-
-    def close(self) -> None:
-        """Give the context back to the pool (cleaned for the next user); idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        self._give_back()
-
-    def _give_back(self) -> None:
-        lease, self._lease = self._lease, None
-        if lease is None or self.pool.closed:
-            return
-        try:
-            self.pool._run(self.pool._release(lease))
-        except BrowserCrashed:
-            logger.debug("releasing a context failed", exc_info=True)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # ---- running one action ---------------------------------------------------------------------------
-    def _active(self) -> _Lease:
-        lease = self._lease
-        if lease is None or lease.guard is None:
-            raise ActionError("Error: no page is open; the episode has not started (call reset()).")
-        if lease.broken:
-            raise BrowserCrashed(lease.broken)
-        return lease
-
-    def _do(self, action: Callable[[_Lease], Awaitable[T]], *, settle: bool = True) -> T:
-        """Run one action on the loop; Playwright errors become ActionError or, for dead pages, BrowserCrashed."""
-        lease = self._active()
-        api_error = self.pool._api.Error
-
-        async def run() -> T:
-            lease.refused.clear()
-            try:
-                if lease.guard is not None and not lease.guard.allows(lease.page.url):
-                    await self._restore(lease)  # a refused navigation's error page that committed after we looked
-                result = await action(lease)
-                if settle:
-                    await self._settle(lease)
-                return result
-            except ActionError:
-                raise
-            except api_error as exc:
-                if self.pool._is_crash(lease, exc):
-                    raise self.pool._crashed(lease, exc) from exc
-                if isinstance(exc, self.pool._api.TimeoutError) and not await self.pool._answers(lease):
-                    lease.broken = lease.broken or "the page stopped answering (its renderer hung or died)"
-                    self.pool.stats["crashes"] += 1
-                    raise BrowserCrashed(lease.broken) from exc
-                raise ActionError(_playwright_message(exc)) from exc
-
-        return self.pool._run(run(), lease)
-
-    async def _settle(self, lease: _Lease) -> None:
-        """Wait for a navigation the action started; undo one the guard refused and tell the model."""
-        page = lease.page
-        try:
-            await page.wait_for_load_state("load", timeout=self.pool.config.navigation_timeout_s * 1000)
-        except self.pool._api.Error as exc:
-            if self.pool._is_crash(lease, exc):
-                raise
-        refused = [url for url, navigation in lease.refused if navigation]
-        if refused and lease.guard is not None:
-            # Chromium commits its "blocked" error page a moment after the abort (longer on a loaded machine); wait
-            # for it, then undo it. One that commits later still is undone before the next action.
-            for _ in range(75):
-                if not lease.guard.allows(page.url):
-                    break
-                await asyncio.sleep(0.02)
-            try:
-                await page.wait_for_load_state("load", timeout=self.pool.config.navigation_timeout_s * 1000)
-            except self.pool._api.Error as exc:
-                if self.pool._is_crash(lease, exc):
-                    raise
-        if lease.guard is not None and not lease.guard.allows(page.url):
-            refused = refused or [page.url]
-            await self._restore(lease)
-        if refused:
-            reason = lease.guard.refusal(refused[0]) if lease.guard is not None else None
-            raise ActionError(f"Error: navigation refused: {reason or refused[0]}. You are still on "
-                              f"{_path_of(lease.page.url)}.")
-
-    async def _restore(self, lease: _Lease) -> None:
-        page = lease.page
-        try:
-            await page.go_back(wait_until="load")
-        except self.pool._api.Error:
-            pass
-        if lease.guard is not None and not lease.guard.allows(page.url):
-            await page.goto(self._home, wait_until="load")
-
-    def notices(self) -> list[str]:
-        """Things the page did on its own since the last call (blocked pop-ups); cleared when read."""
-        lease = self._lease
-        if lease is None:
-            return []
-        notes, lease.notices[:] = list(lease.notices), []
-        return notes
-
-    # ---- reading the page ---------------------------------------------------------------------------------
-    @property
-    def url(self) -> str:
-        lease = self._active()
-        return lease.page.url
-
-    def title(self) -> str:
-        return self._do(lambda lease: lease.page.title(), settle=False)
-
-    def snapshot(self) -> Snapshot:
-        """The page's accessibility snapshot with stable refs; later ref actions resolve against it."""
-
-        async def take(lease: _Lease) -> Snapshot:
-            raw = await lease.page.aria_snapshot(mode="ai", timeout=self.pool.config.navigation_timeout_s * 1000)
-            return normalize_refs(raw)
-
-        self._snapshot = self._do(take, settle=False)
-        return self._snapshot
-
-    def aria_text(self) -> str:
-        """The page's accessibility tree as YAML without refs (for GUI envs' optional text)."""
-        return self._do(lambda lease: lease.page.aria_snapshot(timeout=self.pool.config.navigation_timeout_s * 1000),
-                        settle=False)
-
-    def screenshot(self, *, clip: tuple[int, int, int, int] | None = None) -> np.ndarray:
-        """The viewport (or ``clip`` = x, y, width, height) as ``uint8[H, W, 3]`` RGB pixels."""
-
-        async def shoot(lease: _Lease) -> bytes:
-            kwargs: dict[str, Any] = {"type": "png", "animations": "disabled", "caret": "hide"}
-            if clip is not None:
-                x, y, w, h = clip
-                kwargs["clip"] = {"x": x, "y": y, "width": w, "height": h}
-            return await lease.page.screenshot(**kwargs)
-
-        return decode_png(self._do(shoot, settle=False))
-
-    def observe(self, script: str | None = None, arg: Any = None, *, aria: bool = False) -> PageView:
-        """Everything an env shows after an action, in one call to the browser's thread: the value of
-        ``script`` (run with ``arg``), the viewport's pixels and, with ``aria``, the accessibility tree.
-
-        The three are asked for at once (they only read the page), and the pixels come from one CDP
-        ``Page.captureScreenshot`` instead of Playwright's ``page.screenshot``, which stills the page with
-        several extra round trips per shot. Add :data:`STILL_CSS` to the page once if the pixels must be
-        reproducible (a caret blinks, animations run). Measured in ``benchmarks/browser.py``.
-        """
-
-        async def look(lease: _Lease) -> tuple[Any, bytes, str | None]:
-            if lease.cdp is None:
-                lease.cdp = await lease.context.new_cdp_session(lease.page)
-            jobs: list[Awaitable[Any]] = [lease.cdp.send("Page.captureScreenshot", _CAPTURE)]
-            if script is not None:
-                jobs.append(lease.page.evaluate(script, arg))
-            if aria:
-                jobs.append(lease.page.aria_snapshot(timeout=self.pool.config.navigation_timeout_s * 1000))
-            results = await asyncio.gather(*jobs, return_exceptions=True)
-            for result in results:
-                if isinstance(result, BaseException):
-                    raise result
-            shot = results[0]
-            value = results[1] if script is not None else None
-            tree = results[-1] if aria else None
-            return value, base64.b64decode(shot["data"]), tree
-
-        value, png, tree = self._do(look, settle=False)
-        return PageView(value, decode_png(png), tree)
-
-    def evaluate(self, expression: str, arg: Any = None) -> Any:
-        """Run JavaScript in the page (for envs reading task state, never for model text)."""
-        return self._do(lambda lease: lease.page.evaluate(expression, arg), settle=False)
-
-    # ---- web actions (by ref) ---------------------------------------------------------------------------------
-    def _locator(self, lease: _Lease, ref: object, *, roles: tuple[str, ...] = (), action: str = "") -> Any:
-        shown = self._snapshot.require(ref, roles=roles, action=action)
-        return lease.page.locator(f"aria-ref={self._snapshot.refs[shown]}")
-
-    def click(self, ref: str) -> None:
-        """Click the element ``ref`` (links navigate, buttons submit their form)."""
-
-        async def act(lease: _Lease) -> None:
-            await self._locator(lease, ref).click()
-
-        self._do(act)
-
-    def type(self, ref: str, text: str, *, submit: bool = False) -> None:
-        """Replace the text of the text field ``ref`` with ``text``; ``submit`` presses Enter after it."""
-
-        async def act(lease: _Lease) -> None:
-            locator = self._locator(lease, ref, roles=TEXT_ROLES, action="type")
-            await locator.fill(text)
-            if submit:
-                await locator.press("Enter")
-
-        self._do(act)
-
-    def select(self, ref: str, option: str) -> None:
-        """Choose ``option`` (its visible label, or its value) in the drop-down ``ref``."""
-
-        async def act(lease: _Lease) -> None:
-            locator = self._locator(lease, ref, roles=SELECT_ROLES, action="select")
-            options: list[list[str]] = await locator.evaluate(
-                "e => Array.from(e.options || []).map(o => [o.label, o.value])")
-            label = match_option(option, [(label, value) for label, value in options], ref)
-            await locator.select_option(label=label)
-
-        self._do(act)
-
-    def scroll(self, direction: str) -> None:
-        """Scroll the page by most of a screen ``up``, ``down``, ``left`` or ``right``."""
-        steps = {"up": (0, -1), "down": (0, 1), "left": (-1, 0), "right": (1, 0)}
-        if direction not in steps:
-            raise ActionError(f"Error: scroll direction must be one of {', '.join(steps)}, got "
-                              f"{str(direction)[:40]!r}.")
-        dx, dy = steps[direction]
-        width, height = self.viewport
-
-        async def act(lease: _Lease) -> None:
-            delta = [dx * int(width * 0.8), dy * int(height * 0.8)]
-            await lease.page.evaluate("([x, y]) => window.scrollBy(x, y)", delta)
-
-        self._do(act)
-
-    def goto(self, url: str) -> None:
-        """Open ``url`` (absolute, or a path such as ``/cart``) if the guard allows it."""
-        lease = self._active()
-        guard = lease.guard
-        assert guard is not None
-        if not isinstance(url, str) or not url.strip():
-            raise ActionError("Error: goto needs a URL such as '/' or a full http://127.0.0.1:PORT/... address.")
-        target = guard.resolve(url, lease.page.url)
-        refusal = guard.refusal(target)
-        if refusal:
-            raise ActionError(f"Error: navigation refused: {refusal}.")
-
-        async def act(lease: _Lease) -> None:
-            await lease.page.goto(target, wait_until="load")
-
-        self._do(act)
-
-    def back(self) -> None:
-        """Go back one page in this episode's history."""
-
-        async def act(lease: _Lease) -> None:
-            page = lease.page
-            await page.go_back(wait_until="load")
-            if lease.guard is not None and not lease.guard.allows(page.url):
-                await page.go_forward(wait_until="load")
-                raise ActionError("Error: there is no previous page to go back to.")
-
-        self._do(act)
-
-    # ---- GUI actions (by pixel) ---------------------------------------------------------------------------------
-    def mouse_click(self, x: float, y: float) -> None:
-        self._do(lambda lease: lease.page.mouse.click(x, y))
-
-    def keyboard_type(self, text: str) -> None:
-        self._do(lambda lease: lease.page.keyboard.type(text))
-
-    def press(self, key: str) -> None:
-        self._do(lambda lease: lease.page.keyboard.press(key))
-
-    def wheel(self, x: float, y: float, dy: float) -> None:
-        async def act(lease: _Lease) -> None:
-            await lease.page.mouse.move(x, y)
-            await lease.page.mouse.wheel(0, dy)
-
-        self._do(act)
-
-    def drag(self, x1: float, y1: float, x2: float, y2: float) -> None:
-        async def act(lease: _Lease) -> None:
-            mouse = lease.page.mouse
-            await mouse.move(x1, y1)
-            await mouse.down()
-            await mouse.move(x2, y2, steps=8)
-            await mouse.up()
-
-        self._do(act)
-
-
-def _stat_fields(pid: int) -> list[str]:
-    """The fields of ``/proc/PID/stat`` after the command name (state, parent pid, ...); empty if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read().decode("ascii", "replace")
-    except OSError:
-        return []
-    return stat.rsplit(")", 1)[-1].split()  # the name, in parentheses, may itself hold spaces and ')'
-
-
-def _process_state(pid: int) -> str | None:
-    """The one-letter state of ``pid`` (R, S, T, Z, ...), or None if it is gone."""
-    fields = _stat_fields(pid)
-    return fields[0] if fields else None
-
-
-def _singleton_dir(pid: int) -> str | None:
-    """The temp directory holding Chromium ``pid``'s profile lock socket, or None if it has none we can tell.
-
-    Chromium makes one (``$TMPDIR/org.chromium.Chromium.XXXXXX``) per browser and removes it when it exits normally;
-    a browser the pool kills (stopped, hung, or killed by a test) leaves it behind, one per kill, for the life of the
-    machine. Found through the profile's ``SingletonSocket`` link, and only a directory of that name is returned.
-    """
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            argv = fh.read().decode(errors="replace").split("\x00")
-        profile = next(arg.split("=", 1)[1] for arg in argv if arg.startswith("--user-data-dir="))
-        target = os.readlink(os.path.join(profile, "SingletonSocket"))
-    except (OSError, StopIteration):
-        return None
-    directory, name = os.path.split(target)
-    if name != "SingletonSocket" or not os.path.basename(directory).startswith("org.chromium.Chromium."):
-        return None
-    return directory
-
-
-def _browser_process(marker: str) -> int | None:
-    """The pid of the Chromium browser process whose command line carries ``marker``, or None if none does.
-
-    Chromium's zygotes, renderers and GPU process say ``--type=...``; but a child the browser has forked and not yet
-    exec'd (a utility process starting) still shows the browser's own command line, so among the matches the browser
-    is the one whose parent is not itself a match.
-    """
-    wanted = marker.encode()
-    matches: dict[int, int] = {}  # pid -> parent pid
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                argv = fh.read().split(b"\x00")
-        except OSError:
-            continue
-        if wanted not in argv or any(arg.startswith(b"--type=") for arg in argv):
-            continue
-        fields = _stat_fields(int(entry))
-        if len(fields) > 1:  # else it has just exited
-            matches[int(entry)] = int(fields[1])
-    roots = [pid for pid, parent in matches.items() if parent not in matches]
-    return roots[0] if len(roots) == 1 else None
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (Chromium's zygotes, renderers, GPU and utility processes)."""
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for task in tasks:
-            try:
-                with open(f"/proc/{parent}/task/{task}/children", encoding="ascii") as fh:
-                    children = [int(c) for c in fh.read().split()]
-            except (OSError, ValueError):
-                continue
-            found.extend(children)
-            todo.extend(children)
-    return found
-
-
-def _kill_quietly(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
-
-
-def _path_of(url: str) -> str:
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-
-
-def _playwright_message(exc: BaseException) -> str:
-    """A short, model-readable version of a Playwright error (its call log is noise to a model)."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    head = lines[0] if lines else type(exc).__name__
-    for prefix in ("Locator.", "Page.", "Mouse.", "Keyboard."):
-        if head.startswith(prefix):
-            head = head.split(":", 1)[-1].strip()
-    if "Timeout" in head and "exceeded" in head:
-        return ("Error: the element could not be acted on in time (it may be hidden, disabled or gone). Take "
-                "a fresh look at the page and use a ref from the latest snapshot.")
-    if "not an <input>" in head or "Element is not" in head:
-        return f"Error: {head} Use type() on text fields and select() on drop-down lists."
-    return f"Error: {head[:300]}"
-
-
-def decode_png(data: bytes) -> np.ndarray:
-    """PNG bytes -> ``uint8[H, W, 3]`` RGB (Pillow, which Playwright's screenshots need anyway)."""
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as image:
-        return np.asarray(image.convert("RGB"), dtype=np.uint8).copy()
-
-
-_DEFAULT_POOLS: dict[BrowserConfig, BrowserPool] = {}
-_DEFAULT_LOCK = threading.Lock()
+#: The process-wide pools, one per config; a forked child makes its own (the loop thread and the browser stay
+#: with the parent).
+_DEFAULT_POOLS: ProcessSingletons[BrowserConfig, BrowserPool] = ProcessSingletons(
+    BrowserPool, reusable=lambda pool: not pool.closed and pool._pid == os.getpid())
 
 
 def default_pool(config: BrowserConfig | None = None) -> BrowserPool:
     """The process-wide pool for ``config``: envs share one browser and reuse each other's contexts."""
-    config = config or BrowserConfig()
-    with _DEFAULT_LOCK:
-        pool = _DEFAULT_POOLS.get(config)
-        if pool is None or pool.closed or pool._pid != os.getpid():  # a forked child needs its own loop thread
-            pool = _DEFAULT_POOLS[config] = BrowserPool(config)
-        return pool
-
-
-@atexit.register
-def _close_default_pools() -> None:
-    for pool in list(_DEFAULT_POOLS.values()):
-        pool.close()
+    return _DEFAULT_POOLS.get(config or BrowserConfig())
 
 
 def resolve_pool(browser: Any = None) -> BrowserPool:
@@ -1133,3 +589,13 @@ def resolve_pool(browser: Any = None) -> BrowserPool:
                               "fields (executable_path, launch_args, headless, action_timeout_s, ...).") from None
     raise ConfigError(f"browser must be a dict of BrowserConfig options, a BrowserConfig or a BrowserPool, got "
                       f"{type(browser).__name__}.")
+
+
+# Names this module held before its parts moved to their own modules.
+_browser_process = browser_process
+_singleton_dir = singleton_dir
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Chromium's zygotes, renderers, GPU and utility processes)."""
+    return sorted(procfs.descendants(pid) - {pid})

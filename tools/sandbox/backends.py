@@ -12,7 +12,6 @@ process tree), before any episode code has run; that set is what the host keeps 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import io
 import os
@@ -35,11 +34,12 @@ from agentgym.tools.sandbox.cgroups import (
 from agentgym.tools.sandbox.config import SandboxConfig
 from agentgym.tools.sandbox.hostside import (
     PREFIX,
-    descendants,
     is_stale,
     reap_stale_ipc_dirs,
     worker_prefix,
 )
+from agentgym.utils import procfs
+from agentgym.utils.procfs import descendants
 
 __all__ = ["Backend", "BwrapBackend", "DockerBackend", "Launch", "SandboxUnavailable", "ensure_docker_image",
            "resolve_backend"]
@@ -228,7 +228,7 @@ class BwrapBackend(Backend):
     def attach(self, launch: Launch) -> None:
         """The parent is bwrap's only child; the sandbox is then exactly {bwrap, parent} (or its cgroup's)."""
         monitor = launch.process.pid
-        children = _children(monitor)
+        children = procfs.children(monitor)
         if len(children) != 1 or _ns_pid(children[0]) != 1:
             raise OSError(f"expected bwrap ({monitor}) to have one child, the sandbox's PID 1; found {children}")
         launch.parent_pid = children[0]
@@ -243,25 +243,10 @@ class BwrapBackend(Backend):
         reap_stale_cgroups(is_stale)
 
 
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    with contextlib.suppress(OSError):
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                found.extend(int(x) for x in f.read().split())
-    return found
-
-
 def _ns_pid(pid: int) -> int | None:
     """A process's pid inside its innermost pid namespace (1 for a namespace's init)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    return int(line.split()[-1])
-    except OSError:
-        pass
-    return None
+    nspid = (procfs.status(pid) or {}).get("NSpid")
+    return None if nspid is None else int(nspid.split()[-1])
 
 
 @functools.lru_cache(maxsize=4)

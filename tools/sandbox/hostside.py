@@ -22,6 +22,9 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable
 
+from agentgym.utils import procfs
+from agentgym.utils.procfs import descendants, start_ticks
+
 __all__ = ["PREFIX", "descendants", "empty_dirs", "is_stale", "kill_all_but", "kill_pinned", "parent_doubt",
            "reap_stale_ipc_dirs", "worker_prefix"]
 
@@ -29,16 +32,6 @@ PREFIX = "agentgym-sbx-"
 _OWNER = re.compile(r"^agentgym-sbx-(\d+)\.(\d+)\.(\d+)-")
 _LEGACY_OWNER = re.compile(r"^agentgym-sbx-(\d+)-\d+(?:-|$)")  # before owners carried a start time
 _PREFIX_CACHE: dict[int, str] = {}
-
-
-def _start_ticks(pid: int) -> int | None:
-    """A process's start time (clock ticks since boot): with the pid it names one process, never a reused pid."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[19])
 
 
 def _pid_namespace() -> int:
@@ -49,7 +42,7 @@ def worker_prefix() -> str:
     """``agentgym-sbx-<pid namespace>.<pid>.<start time>``: who owns a sandbox's dirs, cgroups, containers."""
     pid = os.getpid()
     if pid not in _PREFIX_CACHE:
-        _PREFIX_CACHE[pid] = f"{PREFIX}{_pid_namespace()}.{pid}.{_start_ticks(pid)}"
+        _PREFIX_CACHE[pid] = f"{PREFIX}{_pid_namespace()}.{pid}.{start_ticks(pid)}"
     return _PREFIX_CACHE[pid]
 
 
@@ -61,7 +54,7 @@ def is_stale(name: str) -> bool:
         return legacy is not None and not os.path.exists(f"/proc/{legacy.group(1)}")
     if int(match.group(1)) != _pid_namespace():
         return False
-    return _start_ticks(int(match.group(2))) != int(match.group(3))
+    return start_ticks(int(match.group(2))) != int(match.group(3))
 
 
 def reap_stale_ipc_dirs(root: str | None = None) -> list[str]:
@@ -74,28 +67,6 @@ def reap_stale_ipc_dirs(root: str | None = None) -> list[str]:
                 shutil.rmtree(os.path.join(root, name), ignore_errors=True)
                 reaped.append(name)
     return reaped
-
-
-def descendants(root_pid: int) -> set[int]:
-    """``root_pid`` and every process below it, from the host's /proc (a pid namespace's orphans are
-    re-parented to its init, so nothing in a sandbox escapes this walk)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    found, todo = set(), [root_pid]
-    while todo:
-        pid = todo.pop()
-        if pid not in found:
-            found.add(pid)
-            todo.extend(children.get(pid, ()))
-    return found
 
 
 def kill_pinned(pids: Iterable[int], members: Callable[[], set[int]]) -> None:
@@ -135,10 +106,8 @@ def kill_all_but(keep: frozenset[int], members: Callable[[], set[int]], timeout_
 
 def parent_doubt(pid: int) -> str | None:
     """Why the warm parent (host pid) can no longer be trusted: gone, stopped, traced, or dumpable."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            status = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
-    except OSError:
+    status = procfs.status(pid)
+    if status is None:
         return "the sandbox parent is gone"
     state = status.get("State", "").split()
     if not state or state[0] not in ("S", "R"):

@@ -11,7 +11,6 @@ Nothing the sandbox replies is trusted for this.
 
 from __future__ import annotations
 
-import atexit
 import concurrent.futures
 import functools
 import itertools
@@ -40,6 +39,7 @@ from agentgym.tools.sandbox.hostside import (
     parent_doubt,
     worker_prefix,
 )
+from agentgym.utils.singletons import ProcessSingletons
 
 __all__ = ["ExecutionResult", "SandboxError", "SandboxPool", "SandboxSession", "default_pool"]
 
@@ -469,24 +469,11 @@ class SandboxSession:
             pass
 
 
-_DEFAULT_POOLS: dict[SandboxConfig, SandboxPool] = {}
-_DEFAULT_LOCK = threading.Lock()
+#: The process-wide pools, one per config (tests close some early through it).
+_DEFAULT_POOLS: ProcessSingletons[SandboxConfig, SandboxPool] = ProcessSingletons(
+    SandboxPool, reusable=lambda pool: not pool._closed)
 
 
 def default_pool(config: SandboxConfig | None = None) -> SandboxPool:
     """The process-wide pool for ``config`` (envs share it, so workers are reused across env instances)."""
-    config = config or SandboxConfig()
-    with _DEFAULT_LOCK:
-        pool = _DEFAULT_POOLS.get(config)
-        if pool is None or pool._closed:
-            pool = _DEFAULT_POOLS[config] = SandboxPool(config)
-        return pool
-
-
-@atexit.register
-def _close_default_pools() -> None:
-    for pool in list(_DEFAULT_POOLS.values()):
-        pool.close()
-
-
-
+    return _DEFAULT_POOLS.get(config or SandboxConfig())
