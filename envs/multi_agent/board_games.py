@@ -130,7 +130,42 @@ def _grid(cells: list[str], width: int) -> str:
 
 
 class TicTacToeEnv(OpenSpielGameEnv):
-    """Tic-tac-toe on OpenSpiel's rules: ``player_0`` is x and moves first; call ``play(cell)`` with cell 0-8."""
+    """Tic-tac-toe on OpenSpiel's rules between two text agents: `play(cell)`.
+
+    ## Description
+
+    A PettingZoo AEC env whose rules, legal moves, terminal test and returns come from OpenSpiel. `player_0` is x
+    and moves first. The text observation shows the board and the empty cells (0-8, row by row); the numeric
+    `observation` is OpenSpiel's observation tensor and the `action_mask` marks the legal cells, so a numeric
+    agent and a text agent see the same game.
+
+    ## Tools
+
+    - `play(cell)`: put your mark on an empty cell, 0-8 row by row from the top left.
+
+    ## Reward
+
+    +1 for a win, -1 for a loss, 0 for a draw (component `outcome`), minus `invalid_action_penalty` per rejected
+    reply. Success means a win; the score is 1 for a win, 0.5 for a draw, 0 for a loss.
+
+    ## Episode end
+
+    Terminated by a win, a draw, or a forfeit after `max_invalid_actions` bad replies in a row; truncated after
+    `max_steps` steps.
+
+    ## Arguments
+
+    - `invalid_action_penalty`: subtracted from an agent's reward for each reply that makes no legal move
+      (component `invalid_action`).
+    - `max_invalid_actions`: bad replies in a row after which the agent forfeits (`None`: never).
+    - `max_steps`: steps (good or bad replies of all agents) after which every agent is truncated.
+    - `max_action_chars`: longer replies are rejected as invalid.
+    - `render_mode`: `"ansi"` (the whole game state as text) or `None`.
+
+    ## Version history
+
+    - v0: the first version.
+    """
 
     metadata: ClassVar[dict[str, Any]] = {"name": "tictactoe_text_v0", "render_modes": ["ansi"],
                                           "is_parallelizable": False}
@@ -233,7 +268,42 @@ class TicTacToeEnv(OpenSpielGameEnv):
 
 
 class ConnectFourEnv(OpenSpielGameEnv):
-    """Connect-four on OpenSpiel's rules (6 rows x 7 columns): ``play(column)`` with column 0-6."""
+    """Connect-four on OpenSpiel's rules (6 rows x 7 columns) between two text agents: `play(column)`.
+
+    ## Description
+
+    A PettingZoo AEC env whose rules, legal moves, terminal test and returns come from OpenSpiel. `player_0` is x
+    and moves first. The text observation shows the board and the columns that are not full (0-6); the numeric
+    `observation` is OpenSpiel's observation tensor and the `action_mask` marks the legal columns, so a numeric
+    agent and a text agent see the same game.
+
+    ## Tools
+
+    - `play(column)`: drop a disc into a column that is not full, 0-6 from the left.
+
+    ## Reward
+
+    +1 for a win, -1 for a loss, 0 for a draw (component `outcome`), minus `invalid_action_penalty` per rejected
+    reply. Success means a win; the score is 1 for a win, 0.5 for a draw, 0 for a loss.
+
+    ## Episode end
+
+    Terminated by a win, a draw, or a forfeit after `max_invalid_actions` bad replies in a row; truncated after
+    `max_steps` steps.
+
+    ## Arguments
+
+    - `invalid_action_penalty`: subtracted from an agent's reward for each reply that makes no legal move
+      (component `invalid_action`).
+    - `max_invalid_actions`: bad replies in a row after which the agent forfeits (`None`: never).
+    - `max_steps`: steps (good or bad replies of all agents) after which every agent is truncated.
+    - `max_action_chars`: longer replies are rejected as invalid.
+    - `render_mode`: `"ansi"` (the whole game state as text) or `None`.
+
+    ## Version history
+
+    - v0: the first version.
+    """
 
     metadata: ClassVar[dict[str, Any]] = {"name": "connectfour_text_v0", "render_modes": ["ansi"],
                                           "is_parallelizable": False}

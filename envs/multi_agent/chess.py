@@ -55,12 +55,43 @@ def _normalise(text: str) -> str:
 
 
 class ChessEnv(OpenSpielGameEnv):
-    """Chess for two text agents: ``player_0`` is White, ``player_1`` is Black.
+    """Chess on OpenSpiel's rules between two text agents: `move("e2e4")` in UCI or SAN.
 
-    Args:
-        max_steps: Steps (moves and rejected replies of both sides) before the game is truncated.
-        kwargs: See :class:`~agentgym.envs.multi_agent.base.TextAECEnv`. A game may start from a FEN:
-            ``reset(options={"setup": {"fen": "..."}})``.
+    ## Description
+
+    A PettingZoo AEC env; `player_0` is White, `player_1` is Black. OpenSpiel (Apache-2.0) owns the rules: checkmate
+    wins; stalemate, repetition, the 50-move rule and insufficient material draw. The observation lists every legal
+    move in both notations, and the game keeps the start FEN and the UCI move list so that an engine (Stockfish
+    over UCI) can be asked about the exact game. A game may start from a FEN:
+    `reset(options={"setup": {"fen": "..."}})`.
+
+    ## Tools
+
+    - `move(move)`: play a legal move in UCI (`e2e4`, `e7e8q`) or SAN (`Nf3`, `O-O`); check marks, `=` and `-` are
+      optional.
+
+    ## Reward
+
+    +1 for a win, -1 for a loss, 0 for a draw (component `outcome`), minus `invalid_action_penalty` per rejected
+    reply. Success means a win; the score is 1 for a win, 0.5 for a draw, 0 for a loss.
+
+    ## Episode end
+
+    Terminated by checkmate, a draw, or a forfeit after `max_invalid_actions` bad replies in a row; truncated after
+    `max_steps` steps (moves and rejected replies of both sides).
+
+    ## Arguments
+
+    - `invalid_action_penalty`: subtracted from an agent's reward for each reply that makes no legal move
+      (component `invalid_action`).
+    - `max_invalid_actions`: bad replies in a row after which the agent forfeits (`None`: never).
+    - `max_steps`: steps (good or bad replies of all agents) after which every agent is truncated.
+    - `max_action_chars`: longer replies are rejected as invalid.
+    - `render_mode`: `"ansi"` (the whole game state as text) or `None`.
+
+    ## Version history
+
+    - v0: the first version.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"name": "chess_text_v0", "render_modes": ["ansi"], "is_parallelizable": False}

@@ -116,12 +116,48 @@ def generate_tasks(rng: random.Random, count: int, *, seats: Sequence[str] = _AG
 
 
 class NegotiationEnv(TextAECEnv):
-    """Deal-or-no-deal negotiation between ``player_0`` (moves first) and ``player_1``.
+    """Deal or no deal: split books, hats and balls with private values; propose, accept or walk away.
 
-    Args:
-        max_moves: Proposals allowed in all before the game ends with no deal.
-        success_share: A deal counts as a success for an agent worth at least this share of its total.
-        kwargs: See :class:`~agentgym.envs.multi_agent.base.TextAECEnv`.
+    ## Description
+
+    The negotiation game of Lewis et al. (2017, "Deal or No Deal? End-to-End Learning for Negotiation Dialogues")
+    between `player_0` (moves first) and `player_1`, a PettingZoo AEC env. Three item types, 1-4 of each and 5-7 in
+    all; each agent has private integer values that make the whole pool worth 10 to it. Agents alternate; tasks are
+    generated so that a split worth at least half to both exists, but each side must find it without seeing the
+    other's values.
+
+    ## Tools
+
+    - `propose(book, hat, ball, message)`: propose a split by the counts the proposer keeps, with an optional
+      message.
+    - `accept()`: accept the partner's standing proposal; this ends the game with a deal.
+    - `walk_away()`: end the negotiation without a deal (both get 0).
+
+    ## Reward
+
+    A deal pays each agent its value of what it gets divided by its value of the whole pool (component
+    `deal_value`); no deal pays 0 to both. An agent succeeds when its share reaches `success_share`. Each
+    rejected reply costs `invalid_action_penalty`.
+
+    ## Episode end
+
+    Terminated by a deal, by walking away, when `max_moves` proposals pass without agreement (no deal), or when an
+    agent forfeits after `max_invalid_actions` bad replies in a row; truncated after `max_steps` steps.
+
+    ## Arguments
+
+    - `max_moves`: proposals allowed in all before the game ends with no deal.
+    - `success_share`: a deal counts as a success for an agent worth at least this share of its total.
+    - `invalid_action_penalty`: subtracted from an agent's reward for each reply that makes no legal move
+      (component `invalid_action`).
+    - `max_invalid_actions`: bad replies in a row after which the agent forfeits (`None`: never).
+    - `max_steps`: steps (good or bad replies of all agents) after which every agent is truncated.
+    - `max_action_chars`: longer replies are rejected as invalid.
+    - `render_mode`: `"ansi"` (the whole game state as text) or `None`.
+
+    ## Version history
+
+    - v0: the first version.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"name": "negotiation_text_v0", "render_modes": ["ansi"],

@@ -138,11 +138,44 @@ class _PrisonersDilemmaHooks:
 
 
 class PrisonersDilemmaParallelEnv(_PrisonersDilemmaHooks, TextParallelEnv):
-    """Iterated prisoner's dilemma with simultaneous moves.
+    """Iterated prisoner's dilemma with simultaneous moves: cooperate() or defect().
 
-    Args:
-        rounds: Rounds per game (announced to both players).
-        kwargs: See :class:`~agentgym.envs.multi_agent.parallel.TextParallelEnv`.
+    ## Description
+
+    Each round both players choose without seeing the other's choice; the payoffs are the classic T=5 (defect
+    against a cooperator), R=3 (both cooperate), P=1 (both defect), S=0 (cooperate against a defector), and the
+    number of rounds is announced. This is the simultaneous-move (PettingZoo Parallel) form: both players act
+    in the same step. In the turn-based (AEC) form, `PrisonersDilemmaEnv`, `player_0` chooses first and `player_1`
+    without seeing it, so the two forms are the same game.
+
+    ## Tools
+
+    - `cooperate()`: cooperate this round.
+    - `defect()`: defect this round.
+
+    ## Reward
+
+    The round's payoff (component `payoff`), minus `invalid_action_penalty` per rejected reply. At the end an agent
+    succeeds when its mean payoff reaches R (what mutual cooperation earns); its score is mean payoff / T.
+
+    ## Episode end
+
+    Terminated after `rounds` rounds, or when an agent forfeits after `max_invalid_actions` bad replies in a row;
+    truncated after `max_steps` steps.
+
+    ## Arguments
+
+    - `rounds`: rounds per game (announced).
+    - `invalid_action_penalty`: subtracted from an agent's reward for each reply that makes no legal move
+      (component `invalid_action`).
+    - `max_invalid_actions`: bad replies in a row after which the agent forfeits (`None`: never).
+    - `max_steps`: steps (good or bad replies of all agents) after which every agent is truncated.
+    - `max_action_chars`: longer replies are rejected as invalid.
+    - `render_mode`: `"ansi"` (the whole game state as text) or `None`.
+
+    ## Version history
+
+    - v0: the first version.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"name": "prisoners_dilemma_text_v0", "render_modes": ["ansi"]}
@@ -195,11 +228,44 @@ class PrisonersDilemmaParallelEnv(_PrisonersDilemmaHooks, TextParallelEnv):
 
 
 class PrisonersDilemmaEnv(_PrisonersDilemmaHooks, TextAECEnv):
-    """Iterated prisoner's dilemma as a turn-based game: ``player_1`` does not see ``player_0``'s pending move.
+    """Iterated prisoner's dilemma: cooperate() or defect(); simultaneous in the parallel form.
 
-    Args:
-        rounds: Rounds per game (announced).
-        kwargs: See :class:`~agentgym.envs.multi_agent.base.TextAECEnv`.
+    ## Description
+
+    Each round both players choose without seeing the other's choice; the payoffs are the classic T=5 (defect
+    against a cooperator), R=3 (both cooperate), P=1 (both defect), S=0 (cooperate against a defector), and the
+    number of rounds is announced. In this turn-based (AEC) form `player_0` chooses first and `player_1` chooses
+    without seeing it; the round resolves after both, so it is the same game as the simultaneous-move (Parallel)
+    form, `PrisonersDilemmaParallelEnv`.
+
+    ## Tools
+
+    - `cooperate()`: cooperate this round.
+    - `defect()`: defect this round.
+
+    ## Reward
+
+    The round's payoff (component `payoff`), minus `invalid_action_penalty` per rejected reply. At the end an agent
+    succeeds when its mean payoff reaches R (what mutual cooperation earns); its score is mean payoff / T.
+
+    ## Episode end
+
+    Terminated after `rounds` rounds, or when an agent forfeits after `max_invalid_actions` bad replies in a row;
+    truncated after `max_steps` steps.
+
+    ## Arguments
+
+    - `rounds`: rounds per game (announced).
+    - `invalid_action_penalty`: subtracted from an agent's reward for each reply that makes no legal move
+      (component `invalid_action`).
+    - `max_invalid_actions`: bad replies in a row after which the agent forfeits (`None`: never).
+    - `max_steps`: steps (good or bad replies of all agents) after which every agent is truncated.
+    - `max_action_chars`: longer replies are rejected as invalid.
+    - `render_mode`: `"ansi"` (the whole game state as text) or `None`.
+
+    ## Version history
+
+    - v0: the first version.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"name": "prisoners_dilemma_text_v0", "render_modes": ["ansi"],

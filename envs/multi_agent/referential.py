@@ -94,12 +94,45 @@ def _mentioned(text: str) -> set[str]:
 
 
 class ReferentialEnv(TextAECEnv):
-    """Speaker ``speaker_0`` describes, listener ``listener_0`` chooses; shared reward.
+    """Cooperative: a speaker describes a target object, a listener (other order) must pick it.
 
-    Args:
-        candidates: Objects per game (the listener's catalogue size).
-        rounds: Speaker turns before the listener must have chosen; the game fails after that.
-        kwargs: See :class:`~agentgym.envs.multi_agent.base.TextAECEnv`.
+    ## Description
+
+    A PettingZoo AEC env with a shared reward: a test of communication, not of competition. `speaker_0` and
+    `listener_0` see the same candidate objects (size, colour, shape) in different orders, so "the second one" does
+    not help: the speaker must describe the target's attributes. Only the speaker knows the target.
+
+    ## Tools
+
+    - `describe(message)`: (the speaker) describe the target to the listener, at most 200 characters.
+    - `choose(index)`: (the listener) pick the object by its number in the listener's own list; this ends the game.
+    - `ask(question)`: (the listener) ask the speaker a question instead of choosing now; the speaker gets another
+      turn.
+
+    ## Reward
+
+    Both agents get 1 when the listener picks the target and 0 otherwise (component `outcome`), minus
+    `invalid_action_penalty` per rejected reply.
+
+    ## Episode end
+
+    Terminated when the listener chooses, when `rounds` speaker turns pass without a choice (a failure), or after
+    `max_invalid_actions` bad replies in a row (a failure); truncated after `max_steps` steps.
+
+    ## Arguments
+
+    - `candidates`: objects per game (the listener's catalogue size).
+    - `rounds`: speaker turns before the listener must have chosen; the game fails after that.
+    - `invalid_action_penalty`: subtracted from an agent's reward for each reply that makes no legal move
+      (component `invalid_action`).
+    - `max_invalid_actions`: bad replies in a row after which the agent forfeits (`None`: never).
+    - `max_steps`: steps (good or bad replies of all agents) after which every agent is truncated.
+    - `max_action_chars`: longer replies are rejected as invalid.
+    - `render_mode`: `"ansi"` (the whole game state as text) or `None`.
+
+    ## Version history
+
+    - v0: the first version.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"name": "referential_text_v0", "render_modes": ["ansi"],
