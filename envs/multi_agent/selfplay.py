@@ -254,23 +254,52 @@ def _simple_opponent(opponent: str | Opponent) -> Opponent:
 
 
 class ChessVsStockfishEnv(SelfPlay):
-    """Chess against Stockfish (UCI subprocess): the learner plays White or Black, drawn per episode.
+    """Chess against Stockfish over UCI (skill 0 by default) as White or Black: `move("e2e4")`.
 
-    Args:
-        skill_level: Stockfish's ``Skill Level``, 0 (weakest, the default) to 20; each level searches to the depth
-            Stockfish's own skill rule picks at (``1 + skill_level``), so levels play as in Stockfish.
-        depth: Search depth at level 20 only (``None``: ``stockfish.FULL_STRENGTH_DEPTH``); see
-            :class:`~agentgym.envs.multi_agent.stockfish.StockfishConfig`.
-        deterministic: Reproduce Stockfish's skill rule with the episode RNG (see ``stockfish.py``).
-        stockfish_path: The binary (default: ``$AGENTGYM_STOCKFISH``, PATH, /usr/games/stockfish).
-        reference_depth: Depth of the full-strength Stockfish that plays the reference solution.
-        learner: ``player_0`` (White), ``player_1`` (Black) or ``None`` (drawn per episode).
-        max_turns: Learner turns before truncation.
-        invalid_action_penalty: Penalty per rejected reply (component ``invalid_action``).
-        max_invalid_actions: Rejected replies in a row that forfeit the game.
-        tasks: Optional fixed games (``metadata``: ``setup: {"fen": ...}``, ``seat``).
-        max_action_chars: See :class:`~agentgym.env.AgentEnv`.
-        render_mode: ``"ansi"`` or ``None``.
+    ## Description
+
+    One seat of `agentgym/Chess-v0` (OpenSpiel's rules) as a single-agent env, against Stockfish run as a UCI
+    subprocess. The learner plays White or Black, drawn per episode unless `learner` fixes it. The learner's reply
+    goes to the game unchanged, then the opponent moves until it is the learner's turn again or the game is over
+    (its moves appear in the observation and in `info["turn"]["opponents"]`). Each episode derives the game seed and
+    the opponent's RNG from the env's seed, so episodes replay exactly. Needs a Stockfish binary.
+
+    ## Tools
+
+    - `move(move)`: play a legal move in UCI (`e2e4`, `e7e8q`) or SAN (`Nf3`, `O-O`).
+
+    ## Reward
+
+    The step reward is the sum of the game's reward components for the learner over its move and the opponent's
+    replies, including `invalid_action` (minus `invalid_action_penalty` per rejected reply); the last step pays the
+    rest of the outcome, so the return is the learner's score in the game: 1 for a win, 0.5 for a draw, 0 for a
+    loss. Success means a win.
+
+    ## Episode end
+
+    Terminated when the game ends (including a forfeit after `max_invalid_actions` rejected replies in a row, and an
+    opponent failing for reasons outside the game, with `end_reason="error"`); truncated after `max_turns` learner
+    turns, rejected replies included.
+
+    ## Arguments
+
+    - `skill_level`: Stockfish's `Skill Level`, 0 (weakest, the default) to 20; each level searches to the depth
+      Stockfish's own skill rule picks at (`1 + skill_level`), so levels play as in Stockfish.
+    - `depth`: search depth at level 20 only (`None`: `stockfish.FULL_STRENGTH_DEPTH`); see `StockfishConfig`.
+    - `deterministic`: reproduce Stockfish's skill rule with the episode RNG.
+    - `stockfish_path`: the binary (default: `$AGENTGYM_STOCKFISH`, PATH, /usr/games/stockfish).
+    - `reference_depth`: depth of the full-strength Stockfish that plays the reference solution.
+    - `learner`: `player_0` (White), `player_1` (Black) or `None` (drawn per episode).
+    - `max_turns`: learner turns before truncation.
+    - `invalid_action_penalty`: penalty per rejected reply (component `invalid_action`).
+    - `max_invalid_actions`: rejected replies in a row that forfeit the game (`None`: never).
+    - `tasks`: optional fixed games (`metadata`: `setup: {"fen": ...}`, `seat`).
+    - `max_action_chars`: see `AgentEnv`.
+    - `render_mode`: `"ansi"` or `None`.
+
+    ## Version history
+
+    - v0: the first version.
     """
 
     description: ClassVar[str] = "Chess against Stockfish (skill 0 by default) as White or Black: move(\"e2e4\")."
@@ -305,19 +334,53 @@ class ChessVsStockfishEnv(SelfPlay):
 
 
 class NegotiationSelfPlayEnv(SelfPlay):
-    """Deal-or-no-deal negotiation against a scripted aspiration negotiator (or a random one).
+    """Deal or no deal against a scripted negotiator: `propose(book, hat, ball)`, `accept()`, `walk_away()`.
 
-    Args:
-        opponent: ``"scripted"`` (default), ``"random"`` or any :class:`Opponent`.
-        learner: ``player_0`` (moves first), ``player_1`` or ``None`` (task seat, else drawn per episode).
-        max_moves: Proposals allowed in all before "no deal".
-        success_share: Share of its total value a deal must give the learner to count as a success.
-        max_turns: Learner turns before truncation.
-        invalid_action_penalty: Penalty per rejected reply.
-        max_invalid_actions: Rejected replies in a row that end the game with no deal.
-        tasks: Optional fixed games (see :func:`~agentgym.envs.multi_agent.negotiation.generate_tasks`).
-        max_action_chars: See :class:`~agentgym.env.AgentEnv`.
-        render_mode: ``"ansi"`` or ``None``.
+    ## Description
+
+    One seat of `agentgym/Negotiation-v0` (Lewis et al., 2017) as a single-agent env, against a scripted aspiration
+    negotiator (or a random one). Both sides have private values for the books, hats and balls, each pool worth 10
+    to each side; a split worth at least half to both always exists. The learner's reply goes to the game unchanged,
+    then the opponent moves until it is the learner's turn again or the game is over (its moves appear in the
+    observation and in `info["turn"]["opponents"]`). Each episode derives the game seed and the opponent's RNG from
+    the env's seed, so episodes replay exactly.
+
+    ## Tools
+
+    - `propose(book, hat, ball, message)`: propose a split by the counts you keep, with an optional message.
+    - `accept()`: accept the opponent's standing proposal; this ends the game with a deal.
+    - `walk_away()`: end the negotiation without a deal (both get 0).
+
+    ## Reward
+
+    The step reward is the sum of the game's reward components for the learner over its move and the opponent's
+    replies, including `invalid_action` (minus `invalid_action_penalty` per rejected reply); the last step pays the
+    rest of the outcome, so the return is the learner's score in the game: the value of the learner's share of a
+    deal divided by its value of the whole pool (component `deal_value`), 0 for no deal. Success means a deal worth
+    at least `success_share`.
+
+    ## Episode end
+
+    Terminated when the game ends (including a forfeit after `max_invalid_actions` rejected replies in a row, and an
+    opponent failing for reasons outside the game, with `end_reason="error"`); truncated after `max_turns` learner
+    turns, rejected replies included. A game also ends with no deal after `max_moves` proposals.
+
+    ## Arguments
+
+    - `opponent`: `"scripted"` (default), `"random"` or any `Opponent`.
+    - `learner`: `player_0` (moves first), `player_1` or `None` (the task's seat, else drawn per episode).
+    - `max_moves`: proposals allowed in all before "no deal".
+    - `success_share`: share of its total value a deal must give the learner to count as a success.
+    - `max_turns`: learner turns before truncation.
+    - `invalid_action_penalty`: penalty per rejected reply (component `invalid_action`).
+    - `max_invalid_actions`: rejected replies in a row that forfeit the game (`None`: never).
+    - `tasks`: optional fixed games (see `agentgym.envs.multi_agent.negotiation.generate_tasks`).
+    - `max_action_chars`: see `AgentEnv`.
+    - `render_mode`: `"ansi"` or `None`.
+
+    ## Version history
+
+    - v0: the first version.
     """
 
     description: ClassVar[str] = ("Deal or no deal against a scripted negotiator: propose(book, hat, ball), accept(), "
@@ -335,17 +398,47 @@ class NegotiationSelfPlayEnv(SelfPlay):
 
 
 class TicTacToeSelfPlayEnv(SelfPlay):
-    """Tic-tac-toe against a scripted bot (win, block, centre, corner) or a random player.
+    """Tic-tac-toe against a scripted bot (win, block, centre, corner) or a random player: `play(cell)`.
 
-    Args:
-        opponent: ``"scripted"`` (default), ``"random"`` or any :class:`Opponent`.
-        learner: ``player_0`` (x, first), ``player_1`` or ``None`` (drawn per episode).
-        max_turns: Learner turns before truncation.
-        invalid_action_penalty: Penalty per rejected reply.
-        max_invalid_actions: Rejected replies in a row that forfeit.
-        tasks: Optional fixed games (``metadata["seat"]``).
-        max_action_chars: See :class:`~agentgym.env.AgentEnv`.
-        render_mode: ``"ansi"`` or ``None``.
+    ## Description
+
+    One seat of `agentgym/TicTacToe-v0` (OpenSpiel's rules) as a single-agent env. The scripted bot wins when it
+    can, blocks the learner's win, then takes the centre, then a corner. The learner's reply goes to the game
+    unchanged, then the opponent moves until it is the learner's turn again or the game is over (its moves appear in
+    the observation and in `info["turn"]["opponents"]`). Each episode derives the game seed and the opponent's RNG
+    from the env's seed, so episodes replay exactly.
+
+    ## Tools
+
+    - `play(cell)`: put your mark on an empty cell, 0-8 row by row from the top left.
+
+    ## Reward
+
+    The step reward is the sum of the game's reward components for the learner over its move and the opponent's
+    replies, including `invalid_action` (minus `invalid_action_penalty` per rejected reply); the last step pays the
+    rest of the outcome, so the return is the learner's score in the game: 1 for a win, 0.5 for a draw, 0 for a
+    loss. Success means a win.
+
+    ## Episode end
+
+    Terminated when the game ends (including a forfeit after `max_invalid_actions` rejected replies in a row, and an
+    opponent failing for reasons outside the game, with `end_reason="error"`); truncated after `max_turns` learner
+    turns, rejected replies included.
+
+    ## Arguments
+
+    - `opponent`: `"scripted"` (default), `"random"` or any `Opponent`.
+    - `learner`: `player_0` (x, first), `player_1` or `None` (drawn per episode).
+    - `max_turns`: learner turns before truncation.
+    - `invalid_action_penalty`: penalty per rejected reply (component `invalid_action`).
+    - `max_invalid_actions`: rejected replies in a row that forfeit the game (`None`: never).
+    - `tasks`: optional fixed games (`metadata["seat"]`).
+    - `max_action_chars`: see `AgentEnv`.
+    - `render_mode`: `"ansi"` or `None`.
+
+    ## Version history
+
+    - v0: the first version.
     """
 
     description: ClassVar[str] = "Tic-tac-toe against a scripted bot: play(cell)."
@@ -367,17 +460,47 @@ class TicTacToeSelfPlayEnv(SelfPlay):
 
 
 class ConnectFourSelfPlayEnv(SelfPlay):
-    """Connect-four against a scripted bot (win, block, prefer the centre) or a random player.
+    """Connect-four against a scripted bot (win, block, prefer the centre) or a random player: `play(column)`.
 
-    Args:
-        opponent: ``"scripted"`` (default), ``"random"`` or any :class:`Opponent`.
-        learner: ``player_0`` (x, first), ``player_1`` or ``None`` (drawn per episode).
-        max_turns: Learner turns before truncation.
-        invalid_action_penalty: Penalty per rejected reply.
-        max_invalid_actions: Rejected replies in a row that forfeit.
-        tasks: Optional fixed games (``metadata["seat"]``).
-        max_action_chars: See :class:`~agentgym.env.AgentEnv`.
-        render_mode: ``"ansi"`` or ``None``.
+    ## Description
+
+    One seat of `agentgym/ConnectFour-v0` (OpenSpiel's rules) as a single-agent env. The scripted bot wins when it
+    can, blocks the learner's win, else prefers the centre columns. The learner's reply goes to the game unchanged,
+    then the opponent moves until it is the learner's turn again or the game is over (its moves appear in the
+    observation and in `info["turn"]["opponents"]`). Each episode derives the game seed and the opponent's RNG from
+    the env's seed, so episodes replay exactly.
+
+    ## Tools
+
+    - `play(column)`: drop a disc into a column that is not full, 0-6 from the left.
+
+    ## Reward
+
+    The step reward is the sum of the game's reward components for the learner over its move and the opponent's
+    replies, including `invalid_action` (minus `invalid_action_penalty` per rejected reply); the last step pays the
+    rest of the outcome, so the return is the learner's score in the game: 1 for a win, 0.5 for a draw, 0 for a
+    loss. Success means a win.
+
+    ## Episode end
+
+    Terminated when the game ends (including a forfeit after `max_invalid_actions` rejected replies in a row, and an
+    opponent failing for reasons outside the game, with `end_reason="error"`); truncated after `max_turns` learner
+    turns, rejected replies included.
+
+    ## Arguments
+
+    - `opponent`: `"scripted"` (default), `"random"` or any `Opponent`.
+    - `learner`: `player_0` (x, first), `player_1` or `None` (drawn per episode).
+    - `max_turns`: learner turns before truncation.
+    - `invalid_action_penalty`: penalty per rejected reply (component `invalid_action`).
+    - `max_invalid_actions`: rejected replies in a row that forfeit the game (`None`: never).
+    - `tasks`: optional fixed games (`metadata["seat"]`).
+    - `max_action_chars`: see `AgentEnv`.
+    - `render_mode`: `"ansi"` or `None`.
+
+    ## Version history
+
+    - v0: the first version.
     """
 
     description: ClassVar[str] = "Connect-four against a scripted bot: play(column)."
@@ -399,18 +522,52 @@ class ConnectFourSelfPlayEnv(SelfPlay):
 
 
 class ReferentialSelfPlayEnv(SelfPlay):
-    """The cooperative referential game with a scripted partner: by default the learner is the speaker.
+    """Describe a target object so that a scripted listener picks it: `describe(message)`.
 
-    Args:
-        learner: ``speaker_0`` (default) or ``listener_0``.
-        candidates: Objects per game.
-        rounds: Speaker turns before the listener must have chosen.
-        max_turns: Learner turns before truncation.
-        invalid_action_penalty: Penalty per rejected reply.
-        max_invalid_actions: Rejected replies in a row that end the game as a failure.
-        tasks: Optional fixed games (see :func:`~agentgym.envs.multi_agent.referential.generate_tasks`).
-        max_action_chars: See :class:`~agentgym.env.AgentEnv`.
-        render_mode: ``"ansi"`` or ``None``.
+    ## Description
+
+    One seat of the cooperative `agentgym/Referential-v0` game as a single-agent env, with a scripted partner. By
+    default the learner is the speaker: it sees the candidate objects (size, colour, shape) and the target, and must
+    describe the target well enough for the listener, who sees the objects in another order. With
+    `learner="listener_0"` the learner reads a scripted speaker's descriptions and picks. The learner's reply goes
+    to the game unchanged, then the opponent moves until it is the learner's turn again or the game is over (its
+    moves appear in the observation and in `info["turn"]["opponents"]`). Each episode derives the game seed and the
+    opponent's RNG from the env's seed, so episodes replay exactly.
+
+    ## Tools
+
+    - `describe(message)`: describe the target to the listener, at most 200 characters.
+    - `choose(index)`: (only with `learner="listener_0"`) pick the object by its number in your list.
+    - `ask(question)`: (only with `learner="listener_0"`) ask the speaker a question instead of choosing now.
+
+    ## Reward
+
+    The step reward is the sum of the game's reward components for the learner over its move and the opponent's
+    replies, including `invalid_action` (minus `invalid_action_penalty` per rejected reply); the last step pays the
+    rest of the outcome, so the return is the learner's score in the game: 1 when the listener picks the target,
+    else 0 (the reward is shared). Success means the right pick.
+
+    ## Episode end
+
+    Terminated when the game ends (including a forfeit after `max_invalid_actions` rejected replies in a row, and an
+    opponent failing for reasons outside the game, with `end_reason="error"`); truncated after `max_turns` learner
+    turns, rejected replies included. The game fails when `rounds` speaker turns pass without a choice.
+
+    ## Arguments
+
+    - `learner`: `speaker_0` (default) or `listener_0`.
+    - `candidates`: objects per game.
+    - `rounds`: speaker turns before the listener must have chosen.
+    - `max_turns`: learner turns before truncation.
+    - `invalid_action_penalty`: penalty per rejected reply (component `invalid_action`).
+    - `max_invalid_actions`: rejected replies in a row that forfeit the game (`None`: never).
+    - `tasks`: optional fixed games (see `agentgym.envs.multi_agent.referential.generate_tasks`).
+    - `max_action_chars`: see `AgentEnv`.
+    - `render_mode`: `"ansi"` or `None`.
+
+    ## Version history
+
+    - v0: the first version.
     """
 
     description: ClassVar[str] = "Describe a target object so that a scripted listener picks it: describe(message)."
@@ -427,18 +584,52 @@ class ReferentialSelfPlayEnv(SelfPlay):
 
 
 class PrisonersDilemmaSelfPlayEnv(SelfPlay):
-    """Iterated prisoner's dilemma against tit for tat (or a random player).
+    """Iterated prisoner's dilemma against tit for tat (or a random player): `cooperate()` or `defect()`.
 
-    Args:
-        opponent: ``"scripted"`` (tit for tat, default), ``"random"`` or any :class:`Opponent`.
-        learner: ``player_0``, ``player_1`` or ``None`` (drawn per episode).
-        rounds: Rounds per game.
-        max_turns: Learner turns before truncation.
-        invalid_action_penalty: Penalty per rejected reply.
-        max_invalid_actions: Rejected replies in a row that end the game.
-        tasks: Optional fixed games (``metadata``: ``setup: {"rounds": n}``, ``seat``).
-        max_action_chars: See :class:`~agentgym.env.AgentEnv`.
-        render_mode: ``"ansi"`` or ``None``.
+    ## Description
+
+    One seat of `agentgym/PrisonersDilemma-v0` as a single-agent env. Each round both players choose without seeing
+    the other's choice; the payoffs are T=5 (defect against a cooperator), R=3 (both cooperate), P=1 (both defect),
+    S=0 (cooperate against a defector), and the number of rounds is announced. Tit for tat cooperates first, then
+    repeats the learner's last move. The learner's reply goes to the game unchanged, then the opponent moves until
+    it is the learner's turn again or the game is over (its moves appear in the observation and in
+    `info["turn"]["opponents"]`). Each episode derives the game seed and the opponent's RNG from the env's seed, so
+    episodes replay exactly.
+
+    ## Tools
+
+    - `cooperate()`: cooperate this round.
+    - `defect()`: defect this round.
+
+    ## Reward
+
+    The step reward is the sum of the game's reward components for the learner over its move and the opponent's
+    replies, including `invalid_action` (minus `invalid_action_penalty` per rejected reply); the last step pays the
+    rest of the outcome, so the return is the learner's score in the game: the mean payoff per round divided by T.
+    The step rewards are the round payoffs (component `payoff`). Success means a mean payoff of at least R (what
+    mutual cooperation earns).
+
+    ## Episode end
+
+    Terminated when the game ends (including a forfeit after `max_invalid_actions` rejected replies in a row, and an
+    opponent failing for reasons outside the game, with `end_reason="error"`); truncated after `max_turns` learner
+    turns, rejected replies included.
+
+    ## Arguments
+
+    - `opponent`: `"scripted"` (tit for tat, default), `"random"` or any `Opponent`.
+    - `learner`: `player_0`, `player_1` or `None` (drawn per episode).
+    - `rounds`: rounds per game.
+    - `max_turns`: learner turns before truncation.
+    - `invalid_action_penalty`: penalty per rejected reply (component `invalid_action`).
+    - `max_invalid_actions`: rejected replies in a row that forfeit the game (`None`: never).
+    - `tasks`: optional fixed games (`metadata`: `setup: {"rounds": n}`, `seat`).
+    - `max_action_chars`: see `AgentEnv`.
+    - `render_mode`: `"ansi"` or `None`.
+
+    ## Version history
+
+    - v0: the first version.
     """
 
     description: ClassVar[str] = "Iterated prisoner's dilemma against tit for tat: cooperate() or defect()."
