@@ -337,14 +337,51 @@ def shop_solver(goal: Goal) -> ReferenceSolver:
 
 
 class WebShopTextEnv(_ShopEnv):
-    """The shop without a browser: the same pages rendered in-process as accessibility snapshots.
+    """The WebShop grocery shop without a browser: the same pages rendered in-process as accessibility snapshots.
 
-    Args:
-        max_turns: Turns before truncation.
-        tasks: Tasks to draw from (e.g. a suite's split); without them a task is generated from the seed.
-        max_snapshot_chars: Longer page snapshots are cut (and say so).
-        max_action_chars: See :class:`~agentgym.env.AgentEnv`.
-        render_mode: ``"ansi"`` or ``None``.
+    ## Description
+
+    Buy what a WebShop-style instruction asks ("a 6-pack of sparkling water under $20") in a local grocery shop.
+    This env renders the shop's pages in-process with `TextBrowser` in a few milliseconds, for RL on many episodes;
+    `agentgym/WebShop-v1` runs the same shop app, tools, reference solver and reward in a real Chromium.
+    Observations are the page's accessibility snapshot in Playwright's format in both, so a policy trained on one
+    runs on the other. Without `tasks`, a goal is generated from the reset seed.
+
+    ## Tools
+
+    - `click(ref)`: click an element of the page (a link, a button, a text field) by its snapshot ref, e.g. `e12`.
+    - `type(ref, text, submit)`: replace the text in a text field; `submit=True` presses Enter afterwards.
+    - `select(ref, option)`: choose an option of a drop-down list by its text.
+    - `scroll(direction)`: scroll the page up, down, left or right (rarely needed: the snapshot shows the whole
+      page).
+    - `goto(url)`: open a page of this shop by path, e.g. `/` or `/cart` (other sites are refused).
+    - `back()`: go back to the previous page.
+    - `answer(text)`: stop shopping and end the episode (only an order placed before counts).
+
+    ## Reward
+
+    WebShop's score of the order (Yao et al., 2022), computed on the server: `r_type * (matched attributes + matched
+    options + [price <= limit]) / (goal attributes + goal options + 1)`, where `r_type` checks the product is the
+    right kind and only options the agent chose count; an order of several items is divided by their number. Paid
+    when the order is placed (component `purchase`); success means a full match (score 1). An episode with no order
+    scores 0.
+
+    ## Episode end
+
+    Terminated when an order is placed or by `answer`; truncated after `max_turns` turns.
+
+    ## Arguments
+
+    - `max_turns`: turns before truncation.
+    - `tasks`: tasks to draw from (e.g. a suite's split); without them a task is generated from the seed.
+    - `max_snapshot_chars`: longer page snapshots are cut (and say so).
+    - `max_action_chars`: see `AgentEnv`.
+    - `render_mode`: `"ansi"` or `None`.
+
+    ## Version history
+
+    - v1: the reward changed: only the options the agent chose count.
+    - v0: the first version.
     """
 
     description: ClassVar[str] = ("Buy what a WebShop-style instruction asks in a grocery shop rendered as text "
@@ -368,18 +405,55 @@ class WebShopTextEnv(_ShopEnv):
 
 
 class WebShopEnv(_ShopEnv):
-    """The shop in a real Chromium (Playwright), served on 127.0.0.1 by the env.
+    """Buy what a WebShop-style instruction asks in a local grocery shop, in a real Chromium (Playwright).
 
-    Args:
-        max_turns: Turns before truncation.
-        tasks: Tasks to draw from (e.g. a suite's split); without them a task is generated from the seed.
-        max_snapshot_chars: Longer page snapshots are cut (and say so).
-        screenshot: Also return a screenshot: observations become ``{"text": str, "image": uint8[H, W, 3]}``.
-        viewport: Browser window ``(width, height)`` in pixels (the screenshot's size).
-        browser: Browser options (see :class:`agentgym.tools.browser.BrowserConfig`) as a dict or a config,
-            or a :class:`~agentgym.tools.browser.BrowserPool` to use (default: the shared process-wide pool).
-        max_action_chars: See :class:`~agentgym.env.AgentEnv`.
-        render_mode: ``"ansi"`` or ``None``.
+    ## Description
+
+    The shop app is served on 127.0.0.1 by a background HTTP server and driven through the shared `BrowserPool`'s
+    Chromium. Observations are the page's accessibility snapshot in Playwright's format (optionally with a
+    screenshot), the same as `agentgym/WebShop-text-v1`, which runs the same shop, tools, reference solver and
+    reward without a browser, so a policy trained on one runs on the other. Without `tasks`, a goal is generated
+    from the reset seed. Needs Playwright's Chromium.
+
+    ## Tools
+
+    - `click(ref)`: click an element of the page (a link, a button, a text field) by its snapshot ref, e.g. `e12`.
+    - `type(ref, text, submit)`: replace the text in a text field; `submit=True` presses Enter afterwards.
+    - `select(ref, option)`: choose an option of a drop-down list by its text.
+    - `scroll(direction)`: scroll the page up, down, left or right (rarely needed: the snapshot shows the whole
+      page).
+    - `goto(url)`: open a page of this shop by path, e.g. `/` or `/cart` (other sites are refused).
+    - `back()`: go back to the previous page.
+    - `answer(text)`: stop shopping and end the episode (only an order placed before counts).
+
+    ## Reward
+
+    WebShop's score of the order (Yao et al., 2022), computed on the server: `r_type * (matched attributes + matched
+    options + [price <= limit]) / (goal attributes + goal options + 1)`, where `r_type` checks the product is the
+    right kind and only options the agent chose count; an order of several items is divided by their number. Paid
+    when the order is placed (component `purchase`); success means a full match (score 1). An episode with no order
+    scores 0.
+
+    ## Episode end
+
+    Terminated when an order is placed or by `answer`; truncated after `max_turns` turns.
+
+    ## Arguments
+
+    - `max_turns`: turns before truncation.
+    - `tasks`: tasks to draw from (e.g. a suite's split); without them a task is generated from the seed.
+    - `max_snapshot_chars`: longer page snapshots are cut (and say so).
+    - `screenshot`: also return a screenshot: observations become `{"text": str, "image": uint8[H, W, 3]}`.
+    - `viewport`: browser window `(width, height)` in pixels (the screenshot's size).
+    - `browser`: browser options (see `agentgym.tools.browser.BrowserConfig`) as a dict or a config, or a
+      `BrowserPool` to use (default: the shared process-wide pool).
+    - `max_action_chars`: see `AgentEnv`.
+    - `render_mode`: `"ansi"` or `None`.
+
+    ## Version history
+
+    - v1: the reward changed: only the options the agent chose count.
+    - v0: the first version.
     """
 
     description: ClassVar[str] = ("Buy what a WebShop-style instruction asks in a local grocery shop, in a real "
