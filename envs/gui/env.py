@@ -74,27 +74,60 @@ SCREENSHOT_LIMITS = (16, 4096)
 
 
 class MiniWoBEnv(AgentEnv):
-    """MiniWoB++ tasks in a real Chromium, observed as screenshots and driven by pixel coordinates.
+    """MiniWoB++ web tasks by pixels: a screenshot in, `click(x, y)`, `type`, `key`, `scroll` or `drag` out.
 
-    Args:
-        task_id: The MiniWoB task played when no task list is given (e.g. ``"click-button"``); it also
-            sets the default screen size.
-        tasks: Tasks to draw from (e.g. a suite's split); each names its page in ``metadata["task"]``.
-        max_turns: Turns before truncation.
-        screen: ``(width, height)`` of the browser window; defaults to the task's own size (160x210, or
-            375x667 for the flight sites). Pages smaller than the screen sit top-left.
-        screenshot_size: ``(width, height)`` of the image the agent sees (16-4096 pixels each way; default:
-            the screen). The screenshot is resized to it, and every coordinate in an action is in its pixels:
-            ``click(x, y)`` clicks the page at ``(x * screen_w / width, y * screen_h / height)``.
-        set_of_marks: Draw numbered boxes over the interactive elements on the image, list them in the text
-            (``[3] button "Submit"``) and add the tool ``click_mark(mark)``. Drawn after capture, so the page
-            never sees them.
-        accessibility: Add the page's accessibility tree (Playwright's aria snapshot, without refs) to the
-            text part of each observation, beside the pixels. Off by default: it costs tokens and a little time.
-        browser: Browser options (see :class:`agentgym.tools.browser.BrowserConfig`) as a dict or a config,
-            or a :class:`~agentgym.tools.browser.BrowserPool` to use (default: the shared process-wide pool).
-        max_action_chars: See :class:`~agentgym.env.AgentEnv`.
-        render_mode: ``"ansi"`` (the text part), ``"rgb_array"`` (the last screenshot) or ``None``.
+    ## Description
+
+    Each episode loads one MiniWoB++ page (served on 127.0.0.1) in a pooled Chromium context, seeds it, and shows
+    the agent `{"text": the task's utterance, "image": uint8[H, W, 3]}`. Actions are coordinate actions on that
+    image. Agent aids in the style of BrowserGym, all off by default: `set_of_marks` draws numbered boxes over the
+    interactive elements (after capture, so the page never sees them) and adds `click_mark`; `screenshot_size`
+    resizes the image, and every coordinate maps back to the page linearly; `accessibility` adds the page's
+    accessibility tree to the text part. Needs Playwright's Chromium.
+
+    ## Tools
+
+    - `click(x, y)`: click at a point of the screenshot (pixels from the left and top edges).
+    - `click_mark(mark)`: (only with `set_of_marks=True`) click the centre of a numbered box of the latest
+      screenshot.
+    - `type(text)`: type text with the keyboard into whatever has focus (click a field first).
+    - `key(name)`: press a key or a chord, e.g. `Enter`, `Tab`, `Control+a`.
+    - `scroll(x, y, dy)`: turn the mouse wheel over a point; positive `dy` scrolls down.
+    - `drag(x1, y1, x2, y2)`: press the mouse at `(x1, y1)`, move to `(x2, y2)` and release.
+
+    ## Reward
+
+    The page's own raw reward when its reward function fires (`core.endEpisode`): -1 to 1, with partial credit on
+    some tasks (component `task`). Success means the full reward of 1. An episode that runs out of turns scores 0.
+
+    ## Episode end
+
+    Terminated when the page ends its episode; truncated after `max_turns` turns. The page's own time limit is
+    switched off, so only turns count.
+
+    ## Arguments
+
+    - `task_id`: the MiniWoB task played when no task list is given (e.g. `"click-button"`); it also sets the
+      default screen size.
+    - `tasks`: tasks to draw from (e.g. a suite's split); each names its page in `metadata["task"]`.
+    - `max_turns`: turns before truncation.
+    - `screen`: `(width, height)` of the browser window; defaults to the task's own size (160x210, or 375x667 for
+      the flight sites). Pages smaller than the screen sit top-left.
+    - `screenshot_size`: `(width, height)` of the image the agent sees (16-4096 pixels each way; default: the
+      screen). Every coordinate in an action is in its pixels: `click(x, y)` clicks the page at `(x * screen_w /
+      width, y * screen_h / height)`.
+    - `set_of_marks`: draw numbered boxes over the interactive elements on the image, list them in the text (`[3]
+      button "Submit"`) and add the tool `click_mark(mark)`.
+    - `accessibility`: add the page's accessibility tree (Playwright's aria snapshot, without refs) to the text part
+      of each observation. Off by default: it costs tokens and a little time.
+    - `browser`: browser options (see `agentgym.tools.browser.BrowserConfig`) as a dict or a config, or a
+      `BrowserPool` to use (default: the shared process-wide pool).
+    - `max_action_chars`: see `AgentEnv`.
+    - `render_mode`: `"ansi"` (the text part), `"rgb_array"` (the last screenshot) or `None`.
+
+    ## Version history
+
+    - v0: the first version.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
