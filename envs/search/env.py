@@ -77,28 +77,61 @@ def make_snippet(text: str, query: str, max_chars: int) -> str:
 
 
 class SearchEnv(AgentEnv):
-    """Answer a question with a search tool over a real corpus; reward = 1 when grade_answer accepts the answer.
+    """Answer 1-3 hop questions over 11k real Wikipedia summaries and profiles with `search`, `open` and `answer`.
 
-    Args:
-        max_turns: Turns before truncation (a 3-hop question needs 4: three searches and the answer).
-        tasks: Tasks to draw from (e.g. a suite's split); without them a question is generated from the reset
-            seed (see ``entities``).
-        retriever: ``bm25`` (default), ``dense``, ``hybrid``, or a :class:`~agentgym.tools.retrieval.Retriever`
-            object (an unindexed one is indexed on the corpus; a ``SimulatedSearchEngine`` is used as is).
-        retriever_options: Constructor options for a retriever given by name (e.g. ``{"k1": 0.9}``).
-        corpus: ``full`` (10,033 Wikipedia summaries + country and city profiles) or ``profiles`` (the
-            profiles only; small and fast, for tests).
-        top_k: Results per search when the agent gives no ``k``.
-        max_k: Largest ``k`` the agent may ask for.
-        snippet_chars: Length of each result's snippet.
-        max_query_chars: Longest accepted query.
-        max_open_chars: Longest document text ``open`` shows (the rest is cut, and the cut is said).
-        reward: ``grade`` (the only choice: :func:`~agentgym.envs.search.scoring.grade_answer`); ``em`` is taken
-            as ``grade``, and ``f1`` is refused because padding an answer with the gold's tokens earns F1.
-        entities: Entity group of generated questions when no tasks are given: ``train``, ``test`` or ``all``.
-        max_action_chars: See :class:`~agentgym.env.AgentEnv`.
-        max_calls_per_turn: See :class:`~agentgym.env.AgentEnv`.
-        render_mode: ``"ansi"`` or ``None``.
+    ## Description
+
+    Search-R1 / ZeroSearch style. The agent sees a question, searches a real corpus (10,033 Wikipedia summaries plus
+    country and city profiles) for numbered, titled snippets with document ids, may open a whole document, and
+    answers. Questions are generated from the corpus (1-3 hops, comparisons balanced), so gold answers follow it.
+    Besides Hermes tool calls, Search-R1 tags (`<search>query</search>`, `<open>doc_id</open>`,
+    `<answer>text</answer>`) and function calls (`search("query")`) are read. The retriever is `bm25` (default),
+    `dense`, `hybrid`, or any `Retriever` object, e.g. a `SimulatedSearchEngine` whose documents a policy writes.
+
+    ## Tools
+
+    - `search(query, k)`: search the corpus; returns `k` numbered results, each with a title, a document id and a
+      snippet.
+    - `open(doc_id)`: read the full text of a document.
+    - `answer(text)`: submit the final answer (a short phrase: a name or a number); this ends the episode.
+
+    ## Reward
+
+    1 when `grade_answer` accepts the answer, else 0 (component `answer`): the answer must name the gold entity (an
+    alias or an equivalent form) and nothing else, so hedges such as both options of a comparison fail. SQuAD EM and
+    F1 are reported in `info["answer"]` and `info["outcome"]` but are never the reward; `info["outcome"]` also
+    carries the question's `kind` and `type`, so success can be reported per type.
+
+    ## Episode end
+
+    Terminated by `answer`; truncated after `max_turns` turns.
+
+    ## Arguments
+
+    - `max_turns`: turns before truncation (a 3-hop question needs 4: three searches and the answer).
+    - `tasks`: tasks to draw from (e.g. a suite's split); without them a question is generated from the reset seed
+      (see `entities`).
+    - `retriever`: `bm25` (default), `dense`, `hybrid`, or a `Retriever` object (an unindexed one is indexed on the
+      corpus; a `SimulatedSearchEngine` is used as is).
+    - `retriever_options`: constructor options for a retriever given by name (e.g. `{"k1": 0.9}`).
+    - `corpus`: `full` (10,033 Wikipedia summaries + country and city profiles) or `profiles` (the profiles only;
+      small and fast, for tests).
+    - `top_k`: results per search when the agent gives no `k`.
+    - `max_k`: largest `k` the agent may ask for.
+    - `snippet_chars`: length of each result's snippet.
+    - `max_query_chars`: longest accepted query.
+    - `max_open_chars`: longest document text `open` shows (the rest is cut, and the cut is said).
+    - `reward`: `grade` (the only choice: `grade_answer`); `em` is taken as `grade`, and `f1` is refused because
+      padding an answer with the gold's tokens earns F1.
+    - `entities`: entity group of generated questions when no tasks are given: `train`, `test` or `all`.
+    - `max_action_chars`: see `AgentEnv`.
+    - `max_calls_per_turn`: see `AgentEnv`.
+    - `render_mode`: `"ansi"` or `None`.
+
+    ## Version history
+
+    - v1: gold answers follow the corpus, `grade_answer` refuses hedges and padding (EM and F1 are reported only).
+    - v0: the first version (could reward F1).
     """
 
     description: ClassVar[str] = (
