@@ -51,19 +51,46 @@ def _clean(feedback: str) -> str:
 
 
 class TextWorldEnv(AgentEnv):
-    """TextWorld games (cooking: the First TextWorld Problems games; household: an ALFWorld-like house).
+    """TextWorld cooking and household games generated offline: `command("open fridge")`; the game's own score.
 
-    Args:
-        max_turns: Turns before truncation. ``None`` (default): twice the game's walkthrough plus 10.
-        tasks: Tasks to draw from (see :func:`~agentgym.envs.textworld.games.generate_tasks`).
-        kinds: Game kinds of the default pool, drawn from when no tasks are given.
-        level: Difficulty level (1-3) of the default pool.
-        pool_size: Game seeds ``0 .. pool_size - 1`` per kind form the default pool. It is small on purpose:
-            every game is generated once (seconds) and then cached, so seeded resets stay fast.
-        admissible_commands: Append the game's admissible commands to every observation (an easier variant).
-        max_action_chars: See :class:`~agentgym.env.AgentEnv`.
-        max_calls_per_turn: See :class:`~agentgym.env.AgentEnv`; extra commands in one reply run in order.
-        render_mode: ``"ansi"`` or ``None``.
+    ## Description
+
+    Two kinds of TextWorld games: cooking (the First TextWorld Problems games) and household (an ALFWorld-like
+    house). The games are generated offline by TextWorld (`agentgym.envs.textworld.games`) at difficulty levels 1-3
+    and played through `textworld.start`; every game is generated once and cached, so seeded resets stay fast. With
+    `admissible_commands`, every observation also lists the commands the game accepts (an easier variant).
+
+    ## Tools
+
+    - `command(text)`: type one command into the game, e.g. `open fridge`, `take apple`, `go east`, `look`,
+      `inventory`.
+
+    ## Reward
+
+    The game's own score normalised by its maximum score, paid on the step that earns it (component `score`). A
+    truncated episode keeps the score it earned (the standard TextWorld metric), so the return is always `score /
+    max_score`; success means the game is won.
+
+    ## Episode end
+
+    Terminated when the game is won or lost; truncated after `max_turns` turns.
+
+    ## Arguments
+
+    - `max_turns`: turns before truncation. `None` (default): twice the game's walkthrough plus 10.
+    - `tasks`: tasks to draw from (see `agentgym.envs.textworld.games.generate_tasks`).
+    - `kinds`: game kinds of the default pool, drawn from when no tasks are given.
+    - `level`: difficulty level (1-3) of the default pool.
+    - `pool_size`: game seeds `0 .. pool_size - 1` per kind form the default pool. It is small on purpose: every
+      game is generated once (seconds) and then cached.
+    - `admissible_commands`: append the game's admissible commands to every observation (an easier variant).
+    - `max_action_chars`: see `AgentEnv`.
+    - `max_calls_per_turn`: see `AgentEnv`; extra commands in one reply run in order.
+    - `render_mode`: `"ansi"` or `None`.
+
+    ## Version history
+
+    - v0: the first version.
     """
 
     description: ClassVar[str] = "TextWorld cooking and household games played with command(text); the game's score."
