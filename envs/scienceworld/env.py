@@ -155,19 +155,48 @@ def _shutdown() -> None:
 
 
 class ScienceWorldEnv(AgentEnv):
-    """ScienceWorld's 30 task types (boil, melt, grow a plant, test conductivity, Mendelian genetics, ...).
+    """ScienceWorld's 30 science task types (a Java simulator): `command("open door to kitchen")`.
 
-    Args:
-        max_turns: Turns before truncation. ``None`` (default): twice the gold path plus 20.
-        tasks: Tasks to draw from (see :func:`generate_tasks`).
-        task_names: Task types of the default pool, drawn from when no tasks are given.
-        pool_size: The first ``pool_size`` train variations of each of ``task_names`` form the default pool.
-        valid_actions: Append the simulator's valid actions to every observation (a long list; an easier variant).
-        simplifications: ScienceWorld's simplification string (``""``, ``"easy"`` or a comma list such as
-            ``"teleportAction,openDoors"``).
-        max_action_chars: See :class:`~agentgym.env.AgentEnv`.
-        max_calls_per_turn: See :class:`~agentgym.env.AgentEnv`.
-        render_mode: ``"ansi"`` or ``None``.
+    ## Description
+
+    ScienceWorld (Wang et al., 2022) is an interactive elementary-science simulator written in Scala: boil, melt,
+    grow a plant, test conductivity, Mendelian genetics and more. The `scienceworld` package runs it in a JVM and
+    talks to it over py4j, so it needs Java. Variation splits are the package's own (train, dev, test per task
+    type). Starting a JVM takes seconds, so simulators are pooled per process: an env takes an idle one on its first
+    reset and gives it back on `close()`; every episode loads its task variation afresh. With `valid_actions`, every
+    observation also lists the simulator's valid actions (an easier variant).
+
+    ## Tools
+
+    - `command(text)`: type one command, e.g. `look around`, `open door to kitchen`, `go to kitchen`, `focus on
+      dove`.
+
+    ## Reward
+
+    The simulator's own score divided by 100, paid on the step that earns it (component `score`); a failed task
+    scores -100, so -1.0. A truncated episode keeps the score it earned (ScienceWorld's usual metric). Success means
+    a score of 100.
+
+    ## Episode end
+
+    Terminated when the simulator says the task is over (complete or failed); truncated after `max_turns` turns.
+
+    ## Arguments
+
+    - `max_turns`: turns before truncation. `None` (default): twice the gold path plus 20.
+    - `tasks`: tasks to draw from (see `generate_tasks`).
+    - `task_names`: task types of the default pool, drawn from when no tasks are given.
+    - `pool_size`: the first `pool_size` train variations of each of `task_names` form the default pool.
+    - `valid_actions`: append the simulator's valid actions to every observation (a long list; an easier variant).
+    - `simplifications`: ScienceWorld's simplification string (`""`, `"easy"` or a comma list such as
+      `"teleportAction,openDoors"`).
+    - `max_action_chars`: see `AgentEnv`.
+    - `max_calls_per_turn`: see `AgentEnv`.
+    - `render_mode`: `"ansi"` or `None`.
+
+    ## Version history
+
+    - v0: the first version.
     """
 
     description: ClassVar[str] = "ScienceWorld's 30 task types played with command(text); the simulator's score."
