@@ -19,7 +19,8 @@ from agentgym.agent import ChatAgent
 from agentgym.errors import ConfigError
 from agentgym.models import TinyModelConfig
 from agentgym.policies.base import SamplingParams
-from agentgym.policies.hf import HFPolicy, _plain_dynamic_layers
+from agentgym.policies.hf import HFPolicy
+from agentgym.policies.kv_batch import plain_dynamic_layers
 from agentgym.policies.kv_cache import (
     CachedPrefix,
     EpisodeKVCache,
@@ -337,8 +338,8 @@ def test_sliding_window_caches_are_not_reused():
 
     kv = torch.zeros(1, 2, 3, 4)
     plain = DynamicCache(ddp_cache_data=[(kv, kv), (kv, kv)])
-    assert _plain_dynamic_layers(plain) is not None and all(type(x) is DynamicLayer for x in plain.layers)
+    assert plain_dynamic_layers(plain) is not None and all(type(x) is DynamicLayer for x in plain.layers)
     mixed = DynamicCache(ddp_cache_data=[(kv, kv), (kv, kv, torch.tensor(2))])
     assert isinstance(mixed.layers[1], DynamicSlidingWindowLayer)
-    assert _plain_dynamic_layers(mixed) is None
-    assert _plain_dynamic_layers(None) is None and _plain_dynamic_layers(((kv, kv),)) is None
+    assert plain_dynamic_layers(mixed) is None
+    assert plain_dynamic_layers(None) is None and plain_dynamic_layers(((kv, kv),)) is None

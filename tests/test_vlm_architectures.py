@@ -28,7 +28,9 @@ from agentgym.agent import ChatAgent  # noqa: E402
 from agentgym.utils.images import ImageRef  # noqa: E402
 from agentgym.models.tiny import default_corpus, train_tokenizer  # noqa: E402
 from agentgym.policies.base import Generation, SamplingParams  # noqa: E402
-from agentgym.policies.hf import HFPolicy, _rope_index_fn, pixel_inputs, rope_position_ids  # noqa: E402
+from agentgym.models.geometry import rope_index_fn, rope_position_ids  # noqa: E402
+from agentgym.models.vision import pixel_inputs  # noqa: E402
+from agentgym.policies.hf import HFPolicy  # noqa: E402
 from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine  # noqa: E402
 from agentgym.storage import TrajectoryWriter, read_trajectories  # noqa: E402
 from agentgym.trainers.batch import build_batch, sequence_logprobs, vision_inputs  # noqa: E402
@@ -157,7 +159,7 @@ def _own_forward_inputs(policy: HFPolicy, ids: Any, images: list[ImageRef]) -> d
     """What the model's own forward needs beside the ids to place the images: pixels, and for M-RoPE models the
     token types its ``get_rope_index`` reads (it then computes the positions itself)."""
     inputs = dict(pixel_inputs(policy.processor, images))
-    if _rope_index_fn(policy.model) is not None:
+    if rope_index_fn(policy.model) is not None:
         inputs["mm_token_type_ids"] = (ids == policy.model.config.image_token_id).int()
     return inputs
 
@@ -182,7 +184,7 @@ def _conversation(policy: HFPolicy, sizes: list[tuple[int, int]], seed: int = 0)
 
 def test_positions_are_the_models_own_three_dimensional_ones(vlm: HFPolicy) -> None:
     """Scoring positions equal what the model computes by itself, and differ from counting tokens."""
-    if _rope_index_fn(vlm.model) is None:
+    if rope_index_fn(vlm.model) is None:
         pytest.skip("1-D positions: nothing beyond the mask to compute")
     agent = _conversation(vlm, [(56, 56), (28, 56)])
     ids = torch.tensor([agent.token_ids])

@@ -132,7 +132,7 @@ def vision_inputs(batch: TrainingBatch, processor: Any, device: Any = None,
 
         raise ConfigError("These trajectories hold images (a vision-language model's); pass the model's processor "
                           "(AutoProcessor.from_pretrained(model_dir)) to compute their pixel values.")
-    from agentgym.policies.hf import pixel_inputs
+    from agentgym.models.vision import pixel_inputs
 
     return pixel_inputs(processor, [image for row in batch.images for image in row], device, dtype)
 
@@ -151,7 +151,7 @@ def sequence_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch
     Raises:
         ConfigError: if ``chunk_size`` is not a positive int or ``None``.
     """
-    from agentgym.policies.hf import rope_position_ids
+    from agentgym.models.geometry import rope_position_ids
 
     position_ids = rope_position_ids(model, input_ids, attention_mask, vision)
     return token_logprobs(model, input_ids, attention_mask=attention_mask, position_ids=position_ids,

@@ -230,7 +230,7 @@ def load_model(path: str | Path, options: LoadOptions = LoadOptions(), *, adapte
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agentgym.models.tiny import _quiet_progress_bars
-    from agentgym.policies.hf import is_vision_model_dir
+    from agentgym.models.vision import is_vision_model_dir
 
     directory = resolve_model_dir(path)
     model_class = AutoModelForCausalLM
@@ -282,7 +282,7 @@ def load_model(path: str | Path, options: LoadOptions = LoadOptions(), *, adapte
 def load_processor(path: str | Path) -> Any:
     """The Hugging Face processor saved with a vision-language model (``None`` for a text model): what turns its
     images into pixel values and expands their placeholder tokens, for sampling and for the training forward."""
-    from agentgym.policies.hf import is_vision_model_dir
+    from agentgym.models.vision import is_vision_model_dir
 
     directory = resolve_model_dir(path)
     if not is_vision_model_dir(directory):

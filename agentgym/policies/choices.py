@@ -20,7 +20,7 @@ from typing import Any
 
 from agentgym.errors import ConfigError
 
-__all__ = ["ChoiceTree"]
+__all__ = ["ChoiceTree", "ChoiceTrees", "allowed_mask"]
 
 
 @dataclass
@@ -69,3 +69,56 @@ class ChoiceTree:
         if node is None:
             return None
         return node.children.get(int(token))
+
+
+class ChoiceTrees:
+    """The trees of the choice sets a policy has been asked for, built once per set (an env offers the same
+    actions turn after turn; envs whose choices change every turn are bounded by a size limit).
+
+    Args:
+        tokenizer: Encodes the replies.
+        stop_ids: The policy's end-of-turn ids. A tree gets one of them, the tokenizer's own EOS where it is one:
+            a choice between two tokens that both end the reply (``<|im_end|>`` or ``<|endoftext|>``) would be a
+            format token trained for nothing.
+    """
+
+    _MAX_SETS = 256
+
+    def __init__(self, tokenizer: Any, stop_ids: Sequence[int]) -> None:
+        self.tokenizer = tokenizer
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self.stop_ids = [eos] if eos in stop_ids else list(stop_ids)
+        self._trees: dict[tuple[str, ...], ChoiceTree] = {}
+
+    def get(self, choices: tuple[str, ...], max_tokens: int) -> ChoiceTree:
+        """The tree of ``choices``, checked to fit in ``max_tokens`` with its end token.
+
+        Raises:
+            ConfigError: The longest choice plus its end token needs more than ``max_tokens``.
+        """
+        tree = self._trees.get(choices)
+        if tree is None:
+            tree = ChoiceTree.for_tokenizer(choices, self.tokenizer, self.stop_ids)
+            if len(self._trees) > self._MAX_SETS:
+                self._trees.clear()
+            self._trees[choices] = tree
+        if tree.longest + 1 > max_tokens:
+            raise ConfigError(f"A choice is {tree.longest} tokens long, so a reply needs {tree.longest + 1} with its "
+                              f"end token, but max_tokens is {max_tokens}; raise max_tokens (the trainers' "
+                              "max_tokens_per_turn) or shorten the choices.")
+        return tree
+
+
+def allowed_mask(rows: Any, nodes: dict[int, Any], trees: dict[int, ChoiceTree], vocab: int, device: Any) -> Any:
+    """``[len(rows), vocab]`` bool: the ids each live row (``rows``: their original row indices) may sample next,
+    given its tree and node; every id for unconstrained or finished rows."""
+    import torch
+
+    allow = torch.ones((len(rows), vocab), dtype=torch.bool, device=device)
+    for position, row in enumerate(rows.tolist()):
+        if row in trees:
+            ids = trees[row].allowed(nodes[row])
+            if ids:
+                allow[position] = False
+                allow[position, list(ids)] = True
+    return allow

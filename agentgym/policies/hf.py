@@ -30,8 +30,6 @@ position, as the model's own ``generate`` does (:func:`rope_position_ids`).
 from __future__ import annotations
 
 import asyncio
-import functools
-import hashlib
 import inspect
 import logging
 import threading
@@ -40,17 +38,27 @@ from pathlib import Path
 from typing import Any
 
 from agentgym.errors import AgentGymError, ConfigError, DependencyNotInstalled
-from agentgym.utils.images import ImageRef, image_parts
+from agentgym.models.geometry import mrope_positions, rope_position_ids  # noqa: F401 - old imports from here
+from agentgym.models.geometry import mrope_suffix_positions, rope_index_fn, vocab_size
+from agentgym.models.vision import image_token_id, image_token_spans, is_vision_model_dir, pixel_inputs
 from agentgym.policies.base import (
     Generation,
     GenerationRequest,
     InProcessTokenPolicy,
     SamplingParams,
 )
-from agentgym.policies.choices import ChoiceTree
-from agentgym.policies.kv_cache import DEFAULT_KV_CACHE_TOKENS, CachedPrefix, EpisodeKVCache
+from agentgym.policies.choices import ChoiceTrees, allowed_mask
+from agentgym.policies.decode_outputs import collect_generations, hit_stop_strings, top_logprobs
+from agentgym.policies.kv_batch import batch_cache, plain_dynamic_layers, store_rows
+from agentgym.policies.kv_cache import DEFAULT_KV_CACHE_TOKENS, EpisodeKVCache
+from agentgym.policies.seeding import row_seeds, row_uniforms
+from agentgym.utils.images import ImageRef, image_parts
 
-__all__ = ["HFPolicy"]
+__all__ = ["HFPolicy", "request_images"]
+
+# Old names of helpers that moved to agentgym.models.geometry and agentgym.policies.kv_batch, kept for one release.
+_rope_index_fn = rope_index_fn
+_plain_dynamic_layers = plain_dynamic_layers
 
 logger = logging.getLogger(__name__)
 
@@ -71,44 +79,6 @@ def _import_transformers() -> Any:
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise DependencyNotInstalled("transformers", "train", "HFPolicy") from exc
     return transformers
-
-
-def row_seeds(seeds: Sequence[int | None]) -> list[int | None]:
-    """One random stream per row, derived from the row's own seed and nothing else in the batch.
-
-    A request's samples must not depend on which other requests happened to share its batch (a timing
-    accident in a concurrent rollout), or ``agentgym eval --seed`` would not repeat. So row i's stream is
-    seeded from its seed and from how many earlier rows of the call carry the same seed: identical requests
-    with one seed (a GRPO group, ``n`` choices of one server request) still sample independently, and
-    requests with distinct seeds (the rollout engine derives one per episode and turn) sample the same tokens
-    in any batch. Rows without a seed stay unseeded.
-    """
-    seen: dict[int, int] = {}
-    out: list[int | None] = []
-    for seed in seeds:
-        if seed is None:
-            out.append(None)
-            continue
-        k = seen.get(seed, 0)
-        seen[seed] = k + 1
-        digest = hashlib.sha256(f"{seed}:{k}".encode()).digest()
-        out.append(int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF)
-    return out
-
-
-def _uniforms(streams: Sequence[int | None], steps: int, device: Any) -> Any:
-    """``[rows, steps]`` uniform numbers in [0, 1): row i's from the generator seeded with ``streams[i]`` (a
-    :func:`row_seeds` result; ``None``: the global generator)."""
-    import torch
-
-    rows = []
-    for seed in streams:
-        generator = None
-        if seed is not None:
-            generator = torch.Generator()
-            generator.manual_seed(seed)
-        rows.append(torch.rand(steps, generator=generator, dtype=torch.float64))
-    return torch.stack(rows).to(device) if rows else torch.zeros((0, steps), dtype=torch.float64, device=device)
 
 
 class HFPolicy(InProcessTokenPolicy):
@@ -160,7 +130,7 @@ class HFPolicy(InProcessTokenPolicy):
         torch = _import_torch()
         if processor is not None:
             tokenizer = tokenizer if tokenizer is not None else getattr(processor, "tokenizer", None)
-            self._image_token_id = _image_token_id(processor, model)
+            self._image_token_id = image_token_id(processor, model)
         if tokenizer is None:
             raise ConfigError("HFPolicy needs a tokenizer (or a processor that has one).")
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
@@ -196,12 +166,12 @@ class HFPolicy(InProcessTokenPolicy):
             params = {}
         self._keep_last_logits = "logits_to_keep" in params
         self._lock = threading.Lock()
-        self._choice_trees: dict[tuple[str, ...], ChoiceTree] = {}
+        self._choice_trees = ChoiceTrees(tokenizer, self._stop_ids)
         self.kv_cache = EpisodeKVCache(kv_cache_episodes, kv_cache_tokens)
         self._kv_reusable: bool | None = None  # unknown until a forward pass shows the model's cache type
         self._kv_weights: tuple[int, int, int] | None = None  # the weights the cached keys and values came from
         # Qwen2-VL style models place image tokens on a 3-D grid of rotary positions (M-RoPE).
-        self._rope_index = _rope_index_fn(model) if processor is not None else None
+        self._rope_index = rope_index_fn(model) if processor is not None else None
         self._grids: dict[tuple[int, int], Any] = {}
 
     @staticmethod
@@ -449,7 +419,7 @@ class HFPolicy(InProcessTokenPolicy):
         # Inverse-CDF sampling with one pre-drawn uniform per row and step: a row's tokens depend on its seed only.
         if streams is None:
             streams = row_seeds([p.seed for p in params])
-        uniforms = None if all_greedy else _uniforms(streams, max_new, device)
+        uniforms = None if all_greedy else row_uniforms(streams, max_new, device)
         any_top_p = bool(use_top_p.any())
 
         # Outputs, indexed by original row.
@@ -459,12 +429,12 @@ class HFPolicy(InProcessTokenPolicy):
         num_generated = torch.zeros(batch, dtype=torch.long, device=device)
         stopped = torch.zeros(batch, dtype=torch.bool, device=device)  # finish_reason "stop"
         # Top-k candidate log-probs per position, for rows that ask for them (entropy-based branching).
-        top_k = min(max(p.top_logprobs for p in params), _vocab_size(self.model))
+        top_k = min(max(p.top_logprobs for p in params), vocab_size(self.model))
         out_top = torch.zeros((batch, max_new, top_k), dtype=torch.float32, device=device) if top_k else None
         out_top_ids = torch.zeros((batch, max_new, top_k), dtype=torch.long, device=device) if top_k else None
 
         # Constrained rows (SamplingParams.choices) walk a prefix tree of the allowed replies.
-        trees = {i: self._choice_tree(p) for i, p in enumerate(params) if p.choices}
+        trees = {i: self._choice_trees.get(p.choices, p.max_tokens) for i, p in enumerate(params) if p.choices}
         nodes: dict[int, Any] = {i: tree.root for i, tree in trees.items()}
         out_forced = torch.zeros((batch, max_new), dtype=torch.bool, device=device) if trees else None
 
@@ -476,7 +446,7 @@ class HFPolicy(InProcessTokenPolicy):
         rows = torch.arange(batch, device=device)
         done = torch.zeros(batch, dtype=torch.bool, device=device)
         mask = full_mask
-        past = self._batch_cache(found, cached_width) if cached_width else None
+        past = batch_cache(self.model, found, cached_width) if cached_width else None
         step_input = input_ids
         step_pos = position_ids
         total = width
@@ -509,7 +479,7 @@ class HFPolicy(InProcessTokenPolicy):
                     probs[:, image_token] = 0.0
                 forced = None
                 if trees:  # sample inside the tree: renormalise over the allowed ids (the recorded logp stays the model's)
-                    allow = self._choice_mask(rows, nodes, trees, logits.shape[-1])
+                    allow = allowed_mask(rows, nodes, trees, logits.shape[-1], device)
                     logits = logits.masked_fill(~allow, float("-inf"))
                     constrained = torch.log_softmax(logits / scale[:, None], dim=-1)
                     probs = constrained.exp()
@@ -547,7 +517,8 @@ class HFPolicy(InProcessTokenPolicy):
                 hit_stop = torch.isin(token, stop_ids) & alive
                 hit_len = (t + 1 >= max_tokens) & alive
                 if stop_strings:
-                    hit_stop |= self._hit_stop_strings(token, rows, alive & ~hit_stop, stop_strings, stop_ids_so_far)
+                    hit_stop |= hit_stop_strings(self.tokenizer, token, rows, alive & ~hit_stop, stop_strings,
+                                                 stop_ids_so_far)
                 stopped[rows[hit_stop]] = True
                 done = done | hit_stop | hit_len
                 if watched:
@@ -582,39 +553,9 @@ class HFPolicy(InProcessTokenPolicy):
 
         top = None
         if top_k:
-            top = _top_logprobs(out_top, out_top_ids, out_logprobs, out_tokens, [p.top_logprobs for p in params])
-        return self._collect(out_tokens, out_logprobs, out_entropy, num_generated, stopped, stop_strings, top,
-                             aborted, out_forced, set(trees))
-
-    def _choice_tree(self, params: SamplingParams) -> ChoiceTree:
-        """The prefix tree of ``params.choices`` (cached per choice set), checked against ``max_tokens``."""
-        tree = self._choice_trees.get(params.choices)
-        if tree is None:
-            # One end token, the tokenizer's own end of turn where it is a stop id: a choice between two tokens that
-            # both end the reply (<|im_end|> or <|endoftext|>) would be a format token trained for nothing.
-            eos = getattr(self.tokenizer, "eos_token_id", None)
-            tree = ChoiceTree.for_tokenizer(params.choices, self.tokenizer,
-                                            [eos] if eos in self._stop_ids else self._stop_ids)
-            if len(self._choice_trees) > 256:  # envs whose choices change every turn: bound the cache
-                self._choice_trees.clear()
-            self._choice_trees[params.choices] = tree
-        if tree.longest + 1 > params.max_tokens:
-            raise ConfigError(f"A choice is {tree.longest} tokens long, so a reply needs {tree.longest + 1} with its "
-                              f"end token, but max_tokens is {params.max_tokens}; raise max_tokens (the trainers' "
-                              "max_tokens_per_turn) or shorten the choices.")
-        return tree
-
-    def _choice_mask(self, rows: Any, nodes: dict[int, Any], trees: dict[int, ChoiceTree], vocab: int) -> Any:
-        """``[rows, V]`` bool: the ids each row may sample next (every id for unconstrained or finished rows)."""
-        torch = self._torch
-        allow = torch.ones((len(rows), vocab), dtype=torch.bool, device=self.device)
-        for position, row in enumerate(rows.tolist()):
-            if row in trees:
-                ids = trees[row].allowed(nodes[row])
-                if ids:
-                    allow[position] = False
-                    allow[position, list(ids)] = True
-        return allow
+            top = top_logprobs(out_top, out_top_ids, out_logprobs, out_tokens, [p.top_logprobs for p in params])
+        return collect_generations(self.tokenizer, out_tokens, out_logprobs, out_entropy, num_generated, stopped,
+                                   stop_strings, top, aborted, out_forced, set(trees))
 
     # ---- images (vision-language models) -------------------------------------------------------------
     def _image_spans(self, prompt: list[int], images: list[ImageRef]) -> list[tuple[int, int]]:
@@ -626,26 +567,10 @@ class HFPolicy(InProcessTokenPolicy):
     def _mrope_pass_positions(self, prompts: list[list[int]], cached: list[int], suffix_width: int,
                               vision: list[tuple[list[ImageRef], list[tuple[int, int]]]]) -> tuple[Any, Any]:
         """``([3, B, suffix_width], [B])``: M-RoPE positions of the tokens this pass computes, and each row's first
-        generated position.
-
-        Each row's positions come from its whole prompt (the cached prefix's images shift the text after them),
-        then the computed part is sliced out and laid out as the pass's left-padded suffix. Padding repeats the
-        last cached position, so positions never decrease along a row. Generated tokens are text: all three
-        components continue from the prompt's largest position plus one, as in the model's own ``generate``.
-        """
-        torch = self._torch
-        positions = torch.zeros((3, len(prompts), suffix_width), dtype=torch.long, device=self.device)
-        next_pos = torch.empty(len(prompts), dtype=torch.long, device=self.device)
-        for i, (prompt, c, (images, _)) in enumerate(zip(prompts, cached, vision)):
-            ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
-            grids = torch.stack([self._image_grid(image) for image in images]) if images else None
-            full = mrope_positions(self.model, ids, None, grids)[:, 0]
-            s = len(prompt) - c
-            positions[:, i, suffix_width - s:] = full[:, c:]
-            if c and s < suffix_width:
-                positions[:, i, : suffix_width - s] = full[:, c - 1: c]
-            next_pos[i] = full.max() + 1
-        return positions, next_pos
+        generated position (:func:`~agentgym.models.geometry.mrope_suffix_positions`)."""
+        grids = [self._torch.stack([self._image_grid(image) for image in images]) if images else None
+                 for images, _ in vision]
+        return mrope_suffix_positions(self.model, prompts, cached, suffix_width, grids, self.device)
 
     def _image_grid(self, image: ImageRef) -> Any:
         """``image``'s ``(t, h, w)`` patch grid from the image processor, cached by size (it depends on nothing else)."""
@@ -667,34 +592,11 @@ class HFPolicy(InProcessTokenPolicy):
         params = list(self.model.parameters())
         return id(self.model), len(params), sum(p._version for p in params)
 
-    def _batch_cache(self, found: list[tuple[int, CachedPrefix | None]], cached_width: int) -> Any:
-        """A ``DynamicCache`` holding each row's reused prefix, left padded to ``cached_width`` (zeros, masked)."""
-        from transformers.cache_utils import DynamicCache
-
-        first = next(entry for c, entry in found if c)
-        cache = DynamicCache(config=getattr(self.model, "config", None))
-        with self._torch.inference_mode():  # the stored tensors are inference tensors, made in the decoding loop
-            for layer_idx, (k0, v0) in enumerate(first.layers):
-                keys = k0.new_zeros((len(found), k0.shape[0], cached_width, k0.shape[2]))
-                values = v0.new_zeros((len(found), v0.shape[0], cached_width, v0.shape[2]))
-                for i, (c, entry) in enumerate(found):
-                    if c:
-                        k, v = entry.layers[layer_idx]
-                        keys[i, :, cached_width - c:] = k[:, :c]
-                        values[i, :, cached_width - c:] = v[:, :c]
-                cache.update(keys, values, layer_idx)
-        return cache
-
     def _keep_caches(self, past: Any, positions: list[int], rows: Any, mask: Any, width: int, step: int,
                      prompts: list[list[int]], out_tokens: Any, num_generated: Any, episodes: list[str]) -> None:
-        """Store, for the rows at ``positions`` of the live batch, the keys and values of their prompt and sampled
-        tokens without the padding columns, for the next turn of their episodes.
-
-        After the forward pass of step ``step`` the cache holds ``width + step`` columns; a row's j-th sampled
-        token was fed at step j + 1, so the first ``min(n, step)`` of its n sampled tokens are covered (the last
-        one usually is not: nothing was fed after it).
-        """
-        layers = _plain_dynamic_layers(past)
+        """Store the keys and values of the rows at ``positions`` of the live batch for their episodes' next turns
+        (:func:`~agentgym.policies.kv_batch.store_rows`), or turn reuse off for a cache that cannot be sliced."""
+        layers = plain_dynamic_layers(past)
         if layers is None:
             if self._kv_reusable is None:
                 logger.info("%s: this model's KV cache is not a plain DynamicCache (sliding window, hybrid or "
@@ -703,92 +605,8 @@ class HFPolicy(InProcessTokenPolicy):
             self.kv_cache.clear()
             return
         self._kv_reusable = True
-        counts = num_generated.tolist()
-        for pos in positions:
-            row = int(rows[pos])
-            if not episodes[row]:
-                continue
-            k = min(counts[row], step)
-            cols = mask[pos, :width].nonzero().squeeze(-1)
-            if cols.numel() != len(prompts[row]):  # pragma: no cover - the mask always covers the prompt exactly
-                continue
-            cols = self._torch.cat([cols, self._torch.arange(width, width + k, device=cols.device)])
-            ids = tuple(prompts[row]) + tuple(out_tokens[row, :k].tolist())
-            kv = tuple((layer.keys[pos][:, cols], layer.values[pos][:, cols]) for layer in layers)
-            self.kv_cache.store(episodes[row], CachedPrefix(ids, kv))
-
-    def _hit_stop_strings(
-        self,
-        token: Any,
-        rows: Any,
-        candidates: Any,
-        stop_strings: dict[int, tuple[str, ...]],
-        ids_so_far: dict[int, list[int]],
-    ) -> Any:
-        """Which rows now contain a stop string in their decoded text (a bool tensor over the batch).
-
-        A new match must end in the newest token (an older one would have stopped the row already), so
-        only a tail of tokens long enough to hold the longest stop string is decoded: 4 bytes per
-        character at most, one byte per token at least, plus slack for a character cut at the window's
-        start and for skipped special tokens. This keeps the check O(1) per token instead of O(length).
-        """
-        torch = self._torch
-        hit = torch.zeros_like(candidates)
-        row_list = rows.tolist()
-        token_list = token.tolist()
-        cand_list = candidates.tolist()
-        for pos, row in enumerate(row_list):
-            if not cand_list[pos] or row not in stop_strings:
-                continue
-            ids = ids_so_far[row]
-            ids.append(token_list[pos])
-            strings = stop_strings[row]
-            window = 4 * max(len(s) for s in strings) + 8
-            text = self.tokenizer.decode(ids[-window:], skip_special_tokens=True)
-            if any(s in text for s in strings):
-                hit[pos] = True
-        return hit
-
-    def _collect(
-        self,
-        out_tokens: Any,
-        out_logprobs: Any,
-        out_entropy: Any,
-        num_generated: Any,
-        stopped: Any,
-        stop_strings: dict[int, tuple[str, ...]],
-        top: list[list[tuple[float, ...]] | None] | None = None,
-        aborted: set[int] = frozenset(),
-        out_forced: Any = None,
-        constrained: set[int] = frozenset(),
-    ) -> list[Generation]:
-        tokens = out_tokens.tolist()
-        forced = out_forced.tolist() if out_forced is not None else None
-        logprobs = out_logprobs.tolist()
-        entropies = out_entropy.tolist()
-        counts = num_generated.tolist()
-        stops = stopped.tolist()
-        results: list[Generation] = []
-        for i, n in enumerate(counts):
-            ids = tokens[i][:n]
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            if stops[i] and i in stop_strings:
-                ends = [text.find(s) + len(s) for s in stop_strings[i] if s in text]
-                if ends:
-                    text = text[: min(ends)]
-            results.append(
-                Generation(
-                    text=text,
-                    token_ids=tuple(ids),
-                    logprobs=tuple(logprobs[i][:n]),
-                    entropies=tuple(entropies[i][:n]),
-                    finish_reason="stop" if stops[i] else "abort" if i in aborted else "length",
-                    top_logprobs=None if top is None or top[i] is None else tuple(v for v, _ in top[i][:n]),
-                    top_token_ids=None if top is None or top[i] is None else tuple(t for _, t in top[i][:n]),
-                    forced=tuple(bool(f) for f in forced[i][:n]) if forced is not None and i in constrained else None,
-                )
-            )
-        return results
+        store_rows(self.kv_cache, layers, positions, rows, mask, width, step, prompts, out_tokens, num_generated,
+                   episodes)
 
     def close(self) -> None:
         """Drop the model reference and the cached keys and values so their memory can be freed."""
@@ -796,142 +614,9 @@ class HFPolicy(InProcessTokenPolicy):
         self.kv_cache.clear()
 
 
-def _vocab_size(model: Any) -> int:
-    """The output vocabulary size (a VLM's config keeps it in its text config)."""
-    config = model.config
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return int(getattr(text, "vocab_size", None) or model.get_output_embeddings().out_features)
-
-
-def is_vision_model_dir(directory: str | Path) -> bool:
-    """Whether a model directory holds a vision-language model (a saved processor with an image processor)."""
-    directory = Path(directory)
-    for name in ("processor_config.json", "preprocessor_config.json"):
-        file = directory / name
-        if file.is_file():
-            import json
-
-            try:
-                data = json.loads(file.read_text())
-            except (OSError, ValueError):
-                return False
-            return "image_processor" in data or "image_processor_type" in data or "image_mean" in data
-    return False
-
-
 def request_images(request: GenerationRequest) -> list[ImageRef]:
     """The images of a request's messages, in order (the order of their placeholder tokens in the prompt)."""
     return [image for m in request.messages for image in image_parts(m.get("content"))]
-
-
-def _image_token_id(processor: Any, model: Any) -> int:
-    """The id of the placeholder token the model replaces with image features (``processor`` may be ``None``:
-    then only the model's config is read, as M-RoPE positions do)."""
-    config = getattr(model, "config", None)
-    for source, name in ((processor, "image_token_id"), (config, "image_token_id"), (config, "image_token_index")):
-        value = getattr(source, name, None)
-        if isinstance(value, int):
-            break
-    else:
-        token = getattr(processor, "image_token", None)
-        value = processor.tokenizer.convert_tokens_to_ids(token) if token else None
-    if not isinstance(value, int):
-        owner = type(processor).__name__ if processor is not None else f"{type(model).__name__}'s config"
-        raise ConfigError(f"Cannot find the image token of {owner}; HFPolicy reads images with processors and models "
-                          "that name one (image_token_id: LLaVA-style, Idefics3/SmolVLM, Qwen2-VL).")
-    return int(value)
-
-
-def _rope_index_fn(model: Any) -> Any:
-    """The model's own 3-D position computation (``get_rope_index``, Qwen2-VL style M-RoPE), or ``None``."""
-    for owner in (getattr(model, "model", None), model):
-        fn = getattr(owner, "get_rope_index", None)
-        if callable(fn):
-            return fn
-    return None
-
-
-def mrope_positions(model: Any, input_ids: Any, attention_mask: Any, image_grid_thw: Any) -> Any:
-    """``[3, N, L]`` M-RoPE positions of ``input_ids`` from the model's own ``get_rope_index``.
-
-    ``image_grid_thw`` lists the images of all rows in row order (what the image processor returns with the pixel
-    values); padding (``attention_mask`` 0) gets position 0. Why the model's function and not a copy: the layout
-    of vision positions differs between model versions (Qwen2-VL, Qwen2.5-VL), and the model is the reference.
-    """
-    fn = _rope_index_fn(model)
-    kwargs: dict[str, Any] = {"image_grid_thw": image_grid_thw, "attention_mask": attention_mask}
-    if _marks_image_tokens(getattr(fn, "__func__", fn)):  # newer transformers: image tokens marked (text 0, image 1)
-        kwargs["mm_token_type_ids"] = (input_ids == _image_token_id(None, model)).int()
-    positions, _ = fn(input_ids, **kwargs)
-    return positions
-
-
-@functools.lru_cache(maxsize=16)
-def _marks_image_tokens(fn: Any) -> bool:
-    """Whether a ``get_rope_index`` takes ``mm_token_type_ids`` (read once per function, not once per row)."""
-    try:
-        return "mm_token_type_ids" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # pragma: no cover - exotic callables
-        return False
-
-
-def rope_position_ids(model: Any, input_ids: Any, attention_mask: Any, vision: Any = None) -> Any:
-    """Position ids for a training forward pass over right- or left-padded rows.
-
-    ``[N, L]`` positions counted along the mask, or, for a model with multimodal rotary positions (Qwen2-VL)
-    whose batch holds images (``vision`` with ``image_grid_thw``), ``[3, N, L]`` from the model's own
-    ``get_rope_index``: the positions the sampler used (:class:`HFPolicy`), so the scored log-probs match.
-    """
-    if vision and "image_grid_thw" in vision and _rope_index_fn(model) is not None:
-        return mrope_positions(model, input_ids, attention_mask, vision["image_grid_thw"])
-    return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-
-
-def image_token_spans(ids: Sequence[int], image_token_id: int, count: int) -> list[tuple[int, int]]:
-    """``[start, end)`` of each of ``count`` images' placeholder runs in ``ids``.
-
-    Runs of the image token are split per image: one run per image when the template separates them, else an
-    even split of adjacent runs (models with a fixed number of tokens per image).
-
-    Raises:
-        AgentGymError: The ids hold no placeholders for the images, or a number that does not split.
-    """
-    runs: list[list[int]] = []
-    for i, token in enumerate(ids):
-        if token == image_token_id:
-            if runs and runs[-1][1] == i:
-                runs[-1][1] = i + 1
-            else:
-                runs.append([i, i + 1])
-    if len(runs) == count:
-        return [(a, b) for a, b in runs]
-    total = sum(b - a for a, b in runs)
-    if count and total % count == 0 and total:
-        per = total // count
-        spans = []
-        for a, b in runs:
-            if (b - a) % per:
-                break
-            spans += [(s, s + per) for s in range(a, b, per)]
-        else:
-            return spans
-    raise AgentGymError(f"The prompt holds {total} image tokens in {len(runs)} run(s) for {count} image(s); the ids "
-                        "must come from the model's processor (ChatAgent with policy.processor), one expansion per "
-                        "image.")
-
-
-def pixel_inputs(processor: Any, images: Sequence[ImageRef], device: Any = None, dtype: Any = None) -> dict[str, Any]:
-    """The image processor's tensors for ``images`` in order: what a VLM's forward takes next to the ids
-    (``pixel_values``, plus e.g. ``pixel_attention_mask`` or ``image_sizes`` where the model uses them)."""
-    torch = _import_torch()
-    out = processor.image_processor(images=[image.array() for image in images], return_tensors="pt")
-    tensors = {}
-    for key, value in dict(out).items():
-        if isinstance(value, torch.Tensor):
-            if value.is_floating_point() and dtype is not None:
-                value = value.to(dtype)
-            tensors[key] = value.to(device) if device is not None else value
-    return tensors
 
 
 def _outside_spans(cached: int, spans: Sequence[tuple[int, int]]) -> int:
@@ -940,48 +625,3 @@ def _outside_spans(cached: int, spans: Sequence[tuple[int, int]]) -> int:
         if start < cached < end:
             return start
     return cached
-
-
-def _plain_dynamic_layers(past: Any) -> list[Any] | None:
-    """The layers of ``past`` when each is a plain full-attention ``DynamicLayer`` holding ``[batch, heads, length,
-    dim]`` keys and values (what prefix reuse can slice and rebuild), else ``None``."""
-    try:
-        from transformers.cache_utils import DynamicLayer
-    except ImportError:  # pragma: no cover - older transformers
-        return None
-    layers = getattr(past, "layers", None)
-    if not layers:
-        return None
-    for layer in layers:
-        keys = getattr(layer, "keys", None)
-        if type(layer) is not DynamicLayer or keys is None or keys.dim() != 4:
-            return None
-    return list(layers)
-
-
-_TopRow = list[tuple[tuple[float, ...], tuple[int, ...]]]
-"""One row's ``(log-probs, token ids)`` alternatives per generated position."""
-
-
-def _top_logprobs(values: Any, ids: Any, sampled: Any, sampled_ids: Any, wanted: list[int]) -> list[_TopRow | None]:
-    """Per row, per position: the row's k best ``(log-probs, token ids)``, then the sampled token's when it is
-    not among them.
-
-    ``values``/``ids`` hold the batch's largest k (the most any row asked for), so a row that asked for fewer
-    keeps a prefix; "sampled token among them" is judged against the row's own k.
-    """
-    rows_values, rows_ids = values.tolist(), ids.tolist()
-    rows_sampled, rows_sampled_ids = sampled.tolist(), sampled_ids.tolist()
-    width = values.shape[-1]
-    result: list[_TopRow | None] = []
-    for i, k in enumerate(wanted):
-        if k == 0:
-            result.append(None)
-            continue
-        row = []
-        for pos, cands in enumerate(rows_values[i]):
-            own, own_ids = tuple(cands[: min(k, width)]), tuple(rows_ids[i][pos][: min(k, width)])
-            lp, token = rows_sampled[i][pos], rows_sampled_ids[i][pos]
-            row.append((own, own_ids) if token in own_ids else (own + (lp,), own_ids + (token,)))
-        result.append(row)
-    return result

@@ -8,7 +8,7 @@ that re-renders history, a branch or a retried turn falls back to recomputing wh
 
 Memory is bounded by a least-recently-used limit on episodes and on cached tokens; the rollout engine frees an
 episode's entry when the episode ends (``Policy.end_episode``). This module only stores tensors: building batched
-caches from entries and harvesting them after decoding is the policy's job.
+caches from entries and harvesting them after decoding is :mod:`agentgym.policies.kv_batch`'s job.
 """
 
 from __future__ import annotations

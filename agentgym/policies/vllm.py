@@ -49,7 +49,8 @@ from typing import Any
 
 from agentgym.errors import AgentGymError, ConfigError, DependencyNotInstalled
 from agentgym.policies.base import Generation, InProcessTokenPolicy, SamplingParams
-from agentgym.policies.hf import HFPolicy, row_seeds
+from agentgym.policies.hf import HFPolicy
+from agentgym.policies.seeding import row_seeds
 
 __all__ = ["VLLMPolicy"]
 
