@@ -9,25 +9,18 @@ from typing import Any
 
 from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams
 from agentgym.policies.scripted import ReferencePolicy, ScriptedPolicy
+from agentgym.utils.lazy import lazy_attributes
 
 __all__ = [
     "Generation", "GenerationRequest", "HFPolicy", "OpenAIPolicy", "Policy", "ReferencePolicy",
     "SamplingParams", "ScriptedPolicy", "VLLMPolicy", "make_policy",
 ]
 
-_LAZY = {
+__getattr__, __dir__ = lazy_attributes(__name__, {
     "HFPolicy": "agentgym.policies.hf",
     "OpenAIPolicy": "agentgym.policies.openai",
     "VLLMPolicy": "agentgym.policies.vllm",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'agentgym.policies' has no attribute {name!r}")
+})
 
 
 def make_policy(spec: str, **kwargs: Any) -> Policy:

@@ -16,8 +16,7 @@ attributes load lazily so that ``agentgym list`` works without it.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from agentgym.utils.lazy import lazy_attributes
 
 from .registry import (
     MULTI_AGENT_CATALOGUE,
@@ -83,7 +82,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_attributes(__name__, {name: f"{__name__}.{module}" for name, module in _LAZY.items()})

@@ -8,14 +8,8 @@ is light; the data and retrieval libraries load when an env or a corpus is built
 
 from __future__ import annotations
 
-from typing import Any
+from agentgym.utils.lazy import lazy_attributes
 
 __all__ = ["SearchEnv"]
 
-
-def __getattr__(name: str) -> Any:
-    if name == "SearchEnv":
-        from agentgym.envs.search.env import SearchEnv
-
-        return SearchEnv
-    raise AttributeError(f"module 'agentgym.envs.search' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_attributes(__name__, {"SearchEnv": "agentgym.envs.search.env"})

@@ -7,8 +7,6 @@ persist an index. Pick one by name with :func:`make_retriever`. Importing this p
 
 from __future__ import annotations
 
-from typing import Any
-
 from agentgym.tools.retrieval.base import (
     Document,
     Hit,
@@ -23,6 +21,7 @@ from agentgym.tools.retrieval.factory import (
     retriever_class,
 )
 from agentgym.tools.retrieval.text import fold, tokenize
+from agentgym.utils.lazy import lazy_attributes
 
 __all__ = [
     "RETRIEVERS",
@@ -45,7 +44,7 @@ __all__ = [
     "tokenize",
 ]
 
-_LAZY = {
+__getattr__, __dir__ = lazy_attributes(__name__, {
     "BM25Retriever": "agentgym.tools.retrieval.bm25",
     "DenseRetriever": "agentgym.tools.retrieval.dense",
     "SentenceEncoder": "agentgym.tools.retrieval.dense",
@@ -53,12 +52,4 @@ _LAZY = {
     "reciprocal_rank_fusion": "agentgym.tools.retrieval.hybrid",
     "SimulatedSearchEngine": "agentgym.tools.retrieval.simulated",
     "curriculum_noise": "agentgym.tools.retrieval.simulated",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'agentgym.tools.retrieval' has no attribute {name!r}")
+})
