@@ -1,4 +1,6 @@
-"""The README's "Use it" snippets run verbatim against the current API (a user copies them first)."""
+"""The README's Python snippets run verbatim against the current API (a user copies them first).
+
+Every snippet lives in the "Use it" section, and each one there is run by a test below."""
 
 from __future__ import annotations
 
@@ -12,11 +14,21 @@ import pytest
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
+def _python_snippets(text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
 def _use_it_snippets() -> list[str]:
     text = README.read_text(encoding="utf-8")
     section = text[text.index("## Use it"):]
     section = section[: section.index("\n## ", 1)]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    return _python_snippets(section)
+
+
+def test_every_python_snippet_of_the_readme_is_one_these_tests_run() -> None:
+    """A snippet added anywhere else in the README would go untested: put it in "Use it" with a test."""
+    assert _python_snippets(README.read_text(encoding="utf-8")) == _use_it_snippets()
+    assert len(_use_it_snippets()) == 2, "each Use-it snippet needs its own test below"
 
 
 def _run(code: str, cwd: Path) -> list[str]:
@@ -35,7 +47,7 @@ def test_the_env_snippet_prints_what_its_comments_say(tmp_path: Path) -> None:
 
 
 def test_the_rollout_snippet_runs_on_a_trained_model_directory(tmp_path: Path) -> None:
-    """Same code on a freshly built tiny model (the quickstart's 0.88 needs its 6-minute training run)."""
+    """Same code on a freshly built tiny model (the quickstart's figure needs its 3-minute training run)."""
     pytest.importorskip("torch")
     from agentgym.models.tiny import TinyModelConfig, build_tiny_model
     from agentgym.policies.rollout_defaults import save_rollout_defaults
