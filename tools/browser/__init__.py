@@ -31,6 +31,7 @@ from agentgym.tools.browser.errors import (
 )
 from agentgym.tools.browser.guard import UrlGuard
 from agentgym.tools.browser.snapshot import Snapshot, normalize_refs
+from agentgym.utils.lazy import lazy_attributes
 
 __all__ = [
     "DEFAULT_LAUNCH_ARGS",
@@ -48,14 +49,9 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    # The pool imports numpy and (lazily) Playwright; load it only when asked for.
-    if name in ("BrowserPool", "default_pool"):
-        from agentgym.tools.browser import pool
-
-        return getattr(pool, name)
-    if name == "BrowserSession":
-        from agentgym.tools.browser.page_session import BrowserSession
-
-        return BrowserSession
-    raise AttributeError(f"module 'agentgym.tools.browser' has no attribute {name!r}")
+# The pool imports numpy and (lazily) Playwright; load it only when asked for.
+__getattr__, __dir__ = lazy_attributes(__name__, {
+    "BrowserPool": "agentgym.tools.browser.pool",
+    "BrowserSession": "agentgym.tools.browser.page_session",
+    "default_pool": "agentgym.tools.browser.pool",
+})
