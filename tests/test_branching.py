@@ -137,8 +137,8 @@ def test_arpo_with_alpha_and_beta_zero_updates_exactly_like_grpo(model_dir: Path
                   max_tokens_per_turn=16, max_context_tokens=256, system_prompt="", eval_tasks=2, eval_every=0,
                   checkpoint_every=0, tensorboard=False, warmup_steps=0, clip_eps_high=0.2, seed=3)
     GrpoTrainer(GrpoConfig(output_dir=str(tmp_path / "grpo"), **common)).train()
-    ArpoTrainer(ArpoConfig(output_dir=str(tmp_path / "arpo"), initial_rollouts=2, branch_probability=0.0,
-                           entropy_weight=0.0, **common)).train()
+    branching = BranchingConfig(initial_rollouts=2, branch_probability=0.0, entropy_weight=0.0)
+    ArpoTrainer(ArpoConfig(output_dir=str(tmp_path / "arpo"), branching=branching, **common)).train()
 
     def train_metrics(run: str) -> dict[str, float]:
         lines = [json.loads(x) for x in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]

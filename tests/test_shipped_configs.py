@@ -46,7 +46,7 @@ def test_shipped_config_trains_through_the_cli(name: str, model_dir: Path, tmp_p
                                 "max_tokens_per_turn": 12, "max_context_tokens": 1024, "progress": False}
     if isinstance(config, GrpoConfig):
         scale.update(group_size=2, micro_batch_size=2, mini_batches=1)
-        if getattr(config, "initial_rollouts", None) is not None:
+        if hasattr(config, "branching"):
             scale["initial_rollouts"] = 1
     if isinstance(config, ReplayActorConfig):
         scale.update(actor_warmup_steps=1, actor_steps=1, batch_size=2, grad_accum_steps=1)

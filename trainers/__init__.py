@@ -17,7 +17,7 @@ def make_trainer(config: Any, **kwargs: Any) -> Any:
     import importlib
 
     from agentgym.errors import ConfigError
-    from agentgym.trainers.config import TrainerConfig
+    from agentgym.trainers.base_config import TrainerConfig
 
     target = getattr(type(config), "trainer_class", None)
     if not isinstance(config, TrainerConfig) or not target:

@@ -26,71 +26,19 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 import torch
 
 from agentgym.trainers.algorithms import archer as alg
+from agentgym.trainers.archer_config import ArcherConfig
 from agentgym.trainers.distributed import data_parallel
-from agentgym.trainers.replay_actor import ReplayActorConfig, ReplayActorTrainer, gather_rows, sync_on_last
+from agentgym.trainers.replay_actor import ReplayActorTrainer, gather_rows, sync_on_last
 from agentgym.trainers.seeding import mix_seed
 from agentgym.trajectory import Trajectory
 
 __all__ = ["ArcherConfig", "ArcherTrainer"]
-
-
-@dataclass(frozen=True)
-class ArcherConfig(ReplayActorConfig):
-    """ArCHer (spec 2): replay buffer + double-Q/V utterance critic with Polyak targets + token-level actor."""
-
-    output_dir: str = "runs/archer"
-    """Checkpoints, replay buffer, metrics, learning curve and final model."""
-    gamma: float = 0.95
-    """Discount between turns."""
-    tau: float = 0.1
-    """Polyak rate of the target critic (after every critic step)."""
-    critic_learning_rate: float = 1e-4
-    """Adam learning rate of the critic (encoder and heads)."""
-    critic_steps: int = 10
-    """Critic optimizer steps per training step (``epochs``; 50 in the reference configs)."""
-    replay_capacity: int = 100_000
-    """Transitions kept for sampling (FIFO); the JSONL file keeps them all."""
-    bootstrap_truncated: bool = True
-    """TD targets bootstrap through truncations (turn/context limit) and stop only at termination; False
-    restores the reference code, which treats a time limit as terminal."""
-    critic_encoder: Literal["policy", "minilm"] = "policy"
-    """Critic text encoder: a copy of the policy backbone, or the offline pretrained all-MiniLM-L6-v2."""
-    critic_hidden_size: int | None = None
-    """Width of the Q/V head MLPs (None: the encoder's width)."""
-    critic_max_tokens: int = 256
-    """Tokens the critic reads per state or utterance (left truncation keeps the latest turns)."""
-    critic_pooling: Literal["mean", "last"] = "mean"
-    """How the critic turns token states into one vector: their mean, or the last real token (the only
-    position where a causal backbone such as ``critic_encoder: policy`` has read the whole text)."""
-
-    trainer_name: ClassVar[str] = "archer"
-    display_name: ClassVar[str] = "ArCHer"
-    trainer_class: ClassVar[str] = "agentgym.trainers.archer:ArcherTrainer"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not 0 <= self.gamma <= 1:
-            raise self._fail("gamma", f"must be in [0, 1], got {self.gamma}.")
-        if not 0 < self.tau <= 1:
-            raise self._fail("tau", f"must be in (0, 1] (0 would freeze the target critic), got {self.tau}.")
-        if not self.critic_learning_rate > 0:
-            raise self._fail("critic_learning_rate", f"must be > 0, got {self.critic_learning_rate}.")
-        for name in ("critic_steps", "replay_capacity"):
-            if getattr(self, name) < 1:
-                raise self._fail(name, f"must be >= 1, got {getattr(self, name)}.")
-        if self.critic_hidden_size is not None and self.critic_hidden_size < 1:
-            raise self._fail("critic_hidden_size", "must be >= 1 or null.")
-        if self.critic_max_tokens < 8:
-            raise self._fail("critic_max_tokens", f"must be >= 8, got {self.critic_max_tokens}.")
-        if self.critic_pooling not in ("mean", "last"):
-            raise self._fail("critic_pooling", f"must be mean or last, got {self.critic_pooling!r}.")
 
 
 # ---- ArCHer -------------------------------------------------------------------------------------------

@@ -20,81 +20,16 @@ with the same seed (tested).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import ClassVar, Literal
 
 from agentgym.trainers import algorithms as alg
+from agentgym.trainers.arpo_config import ArpoConfig
+from agentgym.trainers.async_rollouts import RolloutJob
 from agentgym.trainers.batch import TrainingBatch
-from agentgym.trainers.config import GrpoConfig
 from agentgym.trainers.grpo import GrpoTrainer
 from agentgym.trainers.seeding import mix_seed
-
-from agentgym.rollout.branching import BranchingConfig
-from agentgym.trainers.async_rollouts import RolloutJob
 from agentgym.trajectory import Trajectory
 
 __all__ = ["ArpoConfig", "ArpoTrainer"]
-
-
-@dataclass(frozen=True)
-class ArpoConfig(GrpoConfig):
-    """GRPO's fields plus ARPO's branching and attribution (defaults: spec 4.4 and the project decisions).
-
-    ``group_size`` is ARPO's global budget M (trajectories per task); ``initial_rollouts`` is N.
-    """
-
-    output_dir: str = "runs/arpo"
-    """Where checkpoints, metrics (JSONL + TensorBoard), the learning curve and the final model go."""
-    clip_eps_high: float = 0.2
-    """Upper PPO clip range (ARPO's scripts use 0.2 on both sides)."""
-    initial_rollouts: int = 4
-    """N: fresh trajectories per task; the other group_size - N come from branching (or restarts)."""
-    beam_size: int = 2
-    """At most beam_size - 1 branches per trajectory per round."""
-    branch_probability: float = 0.5
-    """alpha: branch chance when the entropy after a tool result equals the initial entropy."""
-    entropy_weight: float = 0.2
-    """beta: P(branch) = clip(alpha + beta * (H_now - H_init), 0, 1)."""
-    entropy_window: int = 20
-    """K: leading tokens of a turn whose entropy counts."""
-    entropy_top_k: int = 10
-    """k: candidate log-probs per token for the truncated entropy (0: the policy's exact entropies)."""
-    entropy_timing: Literal["paper", "code"] = "paper"
-    """paper: measure the turn right after a tool result, branch siblings of it (no wasted generation);
-    code: the reference code's one-step lag (entropy of the turn before the tool call)."""
-    branch_after: tuple[str, ...] = ("tool_call",)
-    """Turn kinds after which a trajectory may branch."""
-    fork: Literal["auto", "replay"] = "auto"
-    """How a branch gets its env: copy forkable envs and replay the others (auto), or always replay."""
-    attribution: Literal["soft", "hard"] = "soft"
-    """soft: every trajectory keeps its own advantage on shared prefixes; hard: shared tokens get the mean."""
-    hard_dedupe: bool = False
-    """Hard attribution only: train a token shared by d branches once (weight 1/d per copy), not d times."""
-
-    trainer_name: ClassVar[str] = "arpo"
-    display_name: ClassVar[str] = "ARPO"
-    trainer_class: ClassVar[str] = "agentgym.trainers.arpo:ArpoTrainer"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.initial_rollouts > self.group_size:
-            raise self._fail("initial_rollouts", f"({self.initial_rollouts}) exceeds group_size ({self.group_size}), the "
-                             "budget M of trajectories per task; use initial_rollouts <= group_size (spec: 8 of 16).")
-        if self.hard_dedupe and self.attribution != "hard":
-            raise self._fail("hard_dedupe", "only applies to attribution: hard; set attribution: hard or hard_dedupe: false.")
-        try:
-            self.branching()
-        except ValueError as exc:
-            raise self._fail("branching", str(exc)) from exc
-
-    def branching(self) -> BranchingConfig:
-        """The sampler settings this config describes."""
-        return BranchingConfig(
-            budget=self.group_size, initial_rollouts=self.initial_rollouts, beam_size=self.beam_size,
-            branch_probability=self.branch_probability, entropy_weight=self.entropy_weight,
-            entropy_window=self.entropy_window, entropy_top_k=self.entropy_top_k, entropy_timing=self.entropy_timing,
-            branch_after=self.branch_after, fork=self.fork, seed=self.seed,
-        )
 
 
 class ArpoTrainer(GrpoTrainer):
@@ -106,7 +41,7 @@ class ArpoTrainer(GrpoTrainer):
         """M trajectories per task from the branching sampler (the same specs and seeds GRPO would use), run here
         or by the asynchronous rollout worker: a branch taken while weights change mid-step continues with the new
         ones, as any partial rollout does, and inherits its parent's per-turn policy versions."""
-        branching = dataclasses.replace(self.config.branching(), seed=mix_seed(self.config.seed, step, self.world.rank))
+        branching = dataclasses.replace(self.config.branching, seed=mix_seed(self.config.seed, step, self.world.rank))
         return dataclasses.replace(super()._rollout_job(step), branching=branching)
 
     def _attribute(self, batch: TrainingBatch, trajectories: list[Trajectory]) -> TrainingBatch:

@@ -17,39 +17,18 @@ sums the gradients (:mod:`agentgym.trainers.replay_actor` says why this is the s
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
 from agentgym.trainers.algorithms.archer import filtered_bc_selection
-from agentgym.trainers.replay_actor import ReplayActorConfig, ReplayActorTrainer, gather_rows, sync_on_last
+from agentgym.trainers.filtered_bc_config import FilteredBCConfig
+from agentgym.trainers.replay_actor import ReplayActorTrainer, gather_rows, sync_on_last
 from agentgym.trainers.seeding import mix_seed
 from agentgym.trajectory import Trajectory
 
 __all__ = ["FilteredBCConfig", "FilteredBCTrainer"]
-
-
-@dataclass(frozen=True)
-class FilteredBCConfig(ReplayActorConfig):
-    """Online filtered BC (spec 3): clone the top-``quantile`` episodes of everything collected so far."""
-
-    output_dir: str = "runs/filtered_bc"
-    """Checkpoints, the episode pool, metrics, learning curve and final model."""
-    quantile: float = 0.9
-    """Episodes with return >= this quantile of the pool's returns are cloned."""
-    skip_if_uniform: bool = True
-    """Skip the update while every pooled return is equal (otherwise: plain BC on the policy's own samples)."""
-
-    trainer_name: ClassVar[str] = "filtered_bc"
-    display_name: ClassVar[str] = "filtered BC"
-    trainer_class: ClassVar[str] = "agentgym.trainers.filtered_bc:FilteredBCTrainer"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not 0 <= self.quantile <= 1:
-            raise self._fail("quantile", f"must be in [0, 1] (0.9 in the reference code), got {self.quantile}.")
 
 
 class FilteredBCTrainer(ReplayActorTrainer):

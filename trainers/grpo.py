@@ -22,7 +22,7 @@ import torch
 
 from agentgym.trainers import algorithms as alg
 from agentgym.trainers.batch import TrainingBatch, build_batch, sequence_logprobs, vision_inputs
-from agentgym.trainers.config import GrpoConfig
+from agentgym.trainers.grpo_config import GrpoConfig
 from agentgym.trainers.distributed import ForwardWith, World, data_parallel
 from agentgym.trainers.loop import OnlineTrainer
 from agentgym.trainers.returns import episode_return

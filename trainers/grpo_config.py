@@ -1,7 +1,8 @@
 """GRPO's configuration: the policy-gradient fields GRPO, GiGPO and ARPO share (loss, KL, rewards, masks).
 
 The fields every trainer shares (steps, tasks per step, group size, learning rate, model, suites, evaluation,
-checkpoints) live in :class:`agentgym.trainers.config.TrainerConfig`.
+checkpoints) live in :class:`agentgym.trainers.base_config.TrainerConfig`; GiGPO's and ARPO's configs build on
+this one.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from agentgym.trainers.config import TURN_KINDS, TrainerConfig
+from agentgym.trainers.base_config import TURN_KINDS, TrainerConfig
 
 __all__ = ["GrpoConfig"]
 

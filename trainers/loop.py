@@ -39,7 +39,7 @@ from agentgym.suite import Task
 from agentgym.trainers.async_rollouts import RolloutJob
 from agentgym.trainers.bc import behaviour_clone, collect_demonstrations
 from agentgym.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from agentgym.trainers.config import TrainerConfig
+from agentgym.trainers.base_config import TrainerConfig
 from agentgym.trainers.distributed import Sharding, World, init_world
 from agentgym.trainers.metrics import MetricsLogger, plot_learning_curve
 from agentgym.trainers.seeding import mix_seed
