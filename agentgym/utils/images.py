@@ -9,8 +9,12 @@ reference: ``images/<sha256 of the PNG bytes>.png`` next to the JSONL file, writ
 episodes and runs one file, and makes the reference check itself (a file whose bytes do not hash to its name
 is reported as corrupt, not shown).
 
-The PNG codec is our own (``zlib`` + ``struct``, 8-bit grey/RGB/RGBA, no interlacing), so the core needs no
-imaging library and the same pixels always give the same bytes, hence the same file name.
+The PNG encoder is our own (``zlib`` + ``struct``, 8-bit grey/RGB/RGBA, no interlacing), so the same pixels always
+give the same bytes, hence the same file name, whatever imaging library is installed. The one decoder,
+:func:`decode_png`, reads every PNG in agentgym (stored observations, served env observations, browser
+screenshots): with Pillow where it is installed, because undoing the row filters other encoders use (Chromium's
+screenshots, Pillow's own files) is a sequential loop that takes seconds per screenshot in Python, else with the
+codec here, so the core needs no imaging library.
 """
 
 from __future__ import annotations
@@ -96,10 +100,52 @@ def _unfilter(raw: bytes, height: int, stride: int, bpp: int) -> np.ndarray:
     return out
 
 
-def decode_png(data: bytes) -> np.ndarray:
-    """uint8 ``[H, W, C]`` pixels of an 8-bit, non-interlaced grey/RGB/RGBA PNG (what :func:`encode_png` writes)."""
+def decode_png(data: bytes, *, rgb: bool = False) -> np.ndarray:
+    """uint8 ``[H, W, C]`` pixels of a PNG: C is 1 (grey), 3 (RGB) or 4 (RGBA), as the file holds.
+
+    Pillow decodes when it is installed (any PNG; palette and 16-bit files come back as RGB or RGBA); without it,
+    the codec here reads 8-bit, non-interlaced grey/RGB/RGBA files (what :func:`encode_png` writes).
+
+    Args:
+        data: The file's bytes.
+        rgb: Return ``[H, W, 3]`` whatever the file holds (grey repeated, alpha dropped), the form a browser
+            screenshot's readers take.
+
+    Raises:
+        AgentGymError: The bytes are not a PNG, are truncated or corrupt, or (without Pillow) use a format the
+            codec here does not read.
+    """
     if not data.startswith(_PNG_SIGNATURE):
         raise AgentGymError("Not a PNG file (wrong signature); observation images are stored as PNG.")
+    try:
+        from PIL import Image
+    except ImportError:
+        pixels = _decode_png_here(data)
+    else:
+        pixels = _decode_png_pillow(Image, data)
+    if rgb and pixels.shape[2] != 3:
+        pixels = np.ascontiguousarray(np.repeat(pixels, 3, axis=2) if pixels.shape[2] == 1 else pixels[:, :, :3])
+    return pixels
+
+
+def _decode_png_pillow(image_module: Any, data: bytes) -> np.ndarray:
+    """``[H, W, C]`` pixels decoded by Pillow, in the channel layout of :func:`decode_png`."""
+    import io
+
+    try:
+        with image_module.open(io.BytesIO(data), formats=["PNG"]) as image:
+            image.load()
+            if image.mode not in ("L", "RGB", "RGBA"):
+                has_alpha = "A" in image.getbands() or "transparency" in image.info
+                image = image.convert("RGBA" if has_alpha else "RGB")
+            pixels = np.array(image, dtype=np.uint8)
+    except (OSError, SyntaxError, ValueError) as exc:  # Pillow's errors for truncated or malformed files
+        raise AgentGymError(f"The PNG file could not be read ({exc}); it is truncated or corrupt.") from exc
+    return pixels[:, :, None] if pixels.ndim == 2 else pixels
+
+
+def _decode_png_here(data: bytes) -> np.ndarray:
+    """``[H, W, C]`` pixels of an 8-bit, non-interlaced grey/RGB/RGBA PNG, decoded without an imaging library."""
     pos, header, idat = len(_PNG_SIGNATURE), b"", []
     while pos + 8 <= len(data):
         length, kind = struct.unpack(">I4s", data[pos:pos + 8])
@@ -118,7 +164,10 @@ def decode_png(data: bytes) -> np.ndarray:
         raise AgentGymError(f"Unsupported PNG (bit depth {depth}, colour type {color}, interlace {interlace}); "
                             "agentgym reads 8-bit grey/RGB/RGBA PNGs without interlacing.")
     channels = _CHANNELS[color]
-    raw = zlib.decompress(b"".join(idat))
+    try:
+        raw = zlib.decompress(b"".join(idat))
+    except zlib.error as exc:
+        raise AgentGymError(f"PNG pixel data does not decompress ({exc}); the file is truncated or corrupt.") from exc
     if len(raw) != height * (width * channels + 1):
         raise AgentGymError("PNG pixel data has the wrong length (the file is truncated or corrupt).")
     return _unfilter(raw, height, width * channels, channels).reshape(height, width, channels)

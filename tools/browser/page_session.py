@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -26,11 +25,12 @@ from agentgym.tools.browser.snapshot import (
     match_option,
     normalize_refs,
 )
+from agentgym.utils.images import decode_png
 
 if TYPE_CHECKING:
     from agentgym.tools.browser.pool import BrowserPool, Lease, Viewport
 
-__all__ = ["STILL_CSS", "BrowserSession", "PageView", "decode_png"]
+__all__ = ["STILL_CSS", "BrowserSession", "PageView"]
 
 logger = logging.getLogger(__name__)
 
@@ -269,7 +269,7 @@ class BrowserSession:
                 kwargs["clip"] = {"x": x, "y": y, "width": w, "height": h}
             return await lease.page.screenshot(**kwargs)
 
-        return decode_png(self._do(shoot, settle=False))
+        return decode_png(self._do(shoot, settle=False), rgb=True)
 
     def observe(self, script: str | None = None, arg: Any = None, *, aria: bool = False) -> PageView:
         """Everything an env shows after an action, in one call to the browser's thread: the value of
@@ -299,7 +299,7 @@ class BrowserSession:
             return value, base64.b64decode(shot["data"]), tree
 
         value, png, tree = self._do(look, settle=False)
-        return PageView(value, decode_png(png), tree)
+        return PageView(value, decode_png(png, rgb=True), tree)
 
     def evaluate(self, expression: str, arg: Any = None) -> Any:
         """Run JavaScript in the page (for envs reading task state, never for model text)."""
@@ -433,12 +433,4 @@ def _playwright_message(exc: BaseException) -> str:
     if "not an <input>" in head or "Element is not" in head:
         return f"Error: {head} Use type() on text fields and select() on drop-down lists."
     return f"Error: {head[:300]}"
-
-
-def decode_png(data: bytes) -> np.ndarray:
-    """PNG bytes -> ``uint8[H, W, 3]`` RGB (Pillow, which Playwright's screenshots need anyway)."""
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as image:
-        return np.asarray(image.convert("RGB"), dtype=np.uint8).copy()
 
