@@ -25,7 +25,8 @@ from agentgym.agent import ChatAgent
 from agentgym.errors import AgentGymError, ConfigError
 from agentgym.policies import make_policy
 from agentgym.policies.base import GenerationRequest, SamplingParams
-from agentgym.policies.openai import OpenAIContextLengthError, OpenAIPolicy, OpenAIServerError
+from agentgym.policies.openai import OpenAIPolicy
+from agentgym.policies.openai_http import OpenAIContextLengthError, OpenAIServerError
 
 MODEL = "tiny-test"
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
@@ -481,7 +482,7 @@ def test_an_episode_the_server_refuses_as_too_long_is_a_context_limit_not_an_err
 ])
 def test_each_servers_context_length_refusal_is_recognised(monkeypatch: pytest.MonkeyPatch, status: int,
                                                           body: dict[str, Any], too_long: bool) -> None:
-    import agentgym.policies.openai as module
+    import agentgym.policies.openai_http as module
 
     real = httpx.AsyncClient
     monkeypatch.setattr(module.httpx, "AsyncClient", lambda **kw: real(
@@ -505,7 +506,7 @@ def test_unreachable_server_fails_after_retries() -> None:
 
 
 def test_retries_on_429_and_5xx_then_succeeds(monkeypatch: pytest.MonkeyPatch) -> None:
-    import agentgym.policies.openai as module
+    import agentgym.policies.openai_http as module
 
     statuses = [429, 503, 200]
     seen: list[dict[str, Any]] = []
