@@ -44,3 +44,51 @@ def test_the_readme_links_point_at_files_that_exist() -> None:
                if not link.startswith(("http://", "https://", "#", "mailto:"))}
     missing = sorted(target for target in targets if not (ROOT / target).exists())
     assert not missing, f"README.md links to missing files: {missing}"
+
+
+# Dotted names in the docs that are not Python paths: a model directory's metadata file, entry-point groups.
+_NOT_PYTHON_PATHS = {"agentgym.json", "agentgym.suites"}
+
+_RESOLVE = """
+import importlib, json, sys, warnings
+warnings.simplefilter("error", DeprecationWarning)
+failed = {}
+for ref in json.loads(sys.argv[1]):
+    parts = ref.split(".")
+    for i in range(len(parts), 0, -1):
+        module = ".".join(parts[:i])
+        try:
+            obj = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name and not (module + ".").startswith(exc.name + "."):
+                obj = None  # an optional dependency of the module is not installed: nothing to check here
+                break
+            continue
+        except Exception as exc:
+            failed[ref] = repr(exc)[:200]
+            break
+        try:
+            for name in parts[i:] if obj is not None else ():
+                obj = getattr(obj, name)
+        except Exception as exc:
+            failed[ref] = repr(exc)[:200]
+        break
+    else:
+        failed[ref] = "no such module"
+print(json.dumps(failed))
+"""
+
+
+def test_every_agentgym_path_the_docs_name_resolves_without_a_deprecation() -> None:
+    """Docs that name a moved or removed module would send readers to an old path."""
+    import json
+
+    files = [README, ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    refs = sorted({ref for path in files
+                   for ref in re.findall(r"`(agentgym(?:\.[A-Za-z_]\w*)+)", path.read_text(encoding="utf-8"))}
+                  - _NOT_PYTHON_PATHS)
+    result = subprocess.run([sys.executable, "-c", _RESOLVE, json.dumps(refs)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    failed = json.loads(result.stdout.strip().splitlines()[-1])
+    assert not failed, f"the docs name paths that do not resolve (or are deprecated): {failed}"
