@@ -102,7 +102,7 @@ def test_summary_is_read_without_importing_the_env() -> None:
             "assert all(summaries), summaries\n"
             "loaded = [m for m in sys.modules if m.startswith('agentgym.envs.')]\n"
             "assert not loaded, loaded\n"
-            "assert 'agentgym.registration.env_docs' in sys.modules\n")
+            "assert 'agentgym.registration.summaries' in sys.modules\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 

@@ -25,6 +25,8 @@ from typing import Any
 
 import gymnasium as gym
 
+from agentgym.registration.entry import CatalogueEntry
+
 __all__ = ["ENV_GROUP", "SUITE_GROUP", "PluginError", "load_plugins", "plugin_entries", "plugin_errors",
            "plugin_suite_paths"]
 
@@ -77,8 +79,6 @@ def _fail(group: str, ep: Any, exc: BaseException) -> None:
 
 def _as_entry(item: Any, plugin: str) -> Any:
     """A catalogue entry from what a plugin returned (a CatalogueEntry or a mapping with id and entry_point)."""
-    from agentgym.registration.catalogue import CatalogueEntry
-
     if isinstance(item, CatalogueEntry):
         return item
     if isinstance(item, Mapping) and {"id", "entry_point"} <= set(item):
@@ -88,8 +88,6 @@ def _as_entry(item: Any, plugin: str) -> Any:
 
 
 def _load_env_plugin(ep: Any) -> None:
-    from agentgym.registration.catalogue import CatalogueEntry
-
     before = set(gym.registry)
     register = ep.load()
     returned = register() if callable(register) else register
