@@ -24,7 +24,7 @@ an image's tokens, so every image is encoded whole in exactly one pass. Models w
 positions (LLaVA-style, Idefics3/SmolVLM) get positions from the mask. Models with 3-D multimodal rotary positions
 (M-RoPE: Qwen2-VL, Qwen2.5-VL) get each row's positions from the model's own ``get_rope_index`` over the row's
 whole prompt, the part a pass computes sliced out of it; generated tokens continue after the prompt's largest
-position, as the model's own ``generate`` does (:func:`rope_position_ids`).
+position, as the model's own ``generate`` does (:mod:`agentgym.models.geometry`).
 """
 
 from __future__ import annotations
@@ -279,7 +279,7 @@ class HFPolicy(InProcessTokenPolicy):
         ``logprobs`` and ``entropies`` are those of the temperature-scaled distribution (temperature 1
         for greedy rows), before top-p truncation, which is the distribution trainers recompute.
         Sampling is reproducible when a request carries a seed: each row draws from its own stream seeded by
-        its seed (:func:`row_seeds`), so a request samples the same tokens whatever else shares its batch, and
+        its seed (:func:`~agentgym.policies.seeding.row_seeds`), so a request samples the same tokens whatever else shares its batch, and
         rows that share one seed still sample independently.
 
         Args:
