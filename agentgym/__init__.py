@@ -89,20 +89,20 @@ def make(env_id: str, **kwargs: Any) -> Any:
 
 def make_multi_agent(env_id: str, **kwargs: Any) -> Any:
     """The turn-based (PettingZoo AEC) form of a multi-agent game; needs ``agentgym[multiagent]``."""
-    from agentgym.envs.multi_agent.registry import make_multi_agent as _make
+    from agentgym.registration.multi_agent import make_multi_agent as _make
 
     return _make(env_id, **kwargs)
 
 
 def make_multi_agent_parallel(env_id: str, **kwargs: Any) -> Any:
     """The simultaneous-move (PettingZoo Parallel) form of a game that has one."""
-    from agentgym.envs.multi_agent.registry import make_multi_agent_parallel as _make
+    from agentgym.registration.multi_agent import make_multi_agent_parallel as _make
 
     return _make(env_id, **kwargs)
 
 
 def multi_agent_ids() -> list[str]:
     """Ids of the multi-agent games (``agentgym list`` shows them too)."""
-    from agentgym.envs.multi_agent.registry import multi_agent_ids as _ids
+    from agentgym.registration.multi_agent import multi_agent_ids as _ids
 
     return _ids()

@@ -75,7 +75,7 @@ _MARKER = "<!-- generated:{name}:{end} -->"
 
 def _multi_agent_games() -> Sequence:
     """The PettingZoo games (``agentgym.make_multi_agent`` ids), as ``agentgym list`` shows them."""
-    from agentgym.envs.multi_agent.registry import MULTI_AGENT_CATALOGUE
+    from agentgym.registration.multi_agent import MULTI_AGENT_CATALOGUE
 
     return MULTI_AGENT_CATALOGUE
 

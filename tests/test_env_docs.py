@@ -12,7 +12,7 @@ import gymnasium as gym
 import pytest
 
 import agentgym  # noqa: F401 - registers the ids
-from agentgym.envs.multi_agent.registry import MULTI_AGENT_CATALOGUE, make_multi_agent, make_multi_agent_parallel
+from agentgym.registration.multi_agent import MULTI_AGENT_CATALOGUE, make_multi_agent, make_multi_agent_parallel
 from agentgym.errors import RegistrationError
 from agentgym.registration.catalogue import CATALOGUE, get_entry
 from agentgym.registration.env_docs import (

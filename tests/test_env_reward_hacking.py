@@ -300,7 +300,7 @@ def test_guess_secret_is_not_in_task_ids_info_or_observations() -> None:
 @pytest.fixture(scope="module", autouse=False)
 def selfplay_ids() -> None:
     pytest.importorskip("pettingzoo")
-    from agentgym.envs.multi_agent.registry import SELFPLAY_ENTRIES
+    from agentgym.registration.multi_agent import SELFPLAY_ENTRIES
 
     for entry in SELFPLAY_ENTRIES:
         if entry.id not in gym.registry:

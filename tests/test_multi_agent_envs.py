@@ -86,7 +86,7 @@ def test_registry_ids_and_helpful_errors() -> None:
 
 def test_registry_import_is_light() -> None:
     """``agentgym list`` can read the multi-agent ids without PettingZoo or OpenSpiel being imported."""
-    code = ("import sys, json\nfrom agentgym.envs.multi_agent.registry import multi_agent_ids\n"
+    code = ("import sys, json\nfrom agentgym.registration.multi_agent import multi_agent_ids\n"
             "print(json.dumps([multi_agent_ids(), 'pettingzoo' in sys.modules, 'pyspiel' in sys.modules]))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})

@@ -22,7 +22,7 @@ from agentgym.envs.multi_agent.opponents import (
     RandomOpponent,
     ScriptedOpponent,
 )
-from agentgym.envs.multi_agent.registry import SELFPLAY_ENTRIES
+from agentgym.registration.multi_agent import SELFPLAY_ENTRIES
 from agentgym.envs.multi_agent.selfplay import SelfPlay
 from agentgym.envs.multi_agent.stockfish import find_stockfish
 

@@ -18,7 +18,7 @@ pytest.importorskip("pettingzoo")
 pytest.importorskip("pyspiel")
 
 from agentgym.envs.multi_agent.chess import ChessEnv
-from agentgym.envs.multi_agent.registry import SELFPLAY_ENTRIES
+from agentgym.registration.multi_agent import SELFPLAY_ENTRIES
 from agentgym.envs.multi_agent.stockfish import (
     FULL_STRENGTH_DEPTH,
     StockfishConfig,

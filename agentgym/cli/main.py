@@ -59,7 +59,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
         table.add_row(entry.id, entry.family, entry.summary)
     console = Console(width=max(100, Console().width))
     console.print(table)
-    from agentgym.envs.multi_agent.registry import MULTI_AGENT_CATALOGUE
+    from agentgym.registration.multi_agent import MULTI_AGENT_CATALOGUE
 
     games = Table(title="multi-agent games (PettingZoo; agentgym.make_multi_agent)")
     for column in ("id", "forms", "description"):
@@ -285,7 +285,8 @@ def _cmd_serve_env(args: argparse.Namespace) -> int:
                           f"({exc.msg}).") from None
     if not isinstance(env_kwargs, dict):
         raise ConfigError(f"--env-kwargs must be a JSON object (keyword arguments for gym.make), got {args.env_kwargs!r}.")
-    from agentgym.serving.env_server import bind_socket, serve_env
+    from agentgym.serving.env_server import serve_env
+    from agentgym.serving.http import bind_socket
 
     sock = bind_socket(args.host, args.port)
 

@@ -15,8 +15,8 @@ Two ways to fill the seats:
 
 Policy calls from all games and all seats that share a policy are batched together (the core engine's
 batcher, :mod:`agentgym.rollout.batching`), each turn is recorded and each game ended through the turn protocol every
-engine shares (:mod:`agentgym.rollout.turns`), games run concurrently, and a game whose env fails ends with ``end_reason="error"`` for every agent
-without stopping the others. Turn-based (AEC) and simultaneous-move (Parallel) games are both supported.
+engine shares (:mod:`agentgym.rollout.turns`), games run concurrently, and a game whose env fails ends with
+``end_reason="error"`` for every agent without stopping the others. Turn-based (AEC) and simultaneous-move (Parallel) games are both supported.
 Each turn's reward is everything the agent received from its move until its next move (PettingZoo's
 cumulative reward), so the per-agent returns add up to the game's rewards.
 """
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentgym.agent import ChatAgent
-from agentgym.envs.multi_agent.registry import get_multi_agent_entry, make_multi_agent, make_multi_agent_parallel
+from agentgym.registration.multi_agent import get_multi_agent_entry, make_multi_agent, make_multi_agent_parallel
 from agentgym.errors import ConfigError
 from agentgym.policies.base import Generation, Policy, SamplingParams
 from agentgym.rollout.batching import PolicyBatcher

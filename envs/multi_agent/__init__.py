@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from agentgym.utils.lazy import lazy_attributes
 
-from .registry import (
+from agentgym.registration.multi_agent import (
     MULTI_AGENT_CATALOGUE,
     SELFPLAY_ENTRIES,
     make_multi_agent,
