@@ -1,1 +1,7 @@
-"""Utilities every layer may use: caches, progress display, images, procfs, lazy attributes, deprecation."""
+"""Utilities every layer may use and that know nothing of envs or policies.
+
+``cache`` (one root for every cache, built under a lock and renamed into place), ``progress`` (rich progress
+bars), ``images`` (PNG and image references), ``procfs`` (reading ``/proc``), ``singletons`` (process-wide shared
+pools), ``lazy`` (lazy module attributes), ``deprecation`` (old import paths), ``source_tree`` (a checkout's
+namespace folders), ``fast_records`` and ``gc_tuning`` (hot-path helpers of the rollout engine).
+"""
