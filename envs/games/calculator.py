@@ -7,16 +7,23 @@ its result, stop), which is exactly what RL on a tiny warm-started model can fix
 
 from __future__ import annotations
 
-import ast
 import hashlib
-import operator
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 from agentgym.envs.games._common import check_settings, games_parser, sample_one
+from agentgym.envs.games.arithmetic import (  # noqa: F401 - the limits and OPERATORS stay importable from here
+    MAX_EXPRESSION_CHARS,
+    MAX_LITERAL_DIGITS,
+    MAX_RESULT_DIGITS,
+    OPERATORS,
+    CalcError,
+    evaluate,
+    expression_of,
+)
 from agentgym.envs.games.grading import expected_answer, grade_answer
 
 from agentgym.env import AgentEnv, ReferenceSolver
@@ -26,85 +33,6 @@ from agentgym.suite import Task
 from agentgym.toolset import ToolResult, ToolSet, tool
 
 __all__ = ["CalcError", "CalculatorEnv", "evaluate", "generate_tasks"]
-
-OPERATORS: dict[str, Callable[[int, int], int]] = {
-    "+": operator.add,
-    "-": operator.sub,
-    "*": operator.mul,
-    "//": operator.floordiv,
-}
-MAX_EXPRESSION_CHARS = 200
-MAX_LITERAL_DIGITS = 30
-MAX_RESULT_DIGITS = 60
-
-_HOW = "use integers, + - * // and parentheses, e.g. calc((27+3)*42)"
-
-
-class CalcError(ValueError):
-    """An expression ``calc`` refuses; the message is shown to the model, so it says the fix."""
-
-
-def _check_size(value: int) -> int:
-    if abs(value) >= 10**MAX_RESULT_DIGITS:
-        raise CalcError(f"the result has more than {MAX_RESULT_DIGITS} digits; use smaller numbers.")
-    return value
-
-
-def _eval_node(node: ast.AST) -> int:
-    if isinstance(node, ast.Constant):
-        value = node.value
-        if type(value) is int:
-            if len(str(abs(value))) > MAX_LITERAL_DIGITS:
-                raise CalcError(f"numbers may have at most {MAX_LITERAL_DIGITS} digits.")
-            return value
-        if isinstance(value, float):
-            raise CalcError(f"only whole numbers are supported, got {value!r}; {_HOW}.")
-        raise CalcError(f"{value!r} is not a number; {_HOW}.")
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        operand = _eval_node(node.operand)
-        return -operand if isinstance(node.op, ast.USub) else operand
-    if isinstance(node, ast.BinOp):
-        if isinstance(node.op, ast.Div):
-            raise CalcError("'/' is not supported: use // for integer (floor) division.")
-        if isinstance(node.op, ast.Pow):
-            raise CalcError("exponents (**) are not supported: write the multiplication out, e.g. 3*3*3.")
-        symbol = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//"}.get(type(node.op))
-        if symbol is None:
-            raise CalcError(f"operator {type(node.op).__name__} is not supported; {_HOW}.")
-        left, right = _eval_node(node.left), _eval_node(node.right)
-        if symbol == "//" and right == 0:
-            raise CalcError("division by zero.")
-        return _check_size(OPERATORS[symbol](left, right))
-    if isinstance(node, ast.Name):
-        raise CalcError(f"unknown name {node.id!r}: calc only takes numbers; {_HOW}.")
-    raise CalcError(f"{type(node).__name__} is not supported; {_HOW}.")
-
-
-def evaluate(expression: str) -> int:
-    """Evaluate integer arithmetic safely (an AST walk; nothing is ever ``eval``-ed).
-
-    Args:
-        expression: Integers, ``+ - * //``, unary minus and parentheses. A trailing ``=`` is ignored.
-
-    Returns:
-        The exact integer value.
-
-    Raises:
-        CalcError: Anything else (names, calls, floats, ``/``, ``**``, division by zero, too long or too
-            large input), with a message that tells the model how to write the expression instead.
-    """
-    text = expression.strip()
-    if text.endswith("="):
-        text = text[:-1].rstrip()
-    if not text:
-        raise CalcError(f"the expression is empty; {_HOW}.")
-    if len(text) > MAX_EXPRESSION_CHARS:
-        raise CalcError(f"the expression has {len(text)} characters; the limit is {MAX_EXPRESSION_CHARS}.")
-    try:
-        tree = ast.parse(text, mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        raise CalcError(f"cannot read {text!r}; {_HOW}.") from None
-    return _eval_node(tree.body)
 
 
 # ---- tasks ---------------------------------------------------------------------------------------
@@ -184,19 +112,6 @@ def generate_tasks(
     return tasks
 
 
-_QUESTION = re.compile(r"What is (.+?)\?\s*$", re.DOTALL)
-
-
-def _expression_of(task: Task) -> str:
-    meta = task.metadata
-    if {"a", "b", "op"} <= set(meta):
-        return f"{meta['a']}{meta['op']}{meta['b']}"
-    match = _QUESTION.search(task.prompt)
-    if match is None:
-        raise TaskError(
-            f"Calculator task {task.id!r} has neither metadata a/b/op nor a prompt 'What is EXPR?'; add one."
-        )
-    return match.group(1).strip()
 
 
 class CalculatorEnv(AgentEnv):
@@ -316,7 +231,7 @@ class CalculatorEnv(AgentEnv):
         return sample_one(generate_tasks, rng, self._task_params)
 
     def _begin_episode(self, task: Task) -> str:
-        self._question = _expression_of(task)
+        self._question = expression_of(task)
         self._computed = set()
         try:
             self._expected = expected_answer(task)
@@ -332,14 +247,14 @@ class CalculatorEnv(AgentEnv):
 
     def shortcut_solver(self) -> ReferenceSolver:
         """Answer at once, without calc, with a near miss (wrong by 1-9): a tool-skipping demonstration."""
-        expression = _expression_of(self.task) if self.task is not None else "0"
+        expression = expression_of(self.task) if self.task is not None else "0"
         exact = evaluate(expression) if self.task is not None else 0
         miss = 1 + int(hashlib.sha256(expression.encode()).hexdigest(), 16) % 9
         return lambda observation: f"answer({exact + miss})"
 
     def reference_solver(self) -> ReferenceSolver:
         """``calc(EXPR)``, then ``answer(N)`` with N read from the calc observation."""
-        expression = _expression_of(self.task) if self.task is not None else ""
+        expression = expression_of(self.task) if self.task is not None else ""
         sent_calc = False
 
         def solve(observation: str) -> str:

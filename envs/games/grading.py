@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
+from agentgym.envs.games.arithmetic import evaluate, expression_of
+from agentgym.errors import TaskError
 from agentgym.suite import Task
 
 __all__ = ["expected_answer", "grade_answer", "integer_value"]
@@ -51,13 +53,9 @@ def expected_answer(task: Task) -> int:
     if known is not None:
         value = integer_value(known)
         if value is None:
-            from agentgym.errors import TaskError
-
             raise TaskError(f"Games task {task.id!r}: answer {known!r} is not an integer; give an integer.")
         return value
-    from agentgym.envs.games.calculator import _expression_of, evaluate
-
-    return evaluate(_expression_of(task))
+    return evaluate(expression_of(task))
 
 
 def grade_answer(task: Task, answer: object) -> bool:
