@@ -115,6 +115,7 @@ def write_results(
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(record, f, indent=2, ensure_ascii=False)
             f.write("\n")
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep the file from other users of a shared checkout
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
