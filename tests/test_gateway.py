@@ -26,11 +26,12 @@ pytest.importorskip("uvicorn")
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from agentgym.serving.gateway import SESSION_HEADER, sessions_to_trajectories  # noqa: E402
+from agentgym.serving.gateway import SESSION_HEADER  # noqa: E402
 from agentgym.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
 from agentgym.policies.base import Generation, SamplingParams  # noqa: E402
 from agentgym.cli.quickstart import demonstration_texts  # noqa: E402
 from agentgym.serving.openai_server import ServerThread  # noqa: E402
+from agentgym.serving.sessions import sessions_to_trajectories  # noqa: E402
 from agentgym.registration.suites import load_suite  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent

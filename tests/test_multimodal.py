@@ -361,7 +361,7 @@ def test_serve_takes_image_parts_for_a_vlm_with_the_openai_client(vlm: Any) -> N
         with pytest.raises(openai.BadRequestError, match="data:image"):
             client.chat.completions.create(model="tiny-vlm", max_tokens=2, messages=[{"role": "user", "content": [
                 {"type": "image_url", "image_url": {"url": "http://example.com/cat.png"}}]}])
-    from agentgym.serving.openai_server import APIError, _message_text
+    from agentgym.serving.openai_protocol import APIError, _message_text
 
     with pytest.raises(APIError, match="reads text only"):
         _message_text(content, 1, vision=False)

@@ -230,10 +230,11 @@ def test_tool_call_loop_with_the_openai_client(qwen_tokenizer: Any) -> None:
 
 
 def test_tool_parser_reads_hermes_blocks_like_vllm(qwen_tokenizer: Any) -> None:
-    from agentgym.serving.openai_server import _Batcher, _Server
+    from agentgym.serving.batcher import Batcher
+    from agentgym.serving.openai_endpoints import OpenAIEndpoints
 
     policy = Scripted(qwen_tokenizer, lambda _: "")
-    server = _Server(policy, "m", _Batcher(policy, max_batch_size=1, window_s=0, max_queue_size=1))
+    server = OpenAIEndpoints(policy, "m", Batcher(policy, max_batch_size=1, window_s=0, max_queue_size=1))
     content, calls = server.tool_calls('<tool_call>{"name": "a", "arguments": {"x": "é"}}</tool_call>'
                                        '\n<tool_call>{"name": "b", "arguments": {}}</tool_call>')
     assert content is None and [c["function"]["name"] for c in calls] == ["a", "b"]

@@ -4,7 +4,7 @@ The one online loop (:class:`~agentgym.trainers.loop.OnlineTrainer`) with a diff
 trainer opens ``tasks_per_step x group_size`` env sessions on a :mod:`agentgym.serving.gateway` served in-process in front
 of the training model itself, runs the agent program once per session (``agent(base_url)``, where ``base_url`` is
 the session's ``http://127.0.0.1:PORT/s/<session>/v1``), and learns with GRPO from the recorded sessions
-(:func:`~agentgym.serving.gateway.sessions_to_trajectories`). The agent program is anything that talks the OpenAI API, e.g.
+(:func:`~agentgym.serving.sessions.sessions_to_trajectories`). The agent program is anything that talks the OpenAI API, e.g.
 the ``openai``-only loop in ``examples/gateway_agent.py``; it never sees agentgym. Held-out evaluation runs the
 same program on the eval split's tasks with fixed seeds, so "success" is the agent program's success.
 
@@ -92,7 +92,7 @@ class GatewayGrpoTrainer(GrpoTrainer):
     def _run_sessions(self, tag: str, plan: list[tuple[Task, int, str]], suite: Any) -> tuple[list[Trajectory],
                                                                                                dict[str, float]]:
         """Open one session per (task, seed, group) of ``plan``, let the agent play them, read them back."""
-        from agentgym.serving.gateway import sessions_to_trajectories
+        from agentgym.serving.sessions import sessions_to_trajectories
 
         sessions = [self.gateway.open_session(f"{tag}-{i}", env_id=suite.env_id, task=task, seed=seed,
                                               group_id=group, env_kwargs=dict(suite.env_kwargs))

@@ -46,6 +46,7 @@ from typing import Any, Optional
 import numpy as np
 
 from agentgym.errors import AgentGymError, DependencyNotInstalled, EnvCrashed
+from agentgym.serving.http import bind_socket, serve
 from agentgym.utils.images import decode_png, encode_png
 from agentgym.spaces import UnicodeText
 from agentgym.trajectory import jsonable
@@ -401,22 +402,6 @@ def create_env_app(env_id: str, *, env_kwargs: Mapping[str, Any] | None = None, 
     return app
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (port 0: a free one); raises a clear error when it is taken."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise AgentGymError(f"Cannot listen on {host}:{port} ({exc.strerror}); pick another --port (0 picks a free "
-                            "one) or stop what holds it.") from exc
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
-
-
 def _drop_close_after_disconnect(record: logging.LogRecord) -> bool:
     """Drop uvicorn's "Exception in ASGI application" for a client that left first: openenv-core's /ws handler
     closes the socket after destroying the session and catches only RuntimeError, so every client that closes
@@ -431,23 +416,21 @@ def serve_env(env_id: str, *, host: str = "127.0.0.1", port: int = 8000, env_kwa
     """Serve ``env_id`` until interrupted (SIGINT/SIGTERM close every session's env before exiting).
 
     Args:
-        sock: An already bound socket (see :func:`bind_socket`); otherwise one is bound on ``host:port``.
+        sock: An already bound socket (see :func:`agentgym.serving.http.bind_socket`); otherwise one is bound on
+            ``host:port``.
         on_ready: Called with the server URL once the app is built and the socket listens.
         Other arguments: as :func:`create_env_app`.
     """
-    import uvicorn
-
     app = create_env_app(env_id, env_kwargs=env_kwargs, max_sessions=max_sessions, idle_timeout_s=idle_timeout_s)
     sock = sock or bind_socket(host, port)
-    bound_host, bound_port = sock.getsockname()[:2]
-    url = f"http://{'[' + bound_host + ']' if ':' in bound_host else bound_host}:{bound_port}"
-    config = uvicorn.Config(app, log_level="warning", ws_max_size=100 * 2**20, timeout_graceful_shutdown=10)
-    logging.getLogger("uvicorn.error").addFilter(_drop_close_after_disconnect)  # after Config: it sets up logging
-    server = uvicorn.Server(config)
-    if on_ready is not None:
-        on_ready(url)
-    logger.info("serving %s on %s (max %d sessions)", env_id, url, max_sessions)
-    server.run(sockets=[sock])
+
+    def ready(url: str) -> None:
+        if on_ready is not None:
+            on_ready(url)
+        logger.info("serving %s on %s (max %d sessions)", env_id, url, max_sessions)
+
+    serve(app, sock, log_level="warning", on_ready=ready, log_filter=_drop_close_after_disconnect,
+          ws_max_size=100 * 2**20, timeout_graceful_shutdown=10)
 
 
 # ---- the client ------------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ Why: many agents are programs we cannot change (written against the ``openai`` p
 framework). To train the model they use, the gateway sits between such a program and an OpenAI-compatible
 server (``agentgym serve`` in-process, or any server by URL, such as ``vllm serve``), forwards each call, and
 records it *token-exactly*: the prompt ids the server conditioned on, the ids it sampled and their log-probs.
-:func:`sessions_to_trajectories` turns the recorded sessions into :class:`~agentgym.trajectory.Trajectory`
+:func:`~agentgym.serving.sessions.sessions_to_trajectories` turns the recorded sessions into :class:`~agentgym.trajectory.Trajectory`
 objects that the bundled trainers train on (:class:`agentgym.trainers.gateway.GatewayGrpoTrainer` runs the loop).
 
 Sessions. Every call names its session, in one of three ways (the first that is present wins):
@@ -31,11 +31,8 @@ have tokenised differently); with no tokenizer the call is recorded without ids 
 not trainable. A session opened with a seed gets a per-call ``seed`` (from the session seed and the call's index)
 when the request has none, so replays sample the same.
 
-Merging calls into training sequences. A session's calls form one training sequence while each call's prompt
-starts exactly with an earlier call's prompt plus its sampled ids (the tokens in between are the observation and
-template glue: loss mask 0). A call whose prompt extends no open sequence (the agent rewrote or truncated its
-history, or the server re-rendered an earlier turn differently) starts a new sequence (a *segment*) and counts as
-a mismatch; every segment becomes its own trajectory, carrying the session's outcome and group.
+Turning the recorded sessions into training sequences is :mod:`agentgym.serving.sessions` (it needs no web
+framework, so a trainer reads sessions without the serving extras).
 """
 
 from __future__ import annotations
@@ -49,15 +46,17 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agentgym.errors import AgentGymError, ConfigError, did_you_mean
-from agentgym.serving.openai_server import APIError, _json_body
+from agentgym.serving.http import bind_socket, import_uvicorn, serve, socket_url
+from agentgym.serving.openai_protocol import APIError, json_body
+from agentgym.serving.sessions import RecordedSessions, read_session, sessions_to_trajectories
 from agentgym.suite import Task
-from agentgym.trajectory import Trajectory, Turn, jsonable
+from agentgym.trajectory import jsonable
 
 try:
     import httpx
@@ -519,7 +518,7 @@ def create_gateway_app(upstream: str | FastAPI, record_dir: str | Path, *, token
 
     Args:
         upstream: The base URL of an OpenAI-compatible server (``http://host:port/v1``, e.g. ``vllm serve``), or
-            an app of :func:`agentgym.serving.openai_server.create_app`, served in-process (no second socket; its lifespan runs
+            an app of :func:`agentgym.serving.openai_app.create_app`, served in-process (no second socket; its lifespan runs
             inside the gateway's).
         record_dir: Where session files go.
         tokenizer: Optional local tokenizer for servers that report no token ids (see the module docstring).
@@ -574,7 +573,7 @@ def create_gateway_app(upstream: str | FastAPI, record_dir: str | Path, *, token
         return _check_session_id(sid)
 
     async def generation(request: Request, endpoint: str) -> Response:
-        body = await _json_body(request)
+        body = await json_body(request)
         return await proxy.generate(body, endpoint, session_of(request, body))
 
     async def chat(request: Request) -> Response:
@@ -587,7 +586,7 @@ def create_gateway_app(upstream: str | FastAPI, record_dir: str | Path, *, token
         return JSONResponse(await gateway.reset(session_of(request)))
 
     async def env_step(request: Request) -> JSONResponse:
-        body = await _json_body(request)
+        body = await json_body(request)
         action = body.get("action")
         if not isinstance(action, str):
             raise APIError(f"'action' must be the model's text for this turn (a string), got {action!r}.",
@@ -595,7 +594,7 @@ def create_gateway_app(upstream: str | FastAPI, record_dir: str | Path, *, token
         return JSONResponse(await gateway.step(session_of(request), action))
 
     async def reward(request: Request) -> JSONResponse:
-        body = await _json_body(request)
+        body = await json_body(request)
         value = body.get("reward")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
             raise APIError(f"'reward' must be a number, got {value!r}.", param="reward")
@@ -637,7 +636,7 @@ def create_gateway_app(upstream: str | FastAPI, record_dir: str | Path, *, token
 
     @app.post("/v1/sessions")
     async def open_session(request: Request) -> JSONResponse:
-        body = await _json_body(request)
+        body = await json_body(request)
         allowed = {"session", "env", "suite", "split", "task_id", "seed", "group", "env_kwargs", "metadata"}
         unknown = sorted(set(body) - allowed)
         if unknown:
@@ -681,151 +680,14 @@ def _suite_task(suite_name: Any, split: Any, task_id: Any) -> tuple[Task, str, d
 def run_gateway(upstream: str | FastAPI, record_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000,
                 tokenizer: str | None = None) -> None:
     """Serve the gateway until interrupted (``agentgym serve --record DIR [--proxy URL]``)."""
-    from agentgym.serving.openai_server import _import_uvicorn
-
+    import_uvicorn()  # a missing extra fails before the tokenizer loads
     tok = None
     if tokenizer is not None:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(tokenizer)
     app = create_gateway_app(upstream, record_dir, tokenizer=tok)
+    sock = bind_socket(host, port)
     where = upstream if isinstance(upstream, str) else "the local model"
-    logger.info("Recording gateway for %s on http://%s:%d/v1 (sessions in %s)", where, host, port, record_dir)
-    _import_uvicorn().run(app, host=host, port=port, log_level="info")
-
-
-# ---- sessions -> trajectories ------------------------------------------------------------------------
-def read_session(path: str | Path) -> list[dict[str, Any]]:
-    """The records of one session file, in order (a torn last line, from a crash mid-write, is skipped)."""
-    records = []
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    for i, line in enumerate(lines):
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i != len(lines) - 1:
-                raise AgentGymError(f"{path}:{i + 1} is not valid JSON; session files are append-only JSONL.") from None
-    return records
-
-
-@dataclass(frozen=True)
-class RecordedSessions:
-    """What :func:`sessions_to_trajectories` made of a set of sessions.
-
-    Attributes:
-        trajectories: One per segment of each ended session (ordered by session, then segment).
-        sessions: Sessions read that had ended (their reward is known).
-        open_sessions: Sessions without an end record (skipped: no reward yet).
-        calls: Calls of the ended sessions.
-        segments: Training sequences made (``len(trajectories)``).
-        mismatches: Calls whose prompt extended no earlier call of their session (each began a segment).
-        untrainable_calls: Calls recorded without token ids (skipped).
-        tokenized_calls: Calls whose ids the gateway tokenised itself (not token-exact).
-    """
-
-    trajectories: list[Trajectory]
-    sessions: int = 0
-    open_sessions: int = 0
-    calls: int = 0
-    segments: int = 0
-    mismatches: int = 0
-    untrainable_calls: int = 0
-    tokenized_calls: int = 0
-
-    def stats(self) -> dict[str, float]:
-        return {f"gateway/{k}": float(getattr(self, k)) for k in (
-            "sessions", "open_sessions", "calls", "segments", "mismatches", "untrainable_calls", "tokenized_calls")}
-
-
-def _segments(calls: Sequence[Mapping[str, Any]]) -> tuple[list[list[tuple[Mapping[str, Any], list[int]]]], int]:
-    """Group calls into segments: each call extends the open segment whose full ids (prompt + sampled so far) are
-    the longest prefix of its prompt; the new prompt tokens in between are its observation ids."""
-    segments: list[list[tuple[Mapping[str, Any], list[int]]]] = []
-    full: list[list[int]] = []
-    mismatches = 0
-    for call in calls:
-        prompt = call["prompt_token_ids"]
-        best, best_len = None, -1
-        for k, ids in enumerate(full):
-            if len(ids) > best_len and len(ids) <= len(prompt) and prompt[:len(ids)] == ids:
-                best, best_len = k, len(ids)
-        if best is None:
-            if segments:
-                mismatches += 1
-            segments.append([(call, list(prompt))])
-            full.append(list(prompt) + list(call["token_ids"]))
-        else:
-            segments[best].append((call, list(prompt[best_len:])))
-            full[best] = list(prompt) + list(call["token_ids"])
-    return segments, mismatches
-
-
-def sessions_to_trajectories(record_dir: str | Path, sessions: Iterable[str] | None = None) -> RecordedSessions:
-    """Turn recorded sessions into trajectories (see the module docstring for how calls merge).
-
-    Args:
-        record_dir: The gateway's ``record_dir``.
-        sessions: Session ids to read, in this order; ``None`` reads every ``*.jsonl`` in the directory (by name).
-
-    Returns:
-        The trajectories and counts. A session's turns carry the env's step reward and turn info (a call is the
-        action of the env step that follows it); its outcome is the env's or the reported one.
-    """
-    root = Path(record_dir)
-    if not root.is_dir():
-        raise ConfigError(f"{root} is not a directory of recorded sessions (the gateway's --record DIR).")
-    paths = sorted(root.glob("*.jsonl")) if sessions is None else [root / f"{s}.jsonl" for s in sessions]
-    missing = [str(p) for p in paths if not p.is_file()]
-    if missing:
-        raise ConfigError(f"No recorded session file {missing[0]} ({len(missing)} missing): was the session opened "
-                          "on this gateway with this record_dir?")
-    out: list[Trajectory] = []
-    counts = dict(sessions=0, open_sessions=0, calls=0, segments=0, mismatches=0, untrainable_calls=0,
-                  tokenized_calls=0)
-    for path in paths:
-        records = read_session(path)
-        end = next((r for r in records if r.get("type") == "end"), None)
-        if end is None:
-            counts["open_sessions"] += 1
-            continue
-        head = next((r for r in records if r.get("type") == "session"), {})
-        counts["sessions"] += 1
-        calls: list[dict[str, Any]] = []
-        step_of: dict[int, Mapping[str, Any]] = {}  # call position -> the env step it was the action of
-        for r in records:
-            if r.get("type") == "call":
-                counts["calls"] += 1
-                if r.get("prompt_token_ids") is None or r.get("token_ids") is None:
-                    counts["untrainable_calls"] += 1
-                    continue
-                counts["tokenized_calls"] += r.get("ids_source") == "tokenized"
-                calls.append(r)
-            elif r.get("type") == "step" and calls and id(calls[-1]) not in step_of:
-                step_of[id(calls[-1])] = r
-        segments, mismatches = _segments(calls)
-        counts["mismatches"] += mismatches
-        outcome = dict(end.get("outcome") or {})
-        sid = path.stem
-        for k, segment in enumerate(segments):
-            turns = []
-            for call, prompt_ids in segment:
-                step = step_of.get(id(call), {})
-                lps = call.get("logprobs")
-                turns.append(Turn(
-                    observation=str(call.get("observation") or ""), action=str(call.get("text") or ""),
-                    reward=float(step.get("reward", 0.0)), info=step.get("turn") or {},
-                    prompt_token_ids=tuple(prompt_ids), action_token_ids=tuple(call["token_ids"]),
-                    action_logprobs=None if lps is None else tuple(float(v) for v in lps),
-                    finish_reason=call.get("finish_reason")))
-            out.append(Trajectory(
-                env_id=str(head.get("env_id") or "gateway"), task_id=str(head.get("task_id") or sid),
-                seed=head.get("seed"), turns=tuple(turns), outcome=outcome,
-                end_reason=str(end.get("end_reason") or outcome.get("end_reason") or "answered"),
-                policy="gateway", traj_id=f"{sid}#{k}", group_id=str(head.get("group_id") or sid),
-                metadata={"session": sid, "segment": k, "segments": len(segments), "mismatches": mismatches,
-                          "reward_source": end.get("source"),
-                          "temperature": segment[0][0].get("temperature"),
-                          **({"final_observation": records[-2].get("observation")}
-                             if len(records) > 1 and records[-2].get("type") == "step" else {})}))
-            counts["segments"] += 1
-    return RecordedSessions(out, **counts)
+    logger.info("Recording gateway for %s on %s/v1 (sessions in %s)", where, socket_url(sock), record_dir)
+    serve(app, sock, log_level="info")

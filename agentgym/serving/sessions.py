@@ -1,0 +1,162 @@
+"""Recorded gateway sessions as trajectories: the offline half of :mod:`agentgym.serving.gateway`.
+
+The gateway writes one JSONL file per session (``<record_dir>/<session>.jsonl``: a ``session`` record, then
+``call``, ``reset``, ``step`` records and, once the reward is known, an ``end`` record).
+:func:`sessions_to_trajectories` reads those files into :class:`~agentgym.trajectory.Trajectory` objects that the
+bundled trainers train on.
+
+Merging calls into training sequences. A session's calls form one training sequence while each call's prompt
+starts exactly with an earlier call's prompt plus its sampled ids (the tokens in between are the observation and
+template glue: loss mask 0). A call whose prompt extends no open sequence (the agent rewrote or truncated its
+history, or the server re-rendered an earlier turn differently) starts a new sequence (a *segment*) and counts as
+a mismatch; every segment becomes its own trajectory, carrying the session's outcome and group.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentgym.errors import AgentGymError, ConfigError
+from agentgym.trajectory import Trajectory, Turn
+
+__all__ = ["RecordedSessions", "read_session", "sessions_to_trajectories"]
+
+
+def read_session(path: str | Path) -> list[dict[str, Any]]:
+    """The records of one session file, in order (a torn last line, from a crash mid-write, is skipped)."""
+    records = []
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i != len(lines) - 1:
+                raise AgentGymError(f"{path}:{i + 1} is not valid JSON; session files are append-only JSONL.") from None
+    return records
+
+
+@dataclass(frozen=True)
+class RecordedSessions:
+    """What :func:`sessions_to_trajectories` made of a set of sessions.
+
+    Attributes:
+        trajectories: One per segment of each ended session (ordered by session, then segment).
+        sessions: Sessions read that had ended (their reward is known).
+        open_sessions: Sessions without an end record (skipped: no reward yet).
+        calls: Calls of the ended sessions.
+        segments: Training sequences made (``len(trajectories)``).
+        mismatches: Calls whose prompt extended no earlier call of their session (each began a segment).
+        untrainable_calls: Calls recorded without token ids (skipped).
+        tokenized_calls: Calls whose ids the gateway tokenised itself (not token-exact).
+    """
+
+    trajectories: list[Trajectory]
+    sessions: int = 0
+    open_sessions: int = 0
+    calls: int = 0
+    segments: int = 0
+    mismatches: int = 0
+    untrainable_calls: int = 0
+    tokenized_calls: int = 0
+
+    def stats(self) -> dict[str, float]:
+        return {f"gateway/{k}": float(getattr(self, k)) for k in (
+            "sessions", "open_sessions", "calls", "segments", "mismatches", "untrainable_calls", "tokenized_calls")}
+
+
+def _segments(calls: Sequence[Mapping[str, Any]]) -> tuple[list[list[tuple[Mapping[str, Any], list[int]]]], int]:
+    """Group calls into segments: each call extends the open segment whose full ids (prompt + sampled so far) are
+    the longest prefix of its prompt; the new prompt tokens in between are its observation ids."""
+    segments: list[list[tuple[Mapping[str, Any], list[int]]]] = []
+    full: list[list[int]] = []
+    mismatches = 0
+    for call in calls:
+        prompt = call["prompt_token_ids"]
+        best, best_len = None, -1
+        for k, ids in enumerate(full):
+            if len(ids) > best_len and len(ids) <= len(prompt) and prompt[:len(ids)] == ids:
+                best, best_len = k, len(ids)
+        if best is None:
+            if segments:
+                mismatches += 1
+            segments.append([(call, list(prompt))])
+            full.append(list(prompt) + list(call["token_ids"]))
+        else:
+            segments[best].append((call, list(prompt[best_len:])))
+            full[best] = list(prompt) + list(call["token_ids"])
+    return segments, mismatches
+
+
+def sessions_to_trajectories(record_dir: str | Path, sessions: Iterable[str] | None = None) -> RecordedSessions:
+    """Turn recorded sessions into trajectories (see the module docstring for how calls merge).
+
+    Args:
+        record_dir: The gateway's ``record_dir``.
+        sessions: Session ids to read, in this order; ``None`` reads every ``*.jsonl`` in the directory (by name).
+
+    Returns:
+        The trajectories and counts. A session's turns carry the env's step reward and turn info (a call is the
+        action of the env step that follows it); its outcome is the env's or the reported one.
+    """
+    root = Path(record_dir)
+    if not root.is_dir():
+        raise ConfigError(f"{root} is not a directory of recorded sessions (the gateway's --record DIR).")
+    paths = sorted(root.glob("*.jsonl")) if sessions is None else [root / f"{s}.jsonl" for s in sessions]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise ConfigError(f"No recorded session file {missing[0]} ({len(missing)} missing): was the session opened "
+                          "on this gateway with this record_dir?")
+    out: list[Trajectory] = []
+    counts = dict(sessions=0, open_sessions=0, calls=0, segments=0, mismatches=0, untrainable_calls=0,
+                  tokenized_calls=0)
+    for path in paths:
+        records = read_session(path)
+        end = next((r for r in records if r.get("type") == "end"), None)
+        if end is None:
+            counts["open_sessions"] += 1
+            continue
+        head = next((r for r in records if r.get("type") == "session"), {})
+        counts["sessions"] += 1
+        calls: list[dict[str, Any]] = []
+        step_of: dict[int, Mapping[str, Any]] = {}  # call position -> the env step it was the action of
+        for r in records:
+            if r.get("type") == "call":
+                counts["calls"] += 1
+                if r.get("prompt_token_ids") is None or r.get("token_ids") is None:
+                    counts["untrainable_calls"] += 1
+                    continue
+                counts["tokenized_calls"] += r.get("ids_source") == "tokenized"
+                calls.append(r)
+            elif r.get("type") == "step" and calls and id(calls[-1]) not in step_of:
+                step_of[id(calls[-1])] = r
+        segments, mismatches = _segments(calls)
+        counts["mismatches"] += mismatches
+        outcome = dict(end.get("outcome") or {})
+        sid = path.stem
+        for k, segment in enumerate(segments):
+            turns = []
+            for call, prompt_ids in segment:
+                step = step_of.get(id(call), {})
+                lps = call.get("logprobs")
+                turns.append(Turn(
+                    observation=str(call.get("observation") or ""), action=str(call.get("text") or ""),
+                    reward=float(step.get("reward", 0.0)), info=step.get("turn") or {},
+                    prompt_token_ids=tuple(prompt_ids), action_token_ids=tuple(call["token_ids"]),
+                    action_logprobs=None if lps is None else tuple(float(v) for v in lps),
+                    finish_reason=call.get("finish_reason")))
+            out.append(Trajectory(
+                env_id=str(head.get("env_id") or "gateway"), task_id=str(head.get("task_id") or sid),
+                seed=head.get("seed"), turns=tuple(turns), outcome=outcome,
+                end_reason=str(end.get("end_reason") or outcome.get("end_reason") or "answered"),
+                policy="gateway", traj_id=f"{sid}#{k}", group_id=str(head.get("group_id") or sid),
+                metadata={"session": sid, "segment": k, "segments": len(segments), "mismatches": mismatches,
+                          "reward_source": end.get("source"),
+                          "temperature": segment[0][0].get("temperature"),
+                          **({"final_observation": records[-2].get("observation")}
+                             if len(records) > 1 and records[-2].get("type") == "step" else {})}))
+            counts["segments"] += 1
+    return RecordedSessions(out, **counts)
