@@ -1,4 +1,4 @@
-"""What a rollout runs: the engine's settings (:class:`RolloutConfig`) and the episodes it plays (:class:`EpisodeSpec`)."""
+"""What a rollout runs: the engine's settings (:class:`RolloutConfig`) and its episodes (:class:`EpisodeSpec`)."""
 
 from __future__ import annotations
 

@@ -34,7 +34,8 @@ __all__ = ["TurnResult", "action_choices_of", "apply_action", "apply_action_inli
 logger = logging.getLogger(__name__)
 
 
-def open_conversation(policy: Policy, config: RolloutConfig, reset_info: Mapping[str, Any], observation: Any) -> ChatAgent:
+def open_conversation(policy: Policy, config: RolloutConfig, reset_info: Mapping[str, Any],
+                      observation: Any) -> ChatAgent:
     """The agent's conversation after ``env.reset``: system prompt (the config's, else the policy's default), the
     env's instructions and first observation (a ``str``, or ``{"text", "image"}`` whose image the agent shows a
     policy that ``accepts_images``), and the env's tool schemas for chat templates that render tools natively
@@ -148,9 +149,11 @@ def apply_action_inline(policy: Policy, agent: ChatAgent, env: Any, observation:
                         time.perf_counter() - started)
 
 
-def record_action(policy: Policy, agent: ChatAgent,
-                   generation: Generation) -> tuple[tuple[int, ...] | None, tuple[ImageRef, ...], tuple[int, ...] | None]:
-    """Put the action into the conversation; the prompt ids and images the turn records, and the action's ids."""
+def record_action(policy: Policy, agent: ChatAgent, generation: Generation
+                  ) -> tuple[tuple[int, ...] | None, tuple[ImageRef, ...], tuple[int, ...] | None]:
+    """Put the action into the conversation; returns the prompt ids and images the turn records, and the action's
+    ids (``None`` without a tokenizer). Every engine records an action through here, the multi-agent one included,
+    so the prompt a turn records is always the one the action was sampled from."""
     prompt_ids = tuple(agent.pending_prompt_ids) if policy.tokenizer is not None else None
     images = agent.observation_images
     return prompt_ids, images, agent.record_action(generation)
@@ -171,8 +174,8 @@ def _finish_turn(agent: ChatAgent, observation: str, generation: Generation, res
 def final_state(agent: ChatAgent, observation: str) -> dict[str, Any]:
     """Trajectory metadata for the observation after the last action, which no turn records.
 
-    A critic bootstraps from it when an episode is truncated (spec 2.3: ``V(s')`` of the state the time limit
-    cut off), and a report shows it (the env's last word: "Correct!", the final page). ``observation`` must
+    A critic bootstraps from it when an episode is truncated (``V(s')`` of the state the time limit cut off: the
+    episode did not end there, so its return goes on past the last reward), and a report shows it (the env's last word: "Correct!", the final page). ``observation`` must
     already be in ``agent``'s conversation (its last message); its rendered token ids come with it.
     """
     out: dict[str, Any] = {"final_observation": observation}
