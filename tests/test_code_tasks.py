@@ -18,7 +18,6 @@ import pytest
 pytest.importorskip("reasoning_gym")
 pytest.importorskip("champ_dataset")
 
-from agentgym.envs.code_interpreter import tasks as code_tasks
 from agentgym.envs.code_interpreter.answers import grade_answer
 from agentgym.envs.code_interpreter.tasks import (
     DATASETS,
@@ -194,7 +193,8 @@ def test_champ_has_all_270_problems(champ) -> None:
 
 
 def test_champ_short_answers() -> None:
-    short = code_tasks._champ_short_answers
+    from agentgym.envs.code_interpreter.champ import _champ_short_answers as short
+
     assert short("The limit exists and is equal to @@2/3@@") == ["2/3"]
     assert short("@@C(10, 5)@@, or equivalently @@252@@") == ["252", "C(10, 5)"]
     assert short("100 (i.e., all values)") == ["100"]

@@ -7,7 +7,7 @@ output is the next observation. The episode ends when the agent gives a final an
 ``final_answer(x)``), at the turn limit (truncated), on a void turn, or when the rollout engine's
 ``max_context_tokens`` is reached.
 
-The reward is :func:`~agentgym.envs.code_interpreter.answers.grade_answer` of the final answer: one value in
+The reward is :func:`~agentgym.envs.code_interpreter.answer_grading.grade_answer` of the final answer: one value in
 the structure the task kind asks for, in any equivalent notation. Several different final answers in one reply
 or one code output (``\\boxed{5} ... \\boxed{6}``, ``final_answer`` called in a loop) are a hedge and score 0.
 
@@ -26,7 +26,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from agentgym.env import AgentEnv, ReferenceSolver
-from agentgym.envs.code_interpreter.answers import extract_final_answer, grade_answer
+from agentgym.envs.code_interpreter.answer_grading import grade_answer
+from agentgym.envs.code_interpreter.answer_text import extract_final_answer
 from agentgym.errors import ConfigError, EnvCrashed, TaskError
 from agentgym.parsers import CompositeParser, HermesParser, ParsedAction, ToolCallParser
 from agentgym.suite import Task
