@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentgym.agent import ChatAgent
-from agentgym.registration.multi_agent import get_multi_agent_entry, make_multi_agent, make_multi_agent_parallel
 from agentgym.errors import ConfigError
 from agentgym.policies.base import Generation, Policy, SamplingParams
+from agentgym.registration.multi_agent import get_multi_agent_entry, make_multi_agent, make_multi_agent_parallel
 from agentgym.rollout.batching import PolicyBatcher
 from agentgym.rollout.executor import EnvExecutor, call_env, run_coroutine
 from agentgym.rollout.turns import episode_outcome, error_outcome, make_turn, record_action

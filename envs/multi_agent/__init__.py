@@ -7,8 +7,9 @@
   parsed like single-agent actions.
 * :class:`SelfPlay` turns one seat into a single-agent ``AgentEnv`` (``agentgym/Chess-vs-Stockfish-v0``,
   ``agentgym/Negotiation-SelfPlay-v0``, ...) so every single-agent trainer can train on it.
-* :class:`MultiAgentRolloutEngine` runs whole games with one policy per seat or one shared policy with
-  role prompts, and records one trajectory per agent with a shared episode id.
+* Whole games with one policy per seat are played by the rollout layer's multi-agent engine
+  (:class:`agentgym.rollout.MultiAgentRolloutEngine`); envs never import the rollout layer, and the engine's
+  names here are deprecated aliases kept for one release.
 
 Everything but :mod:`.registry` needs the ``agentgym[multiagent]`` extra (PettingZoo, OpenSpiel);
 attributes load lazily so that ``agentgym list`` works without it.
@@ -33,9 +34,6 @@ __all__ = [
     "ChessEnv",
     "ConnectFourEnv",
     "League",
-    "MultiAgentEpisodeSpec",
-    "MultiAgentRolloutConfig",
-    "MultiAgentRolloutEngine",
     "NegotiationEnv",
     "Opponent",
     "PolicyOpponent",
@@ -76,6 +74,7 @@ _LAZY = {
     "CheckpointOpponent": "opponents",
     "League": "opponents",
     "SelfPlay": "selfplay",
+    # Deprecated: the engine moved to agentgym.rollout.multi_agent; these go through the old module path, which warns.
     "MultiAgentEpisodeSpec": "rollout",
     "MultiAgentRolloutConfig": "rollout",
     "MultiAgentRolloutEngine": "rollout",
