@@ -3,6 +3,9 @@
 Browsers, sandboxes and sockets are slow to build, so each run keeps its idle envs (:class:`EnvPool`); idle
 ``cheap_steps`` envs even outlive the run (:data:`IDLE_CHEAP_ENVS`). An env that failed is never reused: it is closed
 from a daemon thread (:func:`discard_env`), where a close that hangs holds up nothing.
+
+Envs are looked up in Gymnasium's registry by id; the ids are there already, since importing any ``agentgym`` module
+runs the package's ``__init__``, which registers them.
 """
 
 from __future__ import annotations
@@ -59,8 +62,6 @@ class EnvPool:
         registered = self._specs.get(spec.env_id)
         if registered is None:
             import gymnasium as gym
-
-            import agentgym  # noqa: F401 - registers ids
 
             registered = self._specs[spec.env_id] = gym.registry.get(spec.env_id)
         return registered
@@ -231,8 +232,6 @@ def _class_says_cheap(env_id: str) -> bool:
     """``cheap_steps`` of the class ``env_id`` is registered with (``False`` when it is not a class, or unknown)."""
     import gymnasium as gym
     from gymnasium.envs.registration import load_env_creator
-
-    import agentgym  # noqa: F401 - registers ids
 
     try:
         entry_point = gym.spec(env_id).entry_point
