@@ -555,8 +555,8 @@ class BareNameParser:
     ``turn_left``, ``turn left`` or ``Turn_Left.`` is ``turn_left()``. Only the whole reply counts, so a name
     inside a sentence ("I will turn left now") stays a void turn, as it is in every other env. Why it matters
     for RL: without it the ``()`` after a name is a format token whose only alternative is ending the reply, and
-    policy-gradient noise on failed episodes pushes it down until every turn is void (measured on BabyAI in the
-    README); with it, ending the reply after the name is the same action, so that noise changes nothing.
+    policy-gradient noise on failed episodes pushes it down until every turn is void (seen in BabyAI training
+    runs: the share of void turns rose while success fell); with it, ending the reply after the name is the same action, so that noise changes nothing.
     """
 
     def __init__(self, tool_names: Iterable[str]) -> None:

@@ -11,7 +11,7 @@ The reward is :func:`~agentgym.envs.code_interpreter.answer_grading.grade_answer
 the structure the task kind asks for, in any equivalent notation. Several different final answers in one reply
 or one code output (``\\boxed{5} ... \\boxed{6}``, ``final_answer`` called in a loop) are a hedge and score 0.
 
-Turn kinds follow SimpleTIR (spec section 6): a turn with a code block or a final answer is
+Turn kinds follow SimpleTIR (Xue et al., 2025, arXiv 2509.02479): a turn with a code block or a final answer is
 ``tool_call``/``answer``; a turn with neither is ``void`` and, by default, ends the episode. Code that
 raises is *not* void: the error comes back as feedback and the episode continues.
 """

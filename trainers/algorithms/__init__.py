@@ -1,7 +1,8 @@
 """Pure torch functions behind every trainer: advantages, policy losses, KL, aggregation, masks, G-RA.
 
 No state, no I/O: each function takes tensors (shapes in its docstring) and returns tensors, and is
-tested against the unit-test vectors of ``spec/algorithms.md`` (Section 12). Invalid inputs raise
+tested against worked examples computed by hand from each paper's equations (``tests/trainers/algorithms``).
+Invalid inputs raise
 :class:`agentgym.errors.ConfigError`, a ``ValueError`` whose message says how to fix the call.
 
 Advantages (``advantages``)

@@ -1,8 +1,9 @@
 """Advantage estimators: group-relative scores (GRPO, Dr.GRPO, RLOO) and discounted returns.
 
-Spec sections 1.4 (group estimators), 5.3 (returns for step-level trainers) and the project decisions
-(singleton groups get advantage 0; void/over-turn members stay in the group statistics unless
-``exclude_from_group_stats`` is set, which callers express through ``stats_mask``).
+GRPO (Shao et al., 2024), Dr.GRPO (Liu et al., 2025) and RLOO (Ahmadian et al., 2024); returns for step-level
+trainers. Choices where implementations differ: a singleton group gets advantage 0 (verl gives it the raw
+score, but one sample says nothing about how it compares with its peers); void and over-turn members stay in
+the group statistics unless ``exclude_from_group_stats`` is set, which callers express through ``stats_mask``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Loss aggregation: reduce an ``[N, L]`` per-token loss to the scalar that is back-propagated.
 
-Spec section 1.6 ("the normalisation everyone gets wrong") and project decision 4. Two rules:
+How the per-token losses are averaged changes the effective weight of long and short replies, and is the
+detail implementations most often get subtly wrong. Two rules:
 
 * **Exact global denominators.** With micro-batching, compute the denominators of the whole
   mini-batch once (:func:`loss_denominators`) and pass them to every micro-batch call; the sum of the

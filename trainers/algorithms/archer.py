@@ -1,4 +1,4 @@
-"""ArCHer (spec section 2) and its online filtered-BC baseline (spec section 3) as pure torch functions.
+"""ArCHer (Zhou et al., 2024, arXiv 2402.19446) and its online filtered-BC baseline as pure torch functions.
 
 ArCHer splits credit assignment in two: an utterance-level critic (double Q and V heads, target copies
 updated by Polyak averaging) learns by TD from a replay buffer of turns, and a token-level actor takes a

@@ -1,4 +1,4 @@
-"""ARPO's math (spec section 4): segment entropy, the branch rule and advantage attribution.
+"""ARPO's math (Dong et al., 2025, arXiv 2507.19849): segment entropy, the branch rule and advantage attribution.
 
 The sampler that uses these lives in :mod:`agentgym.rollout.branching`; the trainer in :mod:`agentgym.trainers.arpo`.
 The sampler's two functions (entropy, branch rule) are defined in the core module :mod:`agentgym.rollout.branch_rule`, so

@@ -1,4 +1,4 @@
-"""GiGPO's advantages (spec section 8): an episode part per task group plus a step part per anchor-state group.
+"""GiGPO's advantages (Feng et al., 2025, arXiv 2505.10978): an episode part per task group plus a step part per anchor-state group.
 
 GRPO gives every step of an episode the same advantage. GiGPO adds a critic-free, step-level comparison: visits
 to the *same environment state* (an "anchor", e.g. ``state_key()`` of the env, never the history) by different

@@ -1,8 +1,9 @@
 """Trajectory-level masks and group filters: SimpleTIR void turns, Mini-o3 over-turns, dynamic sampling.
 
-Spec sections 6 (SimpleTIR), 7 (Mini-o3), 1.8 (group filtering) and project decision 5: void and
-over-turn trajectories are removed from the *loss* (their sample mask is 0) but stay in the group
-statistics unless the caller passes a ``stats_mask`` to ``group_advantages``. All masks here are
+SimpleTIR (Xue et al., 2025, arXiv 2509.02479) masks void turns, Mini-o3 (Lai et al., 2025, arXiv 2509.07969)
+over-turn trajectories, and DAPO-style dynamic sampling drops uninformative groups. Void and over-turn
+trajectories are removed from the *loss* (their sample mask is 0) but stay in the group statistics, as in both
+reference implementations, so a masked failure still lowers its siblings' baseline, unless the caller passes a ``stats_mask`` to ``group_advantages``. All masks here are
 ``bool`` tensors where ``True`` means "this trajectory trains" (0 = masked).
 """
 
@@ -194,7 +195,7 @@ def group_filter(
 
     A group is dropped when any of these holds:
 
-    * fewer than ``min_members`` counted members (project decision: this includes a group with no
+    * fewer than ``min_members`` counted members (this includes a group with no
       counted member, whose std the reference code computes as NaN and then *keeps*);
     * the unbiased std of the counted scores is ``< std_threshold`` (SimpleTIR 1e-3, Mini-o3 1e-4);
     * ``acc_range=(low, high)`` is given and the counted mean is outside ``[low, high]``

@@ -1,4 +1,4 @@
-"""G-RA (gated reward accumulation) and its ungated control D-RA (spec section 5, project decision 3).
+"""G-RA (gated reward accumulation) and its ungated control D-RA (Sun et al., 2025, arXiv 2508.10548).
 
 Dense step rewards are easy to farm; G-RA counts a lower-priority channel only when every
 higher-priority channel meets its threshold, so step rewards refine behaviour among trajectories that
