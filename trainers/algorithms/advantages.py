@@ -112,8 +112,9 @@ def group_advantages(
 def broadcast_to_tokens(advantages: Tensor, loss_mask: Tensor) -> Tensor:
     """Give every trainable token its trajectory's advantage, and 0 elsewhere.
 
-    Outcome-level methods assign one advantage per trajectory (spec 1.4, last bullet); zeroing
-    non-trainable positions keeps tool output and padding out of any later sum even before masking.
+    Outcome-level methods give every token of a trajectory that trajectory's advantage (GRPO, Shao et al.,
+    2024); zeroing non-trainable positions keeps tool output and padding out of any later sum even before
+    masking.
 
     Args:
         advantages: ``[N]`` per-trajectory advantages.

@@ -52,8 +52,9 @@ def loss_denominators(loss_mask: Tensor, *, normalize_by: NormalizeBy = "unmaske
     Args:
         loss_mask: ``[N, L]`` bool/0-1 mask of the **whole** mini-batch (after sample masks).
         normalize_by: ``"unmasked"`` counts only sequences with at least one trainable token (project
-            default); ``"all"`` counts every row, masked ones included, which reproduces Mini-o3's code
-            (spec 7.2, 7.6, Section 11 #11). Do not add padding rows when using ``"all"``.
+            default); ``"all"`` counts every row, masked ones included, which reproduces Mini-o3's released code
+            (Lai et al., 2025, arXiv 2509.07969: over-turn responses are masked but still count in the per-sample
+            normaliser). Do not add padding rows when using ``"all"``.
 
     Returns:
         ``(global_token_count, global_seq_count)`` as Python floats.
@@ -99,8 +100,9 @@ def aggregate_loss(
     Denominators that a mode does not use are ignored, so callers can always pass both counts from
     :func:`loss_denominators`.
 
-    Worked example (spec 7.6): per-sample losses ``[-1.5, 0.5, masked, 0.5]`` give ``-0.166667`` with
-    ``normalize_by="unmasked"`` and ``-0.125`` with ``normalize_by="all"``.
+    Worked example (hand-computed from Mini-o3's over-turn masking, Lai et al., 2025): per-sample losses
+    ``[-1.5, 0.5, masked, 0.5]`` give ``-0.166667`` with ``normalize_by="unmasked"`` and ``-0.125`` with
+    ``normalize_by="all"``.
 
     Args:
         per_token_loss: ``[N, L]`` loss per token (from ``clipped_policy_loss``, ``kl_penalty``, ...).

@@ -6,9 +6,11 @@ REINFORCE step in which every token of a freshly sampled utterance gets that utt
 ``min(Q1, Q2)(s, a) - min(V1, V2)(s)``. The functions below are the whole of that math; the trainer in
 :mod:`agentgym.trainers.archer` only feeds them tensors.
 
-Project decisions (spec 2.6 and the disagreements table): TD targets stop at *termination* and bootstrap
-through *truncation* (a time limit is not an end state; ``bootstrap_truncated=False`` restores the reference
-code's ``done`` behaviour); gradients are averaged over micro-batches (not summed); no token-level baseline.
+Where this departs from the reference code, and why: TD targets stop at *termination* and bootstrap through
+*truncation*, because a time limit is not an end state (``bootstrap_truncated=False`` restores the reference
+code's ``done`` behaviour); gradients are averaged over micro-batches, not summed, so ``lr`` means the same
+whatever ``grad_accum_steps`` is; there is no token-level baseline, since the paper's optional one is only a
+stub in the released code.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def td_targets(rewards: Tensor, next_values: Tensor, terminated: Tensor, truncat
     Args:
         rewards: ``[B]`` step rewards.
         next_values: ``[B]`` or ``[K, B]`` target-critic values of the next state (``K`` = number of V heads;
-            each Q head regresses onto its own target V head, spec 2.3).
+            each Q head regresses onto its own target V head, as in ArCHer's code).
         terminated: ``[B]`` bool/0-1.
         truncated: ``[B]`` bool/0-1 (``None``: no truncations).
         gamma: Discount in ``[0, 1]``.
@@ -71,7 +73,7 @@ def td_targets(rewards: Tensor, next_values: Tensor, terminated: Tensor, truncat
 
 
 def archer_critic_loss(q: Tensor, v: Tensor, q_targets: Tensor, v_targets: Tensor) -> Tensor:
-    """Sum over heads of batch-mean squared errors, each head against its own target (spec 2.3).
+    """Sum over heads of batch-mean squared errors, each head against its own target (ArCHer, Zhou et al., 2024).
 
     Args:
         q: ``[2, B]`` online ``Q1(s, a), Q2(s, a)`` at the buffer action.
@@ -136,7 +138,7 @@ def archer_actor_loss(advantages: Tensor, token_logprobs: Tensor, loss_mask: Ten
         loss_mask: ``[B, L]`` 1 on the utterance's sampled tokens.
 
     Returns:
-        Scalar loss (no importance ratio, no KL: spec 2.3).
+        Scalar loss (no importance ratio, no KL, as in ArCHer's actor).
     """
     if token_logprobs.dim() != 2:
         raise ConfigError(f"token_logprobs must be [B, L], got shape {tuple(token_logprobs.shape)}.")
@@ -152,8 +154,8 @@ def polyak_update(target: Iterable[Tensor] | torch.nn.Module, online: Iterable[T
                   tau: float) -> None:
     """In place: ``theta_bar <- (1 - tau) * theta_bar + tau * theta`` for every parameter pair.
 
-    ``tau = 1`` is a hard copy (done once at initialisation, spec 2.2). Buffers (e.g. norm statistics)
-    are copied along with parameters when modules are given.
+    ``tau = 1`` is a hard copy (done once at initialisation, as ArCHer's target critic is). Buffers (e.g. norm
+    statistics) are copied along with parameters when modules are given.
     """
     if not (isinstance(tau, (int, float)) and 0.0 <= tau <= 1.0):
         raise ConfigError(f"tau must be a number in [0, 1], got {tau!r}.")
@@ -173,7 +175,7 @@ def polyak_update(target: Iterable[Tensor] | torch.nn.Module, online: Iterable[T
 
 
 def filtered_bc_selection(returns: Tensor, quantile: float = 0.9, *, skip_if_uniform: bool = True) -> tuple[float, Tensor]:
-    """Filtered-BC trajectory selection (spec 3): keep returns ``>=`` their ``quantile`` (linear interpolation).
+    """ArCHer's filtered-BC baseline: keep the returns ``>=`` their ``quantile`` (linear interpolation).
 
     Args:
         returns: ``[N]`` episode returns of every trajectory collected so far (the pool is cumulative).

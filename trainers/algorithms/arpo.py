@@ -63,12 +63,13 @@ def arpo_token_advantages(
     ``"hard"``: a token at position ``i`` of ``j`` gets the mean of ``A_k`` over the members ``k`` of ``j``'s
     group whose sequence equals ``j``'s up to and including position ``i`` (``j`` itself included), so a
     token only ``j`` has keeps ``A_j``. With ``dedupe`` each of those ``d`` copies gets weight ``1/d``: the
-    shared token is trained once, not ``d`` times (spec pitfall 5).
+    shared token is trained once, not ``d`` times (soft mode's ``d``-fold weight gives early tokens a larger
+    effective learning rate).
 
     Only **counted** members (``counted``, default: all) enter a shared token's mean and its ``d``: a sibling
     that crashed or was masked out of the loss carries an advantage measured against the healthy members, and
-    letting it vote would move the healthy parent's prefix (issue 19: +0.707 became 0.0). Members that are not
-    counted leave the loss: their rows get advantage 0 and weight 0 in hard mode.
+    letting it vote would move the healthy parent's prefix (a shared token's +0.707 would become 0.0). Members
+    that are not counted leave the loss: their rows get advantage 0 and weight 0 in hard mode.
 
     Sharing is read from the token ids themselves, so it needs no tree bookkeeping and also covers
     independent samples that happened to produce identical tokens (same context, same token: the same

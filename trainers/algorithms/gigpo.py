@@ -108,19 +108,20 @@ def gigpo_advantages(
     singleton: Singleton = "zero",
     eps: float = 1e-6,
 ) -> GigpoAdvantages:
-    """Per-step GiGPO advantages for a batch of trajectories (spec 8.2-8.3, tests T25/T26).
+    """Per-step GiGPO advantages for a batch of trajectories (Feng et al., 2025, arXiv 2505.10978).
 
     * Episode return ``R(tau_i) = sum_t r_t``; step return ``R_t = sum_{k>=t} gamma^(k-t) r_k``.
     * Invalid-action penalty, applied after discounting: a step whose action was invalid loses
       ``invalid_penalty`` from its own episode score and its own ``R_t`` (not from earlier steps).
     * ``A^E``: the episode scores compared within the task group. ``episode_stats="trajectories"`` (the paper,
-      project default) takes the mean/std over one score per trajectory (its first step's); ``"all_steps"`` (the
+      and the default) takes the mean/std over one score per trajectory (its first step's); ``"all_steps"`` (the
       reference code's ``compute_mean_std_cross_steps``) over every step sample, so long episodes weigh more.
     * ``A^S``: step returns compared within each anchor group of a task group (never across task groups). A
       singleton anchor group gets 0. Visits of one trajectory to the same state twice are two members.
     * ``mode``: ``"mean_norm"`` subtracts the mean; ``"mean_std_norm"`` also divides by ``std + eps``.
-    * ``singleton``: a task group with one counted score gets ``A^E = 0`` (project) or the raw score (``"raw"``,
-      verl's mean 0, std 1). It does not affect ``A^S``, which is 0 for singletons either way.
+    * ``singleton``: a task group with one counted score gets ``A^E = 0`` (the default: a lone score has
+      nothing to be compared with) or the raw score (``"raw"``, verl's mean 0, std 1). It does not affect
+      ``A^S``, which is 0 for singletons either way.
 
     Args:
         group_ids: One task-group id per trajectory.

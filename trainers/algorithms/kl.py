@@ -1,4 +1,4 @@
-"""Per-token KL estimators between the current policy and a frozen reference (spec 1.7).
+"""Per-token KL estimators between the current policy and a frozen reference (k1 and k3, as in verl).
 
 The project default is ``kl_coef = 0`` (no reference model); GiGPO uses k3 in the loss with 0.01.
 """

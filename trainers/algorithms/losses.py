@@ -1,8 +1,9 @@
 """Per-token policy losses: PPO/DAPO clipped surrogate (with dual clip and LOOP's clip) and REINFORCE.
 
-Spec section 1.5. The functions return per-token losses of shape ``[N, L]`` and leave the reduction to
-:func:`~agentgym.trainers.algorithms.aggregation.aggregate_loss`, because the reduction (token-mean,
-seq-mean, global denominators) is a separate, error-prone choice (spec 1.6).
+The clip-higher surrogate is DAPO's (Yu et al., 2025); the dual clip is verl's; LOOP's clip (Chen et al., 2025)
+bounds the ratio to ``[1/(1+eps), 1+eps]``. The functions return per-token losses of shape ``[N, L]`` and leave
+the reduction to :func:`~agentgym.trainers.algorithms.aggregation.aggregate_loss`, because the reduction
+(token-mean, seq-mean, global denominators) is a separate, error-prone choice.
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ def reinforce_loss(logp: Tensor, advantages: Tensor) -> Tensor:
     """Per-token REINFORCE loss ``-A * log pi_theta`` (no ratio, no clipping).
 
     Used by actors that train on their own fresh samples or on filtered demonstrations (ArCHer,
-    DigiRL, filtered BC), where an importance ratio is either 1 or meaningless. The spec's
+    DigiRL, filtered BC), where an importance ratio is either 1 or meaningless. ArCHer's
     "sum over the utterance, mean over the batch" is ``aggregate_loss(..., mode="seq-mean-token-sum")``.
 
     Args:

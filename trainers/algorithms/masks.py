@@ -40,7 +40,7 @@ SIMPLETIR_ANSWER_MARKER = "\\boxed{"
 
 
 def simpletir_turn_flags(text: str) -> tuple[bool, bool, bool]:
-    """Classify one assistant turn exactly as SimpleTIR does (spec 6.2, 6.4).
+    """Classify one assistant turn exactly as SimpleTIR's code does (Xue et al., 2025, arXiv 2509.02479).
 
     A turn that is neither runnable code nor a final answer is "void": such turns follow
     out-of-distribution interpreter output and carry the destabilising gradients SimpleTIR removes.
@@ -117,7 +117,7 @@ def over_turn_mask(
     """Mini-o3's over-turn mask: 0 for trajectories that ran out of budget while still calling tools.
 
     Punishing such trajectories teaches "answer early", which stops turn counts from growing at test
-    time; masking makes running out of budget neither rewarded nor punished (spec 7.1, 7.2). A
+    time; masking makes running out of budget neither rewarded nor punished (Lai et al., 2025, arXiv 2509.07969). A
     trajectory that answered (even wrongly) on its last turn, or stopped without a tool call, is not
     over-turn.
 
@@ -154,7 +154,7 @@ def over_turn_mask(
 def apply_sample_mask(loss_mask: Tensor, sample_mask: Tensor) -> Tensor:
     """Zero every token of the trajectories whose sample mask is 0.
 
-    ``loss_mask = policy_token_mask * sample_weight_mask`` (spec 6.2, 7.2). Idempotent: applying the
+    ``loss_mask = policy_token_mask * sample_weight_mask``, as SimpleTIR and Mini-o3 mask. Idempotent: applying the
     same sample mask twice equals applying it once, and masks compose by logical AND.
 
     Args:
@@ -186,7 +186,7 @@ def group_filter(
     acc_range: tuple[float, float] | None = None,
     min_members: int = 2,
 ) -> Tensor:
-    """Dynamic sampling: keep only groups that carry a group-relative learning signal (spec 1.8).
+    """Dynamic sampling: keep only groups that carry a group-relative learning signal (DAPO, Yu et al., 2025).
 
     A group whose scores are all equal gives every member advantage 0 and only wastes compute. The
     statistics are taken over the counted members (``member_mask``): Mini-o3 counts only

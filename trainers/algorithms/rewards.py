@@ -100,11 +100,11 @@ def gated_reward_accumulation(
 ) -> tuple[float, Tensor]:
     """G-RA return of one trajectory: ``R = sum_k gate_k * R_k`` with ``gate_k = prod_{j<k} [R_j cmp Delta_j]``.
 
-    Follows the spec 5.4 pseudocode: channels are ordered by priority (index 0 highest, usually the
+    Follows G-RA (Sun et al., 2025, arXiv 2508.10548): channels are ordered by priority (index 0 highest, usually the
     outcome reward); a channel's trajectory value ``R_k`` is the sum of its per-step values; channel
     ``k`` counts only if every higher channel met its threshold. The last channel never gates.
 
-    Example (spec 5.6, ``Delta = 0.5``): ``channels=[0.5, tensor([0.05, -0.05, 0.05])]``,
+    Example (hand-computed from G-RA's gate, ``Delta = 0.5``): ``channels=[0.5, tensor([0.05, -0.05, 0.05])]``,
     ``thresholds=[0.5]`` gives ``total = 0.55`` and ``per_step = [0.05, -0.05, 0.55]`` (returns-to-go
     with ``gamma = 1``: ``[0.55, 0.50, 0.55]``); with outcome 0.0 the step rewards are dropped.
 
@@ -134,7 +134,7 @@ def direct_reward_accumulation(
 ) -> tuple[float, Tensor]:
     """D-RA, the ungated control: every channel always counts (``R = r_high + sum_t r_low_t``).
 
-    Kept for comparison runs; it is the baseline that collapses by farming step rewards (spec 5.1).
+    Kept for comparison runs; it is the baseline that collapses by farming step rewards (Sun et al., 2025).
     Same arguments and returns as :func:`gated_reward_accumulation`, without thresholds.
     """
     return _accumulate_one(channels, None, ">=", num_steps)
