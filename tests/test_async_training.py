@@ -23,7 +23,8 @@ from agentgym.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
 from agentgym.cli.quickstart import demonstration_texts  # noqa: E402
 from agentgym.trainers import make_trainer  # noqa: E402
 from agentgym.trainers.algorithms import behaviour_weights  # noqa: E402
-from agentgym.trainers.async_rollouts import AsyncRollouts, RolloutWorkerDied, WeightMailbox, _with_versions  # noqa: E402
+from agentgym.trainers.async_rollouts import AsyncRollouts, RolloutWorkerDied, WeightMailbox  # noqa: E402
+from agentgym.trainers.policy_versions import _with_versions  # noqa: E402
 from agentgym.trainers.config import config_from_dict  # noqa: E402
 from agentgym.trajectory import Trajectory, Turn  # noqa: E402
 

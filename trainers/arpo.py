@@ -23,9 +23,9 @@ import dataclasses
 
 from agentgym.trainers import algorithms as alg
 from agentgym.trainers.arpo_config import ArpoConfig
-from agentgym.trainers.async_rollouts import RolloutJob
 from agentgym.trainers.batch import TrainingBatch
 from agentgym.trainers.grpo import GrpoTrainer
+from agentgym.trainers.rollout_worker import RolloutJob
 from agentgym.trainers.seeding import mix_seed
 from agentgym.trajectory import Trajectory
 

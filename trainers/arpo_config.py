@@ -58,14 +58,18 @@ class ArpoConfig(GrpoConfig):
         super().__post_init__()
         self._check_initial_rollouts(self.branching.initial_rollouts, self.group_size)
         if self.hard_dedupe and self.attribution != "hard":
-            raise self._fail("hard_dedupe", "only applies to attribution: hard; set attribution: hard or hard_dedupe: false.")
-        object.__setattr__(self, "branching", dataclasses.replace(self.branching, budget=self.group_size, seed=self.seed))
+            raise self._fail("hard_dedupe", "only applies to attribution: hard; set attribution: hard or "
+                                            "hard_dedupe: false.")
+        branching = dataclasses.replace(self.branching, budget=self.group_size, seed=self.seed)
+        object.__setattr__(self, "branching", branching)  # frozen: the one place the budget and seed are set
 
     @classmethod
     def _check_initial_rollouts(cls, initial_rollouts: int, group_size: int) -> None:
+        """N <= M, said in this config's words (the sampler's own check speaks of its budget)."""
         if initial_rollouts > group_size:
-            raise ConfigError(f"{cls.__name__}.initial_rollouts: ({initial_rollouts}) exceeds group_size ({group_size}), "
-                              "the budget M of trajectories per task; use initial_rollouts <= group_size (spec: 8 of 16).")
+            raise ConfigError(f"{cls.__name__}.initial_rollouts: ({initial_rollouts}) exceeds group_size "
+                              f"({group_size}), the budget M of trajectories per task; use initial_rollouts <= "
+                              "group_size (spec: 8 of 16).")
 
     # ---- a config file writes the sampler's settings as top-level keys ----------------------------------------
     @classmethod

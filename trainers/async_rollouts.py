@@ -37,27 +37,33 @@ episode sampled by the same weights gives the same tokens in a thread, a process
 
 from __future__ import annotations
 
-import contextvars
 import copy
 import logging
-import multiprocessing
 import queue
-import signal
 import threading
 import time
-import traceback
-from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
 from typing import Any
 
 from agentgym.errors import AgentGymError, ConfigError
-from agentgym.rollout import EpisodeSpec, RolloutConfig
 from agentgym.trajectory import Trajectory
 
-__all__ = ["AsyncRollouts", "RolloutJob", "RolloutWorkerDied", "WeightMailbox", "versioned_policy_class"]
+from agentgym.trainers.policy_versions import WeightMailbox, _lag_metrics, versioned_policy_class
+from agentgym.trainers.rollout_worker import (
+    RolloutJob,
+    _custom_env_specs,
+    _drain,
+    _exit_description,
+    _process_main,
+    _serve,
+    _worker_context,
+    _worker_threads,
+)
+
+__all__ = ["AsyncRollouts", "RolloutJob", "RolloutWorkerDied", "versioned_policy_class", "WeightMailbox"]
 
 logger = logging.getLogger(__name__)
+
 
 #: How often a waiting trainer checks that the worker is still alive (seconds).
 _POLL_S = 0.2
@@ -69,259 +75,6 @@ _STOP_GRACE_S = 10.0
 
 class RolloutWorkerDied(AgentGymError):
     """The rollout worker stopped (it raised, crashed or was killed) before delivering a step the trainer needs."""
-
-
-@dataclass(frozen=True)
-class RolloutJob:
-    """One step's sampling as plain data: what a rollout worker, in this process or another, needs to run it.
-
-    Attributes:
-        step: The training step these episodes are for.
-        specs: The episodes (``group_size`` per task, each with its own sampling seed).
-        rollout: The rollout engine's settings (sampling, context limit, env backend).
-        branching: ARPO's branching-sampler settings (a :class:`~agentgym.rollout.branching.BranchingConfig`), or ``None``
-            for independent episodes from the rollout engine.
-    """
-
-    step: int
-    specs: tuple[EpisodeSpec, ...]
-    rollout: RolloutConfig
-    branching: Any = None
-
-    def run(self, policy: Any) -> tuple[list[Trajectory], dict[str, Any]]:
-        """The step's trajectories and the sampler's statistics (branching counts; empty for the engine)."""
-        if self.branching is None:
-            from agentgym.rollout import RolloutEngine
-
-            return RolloutEngine(policy, self.rollout).run(list(self.specs)), {}
-        from agentgym.rollout.branching import BranchingSampler
-
-        sampler = BranchingSampler(policy, self.rollout, self.branching)
-        return sampler.run(list(self.specs)), dict(sampler.stats)
-
-
-class _Counter:
-    """An int cell with the ``.value`` of a ``multiprocessing.RawValue``, for a mailbox read in this process."""
-
-    def __init__(self, value: int) -> None:
-        self.value = value
-
-
-class WeightMailbox:
-    """The newest published weights and their version: the trainer writes, the rollout worker reads.
-
-    A sequence lock, so that neither side ever waits for the other (and a worker killed mid-read cannot block the
-    trainer): the counter is odd while the trainer copies new weights in, and even (twice the version) once they
-    are complete; a reader copies the tensors out and keeps the copy only if the counter did not move meanwhile.
-
-    Args:
-        state: The weights to start from (a state dict); the mailbox holds its own copy.
-        version: Their version (updates applied so far).
-        shared: Keep the copy in shared memory (CPU) with a shared counter, for a worker process; otherwise the
-            copy stays on the tensors' device (a worker thread, or a vLLM engine loading from GPU memory).
-        context: The ``multiprocessing`` context of the worker process (with ``shared``).
-    """
-
-    def __init__(self, state: Mapping[str, Any], version: int, *, shared: bool = False, context: Any = None) -> None:
-        tensors = {}
-        for name, tensor in state.items():
-            t = tensor.detach().to("cpu" if shared else tensor.device, copy=True)
-            tensors[name] = t.share_memory_() if shared else t
-        self.tensors: dict[str, Any] = tensors
-        self._seq: Any = context.RawValue("q", 2 * version) if shared else _Counter(2 * version)
-
-    @property
-    def version(self) -> int:
-        """The version of the newest complete weights."""
-        return self._seq.value // 2
-
-    def publish(self, state: Mapping[str, Any], version: int) -> None:
-        """Copy ``state`` (the same names and shapes as at construction) in as ``version``."""
-        import torch
-
-        missing = set(self.tensors) - set(state)
-        if missing:
-            raise AgentGymError(f"published weights lack {sorted(missing)[:3]}: the model changed its parameters "
-                                "after asynchronous rollouts started.")
-        self._seq.value = 2 * version - 1
-        with torch.no_grad():
-            for name, t in self.tensors.items():
-                t.copy_(state[name], non_blocking=False)
-        self._seq.value = 2 * version
-
-    def read_into(self, load: Callable[[Mapping[str, Any]], Any], have: int) -> int:
-        """Load the newest complete weights with ``load`` if newer than version ``have``; returns the version held."""
-        while True:
-            seq = self._seq.value
-            if seq % 2:  # the trainer is copying new weights in: they are microseconds to milliseconds away
-                time.sleep(0.001)
-                continue
-            if seq // 2 <= have:
-                return have
-            load(self.tensors)
-            if self._seq.value == seq:
-                return seq // 2
-
-
-# The per-turn version record of the job a worker is running (None outside a job: evaluation records nothing).
-_RECORDER: contextvars.ContextVar[dict[str, list[int]] | None] = contextvars.ContextVar("agentgym_async_recorder",
-                                                                                         default=None)
-# The versions of the generation calls one act() made (act -> asyncio.to_thread(generate) copies the context).
-_CALL_VERSIONS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("agentgym_async_calls", default=None)
-
-
-class _Versioned:
-    """Mixin for an in-process token policy (HF, vLLM) that samples for a rollout worker.
-
-    Before each generation call it loads the newest published weights (so a weight update lands between two
-    generation batches, never inside one), and it records which version sampled each episode's turn. Until
-    :meth:`attach_mailbox` is called it behaves exactly like the policy it extends.
-    """
-
-    _mailbox: WeightMailbox | None = None
-
-    def attach_mailbox(self, mailbox: WeightMailbox, load: Callable[[Mapping[str, Any]], Any], version: int,
-                       stop: Any = None) -> None:
-        """Sample with the weights ``mailbox`` publishes, loading them with ``load``; ``version`` is held now."""
-        self._mailbox, self._load_weights, self.loaded_version = mailbox, load, version
-        self._stop_event = stop
-        self._gate = threading.Lock()
-
-    def detach_mailbox(self) -> None:
-        """Load the newest published weights one last time, then sample as the plain policy again (a vLLM engine
-        the trainer keeps using for evaluation after its rollout worker closed)."""
-        if self._mailbox is not None:
-            self.refresh()
-            self._mailbox = None
-
-    def refresh(self) -> int:
-        """Load the newest published weights if there are newer ones; returns the version now held."""
-        mailbox = self._mailbox
-        if mailbox is None:
-            return 0
-        with self._gate:
-            self.loaded_version = mailbox.read_into(self._load_weights, self.loaded_version)
-            return self.loaded_version
-
-    def generate(self, *args: Any, **kwargs: Any) -> Any:
-        if self._mailbox is None:
-            return super().generate(*args, **kwargs)  # type: ignore[misc]
-        if self._stop_event is not None and self._stop_event.is_set():
-            raise AgentGymError("asynchronous rollouts are stopping (the trainer closed its rollout worker)")
-        with self._gate:  # no weight load while a batch samples
-            self.loaded_version = self._mailbox.read_into(self._load_weights, self.loaded_version)
-            calls = _CALL_VERSIONS.get()
-            if calls is not None:
-                calls.append(self.loaded_version)
-            return super().generate(*args, **kwargs)  # type: ignore[misc]
-
-    async def act(self, requests: Sequence[Any]) -> Any:
-        recorder = _RECORDER.get()
-        if recorder is None:
-            return await super().act(requests)  # type: ignore[misc]
-        calls: list[int] = []
-        token = _CALL_VERSIONS.set(calls)
-        try:
-            generations = await super().act(requests)  # type: ignore[misc]
-        finally:
-            _CALL_VERSIONS.reset(token)
-        if calls:  # one generation call per act: every request's turn was sampled by that version
-            for request in requests:
-                recorder.setdefault(request.episode_id, []).append(calls[-1])
-        return generations
-
-
-_VERSIONED_CLASSES: dict[type, type] = {}
-
-
-def versioned_policy_class(policy_class: type) -> type:
-    """``policy_class`` (an in-process token policy: HF, vLLM) extended to sample for a rollout worker."""
-    if issubclass(policy_class, _Versioned):
-        return policy_class
-    if policy_class not in _VERSIONED_CLASSES:
-        _VERSIONED_CLASSES[policy_class] = type(f"Versioned{policy_class.__name__}", (_Versioned, policy_class),
-                                                {"__module__": __name__})
-    return _VERSIONED_CLASSES[policy_class]
-
-
-def _with_versions(trajectories: list[Trajectory], recorded: Mapping[str, list[int]]) -> list[Trajectory]:
-    """Each trajectory with ``metadata["policy_versions"]``: the weights' version that sampled each turn.
-
-    A branch (ARPO) shares its first ``branch_turn`` turns with its parent, which sampled them under its own id.
-    """
-    by_id = {t.traj_id: t for t in trajectories}
-    done: dict[str, list[int | None]] = {}
-
-    def versions(t: Trajectory, depth: int = 0) -> list[int | None]:
-        if t.traj_id in done:
-            return done[t.traj_id]
-        tree = t.metadata.get("tree") or {}
-        parent, shared = tree.get("parent"), int(tree.get("branch_turn") or 0)
-        prefix: list[int | None] = []
-        if parent and shared:
-            inherited = versions(by_id[parent], depth + 1) if parent in by_id and depth < 1000 else []
-            prefix = (list(inherited) + [None] * shared)[:shared]
-        result = (prefix + list(recorded.get(t.traj_id, [])))[: len(t.turns)]
-        done[t.traj_id] = result + [None] * (len(t.turns) - len(result))
-        return done[t.traj_id]
-
-    return [replace(t, metadata={**t.metadata, "policy_versions": versions(t)}) for t in trajectories]
-
-
-def _lag_metrics(trajectories: list[Trajectory], version: int) -> dict[str, float]:
-    """Per-token and per-episode lag of a batch trained from weights ``version``."""
-    tokens = lag_sum = 0
-    lag_max = 0
-    partial = 0
-    for t in trajectories:
-        versions = t.metadata.get("policy_versions") or []
-        if len({v for v in versions if v is not None}) > 1:
-            partial += 1
-        for turn, v in zip(t.turns, versions):
-            if v is None:
-                continue
-            n = len(turn.action_token_ids or ())
-            tokens += n
-            lag_sum += n * (version - v)
-            if n:
-                lag_max = max(lag_max, version - v)
-    per_task = Counter(t.group_id for t in trajectories)
-    return {
-        "async/token_staleness_mean": lag_sum / tokens if tokens else 0.0,
-        "async/token_staleness_max": float(lag_max),
-        "async/partial_episodes": float(partial),
-        "async/dropped_episodes": 0.0,
-        "async/episodes_per_task_min": float(min(per_task.values(), default=0)),
-        "async/episodes_per_task_max": float(max(per_task.values(), default=0)),
-    }
-
-
-def _serve(policy: Any, next_job: Callable[[], RolloutJob | None], deliver: Callable[[tuple[Any, ...]], None],
-           portable: bool) -> None:
-    """The worker's loop: run each job with the newest weights and deliver ``(kind, step, ...)`` messages.
-
-    ``("ok", step, start_version, trajectories, stats, generate_s)`` per step; on a failure one
-    ``("error", step, exception or None, traceback text)`` and the loop ends (``portable``: the exception object is
-    left out, since it may not pickle).
-    """
-    while True:
-        job = next_job()
-        if job is None:
-            return
-        started = time.perf_counter()
-        recorder: dict[str, list[int]] = {}
-        token = _RECORDER.set(recorder)
-        try:
-            version = policy.refresh()
-            trajectories, stats = job.run(policy)
-            message: tuple[Any, ...] = ("ok", job.step, version, _with_versions(trajectories, recorder), stats,
-                                        time.perf_counter() - started)
-        except BaseException as exc:  # noqa: BLE001 - handed to the trainer, which raises it
-            deliver(("error", job.step, None if portable else exc, traceback.format_exc()))
-            return
-        finally:
-            _RECORDER.reset(token)
-        deliver(message)
 
 
 def _state_for_generation(trainer: Any) -> Mapping[str, Any]:
@@ -530,98 +283,3 @@ class AsyncRollouts:
         self._jobs.close()
         self._receiver.join(timeout=5)  # the worker's end is closed now, so the receiver has read EOF
         self._receive.close()
-
-
-def _worker_context() -> Any:
-    """``forkserver`` with torch, transformers and this module preloaded in the server: the first worker of a
-    Python session pays for importing them (seconds), later ones start in milliseconds; unlike ``fork``, the
-    server has no threads (torch's, the trainer's) whose locks a child could inherit held. The main script is
-    preloaded too (as ``spawn`` would import it), so env factories defined in it reach the worker."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["__main__", "torch", "transformers", "agentgym.policies.hf", __name__])
-    return ctx
-
-
-def _drain(connection: Any, results: queue.Queue[tuple[Any, ...]]) -> None:
-    """Move the worker process's messages into ``results`` until its end closes, then put ``("gone",)``."""
-    try:
-        while True:
-            results.put(connection.recv())
-    except (EOFError, OSError):
-        results.put(("gone",))
-
-
-def _exit_description(code: int | None) -> str:
-    if code is None:
-        return "stopped"
-    if code < 0:
-        try:
-            return f"was killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with status {code}"
-
-
-def _worker_threads() -> int:
-    """Torch threads for the worker process: half the cores, so it and the trainer do not oversubscribe them."""
-    import torch
-
-    return max(1, torch.get_num_threads() // 2)
-
-
-def _custom_env_specs(env_ids: Sequence[str]) -> dict[str, Any]:
-    """Gymnasium specs of the ids that were registered at run time (not by agentgym's catalogue) in this process."""
-    import gymnasium as gym
-
-    from agentgym.registration.catalogue import env_ids as catalogue_ids
-
-    known = set(catalogue_ids())
-    return {i: gym.spec(i) for i in env_ids if i not in known and i in gym.registry}
-
-
-def _process_main(model: Any, tokenizer: Any, options: dict[str, Any], mailbox: WeightMailbox, version: int,
-                  jobs: Any, send: Any, stop: Any, env_specs: dict[str, Any], threads: int) -> None:
-    """The worker process: an HF policy on its own model copy serving jobs until told to stop or orphaned."""
-    import torch
-
-    import agentgym  # noqa: F401 - registers the catalogue's envs
-    from agentgym.policies.hf import HFPolicy
-
-    torch.set_num_threads(threads)
-    parent = multiprocessing.parent_process()
-    import gymnasium as gym
-
-    for env_id, spec in env_specs.items():  # envs the trainer's process registered at run time
-        gym.registry.setdefault(env_id, spec)
-    model = model.to(options["device"])
-    policy = versioned_policy_class(HFPolicy)(model, tokenizer, device=options["device"],
-                                              max_batch_size=options["max_batch_size"], name=options["name"],
-                                              kv_cache_tokens=options["kv_cache_tokens"])
-    policy.attach_mailbox(mailbox, model.load_state_dict, version, stop)
-    outbox: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
-
-    def sender() -> None:  # a step's batch can be megabytes: the pipe must not hold up the next step's generation
-        while (message := outbox.get()) is not None:
-            send.send(message)
-
-    thread = threading.Thread(target=sender, name="agentgym-rollouts-send", daemon=True)
-    thread.start()
-
-    def next_job() -> RolloutJob | None:
-        while not stop.is_set():
-            try:
-                return jobs.get(timeout=0.5)
-            except queue.Empty:
-                if parent is not None and not parent.is_alive():  # the trainer is gone: nobody would read our work
-                    return None
-        return None
-
-    try:
-        _serve(policy, next_job, outbox.put, True)
-    finally:
-        outbox.put(None)
-        thread.join()
-        send.close()
-

@@ -36,7 +36,7 @@ from agentgym.policies import SamplingParams
 from agentgym.utils.progress import track
 from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, summarize
 from agentgym.suite import Task
-from agentgym.trainers.async_rollouts import RolloutJob
+from agentgym.trainers.rollout_worker import RolloutJob
 from agentgym.trainers.bc import behaviour_clone, collect_demonstrations
 from agentgym.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from agentgym.trainers.base_config import TrainerConfig
@@ -152,7 +152,7 @@ class OnlineTrainer:
             from agentgym.policies.vllm import VLLMPolicy
 
             if cfg.max_staleness:  # the rollout worker samples with it and loads each update before a batch
-                from agentgym.trainers.async_rollouts import versioned_policy_class
+                from agentgym.trainers.policy_versions import versioned_policy_class
 
                 VLLMPolicy = versioned_policy_class(VLLMPolicy)  # noqa: N806
             policy = VLLMPolicy(str(model_dir), tokenizer=self.tokenizer, max_batch_size=cfg.max_in_flight,
