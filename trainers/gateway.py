@@ -25,7 +25,7 @@ from typing import Any
 from agentgym.errors import ConfigError
 from agentgym.rollout import summarize
 from agentgym.suite import Task
-from agentgym.trainers.config import GrpoConfig
+from agentgym.trainers.grpo_config import GrpoConfig
 from agentgym.trainers.grpo import GrpoTrainer
 from agentgym.trainers.seeding import mix_seed
 from agentgym.trajectory import Trajectory
