@@ -1,4 +1,6 @@
-"""Spec vectors (spec/algorithms.md Sections 1.12, 5.6, 6.7, 7.6, 10.4 and 12) for trainers.algorithms."""
+"""Worked examples for trainers.algorithms, hand-computed from the papers' equations (GRPO, Shao et al., 2024;
+DAPO, Yu et al., 2025; LOOP, Chen et al., 2025; ArCHer, Zhou et al., 2024; G-RA, Sun et al., 2025; SimpleTIR,
+Xue et al., 2025; Mini-o3, Lai et al., 2025) and their reference code's conventions (unbiased std, eps 1e-6)."""
 
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ def t(values: list[float]) -> torch.Tensor:
 ONE_GROUP = [0, 0, 0, 0]
 
 
-# ---- T1-T5 / E1.1: group advantages ------------------------------------------------------------------
+# ---- group advantages (GRPO, mean_norm, RLOO, singletons) --------------------------------------------
 def test_t1_grpo() -> None:
     close(group_advantages(t([1, 0, 0, 0]), ONE_GROUP), [1.5, -0.5, -0.5, -0.5])
     close(group_advantages(t([1, 0, 0, 0]), ONE_GROUP), [1.499997, -0.499999, -0.499999, -0.499999], tol=1e-6)
@@ -76,7 +78,7 @@ def test_groups_are_found_by_id_not_position() -> None:
     close(group_advantages(scores, torch.tensor([3, 9, 3, 9, 3, 9, 3, 9])), adv.tolist())
 
 
-# ---- E1.2 / T6 / T7: aggregation with a fully masked trajectory ------------------------------------
+# ---- aggregation with a fully masked trajectory ----------------------------------------------------
 def e12_batch(void_masked: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Advantages [1.5, -.5, -.5, -.5], policy tokens [2, 3, 4, 1] after a 2-token prompt, traj 3 masked."""
     adv = group_advantages(t([1, 0, 0, 0]), ONE_GROUP)
@@ -116,7 +118,7 @@ def test_e12_naive_seq_mean_token_mean_gives_nan() -> None:
     assert torch.isfinite(aggregate_loss(per_token, mask, mode="seq-mean-token-mean"))
 
 
-# ---- SimpleTIR 6.7 -------------------------------------------------------------------------------------
+# ---- SimpleTIR's void-turn masks -----------------------------------------------------------------------
 def test_simpletir_67_masking_vs_no_masking() -> None:
     adv, mask, old = e12_batch(void_masked=True)
     close(aggregate_loss(rho_one_loss(adv, mask, old), mask, mode="token-mean"), -0.166667)
@@ -138,7 +140,7 @@ def test_simpletir_67_excluded_from_stats() -> None:
     close(group_advantages(t([1, 0, 0]), [0, 0, 0]), [1.154700, -0.577350, -0.577350])
 
 
-# ---- T8 / E1.3: clipping ------------------------------------------------------------------------------
+# ---- clipping (DAPO clip-higher, dual clip, LOOP's clip) ----------------------------------------------
 def per_token_clip(pairs: list[tuple[float, float]], **kwargs: object) -> torch.Tensor:
     adv = t([a for a, _ in pairs])[:, None]
     logp = torch.log(t([r for _, r in pairs]))[:, None]
@@ -175,21 +177,21 @@ def test_t9_loop_clip() -> None:
     close(per_token_clip([(-1, 0.5)], eps_low=0.1, eps_high=0.1), [0.9])
 
 
-# ---- T10 / E1.4: k3 --------------------------------------------------------------------------------
+# ---- k3 KL -----------------------------------------------------------------------------------------
 def test_t10_k3() -> None:
     close(kl_penalty(t([-1.0]), t([-1.5])), [0.106531])
     close(kl_penalty(t([-1.0]), t([-1.5]), estimator="k1"), [0.5])
     close(kl_penalty(t([0.0]), t([-50.0])), [10.0])  # clamped to [-10, 10]
 
 
-# ---- T13: REINFORCE sum over the utterance ---------------------------------------------------------
+# ---- REINFORCE: sum over the utterance (ArCHer's actor) --------------------------------------------
 def test_t13_reinforce_sum_over_utterance() -> None:
     logp = t([-1, -2, -0.5])[None, :]
     loss = reinforce_loss(logp, t([0.1]))
     close(aggregate_loss(loss, torch.ones_like(logp), mode="seq-mean-token-sum"), 0.35)
 
 
-# ---- T15: Monte-Carlo returns ------------------------------------------------------------------------
+# ---- Monte-Carlo returns -----------------------------------------------------------------------------
 def test_t15_returns() -> None:
     close(discounted_returns(t([0, 0, 1]), 0.95), [0.9025, 0.95, 1.0])
     close(discounted_returns(t([0, 0, 1]), 0.5), [0.25, 0.5, 1.0])
@@ -198,7 +200,7 @@ def test_t15_returns() -> None:
     close(discounted_returns(batch, 0.5, mask), [[0.25, 0.5, 1.0], [0.5, 1.0, 0.0]])
 
 
-# ---- T20 / T21 / 5.6: G-RA and D-RA --------------------------------------------------------------
+# ---- G-RA and D-RA (Sun et al., 2025) ------------------------------------------------------------
 GRA_TABLE = [  # (r_high, r_low per step)
     (0.0, [0.05, 0.05, 0.05]),  # A: no submit
     (0.5, [0.05, -0.05, 0.05]),  # B: fails tests
@@ -256,7 +258,7 @@ def test_gra_batch_matches_single() -> None:
     close(per_step, [[0, 0, 0], [0.05, -0.05, 0.55], [0.05, 1.05, 0.0]])
 
 
-# ---- T22: SimpleTIR void detection ---------------------------------------------------------------
+# ---- SimpleTIR void detection --------------------------------------------------------------------
 T22 = [
     ("Let me think about it.", "void"),
     ("```python\nprint(1)\n```", "code"),
@@ -294,7 +296,7 @@ def test_over_turn_mask_follows_72() -> None:
     assert over_turn_mask(reasons, last_turn_kinds=last).tolist() == [False, True, False, True, True, True]
 
 
-# ---- T23 / T24 / 7.6: Mini-o3 ---------------------------------------------------------------------
+# ---- Mini-o3 over-turn masking and filtering ------------------------------------------------------
 def test_t23_minio3_filter_uses_non_over_turn_members() -> None:
     scores, over = t([1, 1, 0]), torch.tensor([False, False, True])
     assert group_filter(scores, [0, 0, 0], std_threshold=1e-4, member_mask=~over).tolist() == [False] * 3

@@ -83,7 +83,7 @@ def test_turns_become_transitions_with_terminated_or_truncated_flags(end_reason:
     assert ts[2].next_state == "10 20 30 11 21 31 12 22 32"  # no final observation recorded: state + action
     with_final = dataclasses.replace(_traj(3, end_reason), metadata={"final_prompt_token_ids": [13, 14]})
     assert transitions_from_trajectory(with_final, _decode)[2].next_state == "10 20 30 11 21 31 12 22 32 13 14"
-    assert [t.mc_return for t in ts] == pytest.approx([0.25, 0.5, 1.0])  # T15 through the buffer
+    assert [t.mc_return for t in ts] == pytest.approx([0.25, 0.5, 1.0])  # MC returns, gamma 0.5, through the buffer
     assert transitions_from_trajectory(_traj(2, "error", error="sandbox died"), _decode) == []
 
 

@@ -1,5 +1,6 @@
-"""Spec vectors T11-T16 (spec/algorithms.md sections 2.7, 3 and 12) for the ArCHer / filtered-BC functions,
-and the project decision that TD targets bootstrap through truncation but stop at termination."""
+"""ArCHer and filtered-BC functions against worked examples hand-computed from ArCHer's equations (Zhou et al.,
+2024, arXiv 2402.19446), and TD targets that bootstrap through truncation but stop at termination (a time limit
+is not an end state, so the value after it still counts)."""
 
 from __future__ import annotations
 
@@ -117,7 +118,8 @@ def test_filtered_bc_binary_rewards_keep_only_successes_and_uniform_pool_is_skip
     _, keep = filtered_bc_selection(torch.tensor([0.0, 1.0, 0.0, 0.0]))
     assert keep.tolist() == [False, True, False, False]
     cutoff, keep = filtered_bc_selection(torch.zeros(5))
-    assert cutoff == 0.0 and not keep.any()  # project decision: no update on a uniform pool
+    # no update on a uniform pool: cloning every sample would be plain BC on the policy's own outputs
+    assert cutoff == 0.0 and not keep.any()
     _, keep = filtered_bc_selection(torch.zeros(5), skip_if_uniform=False)
     assert keep.all()  # reference behaviour: plain BC on every sample
 

@@ -1,4 +1,5 @@
-"""ARPO math against the spec's test vectors (T17-T19) and the attribution properties of section 4.6."""
+"""ARPO math against worked examples hand-computed from ARPO's equations (Dong et al., 2025, arXiv 2507.19849):
+segment entropy, branch probability, and hard and soft attribution over a branch tree."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def test_t18_branch_probability_and_the_uniform_draw() -> None:
 
 
 def _tree() -> tuple[list[list[int]], torch.Tensor]:
-    """Section 4.6: tau2 branched from tau1 after P0, tau3 from tau2 after P1, tau4 independent."""
+    """A branch tree: tau2 branched from tau1 after P0, tau3 from tau2 after P1, tau4 independent."""
     p0, p1 = [10, 11, 12], [20, 21]
     sequences = [p0 + [30, 31], p0 + p1 + [40], p0 + p1 + [50, 51, 52], [60, 61]]
     advantages = alg.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), ["g"] * 4)

@@ -18,7 +18,7 @@ from agentgym.envs.code_interpreter.answers import (
 )
 
 EQUIVALENT = [
-    # the pairs the spec names
+    # equal values in different notations
     ("1/2", "0.5"),
     ("0.5", "\\frac{1}{2}"),
     ("1/2", "\\frac{1}{2}"),
@@ -72,7 +72,7 @@ EQUIVALENT = [
 ]
 
 DIFFERENT = [
-    # the pairs the spec names
+    # near misses that must not match
     ("0.51", "1/2"),
     ("2^n", "2^(n-1)"),
     ("[1,3)", "[1,3]"),

@@ -5,7 +5,7 @@ Three layers, because a policy can attack each: the grader (hedged, echoed, sign
 on real suite tasks of every kind), the extraction of the final answer (several boxes, empty boxes), and the
 env itself (``final_answer`` in a loop, code printing every candidate, several answer calls in one turn).
 
-Decisions this battery pins down (README "What an episode rewards"):
+Decisions this battery pins down:
 * numeric kinds want the computed number: an unevaluated expression (the question's own ``27*42``,
   ``3718 / 2``) scores 0, as "simplify" needs the reduced fraction; CHAMP asks for closed forms, so there an
   expression equal in value (``2^{997}``, ``C(10, 5)``) is an answer;

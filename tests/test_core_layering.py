@@ -1,6 +1,6 @@
 """The core (``agentgym/``) imports no trainer: rollouts, branching, policies and envs work without
-``agentgym.trainers``. DESIGN ("Repository layout" and "Wave 2 design decisions"): ``envs``, ``tools``, ``tasks``
-and ``trainers`` import the core, never the other way round; ARPO's entropy helpers that the core sampler needs
+``agentgym.trainers``. ``envs``, ``tools``, ``tasks`` and ``trainers`` import the core, never the other way round,
+so the core runs without the trainers' dependencies; ARPO's entropy helpers that the core sampler needs
 live in the core (:mod:`agentgym.rollout.branch_rule`). The only core modules allowed to import trainers are the two
 application entry points, which exist to run them: ``agentgym/cli.py`` (``agentgym train``) and
 ``agentgym/quickstart.py`` (``make quickstart``)."""

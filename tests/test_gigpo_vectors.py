@@ -1,4 +1,5 @@
-"""GiGPO advantages against spec section 8.6 (T25, T26) and vectors worked by hand in the comments."""
+"""GiGPO advantages against examples hand-computed from GiGPO's equations (Feng et al., 2025, arXiv 2505.10978),
+worked in the comments."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ torch = pytest.importorskip("torch")
 from agentgym.errors import ConfigError
 from agentgym.trainers import algorithms as alg
 
-# Spec 8.6: one task group of N = 3, gamma 0.95, omega 1, success reward 1.
+# Hand-computed from GiGPO's equations: one task group of N = 3, gamma 0.95, omega 1, success reward 1.
 SPEC_ANCHORS = [["s0", "s1", "s2"], ["s0", "s1", "s3"], ["s0", "s4"]]
 SPEC_REWARDS = [[0, 0, 1], [0, 0, 0], [0, 1]]
 
@@ -129,7 +130,8 @@ def test_gamma_one_and_gamma_095_and_omega() -> None:
 
 
 def test_all_singleton_anchors_reduce_to_grpo() -> None:
-    # Keys that carry history never repeat (spec pitfall 1): A^S = 0 and A = the GRPO episode advantage.
+    # Keys that carry history never repeat, so every anchor group is a singleton: A^S = 0 and A = the GRPO
+    # episode advantage.
     anchors = [[f"{i}:{t}" for t in range(len(r))] for i, r in enumerate(TWO_REWARDS)]
     for mode, estimator in (("mean_norm", "mean_norm"), ("mean_std_norm", "grpo")):
         out = alg.gigpo_advantages(TWO_IDS, anchors, TWO_REWARDS, mode=mode)  # type: ignore[arg-type]

@@ -307,7 +307,8 @@ def test_bad_arguments_raise_config_errors(policy, prompts):
 
 
 def test_from_pretrained_brings_the_trained_system_prompt_to_rollouts(model_dir, tmp_path):
-    """The README's plain RolloutEngine snippet must roll out with the prompt the model was trained with."""
+    """A plain RolloutEngine over a from_pretrained policy (no system prompt given) rolls out with the prompt the model
+    was trained with."""
     import shutil
 
     from agentgym.policies.rollout_defaults import save_rollout_defaults

@@ -18,8 +18,8 @@ from tests.scripts import load_script
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(GigpoConfig)}
 
 REPO = Path(__file__).resolve().parent.parent
-# config -> (task, held-out split, the README's command for its learning result: the benchmark flags that differ
-# from its defaults)
+# config -> (task, held-out split, the benchmark command of its learning result: the flags that differ from the
+# benchmark's defaults)
 RUNS = {
     "gigpo_sokoban.yaml": ("sokoban", "test", ["--tasks", "sokoban", "--methods", "gigpo", "--jobs", "1",
                                                "--eval-every", "8", "--max-bc-steps", "150", "--bc-check-every", "50"]),

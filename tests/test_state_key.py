@@ -1,4 +1,4 @@
-"""``AgentEnv.state_key()``: the env-state key GiGPO groups steps by (anchor states, spec section 8).
+"""``AgentEnv.state_key()``: the env-state key GiGPO groups steps by (anchor states; Feng et al., 2025).
 
 Every registered id: the key is a str before and after steps, and replaying a seed's actions on a fresh env gives
 the same keys. For the games, keys are checked against the state itself: two paths to the same state share a key,

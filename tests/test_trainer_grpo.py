@@ -1,6 +1,6 @@
-"""The GRPO trainer: updates change parameters with a finite loss, masks and G-RA act exactly as the spec
-says, a SIGKILLed run resumes to identical parameters, and (slow) a tiny model really learns (data parallel:
-tests/test_data_parallel.py)."""
+"""The GRPO trainer: updates change parameters with a finite loss, masks and G-RA act exactly as SimpleTIR,
+Mini-o3 and G-RA (Sun et al., 2025) define them, a SIGKILLed run resumes to identical parameters, and (slow) a
+tiny model really learns (data parallel: tests/test_data_parallel.py)."""
 
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def test_excluding_masked_members_from_group_statistics(model_dir: Path, tmp_pat
 
 
 def test_gra_and_dra_scores_follow_the_spec(model_dir: Path, tmp_path: Path) -> None:
-    """Spec 5.6: a trajectory that never submits earns its step rewards only without the gate."""
+    """G-RA (Sun et al., 2025): a trajectory that never submits earns its step rewards only without the gate."""
     farming = _traj(["tool_call", "tool_call", "tool_call"], 0.0, "max_turns")
     solved = _traj(["tool_call", "answer"], 1.0, "answered")
     gra = GrpoTrainer(small_config(model_dir, tmp_path, reward="gra", gra_threshold=0.5))

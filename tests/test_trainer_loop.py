@@ -111,8 +111,9 @@ def test_step_rewards_sum_to_the_return_even_when_an_episode_is_cut() -> None:
 
 # ---- GiGPO on recorded trajectories ------------------------------------------------------------------
 def test_gigpo_reproduces_the_spec_example_from_recorded_turns() -> None:
-    """Spec 8.6 (mean_norm, per-trajectory statistics) from Trajectory objects: state keys are the anchors and the
-    step rewards the returns. Token ids are not needed (trajectories from OpenAIPolicy in chat mode work)."""
+    """GiGPO's example hand-computed from its equations (Feng et al., 2025; mean_norm, per-trajectory statistics)
+    from Trajectory objects: state keys are the anchors and the step rewards the returns. Token ids are not needed
+    (trajectories from OpenAIPolicy in chat mode work)."""
     trajs = [_traj("g", ["s0", "s1", "s2"], 1.0, [0, 0, 1]), _traj("g", ["s0", "s1", "s3"], 0.0),
              _traj("g", ["s0", "s4"], 1.0, [0, 1])]
     result = step_advantages(trajs, GigpoConfig(model="m", suite="games-maze", invalid_penalty=0.0))
@@ -125,8 +126,9 @@ def test_gigpo_reproduces_the_spec_example_from_recorded_turns() -> None:
 
 @pytest.mark.parametrize("kind", ["void", "invalid"])
 def test_gigpo_penalises_a_turn_whose_action_did_not_parse_void_or_invalid(kind: str) -> None:
-    """Spec 8: the invalid-action penalty falls on every step whose action failed to parse. A void turn (no tool
-    call found) failed to parse as much as an invalid one; left unpunished, a policy drifted into void turns."""
+    """GiGPO (Feng et al., 2025): the invalid-action penalty falls on every step whose action failed to parse. A
+    void turn (no tool call found) failed to parse as much as an invalid one; left unpunished, a policy drifts
+    into void turns."""
     def traj(kinds: list[str]) -> Trajectory:
         turns = tuple(_turn(f"obs-{i}", f"s{i}", 0.0, k) for i, k in enumerate(kinds))
         return Trajectory(env_id="agentgym/Maze-v0", task_id="t", seed=0, turns=turns, group_id="g",
