@@ -3,7 +3,7 @@ in-process against envs as Ray actors on a local cluster of 1 and 2 nodes, side 
 
 The policy is each env's reference solver (free), so the figures measure where the env work runs and what moving
 it behind Ray costs; on a real cluster the second node brings its own cores, while here both nodes share this
-machine's, so the 2-node figure shows Ray's overhead, not a speed-up (see the README's cluster notes).
+machine's, so the 2-node figure shows Ray's overhead, not a speed-up.
 
     python benchmarks/ray_rollouts.py [--episodes 64] [--quick]
 """

@@ -3,7 +3,8 @@
 Why it exists: tests, the quickstart and CPU learning experiments need a real causal LM with a real chat
 template, and nothing may be downloaded from a model hub here. A ~1M-parameter model with a ~500-token
 vocabulary generates thousands of tokens per second on two CPU cores and can learn simple tool-use
-tasks within minutes (see DESIGN.md, "Learning on a CPU").
+tasks within minutes (BC then GRPO on the calculator task took held-out success from 0.35 to 0.95 in under
+3 minutes on two CPU cores).
 
 The tokenizer is byte-level BPE (any Unicode string encodes without an unknown token and decodes back
 exactly) and digit-level (every digit is its own token, which makes arithmetic learnable for a tiny
