@@ -163,7 +163,7 @@ class Turn:
 
 @dataclass(frozen=True)
 class TokenView:
-    """One training sequence for a trajectory (layout A of the spec).
+    """One training sequence for a trajectory (one sequence per trajectory, not one per turn).
 
     Attributes:
         input_ids: ``[L]`` prompt, action and observation tokens in order.

@@ -1,4 +1,4 @@
-"""ARPO's branch rule (spec section 4): how uncertain a generated segment was, and the chance to branch after it.
+"""ARPO's branch rule (Dong et al., 2025): how uncertain a generated segment was, and the chance to branch after it.
 
 Pure functions the branching sampler (:mod:`agentgym.rollout.branching`) calls on every turn after a tool result. They
 live in the core, not among the trainers' algorithms, because sampling must not depend on a trainer;
@@ -25,7 +25,7 @@ def segment_entropy(top_logprobs: Sequence[Sequence[float]], *, window: int = 20
 
     ``H = -sum_{p < K} sum_c exp(l_pc) * l_pc`` over the candidates each position returned (the top k, plus
     the sampled token when it is not among them), with ``K = min(window, len(segment))``, then
-    ``H / ln(vocab_size)``. Spec T17: probabilities ``(.5, .25, .25)`` and ``(1.0)`` with ``|V| = 8`` give 0.5.
+    ``H / ln(vocab_size)``. Worked by hand: probabilities ``(.5, .25, .25)`` and ``(1.0)`` with ``|V| = 8`` give 0.5.
 
     Args:
         top_logprobs: One sequence of candidate log-probs per generated position.
@@ -53,7 +53,7 @@ def segment_entropy(top_logprobs: Sequence[Sequence[float]], *, window: int = 20
 def branch_probability(h_now: float, h_init: float, *, alpha: float, beta: float) -> float:
     """``clip(alpha + beta * (h_now - h_init), 0, 1)``: the chance of one branch attempt succeeding.
 
-    Spec T18: ``h_init = 0.3, h_now = 0.5, alpha = 0.5, beta = 0.2`` gives 0.54. Callers branch when a
+    Worked by hand: ``h_init = 0.3, h_now = 0.5, alpha = 0.5, beta = 0.2`` gives 0.54. Callers branch when a
     uniform draw ``u`` satisfies ``u < p``, so ``p = 0`` never branches and ``p = 1`` always does.
     """
     for name, value in (("h_now", h_now), ("h_init", h_init), ("alpha", alpha), ("beta", beta)):

@@ -1,4 +1,4 @@
-"""Entropy-guided branching rollouts (ARPO, spec section 4 and project decision 2).
+"""Entropy-guided branching rollouts (ARPO: Dong et al., 2025, arXiv 2507.19849).
 
 For every task the sampler starts ``initial_rollouts`` trajectories (N) and grows the group to ``budget``
 (M) by branching: right after a tool result, where the model tends to be unsure, a trajectory may be
@@ -12,10 +12,10 @@ When does a trajectory branch? Let ``H(seg)`` be the normalised entropy of a gen
 and ``H_init`` the entropy of the trajectory's first own turn. Each branch attempt succeeds with
 probability ``clip(alpha + beta * (H_now - H_init), 0, 1)``.
 
-* ``entropy_timing="paper"`` (default): the turn generated right after a tool result is measured, and
-  the decision is taken before the env steps it. A branch is a sibling of that turn: it gets the
-  prefix up to and including the tool result and samples its own turn next round (the turn already
-  generated stays with the original). No generation is wasted.
+* ``entropy_timing="paper"`` (default: it follows the paper and wastes no generation): the turn generated
+  right after a tool result is measured, and the decision is taken before the env steps it. A branch is a
+  sibling of that turn: it gets the prefix up to and including the tool result and samples its own turn next
+  round (the turn already generated stays with the original).
 * ``entropy_timing="code"``: the reference code's one-step lag. The decision is taken after the tool
   result is appended, with the entropy of the turn generated *before* that tool call; for a fresh
   trajectory's first tool call ``dH = 0`` exactly, a pure coin flip.
@@ -78,7 +78,7 @@ class BranchReplayMismatch(AgentGymError):
 
 @dataclass(frozen=True)
 class BranchingConfig:
-    """How a branching rollout spends its budget (defaults: spec 4.4, the 7B reasoning recipe).
+    """How a branching rollout spends its budget (defaults: ARPO's 7B reasoning recipe, Dong et al., 2025).
 
     Attributes:
         budget: ``M``, trajectories kept per task (GRPO's group size).
@@ -121,7 +121,7 @@ class BranchingConfig:
                 raise fail(name, f"must be an integer >= 1, got {value!r}.")
         if self.initial_rollouts > self.budget:
             raise fail("initial_rollouts", f"({self.initial_rollouts}) exceeds budget ({self.budget}); the budget M "
-                       "counts the initial rollouts N plus their branches, so N <= M (spec default 8 of 16).")
+                       "counts the initial rollouts N plus their branches, so N <= M (ARPO's default: 8 of 16).")
         if not isinstance(self.entropy_top_k, int) or self.entropy_top_k < 0:
             raise fail("entropy_top_k", f"must be an integer >= 0 (10 as in the reference code; 0 = exact "
                        f"entropies), got {self.entropy_top_k!r}.")
