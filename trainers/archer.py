@@ -1,4 +1,4 @@
-"""ArCHer: an utterance-level off-policy critic and a token-level actor (spec section 2).
+"""ArCHer: an utterance-level off-policy critic and a token-level actor (Zhou et al., 2024, arXiv 2402.19446).
 
 ``ArcherTrainer(config).train()`` is the one online loop (:class:`~agentgym.trainers.loop.OnlineTrainer`) whose
 learning step, in execution order, is:
@@ -13,8 +13,9 @@ learning step, in execution order, is:
 
 Every critic input is text decoded from token ids with special tokens kept, for buffer and fresh actions and
 states alike, so Q is read on the same kind of text it was fit on. Gradients are averaged over
-``grad_accum_steps`` micro-batches (project decision; the reference code sums them, so its ``lr`` equals ours
-divided by ``grad_accum_steps``). The math lives in :mod:`agentgym.trainers.algorithms.archer`.
+``grad_accum_steps`` micro-batches, so ``lr`` means the same whatever the accumulation (the reference code sums
+them, so its ``lr`` equals ours divided by ``grad_accum_steps``). The math lives in
+:mod:`agentgym.trainers.algorithms.archer`.
 
 Under ``torchrun`` every rank holds the same buffer and splits each micro-batch's rows with the others, the critic
 and the actor both in DistributedDataParallel with summed gradients (:mod:`agentgym.trainers.replay_actor` says

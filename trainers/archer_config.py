@@ -15,7 +15,7 @@ __all__ = ["ArcherConfig"]
 
 @dataclass(frozen=True)
 class ArcherConfig(ReplayActorConfig):
-    """ArCHer (spec 2): replay buffer + double-Q/V utterance critic with Polyak targets + token-level actor."""
+    """ArCHer (Zhou et al., 2024): replay buffer, double-Q/V utterance critic, Polyak targets, token-level actor."""
 
     output_dir: str = "runs/archer"
     """Checkpoints, replay buffer, metrics, learning curve and final model."""

@@ -65,7 +65,7 @@ class TrainerConfig:
     the model; no GIL shared with the trainer, a few seconds to start). See :mod:`agentgym.trainers.async_rollouts`."""
     env_backend: Literal["local", "ray"] = "local"
     """Where rollout envs run: in this process, or as Ray actors across the cluster this process reaches
-    (``RAY_ADDRESS``; ``pip install 'agentgym[ray]'``), the policy staying here (see the README's scaling-out notes)."""
+    (``RAY_ADDRESS``; ``pip install 'agentgym[ray]'``), the policy staying here."""
     generation_backend: Literal["hf", "vllm"] = "hf"
     """Who samples rollouts: the training model itself through HF (CPU or GPU), or an in-process vLLM engine
     (GPU only, ``agentgym[vllm]``) whose weights are synced from the trained model after every update."""

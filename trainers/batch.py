@@ -1,4 +1,4 @@
-"""Trajectories to training tensors (layout A of the spec: one sequence per trajectory).
+"""Trajectories to training tensors (one sequence per trajectory, not one per turn).
 
 The ids come straight from each trajectory's token view (the ids the policy sampled and the ids the
 ChatAgent encoded for observations); nothing is re-tokenised. Sequences are right-padded; the loss mask

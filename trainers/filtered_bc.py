@@ -1,4 +1,4 @@
-"""Online filtered behaviour cloning: ArCHer's baseline (spec section 3).
+"""Online filtered behaviour cloning: ArCHer's baseline (Zhou et al., 2024, arXiv 2402.19446).
 
 The one online loop (:class:`~agentgym.trainers.loop.OnlineTrainer`): every step collects episodes with the current
 policy and adds them to a cumulative pool (persisted as turns in ``pool.jsonl``, so a resumed run has the same

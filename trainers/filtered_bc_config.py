@@ -15,7 +15,7 @@ __all__ = ["FilteredBCConfig"]
 
 @dataclass(frozen=True)
 class FilteredBCConfig(ReplayActorConfig):
-    """Online filtered BC (spec 3): clone the top-``quantile`` episodes of everything collected so far."""
+    """Online filtered BC (ArCHer's baseline): clone the top-``quantile`` episodes of everything collected so far."""
 
     output_dir: str = "runs/filtered_bc"
     """Checkpoints, the episode pool, metrics, learning curve and final model."""

@@ -1,4 +1,4 @@
-"""GiGPO: GRPO plus a critic-free step-level advantage from anchor-state groups (spec section 8).
+"""GiGPO: GRPO plus a critic-free step-level advantage from anchor-state groups (Feng et al., 2025, arXiv 2505.10978).
 
 ``GigpoTrainer(config).train()`` is the GRPO loop with one part swapped: the advantage estimate. Within each task
 group, every visit to the same environment state (the env's ``state_key()``, recorded by the rollout engine on
@@ -69,6 +69,7 @@ def step_advantages(trajectories: Sequence[Trajectory], config: GigpoConfig) -> 
 
 def anchor_keys(trajectory: Trajectory) -> list[str]:
     """Per turn, the anchor state GiGPO groups by: the env's ``state_key()`` recorded before the action, or, for
-    trajectories recorded without one, the raw observation the action answered (spec 8.2's default; no history)."""
+    trajectories recorded without one, the raw observation the action answered (no history: with it no two states
+    would ever match, and GiGPO would reduce to GRPO)."""
     return [turn.state_key if turn.state_key is not None else f"observation:{turn.observation}"
             for turn in trajectory.turns]

@@ -15,7 +15,7 @@ __all__ = ["GigpoConfig"]
 
 @dataclass(frozen=True)
 class GigpoConfig(GrpoConfig):
-    """GRPO's fields plus GiGPO's step-level comparison (defaults: spec 8.4, verl-agent's GiGPO scripts)."""
+    """GRPO's fields plus GiGPO's step-level comparison (defaults: verl-agent's GiGPO scripts, Feng et al., 2025)."""
 
     output_dir: str = "runs/gigpo"
     """Where checkpoints, metrics (JSONL + TensorBoard), the learning curve and the final model go."""

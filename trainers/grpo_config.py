@@ -18,7 +18,7 @@ __all__ = ["GrpoConfig"]
 
 @dataclass(frozen=True)
 class GrpoConfig(TrainerConfig):
-    """GRPO for multi-turn agents (spec sections 1, 5, 6, 7), with BC warm start and the turn-level tricks."""
+    """GRPO for multi-turn agents (G-RA, SimpleTIR, Mini-o3 and DAPO as options), with BC warm start."""
 
     output_dir: str = "runs/grpo"
     """Where checkpoints, metrics (JSONL + TensorBoard), the learning curve and the final model go."""
@@ -35,9 +35,10 @@ class GrpoConfig(TrainerConfig):
     mini_batches: int = 1
     """Optimizer updates per epoch (the rollout batch is split into this many mini-batches)."""
     advantage: Literal["grpo", "mean_norm", "rloo"] = "grpo"
-    """Group advantage estimator (spec 1.4)."""
+    """Group advantage estimator: GRPO's mean/std (Shao et al., 2024), mean_norm, or RLOO (LOOP)."""
     singleton_advantage: Literal["zero", "raw"] = "zero"
-    """Advantage of a group with one counted member: 0 (project decision) or the raw score (verl)."""
+    """Advantage of a group with one counted member: 0 (a lone score has nothing to be compared with) or the raw
+    score (verl)."""
     clip_eps_low: float = 0.2
     """Lower PPO clip range."""
     clip_eps_high: float = 0.28
@@ -45,7 +46,7 @@ class GrpoConfig(TrainerConfig):
     dual_clip_c: float | None = 3.0
     """Dual-clip constant for negative advantages (None disables it)."""
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = "token-mean"
-    """Loss aggregation (spec 1.6); token-mean uses the exact global token count."""
+    """Loss aggregation; token-mean (DAPO, Yu et al., 2025) uses the exact global token count."""
     kl_coef: float = 0.0
     """KL penalty coefficient in the loss; > 0 needs ``reference_model``."""
     kl_estimator: Literal["k1", "k3"] = "k3"
@@ -54,9 +55,9 @@ class GrpoConfig(TrainerConfig):
     """Frozen reference for the KL term: a model directory, or ``initial`` for a copy of the starting weights."""
     reward: Literal["outcome", "success", "dra", "gra"] = "outcome"
     """Trajectory score: the env's return (outcome), 1 for a success and 0 otherwise (success), outcome + step rewards
-    (D-RA), or gated accumulation (G-RA, spec 5). ``success`` is for envs that score a wrong attempt below no attempt
-    (MiniWoB gives -1 for a wrong click, 0 for a page left alone): under the outcome score a policy learns that doing
-    nothing beats trying."""
+    (D-RA), or gated accumulation (G-RA, Sun et al., 2025). ``success`` is for envs that score a wrong attempt below
+    no attempt (MiniWoB gives -1 for a wrong click, 0 for a page left alone): under the outcome score a policy learns
+    that doing nothing beats trying."""
     step_rewards: Mapping[str, float] = field(default_factory=lambda: {"tool_call": 0.05, "invalid": -0.05, "void": -0.05})
     """Per-turn shaping by turn kind, used by dra/gra (never hard-coded in envs)."""
     gra_threshold: float = 1.0

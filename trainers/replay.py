@@ -1,4 +1,4 @@
-"""A persistent replay buffer of turns for off-policy utterance-level critics (ArCHer, spec 2.4).
+"""A persistent replay buffer of turns for off-policy utterance-level critics (ArCHer, Zhou et al., 2024).
 
 Each transition is one agent turn ``(s, a, r, s', terminated, truncated)``, kept as text for the critic and
 as the policy's exact token ids for the actor (which samples fresh utterances at buffer states and must not
@@ -94,7 +94,7 @@ def transitions_from_trajectory(trajectory: Trajectory, decode: Any, *, gamma: f
     pass a name derived from the iteration so that a resumed run writes the same buffer).
 
     Episodes that failed for infrastructure reasons (``error``) and turns without token ids give nothing:
-    they are not evidence about the policy (DESIGN: trainers exclude such episodes).
+    they are not evidence about the policy, so no trainer learns from such episodes.
     """
     if trajectory.error is not None or trajectory.end_reason == "error" or not trajectory.has_tokens:
         return []
@@ -130,7 +130,7 @@ class ReplayBuffer:
 
     Args:
         path: The JSONL file (created if missing; existing records are loaded).
-        capacity: Transitions kept for sampling (FIFO ring, spec default 100,000).
+        capacity: Transitions kept for sampling (FIFO ring; ArCHer's reference configs keep 100,000).
         persist: Whether this buffer writes the file. ``False`` (every rank but the first under torchrun) reads
             it but keeps appends and roll-backs in memory, so concurrent ranks never write the same file.
     """

@@ -30,7 +30,7 @@ class ReplayActorConfig(TrainerConfig):
     warmup_steps: int = 0
     """Linear learning-rate warm-up in optimizer steps (the reference code uses a constant rate)."""
     max_tokens_per_turn: int = 32
-    """Most tokens per utterance (spec default 32)."""
+    """Most tokens per utterance (32 in ArCHer's reference configs)."""
     max_context_tokens: int | None = 1024
     """Episodes whose context would exceed this end with context_limit (a truncation)."""
     eval_every: int = 5
@@ -46,7 +46,7 @@ class ReplayActorConfig(TrainerConfig):
     batch_size: int = 16
     """Transitions per micro-batch."""
     grad_accum_steps: int = 1
-    """Micro-batches per optimizer step; their gradients are averaged (spec 2.6: the reference code sums, so
+    """Micro-batches per optimizer step; their gradients are averaged (ArCHer's reference code sums, so
     its lr equals this lr divided by grad_accum_steps)."""
 
     trainer_name: ClassVar[str] = "replay_actor"
