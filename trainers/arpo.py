@@ -1,4 +1,4 @@
-"""ARPO: GRPO over entropy-guided branching rollouts (spec section 4, project decision 2).
+"""ARPO: GRPO over entropy-guided branching rollouts (Dong et al., 2025, arXiv 2507.19849).
 
 ``ArpoTrainer(config).train()`` is :class:`~agentgym.trainers.grpo.GrpoTrainer` (the one online loop with the
 clipped policy-gradient update) with two parts swapped:

@@ -28,7 +28,10 @@ BRANCHING_KEYS = tuple(f.name for f in dataclasses.fields(BranchingConfig) if f.
 
 @dataclass(frozen=True)
 class ArpoConfig(GrpoConfig):
-    """GRPO's fields plus ARPO's branching and attribution (defaults: spec 4.4 and the project decisions).
+    """GRPO's fields plus ARPO's branching and attribution (defaults: ARPO's 7B recipe, Dong et al., 2025).
+
+    The entropy timing defaults to the paper's, which wastes no generation, and attribution to ``soft``, what the
+    reference code does.
 
     ``group_size`` is ARPO's global budget M (trajectories per task); ``branching.initial_rollouts`` is N.
     """
@@ -69,7 +72,7 @@ class ArpoConfig(GrpoConfig):
         if initial_rollouts > group_size:
             raise ConfigError(f"{cls.__name__}.initial_rollouts: ({initial_rollouts}) exceeds group_size "
                               f"({group_size}), the budget M of trajectories per task; use initial_rollouts <= "
-                              "group_size (spec: 8 of 16).")
+                              "group_size (ARPO's default: 8 of 16).")
 
     # ---- a config file writes the sampler's settings as top-level keys ----------------------------------------
     @classmethod

@@ -325,7 +325,7 @@ class OnlineTrainer:
                 "train/episodes": total["episodes"], "train/errors": total["errors"]}
 
     def _carried_summary(self, state: dict[str, Any]) -> dict[str, Any]:
-        """What the checkpoint carries of the run's summary; a checkpoint written before it carried any (2026-11-28)
+        """What the checkpoint carries of the run's summary; a checkpoint without one (written by an older release)
         falls back on the summary a finished run left in the output directory."""
         if "summary" in state:
             return dict(state["summary"])
