@@ -20,7 +20,7 @@ Then episode start: ``reset()`` plus the first call of the next episode on the s
 that imported numpy and wrote a file. This includes the host-side cleanup between episodes (kill every
 episode process from outside, empty /work, /tmp and /dev/shm, check the cgroup against its launch baseline).
 
-Target (issue 4): p50 under 5 ms for trivial code with full isolation, at least 5x faster than (b).
+Target: p50 under 5 ms for trivial code with full isolation, at least 5x faster than (b).
 
 Run: python benchmarks/sandbox_latency.py [--calls 400] [--baseline-calls 40]
 """

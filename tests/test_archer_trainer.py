@@ -350,7 +350,7 @@ def test_critic_fit_runs_on_a_replay_buffer_and_explains_its_options(model_dir: 
 
 
 def test_critic_reads_buffer_and_fresh_actions_as_the_same_kind_of_text(model_dir: Path, tmp_path: Path) -> None:
-    """Q was fit on stripped buffer text but read on raw decoded samples (issue 19): both must come from ids."""
+    """Q must not be fit on stripped buffer text but read on raw decoded samples: both come from ids."""
     cfg = ArcherConfig(**common(model_dir, tmp_path / "run", critic_steps=1, batch_size=2))
     trainer = _bare_trainer(model_dir, cfg)
     ids = tuple(trainer.tokenizer("What is 2 + 3?")["input_ids"])

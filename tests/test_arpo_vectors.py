@@ -100,7 +100,7 @@ def test_bad_inputs_say_how_to_fix_them() -> None:
 
 
 def _crashed_sibling() -> tuple[list[list[int]], torch.Tensor, torch.Tensor]:
-    """Issue 19: a healthy parent (R=1), a healthy independent sibling (R=0) and a child branched from the
+    """A healthy parent (R=1), a healthy independent sibling (R=0) and a child branched from the
     parent after its first 3 tokens that crashed (R=0, out of the statistics and the loss)."""
     sequences = [[10, 11, 12, 30, 31], [60, 61, 62], [10, 11, 12, 40, 41]]
     healthy = torch.tensor([True, True, False])

@@ -1,5 +1,5 @@
 """The first hour of a new user: sampled evals that vary per turn, progress that shows and never garbles logs,
-``--version``, optional W&B / MLflow logging, and the small things a first run trips over (issue 18)."""
+``--version``, optional W&B / MLflow logging, and the small things a first run trips over."""
 
 from __future__ import annotations
 

@@ -316,7 +316,7 @@ def worker_of(session):
 
 
 def test_inherited_descriptor_hijack_and_parent_attacks_fail_and_later_episodes_are_genuine():
-    """Issue 17: an episode kept the warm parent's control socket and answered later episodes itself."""
+    """An episode must not keep the warm parent's control socket and answer later episodes itself."""
     import gymnasium as gym
 
     import agentgym  # noqa: F401 - registers the env ids
@@ -457,7 +457,7 @@ def test_files_and_shared_memory_do_not_carry_over_to_the_next_episode():
 
 
 def test_parked_shared_memory_does_not_starve_the_next_episode():
-    """Issue 17: 880 MB parked in /dev/shm made every later episode die on a 300 MB allocation."""
+    """880 MB parked in /dev/shm by one episode must not make later episodes die on a 300 MB allocation."""
     limits = SandboxLimits(memory_bytes=640 << 20, workdir_bytes=64 << 20, wall_timeout_s=30, cpu_timeout_s=30)
     park = textwrap.dedent("""
         import ctypes, mmap, os

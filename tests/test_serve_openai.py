@@ -437,7 +437,7 @@ def test_an_episode_the_server_refuses_as_too_long_is_a_context_limit_not_an_err
         tmp_path_factory: pytest.TempPathFactory) -> None:
     """A chat-mode policy (no tokenizer) cannot count tokens, so the engine cannot stop a growing episode before
     the model's context is full; the server's refusal (HTTP 400 context_length_exceeded) ends it as a truncation
-    with its turns kept, where it used to be an "error" that trainers drop."""
+    with its turns kept, not an "error" that trainers drop."""
     from agentgym.models.tiny import TinyModelConfig, build_tiny_model
     from agentgym.policies.hf import HFPolicy
     from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine

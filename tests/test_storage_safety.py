@@ -1,5 +1,5 @@
 """No lost data: any string an env or model produces is stored and read back exactly, and one trajectory that
-cannot be stored never costs the others (issue 17)."""
+cannot be stored never costs the others."""
 
 from __future__ import annotations
 

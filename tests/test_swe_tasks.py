@@ -1,4 +1,4 @@
-"""SWE task data without tells, and libraries declared by users (issue 17, "SWE tasks").
+"""SWE task data without tells, and libraries declared by users.
 
 The checks here read the shipped task file and the real library sources (pinned sdists, cached after one
 download): a bug's diff must not show *how* it was made (re-quoted strings, re-flowed lines, a lone ``pass``,
