@@ -47,6 +47,11 @@ from agentgym.parsers import CompositeParser, FunctionCallParser, HermesParser, 
 from agentgym.suite import Task
 from agentgym.toolset import ToolResult, ToolSet, tool
 
+from agentgym.envs.swe.scoring import known_visible_pass, remember_visible_pass, score_submission, submission_message
+from agentgym.envs.swe.tool_code import CREATE_CODE, REPLACE_CODE, VIEW_CODE, tool_reply
+
+__all__ = ["OUTCOME_REWARDS", "resolve_repo_path", "score_submission", "SWEEnv"]
+
 __all__ = ["OUTCOME_REWARDS", "SWEEnv", "resolve_repo_path", "score_submission"]
 
 OUTCOME_REWARDS = {"no_submit": 0.0, "empty_patch": 0.1, "tests_fail": 0.5, "tests_pass": 1.0}
@@ -248,8 +253,8 @@ print("\\n[" + _status + "]")
             return ToolResult.error("Error: need 1 <= start and (end == 0 or end >= start).")
         stop = end or start + VIEW_MAX_LINES - 1
         stop = min(stop, start + VIEW_MAX_LINES - 1)
-        code = _VIEW_CODE.format(path=rel, start=start, stop=stop)
-        return _reply(self._cap(self._run(code, 30)))
+        code = VIEW_CODE.format(path=rel, start=start, stop=stop)
+        return tool_reply(self._cap(self._run(code, 30)))
 
     @tool
     def str_replace(self, path: str, old: str, new: str) -> ToolResult:
@@ -269,7 +274,7 @@ print("\\n[" + _status + "]")
         if len(old) > MAX_EDIT_CHARS or len(new) > MAX_EDIT_CHARS:
             return ToolResult.error(f"Error: edits are limited to {MAX_EDIT_CHARS} characters; make smaller edits.")
         return self._record_edit("str_replace", rel, old + "\0" + new,
-                                 _reply(self._run(_REPLACE_CODE.format(path=rel, old=old, new=new), 30)))
+                                 tool_reply(self._run(REPLACE_CODE.format(path=rel, old=old, new=new), 30)))
 
     @tool
     def create(self, path: str, text: str) -> ToolResult:
@@ -285,7 +290,8 @@ print("\\n[" + _status + "]")
             return ToolResult.error(f"Error: {exc}")
         if len(text) > MAX_EDIT_CHARS:
             return ToolResult.error(f"Error: files are limited to {MAX_EDIT_CHARS} characters.")
-        return self._record_edit("create", rel, text, _reply(self._run(_CREATE_CODE.format(path=rel, text=text), 30)))
+        reply = tool_reply(self._run(CREATE_CODE.format(path=rel, text=text), 30))
+        return self._record_edit("create", rel, text, reply)
 
     def _record_edit(self, name: str, path: str, change: str, result: ToolResult) -> ToolResult:
         if not result.is_error:
@@ -342,7 +348,7 @@ print("\\n[" + _status + "]")
         from agentgym.tools.sandbox import SandboxError
 
         spec, lib = self._spec, self._library
-        visible_pass = _known_visible_pass(spec)
+        visible_pass = known_visible_pass(spec)
         if self._prepared is not None:  # a SWE-bench instance: pristine = base_commit + test_patch
             code = grade_code(lib, self._prepared.baseline_files(), spec.hidden_tests, patch,
                               [*spec.fail_to_pass, *spec.pass_to_pass], timeout_s=self.test_timeout_s,
@@ -365,7 +371,7 @@ print("\\n[" + _status + "]")
             last = (result.stderr.strip().splitlines() or [result.status])[-1]
             return {"applied": False, "problem": f"grading crashed ({result.status}): {last[-300:]}"}
         if reply.get("baseline") is not None:
-            visible_pass = _VISIBLE_PASS.setdefault(_spec_key(spec), tuple(reply["baseline"]))
+            visible_pass = remember_visible_pass(spec, reply["baseline"])
         reply["visible_pass"] = list(visible_pass or ())
         return reply
 
@@ -381,7 +387,7 @@ print("\\n[" + _status + "]")
         self._patch, self._grading = patch, grading
         self.mark_answer()
         self.finish(success=success, score=grading["reward"], reason="solved" if success else "answered")
-        return _submission_message(grading, self._library.package_dir)
+        return submission_message(grading, self._library.package_dir)
 
     def _ensure_repo(self) -> bool:
         from agentgym.tasks.swe.workspace import REPO
@@ -515,9 +521,6 @@ print("\\n[" + _status + "]")
         super().close()
 
 
-_VISIBLE_PASS: dict[str, tuple[str, ...]] = {}
-
-
 def _prepared_sandbox_config(library: str, backend: str) -> Any:
     """:func:`_episode_sandbox_config`, announcing the one slow reset: a library's first use on this machine.
 
@@ -577,72 +580,6 @@ def installed_copies(library: str) -> tuple[str, ...]:
     return installed_module_copies(os.path.basename(get_library(library).package_dir.rstrip("/")))
 
 
-def _spec_key(spec: Any) -> str:
-    import json
-
-    return json.dumps([spec.id, spec.library, spec.version, spec.mutation.to_dict()], sort_keys=True)
-
-
-def _known_visible_pass(spec: Any) -> tuple[str, ...] | None:
-    """Visible tests that pass on the buggy tree: from the spec when it has them, else measured once per process."""
-    stored = getattr(spec, "visible_pass", None)
-    if stored is None:
-        stored = spec.extra.get("visible_pass")
-    if stored is not None:
-        return tuple(stored)
-    return _VISIBLE_PASS.get(_spec_key(spec))
-
-
-def score_submission(spec: Any, graded: dict[str, Any], problem: str = "") -> dict[str, Any]:
-    """Turn a grader reply into the episode's grading record (what ``info["turn"]["grading"]`` shows).
-
-    With f = passing FAIL_TO_PASS / all FAIL_TO_PASS and G = PASS_TO_PASS plus the visible tests that pass on
-    the buggy tree: reward = f * (1 - regressions / |G|); success = f == 1, no regression and no problem.
-    A test with no reported outcome counts as failed.
-    """
-    outcomes: dict[str, str] = dict(graded.get("outcomes") or {})
-    problem = problem or str(graded.get("problem") or "")
-    applied = bool(graded.get("applied"))
-    ran = applied and not graded.get("skipped")
-    f2p = sum(outcomes.get(t) == "passed" for t in spec.fail_to_pass)
-    guarded = list(dict.fromkeys([*spec.pass_to_pass, *graded.get("visible_pass", ())]))
-    regressions = [t for t in guarded if outcomes.get(t) != "passed"] if ran else []
-    kept = 1.0 - len(regressions) / len(guarded) if guarded else 1.0
-    return {"applied": applied, "tests_ran": ran, "f2p_passed": f2p, "f2p_total": len(spec.fail_to_pass),
-            "regressions": regressions, "guarded_total": len(guarded),
-            "graded_paths": list(graded.get("graded") or []), "ignored_paths": list(graded.get("ignored") or []),
-            "tampered": list(graded.get("tampered") or []), "problem": problem,
-            "reward": f2p / len(spec.fail_to_pass) * kept,
-            "success": applied and f2p == len(spec.fail_to_pass) and not regressions and not problem}
-
-
-def _submission_message(grading: dict[str, Any], package_dir: str) -> str:
-    """What the agent reads after submit: counts, regressions and ignored paths, never the hidden tests' output."""
-    if not grading["applied"]:
-        return ("Submitted, but nothing was graded: "
-                + (grading["problem"] or "the patch is empty (no change to the repository)") + ".")
-    lines = [f"Submitted. Hidden tests: {grading['f2p_passed']}/{grading['f2p_total']} of the failing tests now pass."]
-    regressions = grading["regressions"]
-    if not grading["tests_ran"]:
-        lines.append("The patch changes no source module of the library, so the tree is the buggy one.")
-    elif regressions:
-        shown = ", ".join(regressions[:10]) + (f" and {len(regressions) - 10} more" if len(regressions) > 10 else "")
-        lines.append(f"{len(regressions)} of {grading['guarded_total']} tests that passed before now fail: {shown}.")
-    elif grading["guarded_total"]:
-        lines.append(f"No regressions in {grading['guarded_total']} tests that passed before.")
-    ignored = grading["ignored_paths"]
-    if ignored:
-        shown = ", ".join(ignored[:10]) + (f" and {len(ignored) - 10} more" if len(ignored) > 10 else "")
-        lines.append(f"Ignored changes to: {shown} (only source modules under {package_dir}/ are graded; tests, "
-                     "conftest files and settings are restored from the original repository).")
-    if grading["tampered"]:
-        lines.append(f"{len(grading['tampered'])} test report(s) disagreed with what the test raised; "
-                     "counted as failed.")
-    if grading["problem"]:
-        lines.append(f"Problem: {grading['problem']}.")
-    return " ".join(lines)
-
-
 def _hermes(name: str, arguments: dict[str, Any]) -> str:
     import json
 
@@ -662,81 +599,3 @@ def _unique_context(buggy: str, original: str, line: int, end_line: int) -> tupl
             return old, new
         lo = max(lo - 1, 0)
         hi_b = min(hi_b + 1, len(b_lines))
-
-
-def _reply(text: str) -> ToolResult:
-    """Helper snippets print 'ERROR: ...' for model mistakes; those become error observations."""
-    text = text.rstrip("\n")
-    if text.startswith("ERROR: "):
-        return ToolResult.error("Error: " + text[len("ERROR: "):])
-    return ToolResult(text)
-
-
-_GUARD = '''
-import os
-_path = {path!r}
-_root = os.path.realpath("/work/repo")
-_target = os.path.realpath(os.path.join(_root, {path!r}))
-_inside = _target == _root or _target.startswith(_root + os.sep)
-'''
-
-_VIEW_CODE = _GUARD + '''
-if not _inside:
-    print("ERROR: that path resolves outside the repository (through a symlink).")
-elif os.path.isdir(_target):
-    _entries = []
-    for _dir, _subdirs, _files in os.walk(_target):
-        _subdirs[:] = sorted(d for d in _subdirs if not d.startswith(".") and d != "__pycache__")
-        _depth = os.path.relpath(_dir, _target).count(os.sep) + (0 if _dir == _target else 1)
-        if _depth >= 2:
-            _subdirs[:] = []
-        for _name in sorted(_files):
-            _entries.append(os.path.relpath(os.path.join(_dir, _name), _root))
-    print("\\n".join(_entries[:500]) + ("\\n..." if len(_entries) > 500 else ""))
-elif not os.path.isfile(_target):
-    print("ERROR: no such file or directory: " + _path)
-else:
-    with open(_target, "rb") as _fh:
-        _data = _fh.read(5_000_000)
-    if b"\\x00" in _data[:8192]:
-        print("ERROR: " + _path + " is a binary file; view shows text files only.")
-    else:
-        _lines = _data.decode("utf-8", "replace").splitlines()
-        _shown = _lines[{start} - 1:{stop}]
-        if not _shown:
-            print("ERROR: " + _path + " has " + str(len(_lines)) + " lines; start is past the end.")
-        else:
-            print("\\n".join(f"{{i:6d}}\\t{{t}}" for i, t in enumerate(_shown, {start})))
-            if {stop} < len(_lines):
-                print("... (" + str(len(_lines)) + " lines in total; view more with start=" + str({stop} + 1) + ")")
-'''
-
-_REPLACE_CODE = _GUARD + '''
-if not _inside:
-    print("ERROR: that path resolves outside the repository (through a symlink).")
-elif not os.path.isfile(_target):
-    print("ERROR: no such file: " + _path + " (create it with create).")
-else:
-    with open(_target, encoding="utf-8", errors="surrogateescape") as _fh:
-        _text = _fh.read()
-    _count = _text.count({old!r})
-    if _count != 1:
-        print("ERROR: 'old' occurs " + str(_count) + " times in " + _path + "; it must occur exactly once. "
-              + ("Copy it exactly from view (whitespace matters)." if _count == 0 else "Include more surrounding lines."))
-    else:
-        with open(_target, "w", encoding="utf-8", errors="surrogateescape") as _fh:
-            _fh.write(_text.replace({old!r}, {new!r}, 1))
-        print("Replaced 1 occurrence in " + _path + ".")
-'''
-
-_CREATE_CODE = _GUARD + '''
-if not _inside or _target == _root:
-    print("ERROR: that path resolves outside the repository or is the repository itself.")
-elif os.path.isdir(_target):
-    print("ERROR: " + _path + " is a directory.")
-else:
-    os.makedirs(os.path.dirname(_target), exist_ok=True)
-    with open(_target, "w", encoding="utf-8", errors="surrogateescape") as _fh:
-        _fh.write({text!r})
-    print("Wrote " + _path + " (" + str(len({text!r})) + " characters).")
-'''

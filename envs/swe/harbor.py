@@ -49,298 +49,43 @@ not ``RUN`` (there is no shell in the image at build time). Suite file::
 from __future__ import annotations
 
 import base64
-import hashlib
 import io
 import json
 import logging
 import os
-import re
 import secrets
-import subprocess
 import tarfile
-import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-import yaml
 
 from agentgym.env import AgentEnv, ReferenceSolver
-from agentgym.errors import ConfigError, EnvCrashed, TaskError, did_you_mean
+from agentgym.errors import ConfigError, EnvCrashed, TaskError
 from agentgym.parsers import CompositeParser, FunctionCallParser, HermesParser, ToolCallParser
 from agentgym.suite import Task
 from agentgym.toolset import ToolResult, ToolSet, tool
 
-__all__ = ["HarborEnv", "HarborTask", "build_environment_image", "harbor_tasks", "load_harbor_task", "suite_source"]
+from agentgym.envs.swe.harbor_images import base_images, build_environment_image, image_config, run_docker
+from agentgym.envs.swe.harbor_tasks import (
+    DEFAULT_BUILD_TIMEOUT_S,
+    DEFAULT_VERIFIER_TIMEOUT_S,
+    HarborTask,
+    harbor_tasks,
+    load_harbor_task,
+    suite_source,
+    task_to_agentgym,
+)
+
+__all__ = [
+    "base_images", "build_environment_image", "DEFAULT_BUILD_TIMEOUT_S", "DEFAULT_VERIFIER_TIMEOUT_S",
+    "harbor_tasks", "HarborEnv", "HarborTask", "load_harbor_task", "MAX_COMMAND_CHARS", "RESULT_MARK",
+    "suite_source", "task_to_agentgym", "trusted_runtime_mounts"
+]
 
 logger = logging.getLogger(__name__)
 RESULT_MARK = "@@agentgym-harbor@@"
 MAX_COMMAND_CHARS = 200_000
-DEFAULT_VERIFIER_TIMEOUT_S = 600.0
-DEFAULT_BUILD_TIMEOUT_S = 600.0
-
-
-@dataclass(frozen=True)
-class HarborTask:
-    """One validated Harbor task folder.
-
-    Attributes:
-        name: The task's name (``[task] name`` of task.toml, else the folder name).
-        path: Absolute path of the task folder.
-        instruction: The text of instruction.md.
-        verifier_timeout_s: ``[verifier] timeout_sec`` (how long test.sh may run).
-        build_timeout_s: ``[environment] build_timeout_sec``.
-        cpus: ``[environment] cpus`` (None: the sandbox default).
-        memory_bytes: ``[environment] memory_mb`` or ``memory`` ("4G"), None when not given.
-        config: The whole parsed task.toml / task.yaml (metadata included), for reference.
-    """
-
-    name: str
-    path: str
-    instruction: str
-    verifier_timeout_s: float = DEFAULT_VERIFIER_TIMEOUT_S
-    build_timeout_s: float = DEFAULT_BUILD_TIMEOUT_S
-    cpus: float | None = None
-    memory_bytes: int | None = None
-    config: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def environment(self) -> Path:
-        return Path(self.path) / "environment"
-
-    @property
-    def tests(self) -> Path:
-        return Path(self.path) / "tests"
-
-    @property
-    def solution(self) -> Path | None:
-        script = Path(self.path) / "solution" / "solve.sh"
-        return script.parent if script.is_file() else None
-
-
-def _number(value: Any, what: str, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise TaskError(f"{where}: {what} must be a positive number, got {value!r}.")
-    return float(value)
-
-
-def _memory(value: Any, where: str) -> int:
-    """``memory = "4G"`` / ``"512M"`` or ``memory_mb = 2048`` as bytes."""
-    if isinstance(value, str):
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", value, re.IGNORECASE)
-        if not match:
-            raise TaskError(f"{where}: [environment] memory must look like '4G' or '512M', got {value!r}.")
-        scale = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[match.group(2).upper()]
-        return int(float(match.group(1)) * scale)
-    return int(_number(value, "[environment] memory_mb", where)) << 20
-
-
-def load_harbor_task(path: Path | str) -> HarborTask:
-    """Read and check one Harbor task folder; every problem names the file and the fix."""
-    root = Path(path).resolve()
-    where = f"Harbor task {root}"
-    if not root.is_dir():
-        raise TaskError(f"{where}: not a folder.")
-    config: dict[str, Any] = {}
-    if (root / "task.toml").is_file():
-        try:
-            config = tomllib.loads((root / "task.toml").read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as exc:
-            raise TaskError(f"{where}: task.toml is not valid TOML ({exc}).") from exc
-    elif (root / "task.yaml").is_file():
-        try:
-            config = yaml.safe_load((root / "task.yaml").read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as exc:
-            raise TaskError(f"{where}: task.yaml is not valid YAML ({exc}).") from exc
-        if not isinstance(config, dict):
-            raise TaskError(f"{where}: task.yaml must hold a mapping.")
-    else:
-        raise TaskError(f"{where}: no task.toml (a Harbor task folder holds task.toml, instruction.md, "
-                        "environment/Dockerfile and tests/test.sh).")
-    if (root / "instruction.md").is_file():
-        instruction = (root / "instruction.md").read_text(encoding="utf-8")
-    elif isinstance(config.get("instruction"), str):
-        instruction = config["instruction"]
-    else:
-        raise TaskError(f"{where}: no instruction.md (what the agent is asked to do).")
-    if not instruction.strip():
-        raise TaskError(f"{where}: instruction.md is empty.")
-    if not (root / "environment" / "Dockerfile").is_file():
-        raise TaskError(f"{where}: no environment/Dockerfile (the agent's container; docker-compose environments "
-                        "are not supported).")
-    if not (root / "tests" / "test.sh").is_file():
-        raise TaskError(f"{where}: no tests/test.sh (the verifier, which writes /logs/verifier/reward.txt).")
-    sections = {}
-    for section in ("task", "verifier", "agent", "environment"):
-        value = config.get(section, {})
-        if not isinstance(value, Mapping):
-            raise TaskError(f"{where}: [{section}] must be a table.")
-        sections[section] = value
-    verifier, env = sections["verifier"], sections["environment"]
-    memory = env.get("memory_mb", env.get("memory"))
-    name = sections["task"].get("name") or root.name
-    if not isinstance(name, str) or not name.strip():
-        raise TaskError(f"{where}: [task] name must be a non-empty string.")
-    return HarborTask(
-        name=name.strip(), path=str(root), instruction=instruction,
-        verifier_timeout_s=_number(verifier.get("timeout_sec", DEFAULT_VERIFIER_TIMEOUT_S),
-                                   "[verifier] timeout_sec", where),
-        build_timeout_s=_number(env.get("build_timeout_sec", DEFAULT_BUILD_TIMEOUT_S),
-                                "[environment] build_timeout_sec", where),
-        cpus=_number(env["cpus"], "[environment] cpus", where) if "cpus" in env else None,
-        memory_bytes=_memory(memory, where) if memory is not None else None, config=config)
-
-
-def _task_folders(path: Path) -> list[Path]:
-    """One task folder, or every task folder directly inside ``path`` (sorted)."""
-    if (path / "task.toml").is_file() or (path / "task.yaml").is_file():
-        return [path]
-    folders = sorted(p for p in path.iterdir() if p.is_dir() and ((p / "task.toml").is_file()
-                                                                  or (p / "task.yaml").is_file()))
-    if not folders:
-        raise TaskError(f"{path} holds no Harbor task (no task.toml in it or in any folder directly inside it).")
-    return folders
-
-
-def task_to_agentgym(task: HarborTask) -> Task:
-    return Task(id=task.name, prompt=task.instruction, answer=None, metadata={"harbor": {"path": task.path}})
-
-
-def harbor_tasks(path: Path | str) -> list[Task]:
-    """Tasks of ``HarborEnv`` from a task folder or a folder of task folders (the Python API)."""
-    path = Path(path).resolve()
-    if not path.is_dir():
-        raise TaskError(f"Harbor task path {path} is not a folder.")
-    tasks = [task_to_agentgym(load_harbor_task(p)) for p in _task_folders(path)]
-    names = [t.id for t in tasks]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise TaskError(f"{path}: task names {duplicates} appear more than once; names must be unique.")
-    return tasks
-
-
-def suite_source(spec: Mapping[str, Any], base_dir: Path) -> dict[str, tuple[Task, ...]]:
-    """The ``source: harbor`` loader of suite files: ``path`` and optional ``splits`` (names / rest)."""
-    unknown = set(spec) - {"path", "splits"}
-    if unknown:
-        raise TaskError(f"A 'source: harbor' suite takes path and splits; unknown: {sorted(unknown)}.")
-    if not isinstance(spec.get("path"), str):
-        raise TaskError("A 'source: harbor' suite needs 'path:' (a task folder or a folder of them, relative to the "
-                        "suite file).")
-    tasks = harbor_tasks(base_dir / spec["path"])
-    rules = spec.get("splits")
-    if not rules:
-        return {"test": tuple(tasks)}
-    if not isinstance(rules, Mapping):
-        raise TaskError("splits must map a split name to {names: [...]} or {rest: true}.")
-    by_name = {t.id: t for t in tasks}
-    chosen: dict[str, tuple[Task, ...]] = {}
-    taken: set[str] = set()
-    rest = None
-    for split, rule in rules.items():
-        if not isinstance(rule, Mapping) or len(rule) != 1 or next(iter(rule)) not in ("names", "rest"):
-            raise TaskError(f"split {split!r} needs exactly one rule: names: [...] or rest: true; got {rule!r}.")
-        if "rest" in rule:
-            rest = split
-            continue
-        names = rule["names"]
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            raise TaskError(f"split {split!r}: names must be a list of task names.")
-        for name in names:
-            if name not in by_name:
-                raise TaskError(f"split {split!r} names task {name!r}, which is not there."
-                                f"{did_you_mean(name, by_name)}")
-            if name in taken:
-                raise TaskError(f"task {name!r} is in two splits.")
-            taken.add(name)
-        chosen[split] = tuple(by_name[n] for n in names)
-    if rest is not None:
-        chosen[rest] = tuple(t for t in tasks if t.id not in taken)
-    return chosen
-
-
-# ---- images ---------------------------------------------------------------------------------------------------
-
-def _docker(*args: str, timeout: float, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    from agentgym.tools.sandbox.backends import DOCKER_ENV, minimal_env
-
-    try:
-        return subprocess.run(["docker", *args], capture_output=True, input=stdin, timeout=timeout, check=False,
-                              env={**minimal_env(*DOCKER_ENV), "DOCKER_BUILDKIT": "0"})
-    except FileNotFoundError as exc:
-        raise EnvCrashed("the docker CLI is not installed (apt-get install docker.io)") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise EnvCrashed(f"docker {args[0]} took longer than {timeout:g} s") from exc
-
-
-def base_images(dockerfile: str) -> list[str]:
-    """The images a Dockerfile builds ``FROM`` (stage names and ``scratch`` left out)."""
-    stages: set[str] = set()
-    found: list[str] = []
-    text = re.sub(r"\\\n", " ", dockerfile)
-    for line in text.splitlines():
-        words = line.split()
-        if not words or words[0].upper() != "FROM":
-            continue
-        words = [w for w in words[1:] if not w.startswith("--")]
-        if not words:
-            continue
-        image = words[0]
-        if len(words) >= 3 and words[1].upper() == "AS":
-            stages.add(words[2].lower())
-        if image.lower() not in stages and image != "scratch" and image not in found:
-            found.append(image)
-    return found
-
-
-def _context_digest(folder: Path) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(folder.rglob("*")):
-        rel = str(path.relative_to(folder))
-        if path.is_symlink():
-            digest.update(f"L {rel} {os.readlink(path)}\n".encode())
-        elif path.is_file():
-            digest.update(f"F {rel} {oct(path.stat().st_mode & 0o777)}\n".encode() + path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def build_environment_image(task: HarborTask) -> str:
-    """``docker build`` the task's ``environment/`` once per content (tagged by its hash); returns the image.
-
-    Nothing is pulled: each ``FROM`` image must be local. The repository's own base, ``agentgym-sandbox:2``, is
-    created on demand (:func:`agentgym.tools.sandbox.ensure_docker_image`).
-    """
-    from agentgym.tasks.swe.images import BASE_IMAGE
-    from agentgym.tools.sandbox import ensure_docker_image
-
-    slug = re.sub(r"[^a-z0-9_.-]+", "-", task.name.lower()).strip("-.") or "task"
-    image = f"agentgym-harbor-{slug[:60]}:{_context_digest(task.environment)}"
-    if _docker("image", "inspect", image, timeout=60).returncode == 0:
-        return image
-    for base in base_images((task.environment / "Dockerfile").read_text(encoding="utf-8")):
-        if base == BASE_IMAGE:
-            ensure_docker_image(BASE_IMAGE)
-        elif "$" not in base and _docker("image", "inspect", base, timeout=60).returncode != 0:
-            raise TaskError(
-                f"Harbor task {task.name!r}: environment/Dockerfile builds FROM {base}, which is not in the local "
-                f"Docker image store, and images cannot be pulled here (no network). Load it first (docker load -i "
-                f"image.tar, or build it locally), or start the Dockerfile FROM {BASE_IMAGE}, which agentgym builds "
-                "itself (the host's /usr and Python are mounted at run time, so use COPY/ENV/WORKDIR, not RUN).")
-    logger.info("Harbor: building %s from %s", image, task.environment)
-    result = _docker("build", "-q", "-t", image, str(task.environment), timeout=task.build_timeout_s)
-    if result.returncode != 0:
-        raise TaskError(f"Harbor task {task.name!r}: docker build of environment/ failed: "
-                        f"{result.stderr.decode(errors='replace').strip()[-800:]}")
-    return image
-
-
-def _image_config(image: str) -> dict[str, Any]:
-    result = _docker("image", "inspect", "--format", "{{json .Config}}", image, timeout=60)
-    if result.returncode != 0:
-        raise EnvCrashed(f"cannot inspect {image}: {result.stderr.decode(errors='replace').strip()[-300:]}")
-    return json.loads(result.stdout) or {}
 
 
 # ---- the env --------------------------------------------------------------------------------------------------
@@ -554,7 +299,7 @@ class HarborEnv(AgentEnv):
             raise EnvCrashed("the episode has no container to grade")
         snapshot = f"agentgym-harbor-grade:{secrets.token_hex(8)}"
         mark = f"{RESULT_MARK}{secrets.token_hex(16)}@@"  # unguessable: a forged result line cannot match it
-        committed = _docker("commit", container, snapshot, timeout=300)
+        committed = run_docker("commit", container, snapshot, timeout=300)
         if committed.returncode != 0:
             raise EnvCrashed(f"docker commit failed: {committed.stderr.decode(errors='replace').strip()[-300:]}")
         try:
@@ -569,7 +314,7 @@ class HarborEnv(AgentEnv):
         except SandboxError as exc:
             raise EnvCrashed(f"the grading container failed: {exc}") from exc
         finally:
-            _docker("rmi", "-f", snapshot, timeout=120)
+            run_docker("rmi", "-f", snapshot, timeout=120)
         _, sep, tail = stdout.rpartition(mark)
         try:
             reply = json.loads(base64.b64decode(tail.strip(), validate=True)) if sep else None
@@ -601,7 +346,7 @@ class HarborEnv(AgentEnv):
             raise TaskError(f"Harbor task {task.id!r} needs metadata['harbor']['path'] (see harbor_tasks()).")
         self._harbor = load_harbor_task(data["path"])
         image = build_environment_image(self._harbor)
-        self._workdir = _image_config(image).get("WorkingDir") or "/"
+        self._workdir = image_config(image).get("WorkingDir") or "/"
         if self._session is not None:
             self._session.close()
         self._session = default_pool(self._config(image)).session()
