@@ -17,9 +17,9 @@ a test whose call raised counts as failed and "tampered" (see :func:`agentgym.ta
 
 Score: with f = passing FAIL_TO_PASS / all FAIL_TO_PASS and G the guarded tests (PASS_TO_PASS plus every
 visible test that passes on the buggy tree), reward = score = f * (1 - regressions / |G|); success = f == 1 and
-no regressions. Reward channels for gated accumulation (G-RA, spec section 5) are reported in
+no regressions. Reward channels for gated accumulation (G-RA, Sun et al., 2025) are reported in
 ``info["turn"]["channels"]`` on every step: ``tool_validity`` (+1 per tool call that ran, -1 per malformed or
-failing one), ``test_runs``, and on the last step ``outcome`` (the project's r_high table: no submit 0.0, no
+failing one), ``test_runs``, and on the last step ``outcome`` (the high-priority channel: no submit 0.0, no
 graded change 0.1, a graded change that fails 0.5, success 1.0), ``patch_submitted`` and ``f2p_fraction``.
 ``info["turn"]["grading"]`` holds the details (regressions by id, graded and ignored paths, tampered reports).
 
