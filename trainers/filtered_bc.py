@@ -7,7 +7,7 @@ episodes whose return reaches the pool's ``quantile`` (0.9, numpy's linear inter
 ``actor_steps`` steps of behaviour cloning on their turns: ``L = -mean_b sum_tokens log pi(a | s)``, each
 step averaging ``grad_accum_steps`` micro-batches of ``batch_size`` turns drawn with replacement. When every
 return in the pool is equal (no success yet) the update is skipped instead of cloning the policy's own
-samples [PROJECT]. There is no critic.
+samples (the reference code would clone them all). There is no critic.
 
 Under ``torchrun`` every rank holds the same pool (each rank's new episodes are gathered), so every rank makes the
 same selection and draws the same micro-batches; each rank trains on its share of every micro-batch's rows and DDP

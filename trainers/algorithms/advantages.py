@@ -50,7 +50,7 @@ def group_advantages(
     "others". The default (``stats_mask=None``) counts everyone, which is what the reference code does.
 
     A group with fewer than 2 counted members has no usable statistics. With ``singleton="zero"``
-    (project default) all its members get 0: one sample says nothing about what is better than
+    (the default) all its members get 0: one sample says nothing about what is better than
     average. ``singleton="raw"`` reproduces verl (mean 0, std 1): ``s / (1 + eps)`` for ``"grpo"``
     and ``s`` for the other modes. A group with *no* counted member always gets 0 (it is dropped by
     :func:`~agentgym.trainers.algorithms.masks.group_filter` anyway).

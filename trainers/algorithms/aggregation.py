@@ -51,7 +51,7 @@ def loss_denominators(loss_mask: Tensor, *, normalize_by: NormalizeBy = "unmaske
 
     Args:
         loss_mask: ``[N, L]`` bool/0-1 mask of the **whole** mini-batch (after sample masks).
-        normalize_by: ``"unmasked"`` counts only sequences with at least one trainable token (project
+        normalize_by: ``"unmasked"`` counts only sequences with at least one trainable token (the
             default); ``"all"`` counts every row, masked ones included, which reproduces Mini-o3's released code
             (Lai et al., 2025, arXiv 2509.07969: over-turn responses are masked but still count in the per-sample
             normaliser). Do not add padding rows when using ``"all"``.

@@ -50,7 +50,7 @@ def td_targets(rewards: Tensor, next_values: Tensor, terminated: Tensor, truncat
         terminated: ``[B]`` bool/0-1.
         truncated: ``[B]`` bool/0-1 (``None``: no truncations).
         gamma: Discount in ``[0, 1]``.
-        bootstrap_truncated: Bootstrap through truncations (project default) or stop there (reference code).
+        bootstrap_truncated: Bootstrap through truncations (the default) or stop there (reference code).
 
     Returns:
         Targets of ``next_values``' shape, detached.
@@ -181,7 +181,7 @@ def filtered_bc_selection(returns: Tensor, quantile: float = 0.9, *, skip_if_uni
         returns: ``[N]`` episode returns of every trajectory collected so far (the pool is cumulative).
         quantile: Quantile in ``[0, 1]`` (0.9 in the reference code).
         skip_if_uniform: When every return is equal (no success yet) keep nothing instead of everything,
-            so the update is skipped rather than degenerating into BC on the policy's own samples [PROJECT].
+            so the update is skipped rather than degenerating into BC on the policy's own samples.
 
     Returns:
         ``(cutoff, keep)``: the cutoff and a ``[N]`` bool mask.

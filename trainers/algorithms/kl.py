@@ -1,6 +1,7 @@
 """Per-token KL estimators between the current policy and a frozen reference (k1 and k3, as in verl).
 
-The project default is ``kl_coef = 0`` (no reference model); GiGPO uses k3 in the loss with 0.01.
+The default is ``kl_coef = 0`` (no reference model, as in ARPO, SimpleTIR and Mini-o3); GiGPO uses k3 in the loss
+with 0.01.
 """
 
 from __future__ import annotations
