@@ -24,7 +24,7 @@ from agentgym.cli.quickstart import demonstration_texts  # noqa: E402
 from agentgym.trainers import make_trainer  # noqa: E402
 from agentgym.trainers.algorithms import behaviour_weights  # noqa: E402
 from agentgym.trainers.async_rollouts import AsyncRollouts, RolloutWorkerDied, WeightMailbox  # noqa: E402
-from agentgym.trainers.policy_versions import _with_versions  # noqa: E402
+from agentgym.trainers.policy_versions import with_versions  # noqa: E402
 from agentgym.trainers.config import config_from_dict  # noqa: E402
 from agentgym.trajectory import Trajectory, Turn  # noqa: E402
 
@@ -183,7 +183,7 @@ def test_a_branch_inherits_the_versions_of_the_turns_it_shares_with_its_parent()
                        end_reason="answered", traj_id="r-0-1",
                        metadata={"tree": {"origin": "branch", "parent": "r-0-0", "branch_turn": 2}})
     recorded = {"r-0-0": [0, 0, 1], "r-0-1": [2]}
-    out = _with_versions([child, parent], recorded)
+    out = with_versions([child, parent], recorded)
     assert out[0].metadata["policy_versions"] == [0, 0, 2] and out[1].metadata["policy_versions"] == [0, 0, 1]
 
 

@@ -48,16 +48,16 @@ from typing import Any
 from agentgym.errors import AgentGymError, ConfigError
 from agentgym.trajectory import Trajectory
 
-from agentgym.trainers.policy_versions import WeightMailbox, _lag_metrics, versioned_policy_class
+from agentgym.trainers.policy_versions import WeightMailbox, lag_metrics, versioned_policy_class
 from agentgym.trainers.rollout_worker import (
     RolloutJob,
-    _custom_env_specs,
-    _drain,
-    _exit_description,
-    _process_main,
-    _serve,
-    _worker_context,
-    _worker_threads,
+    custom_env_specs,
+    drain,
+    exit_description,
+    process_main,
+    serve,
+    worker_context,
+    worker_threads,
 )
 
 __all__ = ["AsyncRollouts", "RolloutJob", "RolloutWorkerDied", "versioned_policy_class", "WeightMailbox"]
@@ -140,7 +140,7 @@ class AsyncRollouts:
             job = self._jobs.get()
             return None if self._stop.is_set() else job
 
-        self._thread = threading.Thread(target=_serve, args=(self.policy, next_job, self._results.put, False),
+        self._thread = threading.Thread(target=serve, args=(self.policy, next_job, self._results.put, False),
                                         name="agentgym-rollouts", daemon=True)
         self._thread.start()
 
@@ -149,7 +149,7 @@ class AsyncRollouts:
         if cfg.generation_backend != "hf":
             raise ConfigError("async_worker: process runs an HF copy of the model; vLLM already runs its engine in "
                               "processes of its own: use async_worker: thread with generation_backend: vllm.")
-        ctx = _worker_context()
+        ctx = worker_context()
         self._stop = ctx.Event()
         self._jobs = ctx.Queue()
         receive, send = ctx.Pipe(duplex=False)
@@ -160,9 +160,9 @@ class AsyncRollouts:
         options = {"device": cfg.device, "max_batch_size": cfg.max_in_flight, "name": cfg.trainer_name,
                    "kv_cache_tokens": self.trainer._kv_cache_tokens()}
         self._process = ctx.Process(
-            target=_process_main, name="agentgym-rollouts", daemon=True,
+            target=process_main, name="agentgym-rollouts", daemon=True,
             args=(model, self.trainer.tokenizer, options, self.mailbox, version, self._jobs, send, self._stop,
-                  _custom_env_specs([self.trainer.suite.env_id]), _worker_threads()))
+                  custom_env_specs([self.trainer.suite.env_id]), worker_threads()))
         try:
             self._process.start()
         except Exception as exc:
@@ -175,7 +175,7 @@ class AsyncRollouts:
         self._receive = receive
         self._results = queue.Queue()
         # Read every message as soon as it is sent, so that what the worker generated is here even if it dies later.
-        self._receiver = threading.Thread(target=_drain, args=(receive, self._results), name="agentgym-rollouts-recv",
+        self._receiver = threading.Thread(target=drain, args=(receive, self._results), name="agentgym-rollouts-recv",
                                           daemon=True)
         self._receiver.start()
         del model
@@ -208,7 +208,7 @@ class AsyncRollouts:
             "async/staleness": float(self.version - version),
             "async/wait_s": time.perf_counter() - waited,
             "async/generate_s": generate_s,
-            **_lag_metrics(trajectories, self.version),
+            **lag_metrics(trajectories, self.version),
         }
 
     def _receive_one(self) -> tuple[Any, ...]:
@@ -236,7 +236,7 @@ class AsyncRollouts:
                                         "waits for.")
             self._process.join(timeout=5)
             raise RolloutWorkerDied(f"the rollout worker process (pid {self._process.pid}) "
-                                    f"{_exit_description(self._process.exitcode)} before delivering the step the "
+                                    f"{exit_description(self._process.exitcode)} before delivering the step the "
                                     "trainer waits for; the steps it had delivered were trained on. Look for an "
                                     "out-of-memory kill (dmesg) or a crash in a native library; async_worker: "
                                     "thread runs the same rollouts in the trainer's process.")

@@ -18,7 +18,7 @@ from typing import Any
 from agentgym.errors import AgentGymError
 from agentgym.trajectory import Trajectory
 
-__all__ = ["versioned_policy_class", "WeightMailbox"]
+__all__ = ["lag_metrics", "TURN_VERSIONS", "versioned_policy_class", "WeightMailbox", "with_versions"]
 
 class _Counter:
     """An int cell with the ``.value`` of a ``multiprocessing.RawValue``, for a mailbox read in this process."""
@@ -84,7 +84,7 @@ class WeightMailbox:
 
 
 # The per-turn version record of the job a worker is running (None outside a job: evaluation records nothing).
-_RECORDER: contextvars.ContextVar[dict[str, list[int]] | None] = contextvars.ContextVar("agentgym_async_recorder",
+TURN_VERSIONS: contextvars.ContextVar[dict[str, list[int]] | None] = contextvars.ContextVar("agentgym_async_recorder",
                                                                                          default=None)
 # The versions of the generation calls one act() made (act -> asyncio.to_thread(generate) copies the context).
 _CALL_VERSIONS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("agentgym_async_calls", default=None)
@@ -136,7 +136,7 @@ class _Versioned:
             return super().generate(*args, **kwargs)  # type: ignore[misc]
 
     async def act(self, requests: Sequence[Any]) -> Any:
-        recorder = _RECORDER.get()
+        recorder = TURN_VERSIONS.get()
         if recorder is None:
             return await super().act(requests)  # type: ignore[misc]
         calls: list[int] = []
@@ -164,7 +164,7 @@ def versioned_policy_class(policy_class: type) -> type:
     return _VERSIONED_CLASSES[policy_class]
 
 
-def _with_versions(trajectories: list[Trajectory], recorded: Mapping[str, list[int]]) -> list[Trajectory]:
+def with_versions(trajectories: list[Trajectory], recorded: Mapping[str, list[int]]) -> list[Trajectory]:
     """Each trajectory with ``metadata["policy_versions"]``: the weights' version that sampled each turn.
 
     A branch (ARPO) shares its first ``branch_turn`` turns with its parent, which sampled them under its own id.
@@ -188,7 +188,7 @@ def _with_versions(trajectories: list[Trajectory], recorded: Mapping[str, list[i
     return [replace(t, metadata={**t.metadata, "policy_versions": versions(t)}) for t in trajectories]
 
 
-def _lag_metrics(trajectories: list[Trajectory], version: int) -> dict[str, float]:
+def lag_metrics(trajectories: list[Trajectory], version: int) -> dict[str, float]:
     """Per-token and per-episode lag of a batch trained from weights ``version``."""
     tokens = lag_sum = 0
     lag_max = 0

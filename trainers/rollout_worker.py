@@ -17,9 +17,12 @@ from typing import Any
 from agentgym.rollout import EpisodeSpec, RolloutConfig
 from agentgym.trajectory import Trajectory
 
-from agentgym.trainers.policy_versions import _RECORDER, WeightMailbox, _with_versions, versioned_policy_class
+from agentgym.trainers.policy_versions import TURN_VERSIONS, WeightMailbox, with_versions, versioned_policy_class
 
-__all__ = ["RolloutJob"]
+__all__ = [
+    "custom_env_specs", "drain", "exit_description", "process_main", "RolloutJob", "serve", "worker_context",
+    "worker_threads"
+]
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ class RolloutJob:
         return sampler.run(list(self.specs)), dict(sampler.stats)
 
 
-def _serve(policy: Any, next_job: Callable[[], RolloutJob | None], deliver: Callable[[tuple[Any, ...]], None],
+def serve(policy: Any, next_job: Callable[[], RolloutJob | None], deliver: Callable[[tuple[Any, ...]], None],
            portable: bool) -> None:
     """The worker's loop: run each job with the newest weights and deliver ``(kind, step, ...)`` messages.
 
@@ -65,21 +68,21 @@ def _serve(policy: Any, next_job: Callable[[], RolloutJob | None], deliver: Call
             return
         started = time.perf_counter()
         recorder: dict[str, list[int]] = {}
-        token = _RECORDER.set(recorder)
+        token = TURN_VERSIONS.set(recorder)
         try:
             version = policy.refresh()
             trajectories, stats = job.run(policy)
-            message: tuple[Any, ...] = ("ok", job.step, version, _with_versions(trajectories, recorder), stats,
+            message: tuple[Any, ...] = ("ok", job.step, version, with_versions(trajectories, recorder), stats,
                                         time.perf_counter() - started)
         except BaseException as exc:  # noqa: BLE001 - handed to the trainer, which raises it
             deliver(("error", job.step, None if portable else exc, traceback.format_exc()))
             return
         finally:
-            _RECORDER.reset(token)
+            TURN_VERSIONS.reset(token)
         deliver(message)
 
 
-def _worker_context() -> Any:
+def worker_context() -> Any:
     """``forkserver`` with torch, transformers and this module preloaded in the server: the first worker of a
     Python session pays for importing them (seconds), later ones start in milliseconds; unlike ``fork``, the
     server has no threads (torch's, the trainer's) whose locks a child could inherit held. The main script is
@@ -91,7 +94,7 @@ def _worker_context() -> Any:
     return ctx
 
 
-def _drain(connection: Any, results: queue.Queue[tuple[Any, ...]]) -> None:
+def drain(connection: Any, results: queue.Queue[tuple[Any, ...]]) -> None:
     """Move the worker process's messages into ``results`` until its end closes, then put ``("gone",)``."""
     try:
         while True:
@@ -100,7 +103,8 @@ def _drain(connection: Any, results: queue.Queue[tuple[Any, ...]]) -> None:
         results.put(("gone",))
 
 
-def _exit_description(code: int | None) -> str:
+def exit_description(code: int | None) -> str:
+    """How a worker process ended, from its exit code, in words for the error the trainer raises."""
     if code is None:
         return "stopped"
     if code < 0:
@@ -111,14 +115,14 @@ def _exit_description(code: int | None) -> str:
     return f"exited with status {code}"
 
 
-def _worker_threads() -> int:
+def worker_threads() -> int:
     """Torch threads for the worker process: half the cores, so it and the trainer do not oversubscribe them."""
     import torch
 
     return max(1, torch.get_num_threads() // 2)
 
 
-def _custom_env_specs(env_ids: Sequence[str]) -> dict[str, Any]:
+def custom_env_specs(env_ids: Sequence[str]) -> dict[str, Any]:
     """Gymnasium specs of the ids that were registered at run time (not by agentgym's catalogue) in this process."""
     import gymnasium as gym
 
@@ -128,7 +132,7 @@ def _custom_env_specs(env_ids: Sequence[str]) -> dict[str, Any]:
     return {i: gym.spec(i) for i in env_ids if i not in known and i in gym.registry}
 
 
-def _process_main(model: Any, tokenizer: Any, options: dict[str, Any], mailbox: WeightMailbox, version: int,
+def process_main(model: Any, tokenizer: Any, options: dict[str, Any], mailbox: WeightMailbox, version: int,
                   jobs: Any, send: Any, stop: Any, env_specs: dict[str, Any], threads: int) -> None:
     """The worker process: an HF policy on its own model copy serving jobs until told to stop or orphaned."""
     import torch
@@ -166,7 +170,7 @@ def _process_main(model: Any, tokenizer: Any, options: dict[str, Any], mailbox: 
         return None
 
     try:
-        _serve(policy, next_job, outbox.put, True)
+        serve(policy, next_job, outbox.put, True)
     finally:
         outbox.put(None)
         thread.join()

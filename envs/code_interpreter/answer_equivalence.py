@@ -43,7 +43,9 @@ from sympy.parsing.sympy_parser import (
 
 from agentgym.envs.code_interpreter.answer_text import MAX_NESTING, normalize_answer
 
-__all__ = ["answers_equivalent", "is_hedged", "MAX_ANSWER_CHARS", "MAX_LOG10", "REL_TOL"]
+__all__ = [
+    "answers_equivalent", "is_hedged", "item_count", "MAX_ANSWER_CHARS", "MAX_LOG10", "REL_TOL", "split_top_level"
+]
 
 MAX_ANSWER_CHARS = 1000  # longer answers are only compared as text
 
@@ -168,7 +170,7 @@ def _atom(text: str) -> sympy.Basic:
     return exprs[0] if len(exprs) == 1 else sympy.Eq(*exprs, evaluate=False)
 
 
-def _split_top(text: str, sep: str) -> list[str]:
+def split_top_level(text: str, sep: str) -> list[str]:
     """Split at ``sep`` outside any brackets."""
     parts, depth, start, i = [], 0, 0, 0
     while i < len(text):
@@ -201,17 +203,17 @@ def _value(text: str) -> Any:
     Kinds: "seq" for tuples and intervals (ordered, the brackets must match: ``[1, 3)`` is not ``[1, 3]``) and
     "set" for ``{...}``, bare lists ``1, 2, 3`` and unions of intervals (unordered).
     """
-    parts = _split_top(text, "\\cup")
+    parts = split_top_level(text, "\\cup")
     if len(parts) > 1:
         return ("set", "", [_value(part) for part in parts])
     for left, right in (("\\{", "\\}"), ("{", "}")):
         inner = text[len(left) : -len(right)]
         if text.startswith(left) and text.endswith(right) and _nesting(inner) is not None:
-            return ("set", "", [_value(item) for item in _split_top(inner, ",") if item])
-    items = _split_top(text[1:-1], ",")
+            return ("set", "", [_value(item) for item in split_top_level(inner, ",") if item])
+    items = split_top_level(text[1:-1], ",")
     if len(text) > 1 and text[0] in "([" and text[-1] in ")]" and _nesting(text[1:-1]) is not None and len(items) > 1:
         return ("seq", text[0] + text[-1], [_value(item) for item in items])
-    items = _split_top(text, ",")
+    items = split_top_level(text, ",")
     if len(items) > 1:
         return ("set", "", [_value(item) for item in items])
     return _atom(text)
@@ -394,9 +396,9 @@ _HEDGE_MARKS: tuple[re.Pattern[str], ...] = (
 )
 
 
-def _item_count(text: str) -> int:
+def item_count(text: str) -> int:
     """Top-level items of a list answer: ``1, 4 and 9`` has three, ``(1, 2)`` one."""
-    return sum(len(_split_top(part, " and ")) for chunk in _split_top(text, ";") for part in _split_top(chunk, ","))
+    return sum(len(split_top_level(part, " and ")) for chunk in split_top_level(text, ";") for part in split_top_level(chunk, ","))
 
 
 def is_hedged(predicted: str, gold: str) -> bool:
@@ -410,4 +412,4 @@ def is_hedged(predicted: str, gold: str) -> bool:
     pred, ref = normalize_answer(predicted), normalize_answer(gold)
     if any(mark.search(pred) and not mark.search(ref) for mark in _HEDGE_MARKS):
         return True
-    return _item_count(pred) > _item_count(ref)
+    return item_count(pred) > item_count(ref)

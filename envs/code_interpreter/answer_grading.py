@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import sympy
 
-from agentgym.envs.code_interpreter.answer_equivalence import _item_count, _split_top, answers_equivalent
+from agentgym.envs.code_interpreter.answer_equivalence import answers_equivalent, item_count, split_top_level
 from agentgym.envs.code_interpreter.answer_text import normalize_answer
 
 if TYPE_CHECKING:
@@ -215,12 +215,12 @@ def _grade_champ(task: Task, answer: str, timeout_s: float) -> bool:
     readings: list[tuple[list[str], list[str]]] = []
     for gold in forms:
         groups = _JOIN_WORD.split(gold)
-        if len(groups) > 1 and any(_item_count(group) > 1 for group in groups):
+        if len(groups) > 1 and any(item_count(group) > 1 for group in groups):
             readings.append((_JOIN_WORD.split(answer), groups))
             continue
         readings.append(([answer], [gold]))
         listed, answer_listed = _both_signs(gold) or _as_list(gold), _as_list(answer)
-        if listed and answer_listed and _item_count(listed) > 1:  # several values, however the answer joins them
+        if listed and answer_listed and item_count(listed) > 1:  # several values, however the answer joins them
             readings.append(([answer_listed], [listed]))
     deadline = time.monotonic() + timeout_s  # one budget for all readings: the per-answer guard stays timeout_s
     return any(_groups_match(predicted, gold, deadline) for predicted, gold in readings)
@@ -268,7 +268,7 @@ def _as_list(text: str) -> str | None:
     go together, and ``x=0, y=11 and x=9, y=2`` would match.
     """
     parts = _JOIN_WORD.split(text)
-    if len(parts) > 1 and any(_item_count(part) > 1 for part in parts):
+    if len(parts) > 1 and any(item_count(part) > 1 for part in parts):
         return None
     return ", ".join(parts)
 
@@ -285,7 +285,7 @@ def _both_signs(gold: str) -> str | None:
     if not _PLUS_MINUS.search(gold):
         return None
     items: list[str] = []
-    for item in _split_top(gold, ","):
+    for item in split_top_level(gold, ","):
         signs = len(_PLUS_MINUS.findall(item))
         if signs > 3:
             return None

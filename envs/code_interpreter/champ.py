@@ -11,7 +11,7 @@ from typing import Any
 from agentgym.errors import DependencyNotInstalled, TaskError
 from agentgym.suite import Task
 
-from agentgym.envs.code_interpreter.reference_code import _lit
+from agentgym.envs.code_interpreter.reference_code import python_literal
 
 __all__ = ["CHAMP_SIZE", "champ_tasks"]
 
@@ -115,7 +115,7 @@ def champ_tasks(rng: random.Random, count: int = CHAMP_SIZE, *, version: str = "
             "full_answer": p["answer"],
             "answer_alternatives": forms,
             "solution": p["solution"],
-            "reference_code": _CHAMP_LITERAL.format(answer=_lit(answer)),
+            "reference_code": _CHAMP_LITERAL.format(answer=python_literal(answer)),
             "reference_kind": "literal",
         }
         tasks.append(Task(id=metadata["task_id"], prompt=p["text"], answer=answer, metadata=metadata))

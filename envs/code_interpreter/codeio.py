@@ -10,14 +10,15 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["codeio_sample_is_safe"]
+__all__ = ["codeio_mode", "codeio_reproduces", "codeio_sample", "codeio_sample_is_safe"]
 
 # ---- CodeI/O ----------------------------------------------------------------------------------
 _CODEIO_OUTPUT_MARK = "Given the following input:"
 _CODEIO_INPUT_MARK = "Given the following output:"
 
 
-def _codeio_mode(entry: Mapping[str, Any]) -> str:
+def codeio_mode(entry: Mapping[str, Any]) -> str:
+    """Whether a CodeI/O question asks for the output of given inputs, for inputs that give an output, or neither."""
     question = entry["question"]
     if _CODEIO_OUTPUT_MARK in question:
         return "output"
@@ -26,7 +27,7 @@ def _codeio_mode(entry: Mapping[str, Any]) -> str:
     return "unknown"
 
 
-def _codeio_sample(dataset: Any, index: int) -> Mapping[str, Any]:
+def codeio_sample(dataset: Any, index: int) -> Mapping[str, Any]:
     """The CodeI/O record reasoning-gym will use for item ``index`` (it draws ``Random(seed+i).choice``)."""
     data = type(dataset)._jsonl_data
     return random.Random(dataset.seed + index).choice(data)
@@ -103,7 +104,7 @@ def codeio_sample_is_safe(sample: Mapping[str, Any]) -> bool:
     return "def main_solution" in sample.get("code_sample", "")
 
 
-def _codeio_reproduces(sample: Mapping[str, Any], entry: Mapping[str, Any]) -> bool:
+def codeio_reproduces(sample: Mapping[str, Any], entry: Mapping[str, Any]) -> bool:
     """Whether running the sample on the *stated* input (after a JSON round trip) gives the stated output.
 
     Catches items whose stated input is not what the function saw (reasoning-gym formats the input

@@ -31,9 +31,9 @@ from agentgym.errors import DependencyNotInstalled, TaskError
 from agentgym.suite import Task
 
 from agentgym.envs.code_interpreter.codeio import (
-    _codeio_mode,
-    _codeio_reproduces,
-    _codeio_sample,
+    codeio_mode,
+    codeio_reproduces,
+    codeio_sample,
     codeio_sample_is_safe,
 )
 from agentgym.envs.code_interpreter.reference_code import DATASETS, reference_code
@@ -175,7 +175,7 @@ def _draw_items(name: str, dataset: Any, count: int, budget: int, *, seed: int, 
     for index in range(budget):
         if len(tasks) == count:
             break
-        if name == "codeio" and not codeio_sample_is_safe(_codeio_sample(dataset, index)):
+        if name == "codeio" and not codeio_sample_is_safe(codeio_sample(dataset, index)):
             continue  # never execute a sample that touches files, clocks, unseeded randomness, ...
         try:
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -190,8 +190,8 @@ def _draw_items(name: str, dataset: Any, count: int, budget: int, *, seed: int, 
         entry = _json_safe({"question": question, "answer": raw["answer"], "metadata": raw["metadata"]})
         if not _usable(name, entry, codeio_modes):
             continue
-        sample = _codeio_sample(dataset, index) if name == "codeio" else None
-        if sample is not None and _codeio_mode(entry) == "output" and not _codeio_reproduces(sample, entry):
+        sample = codeio_sample(dataset, index) if name == "codeio" else None
+        if sample is not None and codeio_mode(entry) == "output" and not codeio_reproduces(sample, entry):
             continue
         seen.add(question)
         code, kind = reference_code(name, entry, sample=sample)
@@ -206,7 +206,7 @@ def _draw_items(name: str, dataset: Any, count: int, budget: int, *, seed: int, 
             "reference_kind": kind,
         }
         if name == "codeio":
-            metadata["codeio_mode"] = _codeio_mode(entry)
+            metadata["codeio_mode"] = codeio_mode(entry)
         tasks.append(Task(id=metadata["task_id"], prompt=question, answer=entry["answer"], metadata=metadata))
     return tasks
 
@@ -226,7 +226,7 @@ def _usable(name: str, entry: Mapping[str, Any], codeio_modes: tuple[str, ...]) 
     if name == "base_conversion":
         return bool(meta.get("source_repr"))
     if name == "codeio":
-        return _codeio_mode(entry) in codeio_modes and meta.get("input_data") not in ({}, None)
+        return codeio_mode(entry) in codeio_modes and meta.get("input_data") not in ({}, None)
     return True
 
 

@@ -13,9 +13,9 @@ from typing import Any
 
 from agentgym.errors import TaskError
 
-from agentgym.envs.code_interpreter.codeio import _codeio_mode
+from agentgym.envs.code_interpreter.codeio import codeio_mode
 
-__all__ = ["DATASETS", "LITERAL_DATASETS", "reference_code"]
+__all__ = ["DATASETS", "LITERAL_DATASETS", "python_literal", "reference_code"]
 
 #: The reasoning-gym datasets this module knows how to write reference code for.
 DATASETS: tuple[str, ...] = (
@@ -34,7 +34,7 @@ LITERAL_DATASETS = frozenset({"gsm_symbolic"})
 
 
 # ---- reference code ---------------------------------------------------------------------------
-def _lit(value: Any) -> str:
+def python_literal(value: Any) -> str:
     """A Python literal for ``value`` in pure ASCII (safe to pass through ``python -c``)."""
     return ascii(value)
 
@@ -50,29 +50,29 @@ def reference_code(name: str, entry: Mapping[str, Any], *, sample: Mapping[str, 
     meta = entry["metadata"]
     answer = entry["answer"]
     if name == "basic_arithmetic":
-        return _BASIC_ARITHMETIC.format(expression=_lit(meta["expression"])), "computed"
+        return _BASIC_ARITHMETIC.format(expression=python_literal(meta["expression"])), "computed"
     if name == "simple_equations":
-        return _SIMPLE_EQUATIONS.format(equation=_lit(meta["equation"]), variable=_lit(meta["variable"])), "computed"
+        return _SIMPLE_EQUATIONS.format(equation=python_literal(meta["equation"]), variable=python_literal(meta["variable"])), "computed"
     if name == "fraction_simplification":
         return _FRACTION.format(num=int(meta["numerator"]), den=int(meta["denominator"]),
-                                style=_lit(meta["style"])), "computed"
+                                style=python_literal(meta["style"])), "computed"
     if name == "count_primes":
         return _COUNT_PRIMES.format(start=int(meta["start"]), end=int(meta["end"])), "computed"
     if name == "prime_factorization":
         return _PRIME_FACTORIZATION.format(number=int(meta["number"])), "computed"
     if name == "letter_counting":
         text = " ".join(meta["span"])
-        return _LETTER_COUNTING.format(text=_lit(text), letter=_lit(meta["target_letter"])), "computed"
+        return _LETTER_COUNTING.format(text=python_literal(text), letter=python_literal(meta["target_letter"])), "computed"
     if name == "base_conversion":
-        return _BASE_CONVERSION.format(source=_lit(meta["source_repr"]), source_base=int(meta["source_base"]),
+        return _BASE_CONVERSION.format(source=python_literal(meta["source_repr"]), source_base=int(meta["source_base"]),
                                        target_base=int(meta["target_base"])), "computed"
-    if name == "codeio" and sample is not None and _codeio_mode(entry) == "output":
+    if name == "codeio" and sample is not None and codeio_mode(entry) == "output":
         inputs = json.dumps(meta["input_data"], sort_keys=False)
-        return _CODEIO_OUTPUT.format(code=sample["code_sample"].rstrip(), inputs=_lit(inputs)), "computed"
+        return _CODEIO_OUTPUT.format(code=sample["code_sample"].rstrip(), inputs=python_literal(inputs)), "computed"
     if name == "gsm_symbolic":
-        return _GSM_LITERAL.format(answer=_lit(answer)), "literal"
+        return _GSM_LITERAL.format(answer=python_literal(answer)), "literal"
     if name == "codeio":
-        return _CODEIO_INPUT_LITERAL.format(answer=_lit(answer)), "literal"
+        return _CODEIO_INPUT_LITERAL.format(answer=python_literal(answer)), "literal"
     raise TaskError(f"No reference code for reasoning-gym dataset {name!r}; known: {list(DATASETS)}.")
 
 

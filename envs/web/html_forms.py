@@ -8,10 +8,10 @@ from agentgym.tools.browser.snapshot import normalize_whitespace
 
 from agentgym.envs.web.html_dom import Element
 
-__all__ = []
+__all__ = ["form_data", "form_encode", "form_of", "is_submit_button"]
 
 # ---- forms -------------------------------------------------------------------------------------------------------
-def _form_encode(pairs: Iterable[tuple[str, str]]) -> str:
+def form_encode(pairs: Iterable[tuple[str, str]]) -> str:
     """``application/x-www-form-urlencoded`` as browsers serialise it (the URL standard's byte set)."""
 
     def enc(text: str) -> str:
@@ -29,17 +29,21 @@ def _form_encode(pairs: Iterable[tuple[str, str]]) -> str:
     return "&".join(f"{enc(k)}={enc(v)}" for k, v in pairs)
 
 
-def _form_of(element: Element) -> Element | None:
+def form_of(element: Element) -> Element | None:
+    """The form a control submits with: its nearest ``<form>`` ancestor (the ``form=`` attribute is not used)."""
     return next((a for a in element.ancestors() if a.tag == "form"), None)
 
 
-def _is_submit_button(element: Element) -> bool:
+def is_submit_button(element: Element) -> bool:
+    """Whether activating ``element`` submits its form (a ``<button>`` defaults to type submit)."""
     if element.tag == "button":
         return element.attrs.get("type", "submit").lower() == "submit"
     return element.tag == "input" and element.input_type in ("submit", "image")
 
 
-def _form_data(form: Element, submitter: Element | None) -> list[tuple[str, str]]:
+def form_data(form: Element, submitter: Element | None) -> list[tuple[str, str]]:
+    """The form's data set in document order, as a browser builds it on submission (with the submitter's own
+    name and value, and without the other buttons)."""
     pairs: list[tuple[str, str]] = []
     for element in form.iter():
         name = element.attrs.get("name")

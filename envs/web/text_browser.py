@@ -30,7 +30,7 @@ from agentgym.tools.browser.snapshot import SELECT_ROLES, TEXT_ROLES, Snapshot, 
 
 from agentgym.envs.web.aria_snapshot import render_snapshot
 from agentgym.envs.web.html_dom import Document, Element
-from agentgym.envs.web.html_forms import _form_data, _form_encode, _form_of, _is_submit_button
+from agentgym.envs.web.html_forms import form_data, form_encode, form_of, is_submit_button
 
 __all__ = ["Document", "Element", "render_snapshot", "TextBrowser"]
 
@@ -95,9 +95,9 @@ class TextBrowser:
         if element.tag == "a" and "href" in element.attrs:
             self._follow(self._guard.resolve(element.attrs["href"], doc.url))
             return
-        if _is_submit_button(element):
+        if is_submit_button(element):
             doc.active = element
-            form = _form_of(element)
+            form = form_of(element)
             if form is not None and "disabled" not in element.attrs:
                 self._submit(form, element)
             return
@@ -110,9 +110,9 @@ class TextBrowser:
         element.dirty = True
         doc.active = element
         if submit:
-            form = _form_of(element)
+            form = form_of(element)
             if form is not None:
-                default = next((e for e in form.iter() if _is_submit_button(e)), None)
+                default = next((e for e in form.iter() if is_submit_button(e)), None)
                 self._submit(form, default)
 
     def select(self, ref: str, option: str) -> None:
@@ -188,7 +188,7 @@ class TextBrowser:
         refusal = self._guard.refusal(target)
         if refusal:
             raise ActionError(f"Error: navigation refused: {refusal}. You are still on {_path_of(self.url)}.")
-        data = _form_encode(_form_data(form, submitter))
+        data = form_encode(form_data(form, submitter))
         if method == "POST":
             self._navigate("POST", target, data.encode("ascii"))
         else:
