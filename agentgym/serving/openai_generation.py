@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentgym.errors import ConfigError, did_you_mean
 from agentgym.policies.base import Generation, SamplingParams
-from agentgym.policies.hf import row_seeds
+from agentgym.policies.seeding import row_seeds
 from agentgym.serving.batcher import Batcher
 from agentgym.serving.openai_protocol import APIError, Sampling
 

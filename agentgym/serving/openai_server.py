@@ -80,6 +80,8 @@ from agentgym.serving.openai_endpoints import OpenAIEndpoints
 from agentgym.serving.openai_protocol import APIError, _message_text, json_body  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
+
     from agentgym.policies.hf import HFPolicy
 
 __all__ = ["BatchStats", "ServerThread", "create_app", "run_server", "serve_in_background"]
@@ -185,7 +187,7 @@ class ServerThread(BackgroundServer):
 
     def __init__(
         self,
-        model_dir_or_policy: str | Path | HFPolicy | Any,
+        model_dir_or_policy: str | Path | HFPolicy | FastAPI,
         *,
         host: str = "127.0.0.1",
         port: int = 0,
