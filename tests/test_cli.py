@@ -69,7 +69,7 @@ def test_a_bad_policy_leaves_no_run_directory(tmp_path: Path, monkeypatch: pytes
 
 
 def test_default_out_dirs_of_runs_in_the_same_second_differ(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from agentgym.cli import main as cli
+    from agentgym.cli import evaluate as cli
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(cli.time, "strftime", lambda _fmt: "20261124-050000")

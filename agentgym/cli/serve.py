@@ -1,7 +1,8 @@
 """``python -m agentgym.serve MODEL_DIR ...``: the older spelling of ``agentgym serve``.
 
-Both spellings run one command (the ``serve`` subcommand of :mod:`agentgym.cli.main`), so their arguments, checks
-and messages cannot drift apart: ``python -m agentgym.serve ARGS`` is ``agentgym serve ARGS``.
+Both spellings run one command (the ``serve`` subcommand, :mod:`agentgym.cli.serve_model`, dispatched by
+:mod:`agentgym.cli.main`), so their arguments, checks and messages cannot drift apart: ``python -m agentgym.serve
+ARGS`` is ``agentgym serve ARGS``.
 """
 
 from __future__ import annotations

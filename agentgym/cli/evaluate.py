@@ -1,0 +1,150 @@
+"""``agentgym eval``: run a policy on a task suite, write its trajectories, summary and HTML report.
+
+A run directory holds one run: a non-empty ``--out`` is refused unless ``--resume`` or ``--overwrite`` says
+what to do with what is there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from agentgym.cli.arguments import non_negative_float, positive_int
+from agentgym.errors import ConfigError
+
+__all__ = ["add_parser", "run"]
+
+_RUN_FILES = ("trajectories.jsonl", "trajectories.errors.jsonl", "summary.json", "report.html", "run.json")
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``eval`` command to the ``agentgym`` subcommands ``sub``."""
+    p = sub.add_parser("eval", help="run a policy on a task suite and report success, turns, tokens and time")
+    p.add_argument("--suite", required=True, help="suite name (see 'agentgym list') or path to a suite .yaml")
+    p.add_argument("--policy", required=True, help="reference | hf:MODEL (a model directory or a cached Hub id such as "
+                   "Qwen/Qwen2.5-0.5B-Instruct) | vllm:MODEL (GPU) | openai:BASE_URL[#MODEL]")
+    p.add_argument("--split", default="test")
+    p.add_argument("--limit", type=positive_int, default=None, help="evaluate only the first N tasks")
+    p.add_argument("--group-size", type=positive_int, default=1, help="rollouts per task")
+    p.add_argument("--max-in-flight", type=positive_int, default=64)
+    p.add_argument("--max-tokens", type=positive_int, default=None,
+                   help="tokens per turn (default: what the model was trained with, else 256)")
+    p.add_argument("--system-prompt", default=None,
+                   help="system prompt (default: the one the model was trained with, else the env's instructions)")
+    p.add_argument("--constrain-actions", action=argparse.BooleanOptionalAction, default=None,
+                   help="decode every reply as one of the env's valid actions (envs with a finite action set, hf: "
+                        "policies); default: as the model was trained (its agentgym.json), else off")
+    p.add_argument("--temperature", type=non_negative_float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="output directory (default runs/eval-SUITE-TIME); must be new or "
+                   "empty unless --resume or --overwrite")
+    existing = p.add_mutually_exclusive_group()
+    existing.add_argument("--resume", action="store_true",
+                          help="continue the run in --out: skip (task, sample) pairs it already holds")
+    existing.add_argument("--overwrite", action="store_true", help="delete the results of the run in --out first")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (by default one is drawn when stderr is a terminal)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Evaluate ``--policy`` on ``--suite``; model defaults (system prompt, max tokens) come from its training."""
+    from rich.console import Console
+
+    from agentgym.cli.report import render_summary_table, write_html_report
+    from agentgym.policies import SamplingParams, make_policy
+    from agentgym.registration.suites import load_suite
+    from agentgym.rollout import RolloutConfig, RolloutEngine, episodes_for_suite, summarize
+    from agentgym.storage import TrajectoryWriter
+
+    suite = load_suite(args.suite)
+    if args.split not in suite.splits:
+        raise ConfigError(f"Suite {suite.name!r} has no split {args.split!r}; choose one of {sorted(suite.splits)}.")
+    defaults: dict[str, Any] = {}
+    if args.policy.startswith(("hf:", "vllm:")):
+        from agentgym.policies.rollout_defaults import load_rollout_defaults
+
+        defaults = load_rollout_defaults(args.policy.split(":", 1)[1])
+    system_prompt = args.system_prompt if args.system_prompt is not None else defaults.get("system_prompt")
+    max_tokens = args.max_tokens if args.max_tokens is not None else int(defaults.get("max_tokens", 256))
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=args.temperature, seed=args.seed)
+    constrain = args.constrain_actions if args.constrain_actions is not None else bool(defaults.get("constrain_actions"))
+    config = RolloutConfig(max_in_flight=args.max_in_flight, sampling=sampling,
+                           progress=False if args.no_progress else "auto", system_prompt=system_prompt,
+                           constrain_actions=constrain)
+    out_dir = Path(args.out) if args.out else _new_default_out_dir(suite.name)
+    settings = {"suite": suite.name, "split": args.split, "policy": args.policy, "seed": args.seed,
+           "group_size": args.group_size}
+    # The policy loads first: a bad --policy must not leave a half-made run directory behind.
+    policy = make_policy(args.policy)
+    started = time.perf_counter()
+    try:
+        previous = _prepare_run_dir(out_dir, settings, resume=args.resume, overwrite=args.overwrite)
+        done = {(t.task_id, t.seed) for t in previous}
+        specs = [s for s in episodes_for_suite(suite, args.split, group_size=args.group_size, seed=args.seed,
+                                               limit=args.limit)
+                 if (s.task.id if s.task is not None else "", s.seed) not in done]
+        console = Console()
+        if previous:
+            console.print(f"resuming {out_dir}: {len(previous)} episodes already done, {len(specs)} to run")
+        with TrajectoryWriter(out_dir / "trajectories.jsonl") as writer:
+            trajectories = previous + RolloutEngine(policy, config).run(specs, writer=writer)
+    finally:
+        policy.close()
+    summary = summarize(trajectories)
+    summary["write_failures"] = writer.failed
+    summary["wall_s"] = time.perf_counter() - started
+    summary.update({"suite": suite.name, "split": args.split, "policy": args.policy})
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    title = f"{suite.name} [{args.split}] with {args.policy}"
+    write_html_report(out_dir / "report.html", summary, trajectories, title)
+    console.print(render_summary_table(summary, title=title))
+    console.print(f"trajectories: {out_dir / 'trajectories.jsonl'}\nsummary: {out_dir / 'summary.json'}\n"
+                  f"report: {out_dir / 'report.html'}")
+    return 0
+
+
+def _new_default_out_dir(suite_name: str) -> Path:
+    """``runs/eval-SUITE-TIME``, with ``-2``, ``-3``... when runs started in the same second already made it."""
+    base = Path(f"runs/eval-{suite_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    candidate, n = base, 1
+    while candidate.exists():
+        n += 1
+        candidate = base.with_name(f"{base.name}-{n}")
+    return candidate
+
+
+def _prepare_run_dir(out_dir: Path, run: dict[str, Any], *, resume: bool, overwrite: bool) -> list[Any]:
+    """Make ``out_dir`` ready for an eval run and return the trajectories a resumed run already has.
+
+    Appending to an existing run silently duplicated its episodes, so a non-empty directory is refused unless
+    the user says what they want: ``--resume`` (keep what is there, run the rest; only with the same suite,
+    split, policy, seed and group size) or ``--overwrite`` (delete the previous run's files, nothing else).
+    """
+    from agentgym.storage import read_trajectories
+
+    existing = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
+    if existing and not (resume or overwrite):
+        shown = ", ".join(existing[:5]) + (", ..." if len(existing) > 5 else "")
+        raise ConfigError(
+            f"{out_dir} is not empty ({shown}). Pass --resume to run only the episodes missing from its "
+            "trajectories.jsonl, --overwrite to replace its results, or choose a new --out directory."
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run_file = out_dir / "run.json"
+    if overwrite:
+        for name in _RUN_FILES:
+            (out_dir / name).unlink(missing_ok=True)
+    elif resume and run_file.is_file():
+        before = json.loads(run_file.read_text(encoding="utf-8"))
+        changed = {k: (before.get(k), v) for k, v in run.items() if before.get(k) != v}
+        if changed:
+            detail = "; ".join(f"{k}: {old!r} then, {new!r} now" for k, (old, new) in changed.items())
+            raise ConfigError(f"--resume needs the same settings as the run in {out_dir} ({detail}). Use them, "
+                              "or --overwrite to start that run again.")
+    run_file.write_text(json.dumps(run, indent=2), encoding="utf-8")
+    trajectories = out_dir / "trajectories.jsonl"
+    return list(read_trajectories(trajectories)) if resume and trajectories.is_file() else []
