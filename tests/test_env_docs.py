@@ -87,7 +87,7 @@ def test_multi_agent_games_are_documented(game_id: str) -> None:
 
 def test_agentgym_list_shows_each_summary() -> None:
     env = {**os.environ, "COLUMNS": "400"}
-    out = subprocess.run([sys.executable, "-m", "agentgym.cli.main", "list"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "agentgym.cli", "list"], capture_output=True, text=True,
                          env=env, check=True, timeout=120).stdout
     flat = " ".join(out.split())
     for entry in CATALOGUE:
