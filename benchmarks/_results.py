@@ -29,7 +29,7 @@ from typing import Any
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-# Keys every results file has; tests/test_benchmark_results.py checks them.
+# Keys every results file has; tests/project/test_benchmark_results.py checks them.
 SCHEMA_KEYS = ("name", "date", "git", "machine", "command", "figures")
 FIGURE_KEYS = ("what", "agentgym", "baseline", "ratio", "unit", "goal", "met")
 

@@ -23,7 +23,7 @@ options in ``RUN_OPTIONS`` (namespaces and a writable cgroup hierarchy, no ``--p
         agentgym-env-code_interpreter:local --port 8000
 
 The SWE image carries every pinned library's source tree and test-only dependencies (fetched here with pip once),
-so no reset reaches PyPI. tests/test_env_server_docker.py builds and plays the games image in the default suite and
+so no reset reaches PyPI. tests/serving/test_env_server_docker.py builds and plays the games image in the default suite and
 every other family's image in the slow suite (a reference-solver episode through the container, compared with the
 same episode in process).
 """

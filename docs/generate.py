@@ -16,7 +16,7 @@ Usage::
     python docs/generate.py           # rewrite what is stale
     python docs/generate.py --check   # exit 1, naming the stale files, when anything would change
 
-``tests/test_docs.py`` runs the check, so a docstring or trainer change without a regenerated page fails the tests.
+``tests/project/test_docs.py`` runs the check, so a docstring or trainer change without a regenerated page fails the tests.
 """
 
 from __future__ import annotations

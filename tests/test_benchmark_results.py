@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.scripts import REPO, load_script
+from tests.helpers.scripts import REPO, load_script
 
 table = load_script("benchmarks/results_table.py")
 results = load_script("benchmarks/_results.py")

@@ -8,7 +8,7 @@ import json
 import gymnasium as gym
 import pytest
 
-from tests.browsers import HAVE_BROWSER, needs_browser
+from tests.helpers.browsers import HAVE_BROWSER, needs_browser
 
 
 @pytest.fixture(scope="module")
