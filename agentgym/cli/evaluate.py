@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,13 @@ from agentgym.errors import ConfigError
 
 __all__ = ["add_parser", "run"]
 
-_RUN_FILES = ("trajectories.jsonl", "trajectories.errors.jsonl", "summary.json", "report.html", "run.json")
+#: A hidden file of disk space held during a run and freed just before summary.json is written (see SpaceReserve).
+_RESERVE = ".space-reserve"
+_RUN_FILES = ("trajectories.jsonl", "trajectories.errors.jsonl", "trajectories.corrupt.jsonl", "summary.json",
+              "report.html", "run.json", _RESERVE)
+#: Failed trajectory writes in a row after which a run stops: one can be a passing hiccup, several in a row mean
+#: the disk stays full and every further episode would be computed only to be lost.
+_STOP_AFTER_LOST_WRITES = 3
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -58,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     from agentgym.policies import SamplingParams, make_policy
     from agentgym.registration.suites import load_suite
     from agentgym.rollout import RolloutConfig, RolloutEngine, episodes_for_suite, summarize
-    from agentgym.storage import TrajectoryWriter
+    from agentgym.storage import TrajectoryWriter, errors_path
+    from agentgym.utils.durable import SpaceReserve, atomic_write_text
 
     suite = load_suite(args.suite)
     if args.split not in suite.splits:
@@ -81,30 +89,83 @@ def run(args: argparse.Namespace) -> int:
     # The policy loads first: a bad --policy must not leave a half-made run directory behind.
     policy = make_policy(args.policy)
     started = time.perf_counter()
+    console = Console()
+    finished: list[Any] = []  # every episode that ended, written or not
+    stopped: _WritesKeepFailing | None = None
+    reserve: SpaceReserve | None = None
     try:
-        previous = _prepare_run_dir(out_dir, settings, resume=args.resume, overwrite=args.overwrite)
+        previous = _prepare_run_dir(out_dir, settings, resume=args.resume, overwrite=args.overwrite, console=console)
         done = {(t.task_id, t.seed) for t in previous}
         specs = [s for s in episodes_for_suite(suite, args.split, group_size=args.group_size, seed=args.seed,
                                                limit=args.limit)
                  if (s.task.id if s.task is not None else "", s.seed) not in done]
-        console = Console()
         if previous:
             console.print(f"resuming {out_dir}: {len(previous)} episodes already done, {len(specs)} to run")
-        with TrajectoryWriter(out_dir / "trajectories.jsonl") as writer:
-            trajectories = previous + RolloutEngine(policy, config).run(specs, writer=writer)
+        reserve = SpaceReserve(out_dir / _RESERVE)  # room for the summary when the disk fills during the run
+        with TrajectoryWriter(out_dir / "trajectories.jsonl", raise_on_os_error=False) as writer:
+
+            def on_trajectory(trajectory: Any) -> None:
+                finished.append(trajectory)
+                if writer.consecutive_lost >= _STOP_AFTER_LOST_WRITES:
+                    raise _WritesKeepFailing(writer.consecutive_lost)
+
+            try:
+                RolloutEngine(policy, config).run(specs, writer=writer, on_trajectory=on_trajectory)
+            except _WritesKeepFailing as exc:
+                stopped = exc
+    except OSError as exc:  # the run directory itself cannot be written
+        raise ConfigError(f"Cannot write the run in {out_dir}: {exc}. Free space there (or fix its permissions), "
+                          "or choose another --out directory.") from None
     finally:
         policy.close()
-    summary = summarize(trajectories)
+        if reserve is not None:
+            reserve.release()  # before the summary and report, which it is there to make room for
+    written = [t for t in finished if t.traj_id not in writer.unwritten]
+    trajectories = previous + written
+    summary = summarize(trajectories)  # over the episodes the file holds: what a --resume or 'view' will see
     summary["write_failures"] = writer.failed
+    summary["lost_episodes"] = writer.lost
+    summary["not_run"] = len(specs) - len(finished)
+    summary["complete"] = not (writer.lost or writer.failed or stopped)
     summary["wall_s"] = time.perf_counter() - started
     summary.update({"suite": suite.name, "split": args.split, "policy": args.policy})
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    problems: list[str] = []
+    try:
+        atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2))
+    except OSError as exc:
+        problems.append(f"summary.json could not be written ({exc}); any earlier one is unchanged")
     title = f"{suite.name} [{args.split}] with {args.policy}"
-    write_html_report(out_dir / "report.html", summary, trajectories, title)
+    try:
+        write_html_report(out_dir / "report.html", summary, trajectories, title)
+    except OSError as exc:
+        problems.append(f"report.html could not be written ({exc})")
     console.print(render_summary_table(summary, title=title))
     console.print(f"trajectories: {out_dir / 'trajectories.jsonl'}\nsummary: {out_dir / 'summary.json'}\n"
                   f"report: {out_dir / 'report.html'}")
-    return 0
+    lost = writer.lost + writer.failed
+    if stopped is not None or lost:
+        missing = lost + summary["not_run"]
+        what = (f"stopped early: the last {stopped.count} episodes in a row could not be written"
+                if stopped is not None else f"{lost} episode(s) could not be written")
+        cause = f" ({writer.last_error})" if writer.last_error is not None else ""
+        problems.insert(0, (
+            f"{what} to {out_dir / 'trajectories.jsonl'}{cause}. It holds {len(trajectories)} episodes; "
+            f"{writer.lost} were lost to write errors, {writer.failed} could not be serialised (kept in "
+            f"{errors_path(out_dir / 'trajectories.jsonl').name}) and {summary['not_run']} were not run. "
+            f"Free space on that disk, then run the same command with --out {out_dir} --resume to run the "
+            f"{missing} missing episode(s)."))
+    for problem in problems:
+        sys.stderr.write(f"agentgym eval: error: {problem}\n")
+    return 1 if problems else 0
+
+
+class _WritesKeepFailing(Exception):
+    """Raised from the engine's per-episode callback to stop a run whose writes keep failing (a disk that stays full):
+    running the rest would only lose them too."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(f"{count} trajectory writes in a row failed")
+        self.count = count
 
 
 def _new_default_out_dir(suite_name: str) -> Path:
@@ -117,14 +178,17 @@ def _new_default_out_dir(suite_name: str) -> Path:
     return candidate
 
 
-def _prepare_run_dir(out_dir: Path, run: dict[str, Any], *, resume: bool, overwrite: bool) -> list[Any]:
+def _prepare_run_dir(out_dir: Path, run: dict[str, Any], *, resume: bool, overwrite: bool, console: Any) -> list[Any]:
     """Make ``out_dir`` ready for an eval run and return the trajectories a resumed run already has.
 
     Appending to an existing run silently duplicated its episodes, so a non-empty directory is refused unless
     the user says what they want: ``--resume`` (keep what is there, run the rest; only with the same suite,
     split, policy, seed and group size) or ``--overwrite`` (delete the previous run's files, nothing else).
+    A resumed file that holds a torn or corrupt line (a crash, a full disk) is repaired first: the line is moved to
+    ``trajectories.corrupt.jsonl`` with a warning naming it, and its episode runs again.
     """
-    from agentgym.storage import read_trajectories
+    from agentgym.storage import quarantine_path, repair_trajectories
+    from agentgym.utils.durable import atomic_write_text
 
     existing = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
     if existing and not (resume or overwrite):
@@ -145,6 +209,17 @@ def _prepare_run_dir(out_dir: Path, run: dict[str, Any], *, resume: bool, overwr
             detail = "; ".join(f"{k}: {old!r} then, {new!r} now" for k, (old, new) in changed.items())
             raise ConfigError(f"--resume needs the same settings as the run in {out_dir} ({detail}). Use them, "
                               "or --overwrite to start that run again.")
-    run_file.write_text(json.dumps(run, indent=2), encoding="utf-8")
+    atomic_write_text(run_file, json.dumps(run, indent=2))
     trajectories = out_dir / "trajectories.jsonl"
-    return list(read_trajectories(trajectories)) if resume and trajectories.is_file() else []
+    if not (resume and trajectories.is_file()):
+        return []
+    try:
+        repair = repair_trajectories(trajectories)
+    except OSError as exc:
+        raise ConfigError(f"Cannot repair {trajectories} before resuming: {exc}. Free space on that disk and run "
+                          "the same command again.") from None
+    if repair.corrupt_lines:
+        shown = ", ".join(map(str, repair.corrupt_lines[:10])) + (", ..." if len(repair.corrupt_lines) > 10 else "")
+        console.print(f"{trajectories}: moved {len(repair.corrupt_lines)} unreadable line(s) (line {shown}) to "
+                      f"{quarantine_path(trajectories)}; their episodes run again", markup=False, highlight=False)
+    return repair.trajectories

@@ -13,8 +13,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentgym.utils.images import ImageRef
 from agentgym.trajectory import Trajectory, utf8_safe
+from agentgym.utils.durable import atomic_write_text
+from agentgym.utils.images import ImageRef
+from agentgym.utils.terminal import terminal_safe
 
 __all__ = ["format_metric", "render_summary_table", "write_html_report"]
 
@@ -32,20 +34,22 @@ _ROWS = (
 def render_summary_table(summary: Mapping[str, Any], title: str = "eval") -> Any:
     """A rich Table of the summary metrics.
 
-    The title is escaped: it holds user text such as a split name, and rich would eat ``[test]`` as markup.
+    The title is escaped: it holds user text such as a split name, and rich would eat ``[test]`` as markup; it and
+    the end reasons (which an env names) go through :func:`terminal_safe`, so they cannot carry terminal escapes.
     A metric that was not measured (``None``, e.g. action tokens of a chat-mode policy) shows as ``n/a``.
     """
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=escape(title))
+    table = Table(title=escape(terminal_safe(title)))
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, label, fmt in _ROWS:
         if key in summary:
             table.add_row(label, format_metric(summary[key], fmt))
     if summary.get("end_reasons"):
-        table.add_row("end reasons", escape(", ".join(f"{k}={v}" for k, v in sorted(summary["end_reasons"].items()))))
+        reasons = ", ".join(f"{k}={v}" for k, v in sorted(summary["end_reasons"].items()))
+        table.add_row("end reasons", escape(terminal_safe(reasons)))
     return table
 
 
@@ -89,5 +93,6 @@ def write_html_report(path: str | Path, summary: Mapping[str, Any], trajectories
 <style>body{{font-family:sans-serif;max-width:1000px;margin:auto}} pre{{white-space:pre-wrap;background:#f6f6f6;padding:6px}}
 img{{image-rendering:pixelated;border:1px solid #ccc;margin:4px 0}} .ok summary{{color:#176f2c}} .fail summary{{color:#a31515}} .err{{color:#a31515}} table td{{padding:2px 10px}}</style>
 </head><body><h1>{html.escape(title)}</h1><table>{rows}</table><h2>Episodes</h2>{''.join(episodes)}</body></html>"""
-    path.write_text(utf8_safe(page), encoding="utf-8")  # model text may hold lone surrogates
+    # model text may hold lone surrogates; atomic, so a full disk leaves the previous report rather than half of one
+    atomic_write_text(path, utf8_safe(page))
     return path

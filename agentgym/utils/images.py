@@ -284,10 +284,10 @@ class ImageRef:
         """Write ``folder/images/<sha256>.png`` unless it is there already (atomically: temp file + rename)."""
         target = Path(folder) / self.path
         if not target.exists():
+            from agentgym.utils.durable import atomic_write_bytes
+
             target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(f".{target.name}.{id(self):x}.tmp")
-            tmp.write_bytes(self.png_bytes())
-            tmp.replace(target)
+            atomic_write_bytes(target, self.png_bytes())  # a full disk leaves no partial PNG or temp file behind
         return target
 
     def __eq__(self, other: object) -> bool:
