@@ -15,7 +15,9 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from agentgym.errors import ConfigError, DependencyNotInstalled
+from agentgym.serving.auth import ApiKeyMiddleware, resolve_api_key
 from agentgym.serving.batcher import Batcher
+from agentgym.serving.limits import BodySizeLimitMiddleware, RequestLimits
 from agentgym.serving.metrics import prometheus_text
 from agentgym.serving.openai_endpoints import OpenAIEndpoints
 from agentgym.serving.openai_protocol import APIError, error_response, json_body
@@ -45,6 +47,8 @@ def create_app(
     max_batch_size: int = 32,
     batch_window_s: float = 0.005,
     max_queue_size: int = 4096,
+    limits: RequestLimits | None = None,
+    api_key: str | None = None,
 ) -> FastAPI:
     """Build the FastAPI app that serves ``policy`` under the OpenAI API.
 
@@ -58,6 +62,12 @@ def create_app(
             milliseconds let concurrent clients land in the same batch.
         max_queue_size: Sequences that may wait at once; beyond it requests get 503 (clients retry), so an
             overloaded server sheds load instead of growing without bound.
+        limits: What one request may ask: body bytes, prompt characters, ``n`` and its token budget
+            (:class:`~agentgym.serving.limits.RequestLimits`; its defaults when ``None``). A body over the limit is
+            a 413 before it is read; the others are a 400 that names the limit and the flag that raises it.
+        api_key: When given, every route but ``/health`` needs it (``Authorization: Bearer <key>`` or
+            ``x-api-key``; :class:`~agentgym.serving.auth.ApiKeyMiddleware`); ``None`` serves openly. The
+            environment is not read here: ``agentgym serve`` resolves ``--api-key`` / ``$AGENTGYM_API_KEY``.
 
     Returns:
         The app: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both with ``stream``), ``GET /v1/models``,
@@ -72,9 +82,15 @@ def create_app(
         raise ConfigError(f"batch_window_s must be >= 0, got {batch_window_s}.")
     if max_queue_size < max_batch_size:
         raise ConfigError(f"max_queue_size ({max_queue_size}) must be >= max_batch_size ({max_batch_size}).")
+    limits = limits if limits is not None else RequestLimits()
+    if not isinstance(limits, RequestLimits):
+        raise ConfigError(f"limits must be a RequestLimits, got {type(limits).__name__}.")
+    key = resolve_api_key(api_key) if api_key is not None else None
+    if api_key is not None and key is None:
+        raise ConfigError("api_key is empty; pass None to serve without a key.")
 
     batcher = Batcher(policy, max_batch_size=max_batch_size, window_s=batch_window_s, max_queue_size=max_queue_size)
-    server = OpenAIEndpoints(policy, model_name, batcher)
+    server = OpenAIEndpoints(policy, model_name, batcher, limits)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -89,6 +105,11 @@ def create_app(
     app.state.stats = batcher.stats
     app.state.policy = policy
     app.state.model_name = model_name
+    app.state.limits = limits
+    # The last middleware added runs first: the key is checked before a byte of the body is read.
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=limits.max_body_bytes)
+    if key is not None:
+        app.add_middleware(ApiKeyMiddleware, api_key=key)
 
     def counted(endpoint: str, response: Response) -> Response:
         key = (endpoint, response.status_code)

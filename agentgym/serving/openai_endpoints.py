@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentgym.parsers import HermesParser
 from agentgym.serving.batcher import Batcher
+from agentgym.serving.limits import RequestLimits
 from agentgym.serving.openai_generation import ServedModel
 from agentgym.serving.openai_protocol import (
     CHAT_FIELDS,
@@ -52,10 +53,12 @@ class OpenAIEndpoints(ServedModel):
         policy: Anything with ``tokenizer`` and ``generate(prompts, samplings)`` (an HFPolicy).
         model_name: The id clients send as ``model``.
         batcher: The batcher that runs the policy.
+        limits: What one request may ask (n, prompt characters, tokens); defaults to :class:`RequestLimits`'s.
     """
 
-    def __init__(self, policy: HFPolicy, model_name: str, batcher: Batcher) -> None:
-        super().__init__(policy, model_name, batcher)
+    def __init__(self, policy: HFPolicy, model_name: str, batcher: Batcher,
+                 limits: RequestLimits | None = None) -> None:
+        super().__init__(policy, model_name, batcher, limits)
         self._tool_parser = HermesParser(native=False)
 
     # -- /v1/completions --
@@ -71,6 +74,11 @@ class OpenAIEndpoints(ServedModel):
         def is_ids(x: Any) -> bool:
             return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
 
+        # Every prompt string together is capped before any of it is tokenised: tokenising is the cost.
+        if isinstance(prompt, str):
+            self.check_prompt_chars(len(prompt), "prompt")
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            self.check_prompt_chars(sum(len(p) for p in prompt), "prompt")
         if isinstance(prompt, str):
             prompts = [encode(prompt, "prompt")]
         elif is_ids(prompt) and (not prompt or not isinstance(prompt[0], list)):
@@ -85,7 +93,7 @@ class OpenAIEndpoints(ServedModel):
                 f"(got {type(prompt).__name__}).", param="prompt",
             )
         for i, ids in enumerate(prompts):
-            self.check_prompt_ids(ids, "prompt" if len(prompts) == 1 else f"prompt[{i}]")
+            self.check_prompt_ids(ids, "prompt" if len(prompts) == 1 else f"prompt[{i}]", context=True)
         return prompts
 
     async def completions(self, body: Mapping[str, Any]) -> dict[str, Any] | AsyncIterator[str]:
@@ -105,9 +113,11 @@ class OpenAIEndpoints(ServedModel):
         if best_of is not None and best_of != s.n:
             raise APIError(f"'best_of' = {best_of} is not supported by this server (it returns every sample); omit "
                            f"it or set it to n ({s.n}).", param="best_of", code="unsupported")
+        self.check_max_n(s.n)
         prompts = await self.off_loop(self.parse_prompts, body)
         self.check_n(s.n, len(prompts))
         max_tokens = [self.resolve_max_tokens(s.max_tokens, len(p), "prompt") for p in prompts]
+        self.check_budget(s.n, [len(p) for p in prompts], max_tokens)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         if s.stream:
             return self._stream_completions(prompts, s, max_tokens, logprobs, rid, created)
@@ -188,6 +198,7 @@ class OpenAIEndpoints(ServedModel):
             )
         except Exception as exc:
             raise APIError(f"The chat template rejected the messages: {exc}", param="messages") from exc
+        self.check_prompt_chars(len(text), "messages")
         # The template already holds any BOS; encoding it again must not add another (what ChatAgent does too).
         add_special = get_bool(body, "add_special_tokens", False)
         if images:
@@ -240,6 +251,7 @@ class OpenAIEndpoints(ServedModel):
         self.check_n(s.n, 1)
         prompt_ids, images = await self.off_loop(self.render_chat, body)
         max_tokens = self.resolve_max_tokens(s.max_tokens, len(prompt_ids), "messages")
+        self.check_budget(s.n, [len(prompt_ids)], [max_tokens])
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         k = top_logprobs if want_logprobs else None
         if s.stream:
@@ -340,6 +352,7 @@ class OpenAIEndpoints(ServedModel):
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
             raise APIError(f"'prompt' must be a string, got {type(prompt).__name__}.", param="prompt")
+        self.check_prompt_chars(len(prompt), "prompt")
         return list(self.tokenizer.encode(prompt, add_special_tokens=get_bool(body, "add_special_tokens", True)))
 
     async def tokenize(self, body: Mapping[str, Any]) -> dict[str, Any]:

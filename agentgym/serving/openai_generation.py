@@ -32,6 +32,7 @@ from agentgym.errors import ConfigError, did_you_mean
 from agentgym.policies.base import Generation, SamplingParams
 from agentgym.policies.seeding import row_seeds
 from agentgym.serving.batcher import Batcher
+from agentgym.serving.limits import RequestLimits
 from agentgym.serving.openai_protocol import APIError, Sampling
 
 if TYPE_CHECKING:
@@ -86,10 +87,13 @@ class ServedModel:
         policy: Anything with ``tokenizer`` and ``generate(prompts, samplings)`` (an HFPolicy).
         model_name: The id clients send as ``model``.
         batcher: The batcher that runs the policy.
+        limits: What one request may ask (n, prompt characters, tokens); defaults to :class:`RequestLimits`'s.
     """
 
-    def __init__(self, policy: HFPolicy, model_name: str, batcher: Batcher) -> None:
+    def __init__(self, policy: HFPolicy, model_name: str, batcher: Batcher,
+                 limits: RequestLimits | None = None) -> None:
         self.policy = policy
+        self.limits = limits if limits is not None else RequestLimits()
         self.tokenizer = policy.tokenizer
         if self.tokenizer is None:
             raise ConfigError("The policy has no tokenizer; the server needs one to encode prompts and decode tokens.")
@@ -125,9 +129,26 @@ class ServedModel:
                 f"{did_you_mean(str(model), [self.model_name])}", status=404, param="model", code="model_not_found",
             )
 
-    def check_prompt_ids(self, ids: list[int], param: str) -> None:
+    def check_prompt_chars(self, chars: int, param: str) -> None:
+        """Refuse prompt text longer than ``max_prompt_chars`` before it is tokenised (tokenising is the cost)."""
+        limit = self.limits.max_prompt_chars
+        if chars > limit:
+            raise APIError(
+                f"'{param}' holds {chars} characters of prompt text, more than this server accepts in one request "
+                f"({limit}); no model context holds that much. Shorten the prompt, or raise the limit "
+                f"({RequestLimits.flag('max_prompt_chars')}).", param=param, code="context_length_exceeded",
+            )
+
+    def check_prompt_ids(self, ids: list[int], param: str, *, context: bool = False) -> None:
+        """Refuse an empty prompt, ids outside the vocabulary and (``context``) a prompt that fills the context."""
         if not ids:
             raise APIError(f"'{param}' is empty; send at least one token or character.", param=param)
+        limit = self.max_model_len
+        if context and limit is not None and len(ids) >= limit:  # before the per-token scan, which costs a pass
+            raise APIError(
+                f"This model's maximum context length is {limit} tokens, but the prompt has {len(ids)} tokens. "
+                "Shorten the prompt.", param=param, code="context_length_exceeded",
+            )
         if self.vocab_size is not None:
             bad = [t for t in ids if not 0 <= t < self.vocab_size]
             if bad:
@@ -154,11 +175,34 @@ class ServedModel:
             )
         return requested
 
+    def check_max_n(self, n: int) -> None:
+        """Refuse ``n`` over ``max_n`` at once, before the prompt is even parsed."""
+        if n > self.limits.max_n:
+            raise APIError(f"'n' = {n} is more choices than this server generates for one request (at most "
+                           f"{self.limits.max_n}). Lower n, send several requests, or raise the limit "
+                           f"({RequestLimits.flag('max_n')}).", param="n", code="request_too_large")
+
     def check_n(self, n: int, sequences: int) -> None:
+        self.check_max_n(n)
         limit = self.batcher.max_queue_size
         if n * sequences > limit:
             raise APIError(f"This request asks for {n * sequences} sequences (n={n} per prompt), more than the server "
                            f"queues at once ({limit}); lower n or split the request.", param="n")
+
+    def check_budget(self, n: int, prompt_lens: Sequence[int], max_tokens: Sequence[int]) -> None:
+        """Refuse a request that would make the model process more than ``max_request_tokens`` tokens:
+        ``n * (prompt + max_tokens)`` summed over its prompts (every choice runs its prompt and may run to
+        ``max_tokens``), so no one request can hold the model for long."""
+        need = n * (sum(prompt_lens) + sum(max_tokens))
+        limit = self.limits.max_request_tokens
+        if need > limit:
+            raise APIError(
+                f"This request may make the model process {need} tokens (n={n} x (prompt {sum(prompt_lens)} + "
+                f"max_tokens {sum(max_tokens)})), more than this server's per-request budget of {limit} tokens. "
+                f"Lower n or max_tokens (a chat request without max_tokens reserves the whole context), split the "
+                f"request, or raise the budget ({RequestLimits.flag('max_request_tokens')}).",
+                param="max_tokens", code="request_too_large",
+            )
 
     def token_text(self, token_id: int, as_id: bool) -> str:
         if as_id:

@@ -73,6 +73,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentgym.serving.batcher import Batcher
+from agentgym.serving.limits import RequestLimits
 from agentgym.serving.http import BackgroundServer, bind_socket, check_port, import_uvicorn, serve, socket_url
 from agentgym.serving.metrics import BatchStats
 from agentgym.serving.openai_app import create_app
@@ -125,13 +126,21 @@ def _load_policy(model_dir: str | Path) -> HFPolicy:
     return HFPolicy.from_pretrained(str(path))
 
 
-def _record(app: Any, record_dir: str | Path | None) -> Any:
-    """``app`` behind the recording gateway when ``record_dir`` is given."""
+def _record(app: Any, record_dir: str | Path | None, api_key: str | None = None) -> Any:
+    """``app`` behind the recording gateway when ``record_dir`` is given.
+
+    The gateway calls ``app`` in-process without the client's headers, so with an ``api_key`` the key is checked
+    in front of the gateway (``app`` itself must then be built without one)."""
     if record_dir is None:
         return app
     from agentgym.serving.gateway import create_gateway_app
 
-    return create_gateway_app(app, record_dir)
+    gateway = create_gateway_app(app, record_dir)
+    if api_key is not None:
+        from agentgym.serving.auth import ApiKeyMiddleware
+
+        gateway.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    return gateway
 
 
 def run_server(
@@ -142,6 +151,8 @@ def run_server(
     model_name: str | None = None,
     max_batch_size: int = 32,
     record_dir: str | Path | None = None,
+    limits: RequestLimits | None = None,
+    api_key: str | None = None,
 ) -> None:
     """Serve a local HF model directory until interrupted (what ``agentgym serve`` runs).
 
@@ -152,16 +163,22 @@ def run_server(
         model_name: Id clients send as ``model``; defaults to the directory's name.
         max_batch_size: Most sequences per forward batch.
         record_dir: Put the recording gateway (:mod:`agentgym.serving.gateway`) in front and write sessions here.
+        limits: What one request may ask (see :class:`~agentgym.serving.limits.RequestLimits`).
+        api_key: Require this key on every route but ``/health`` (``None``: serve openly).
     """
     path = _check_model_dir(model_dir)
+    limits = limits if limits is not None else RequestLimits()
     check_port(port)
     import_uvicorn()  # a missing extra fails before the model loads
     name = model_name or _served_name(model_dir, path)
-    app = _record(create_app(_load_policy(path), model_name=name, max_batch_size=max_batch_size), record_dir)
+    inner_key = api_key if record_dir is None else None  # with a gateway, the key is checked in front of it
+    app = _record(create_app(_load_policy(path), model_name=name, max_batch_size=max_batch_size, limits=limits,
+                             api_key=inner_key), record_dir, api_key)
     if record_dir is not None:
         logger.info("Recording sessions in %s (name each session: see agentgym.serving.gateway)", record_dir)
     sock = bind_socket(host, port)
-    logger.info("Serving %s as %r on %s/v1", path, name, socket_url(sock))
+    logger.info("Serving %s as %r on %s/v1 (%s; limits: %s)", path, name, socket_url(sock),
+                "API key required" if api_key else "no API key: anyone who reaches the port may use it", limits)
     serve(app, sock, log_level="info")
 
 
@@ -179,6 +196,8 @@ class ServerThread(BackgroundServer):
         startup_timeout_s: How long :meth:`start` waits for ``/v1/models`` to answer.
         record_dir: Put the recording gateway (:mod:`agentgym.serving.gateway`) in front of the model and write sessions
             here (``app.state.gateway`` opens sessions from Python).
+        limits: What one request may ask (see :class:`~agentgym.serving.limits.RequestLimits`).
+        api_key: Require this key on every route but ``/health`` (``None``: serve openly).
 
     Attributes:
         app: The FastAPI app (``app.state.stats`` counts batches).
@@ -196,6 +215,8 @@ class ServerThread(BackgroundServer):
         batch_window_s: float = 0.005,
         startup_timeout_s: float = 60.0,
         record_dir: str | Path | None = None,
+        limits: RequestLimits | None = None,
+        api_key: str | None = None,
     ) -> None:
         from fastapi import FastAPI
 
@@ -211,9 +232,12 @@ class ServerThread(BackgroundServer):
                 self.policy = model_dir_or_policy
                 name = model_name or getattr(model_dir_or_policy, "name", None) or "model"
             app = create_app(self.policy, model_name=name, max_batch_size=max_batch_size,
-                             batch_window_s=batch_window_s)
+                             batch_window_s=batch_window_s, limits=limits,
+                             api_key=api_key if record_dir is None else None)
         self.model_name = name
-        super().__init__(_record(app, record_dir), host=host, port=port, ready_path="/v1/models",
+        # /health needs no API key, so a server that requires one is still seen to be up.
+        ready = "/health" if hasattr(app.state, "limits") else "/v1/models"
+        super().__init__(_record(app, record_dir, api_key), host=host, port=port, ready_path=ready,
                          startup_timeout_s=startup_timeout_s)
         self.base_url = ""
 
