@@ -7,6 +7,8 @@ the trainers are listed by :data:`agentgym.trainers.config.TRAINER_CONFIGS`. Thi
   every PettingZoo game) with its summary, description, tools, reward, episode end, arguments and version history,
   followed by the family's hand-written notes from ``docs/envs/_notes/<family>.md``;
 - ``docs/envs/index.md``: the table of every env id;
+- ``docs/trainers/config-reference.md``: every config key of every trainer, with type, default and meaning
+  (:mod:`agentgym.trainers.config_reference`, also ``agentgym train --help-config TRAINER``);
 - the env and trainer tables between the ``<!-- generated:envs:start -->`` / ``<!-- generated:envs:end -->`` and
   ``<!-- generated:trainers:start -->`` / ``<!-- generated:trainers:end -->`` markers of ``README.md`` and
   ``docs/trainers/index.md``.
@@ -218,6 +220,9 @@ def outputs() -> dict[Path, str]:
             text = replace_between_markers(text, "envs", env_table(by_family, env_prefix), where=where)
         text = replace_between_markers(text, "trainers", trainer_table(trainer_prefix), where=where)
         files[path] = text
+    from agentgym.trainers.config_reference import markdown_reference
+
+    files[DOCS / "trainers" / "config-reference.md"] = markdown_reference()
     return files
 
 

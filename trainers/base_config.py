@@ -37,7 +37,9 @@ class TrainerConfig:
     """
 
     model: str
-    """Hugging Face model directory to start from (e.g. the tiny model built by ``make quickstart``)."""
+    """Model to start from: a Hugging Face model directory, a Hub id in the local Hugging Face cache, or
+    ``tiny:<suite>``, the built-in tiny model with a tokenizer trained on that suite's text (built and cached on
+    first use)."""
     suite: str
     """Task suite name (``agentgym list``) or path to a suite YAML; trains on ``train_split``."""
     output_dir: str = "runs/train"
@@ -129,6 +131,9 @@ class TrainerConfig:
     """Episodes the rollout engine runs at once."""
     device: str = "cpu"
     """Torch device for training and generation."""
+    cpu_threads: int | None = None
+    """Torch threads of this process on a CPU (None: chosen for the machine: the free cores, one per process when
+    other work keeps them busy; ``AGENTGYM_CPU_THREADS`` and an explicit ``OMP_NUM_THREADS`` win over this)."""
     tensorboard: bool = True
     """Also write TensorBoard event files (metrics always go to metrics.jsonl)."""
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
@@ -182,6 +187,8 @@ class TrainerConfig:
         if not self.learning_rate > 0:
             raise self._fail("learning_rate", f"must be > 0 (typical: 1e-6 for 7B models, 3e-4 for the tiny model), "
                                               f"got {self.learning_rate}.")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise self._fail("cpu_threads", f"must be >= 1 (or null: chosen for the machine), got {self.cpu_threads}.")
         if self.max_staleness < 0:
             raise self._fail("max_staleness", f"must be >= 0 (0: synchronous, 1: one-step-off), got {self.max_staleness}.")
         if self.max_staleness and self.async_worker == "process" and self.generation_backend != "hf":
@@ -321,11 +328,19 @@ class TrainerConfig:
         """The local directory of the model named by ``field_name`` (a directory, or a Hub id in the local
         Hugging Face cache); fails with the fix when it is missing or not a HF model."""
         from agentgym.models.loading import resolve_model_dir
+        from agentgym.trainers.tiny_model import is_tiny_spec, tiny_model_dir
 
+        value = getattr(self, field_name)
         try:
-            return resolve_model_dir(getattr(self, field_name), what=field_name.replace("_", " "))
+            if is_tiny_spec(value):
+                return tiny_model_dir(value)
+            return resolve_model_dir(value, what=field_name.replace("_", " "))
         except ConfigError as exc:
-            raise self._fail(field_name, str(exc)) from exc
+            hint = ""
+            if not is_tiny_spec(value) and not Path(str(value)).expanduser().exists():
+                hint = (f" For the built-in tiny model with a tokenizer trained on this run's suite, write "
+                        f"{field_name}: tiny:{self.suite} (built and cached on first use).")
+            raise self._fail(field_name, str(exc) + hint) from exc
 
     def _load_suite(self, name: str, field_name: str, split: str, split_field: str) -> TaskSuite:
         import gymnasium as gym

@@ -7,9 +7,11 @@ token views, templates and loss masks are exactly those the policy will see duri
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -19,6 +21,9 @@ from agentgym.utils.progress import track
 from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
 from agentgym.suite import TaskSuite
 from agentgym.trainers.batch import build_batch, sequence_logprobs, vision_inputs
+from agentgym.trainers.interrupt import BCInterrupted
+from agentgym.trainers.seeding import mix_seed
+from agentgym.utils.cpu_threads import SlowStepWatch
 from agentgym.trajectory import Trajectory
 
 __all__ = ["behaviour_clone", "collect_demonstrations"]
@@ -52,7 +57,9 @@ def collect_demonstrations(suite: TaskSuite, split: str, count: int, tokenizer: 
 def behaviour_clone(model: Any, tokenizer: Any, demonstrations: Sequence[Trajectory], *, steps: int, learning_rate: float,
                     batch_size: int, seed: int, device: str = "cpu",
                     log: Callable[[int, dict[str, float]], None] | None = None,
-                    progress: bool | str = "auto", processor: Any = None) -> dict[str, float]:
+                    progress: bool | str = "auto", processor: Any = None, start: int = 0,
+                    critical: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+                    threads: int | None = None) -> dict[str, float]:
     """Train ``model`` in place with token-mean cross-entropy on the demonstrations' action tokens.
 
     Demonstrations with images (collected with a VLM's ``processor``) are scored with their pixel values,
@@ -60,30 +67,48 @@ def behaviour_clone(model: Any, tokenizer: Any, demonstrations: Sequence[Traject
 
     Every 25th step (and the last) is logged as ``BC step N/STEPS`` (1-based) and handed to ``log`` with its
     0-based index; ``progress`` draws a step bar (see :mod:`agentgym.utils.progress`).
+
+    Interruption: each step's update runs inside ``critical()`` (e.g.
+    :meth:`agentgym.trainers.interrupt.InterruptGuard.critical`), and a ``KeyboardInterrupt`` leaves as
+    :class:`~agentgym.trainers.interrupt.BCInterrupted` with the steps completed, so the caller can save them and a
+    later call continue from ``start`` (with a fresh optimizer state and its own sampling seed). ``threads``: the
+    torch CPU threads in use, for the slow-step hint (:class:`agentgym.utils.cpu_threads.SlowStepWatch`).
     """
     if not demonstrations:
         raise ValueError("behaviour_clone got no demonstrations; check the suite's reference solver.")
     batch = build_batch(demonstrations, [0.0] * len(demonstrations), [True] * len(demonstrations),
                         pad_id=int(tokenizer.pad_token_id or 0))
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed if start == 0 else mix_seed(seed, start))
     model.train()
     started = time.perf_counter()
     loss_value = float("nan")
-    for step in track(range(steps), "BC steps", enabled=progress, unit="step"):
-        rows = torch.randint(len(batch), (min(batch_size, len(batch)),), generator=generator)
-        mb = batch.select(rows)
-        ids, attn, mask = mb.input_ids.to(device), mb.attention_mask.to(device), mb.loss_mask.to(device)
-        logp = sequence_logprobs(model, ids, attn, vision=vision_inputs(mb, processor, device))
-        loss = -(logp * mask).sum() / mask.sum().clamp(min=1.0)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        loss_value = float(loss.item())
-        if step % 25 == 0 or step == steps - 1:
-            logger.info("BC step %d/%d: loss %.4f", step + 1, steps, loss_value)
-            if log is not None:
-                log(step, {"bc/loss": loss_value, "bc/elapsed_s": time.perf_counter() - started})
+    watch = SlowStepWatch("a BC step", threads=threads or torch.get_num_threads()) if device == "cpu" else None
+    completed = start
+    try:
+        for step in track(range(start, steps), "BC steps", enabled=progress, unit="step", completed=start):
+            rows = torch.randint(len(batch), (min(batch_size, len(batch)),), generator=generator)
+            mb = batch.select(rows)
+            ids, attn, mask = mb.input_ids.to(device), mb.attention_mask.to(device), mb.loss_mask.to(device)
+            if watch is not None:
+                watch.start()
+            with critical():
+                logp = sequence_logprobs(model, ids, attn, vision=vision_inputs(mb, processor, device))
+                loss = -(logp * mask).sum() / mask.sum().clamp(min=1.0)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                completed = step + 1
+                loss_value = float(loss.item())
+                if watch is not None:
+                    watch.stop()
+                if step % 25 == 0 or step == steps - 1:
+                    logger.info("BC step %d/%d: loss %.4f", step + 1, steps, loss_value)
+                    if log is not None:
+                        log(step, {"bc/loss": loss_value, "bc/elapsed_s": time.perf_counter() - started})
+    except KeyboardInterrupt:
+        model.eval()
+        raise BCInterrupted(completed) from None
     model.eval()
     return {"bc/final_loss": loss_value, "bc/seconds": time.perf_counter() - started, "bc/demonstrations": len(batch)}

@@ -24,6 +24,7 @@ them, so methods compare at an equal number of episodes by construction.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -38,6 +39,8 @@ from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, summariz
 from agentgym.suite import Task
 from agentgym.trainers.rollout_worker import RolloutJob
 from agentgym.trainers.bc import behaviour_clone, collect_demonstrations
+from agentgym.trainers.interrupt import BCInterrupted, InterruptGuard, TrainingInterrupted
+from agentgym.utils.cpu_threads import SlowStepWatch
 from agentgym.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from agentgym.trainers.base_config import TrainerConfig
 from agentgym.trainers.distributed import Sharding, World, init_world
@@ -97,6 +100,12 @@ class OnlineTrainer:
         self.episodes = 0
         self._async: Any = None  # the background rollout worker when max_staleness > 0
         self._rollout_stats: dict[str, Any] = {}  # the sampler's statistics of the step being learned from
+        self._guard: InterruptGuard | None = None  # Ctrl-C handling while train() runs
+        self._slow: SlowStepWatch | None = None  # the slow-step hint on a CPU
+        self._threads = torch.get_num_threads()
+        self._completed = 0  # training steps whose update is done (what an interrupted run saves)
+        self._bc_done: int | None = None  # BC steps completed while a warm start is under way
+        self.optimizer: Any = None
 
     # ---- the method's parts (overridden by each trainer) ----------------------------------------------
     def _setup(self, resume_from: Path | None) -> None:
@@ -134,15 +143,23 @@ class OnlineTrainer:
         warmup = self.config.warmup_steps
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
 
-    def _warm_start(self, summary: dict[str, Any]) -> None:
+    def _warm_start(self, summary: dict[str, Any], start: int = 0) -> None:
+        """Behaviour-clone on reference demonstrations, from BC step ``start`` (an interrupted warm start)."""
         cfg = self.config
         demos = collect_demonstrations(self.suite, cfg.train_split, cfg.bc_demos, self.tokenizer,
                                        shortcut_fraction=cfg.bc_shortcut_fraction, seed=cfg.seed,
                                        system_prompt=cfg.system_prompt, processor=self._processor())
-        summary["bc"] = behaviour_clone(self.model, self.tokenizer, demos, steps=cfg.bc_steps,
-                                        learning_rate=cfg.bc_learning_rate, batch_size=cfg.bc_batch_size, seed=cfg.seed,
-                                        device=cfg.device, log=lambda s, m: self.world.is_main and self.metrics.log(
-                                            0, {**m, "bc/step": s}), processor=self._processor())
+        self._bc_done = start
+        try:
+            summary["bc"] = behaviour_clone(
+                self.model, self.tokenizer, demos, steps=cfg.bc_steps, learning_rate=cfg.bc_learning_rate,
+                batch_size=cfg.bc_batch_size, seed=cfg.seed, device=cfg.device,
+                log=lambda s, m: self.world.is_main and self.metrics.log(0, {**m, "bc/step": s}),
+                processor=self._processor(), start=start, critical=self._critical, threads=self._threads)
+        except BCInterrupted as exc:
+            self._bc_done = exc.completed if exc.completed > 0 else None  # None: the model has not changed
+            raise KeyboardInterrupt from None
+        self._bc_done = None
         self.world.broadcast_parameters(self.model)
 
     def _generation_policy(self, model_dir: Path) -> Any:
@@ -217,25 +234,58 @@ class OnlineTrainer:
 
     # ---- the run -----------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
-        """Run (or resume) training; returns the summary also written to ``summary.json``."""
+        """Run (or resume) training; returns the summary also written to ``summary.json``.
+
+        Ctrl-C (SIGINT) stops within about a second: the step or BC step under way finishes its update, a
+        checkpoint of the work done so far is written, and :class:`~agentgym.trainers.interrupt.TrainingInterrupted`
+        (a ``KeyboardInterrupt``) says where it is; running the same config again resumes from it.
+        """
         cfg = self.config
         torch.manual_seed(cfg.seed)
+        self._threads = self._apply_cpu_threads()
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.metrics = MetricsLogger.from_config(self.output_dir, cfg, main=self.world.is_main)
+        self._completed = 0
+        self._bc_done: int | None = None  # BC steps completed while a warm start is under way
+        # under torchrun every rank gets the signal and FSDP checkpoints need every rank: Python's default there
+        guard: Any = InterruptGuard() if not self.world.distributed else contextlib.nullcontext(None)
+        with guard as self._guard:
+            try:
+                return self._train()
+            except KeyboardInterrupt:
+                if self._guard is None:
+                    raise
+                raise self._save_interrupted() from None
+
+    def _critical(self) -> Any:
+        """A region a Ctrl-C must not cut (weights or checkpoints change); see :mod:`agentgym.trainers.interrupt`."""
+        return self._guard.critical() if self._guard is not None else contextlib.nullcontext()
+
+    def _apply_cpu_threads(self) -> int:
+        """On a CPU, the torch thread count chosen for this machine (logged once); on a GPU, torch's own."""
+        if not str(self.config.device).startswith("cpu"):
+            return torch.get_num_threads()
+        from agentgym.utils.cpu_threads import apply_cpu_threads
+
+        return apply_cpu_threads(self.config.cpu_threads).threads
+
+    def _train(self) -> dict[str, Any]:
+        cfg = self.config
         resume_from = latest_checkpoint(self.checkpoint_dir)
-        self.model, self.tokenizer = self._load(resume_from / "model" if resume_from else cfg.model)
+        self.model, self.tokenizer = self._load(resume_from / "model" if resume_from else self.model_dir)
         summary: dict[str, Any] = {"config": cfg.to_dict(), "trainer": cfg.trainer_name}
         self._summary = summary  # what each checkpoint carries of it (the warm start, the evaluation before training)
-        if resume_from is None:
-            if self.world.is_main:
+        pending_bc = _pending_bc(resume_from)
+        if resume_from is None or pending_bc is not None:
+            if self.world.is_main and resume_from is None:
                 (self.output_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2), encoding="utf-8")
             if cfg.warmstart == "bc":
-                self._warm_start(summary)
+                if pending_bc is not None:
+                    logger.info("continuing the interrupted BC warm start at step %d/%d", pending_bc, cfg.bc_steps)
+                self._warm_start(summary, start=pending_bc or 0)
 
         self._parallelize()
-        trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapters only
-        self.optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-        self.scheduler = self._schedule(self.optimizer)
+        self._make_optimizer()
         self.policy = self._generation_policy(resume_from / "model" if resume_from and not cfg.lora else self.model_dir)
         torch.manual_seed(mix_seed(cfg.seed, 17))  # the method's modules start the same whether or not we resume
         self._setup(resume_from)
@@ -247,6 +297,7 @@ class OnlineTrainer:
             # the first run's warm start and evaluation before training, which a resumed run does not repeat
             summary.update({k: v for k, v in self._carried_summary(state).items() if k not in summary})
             summary["resumed_from"] = str(resume_from)
+        self._completed = start
 
         if start == 0:
             summary["eval_before"] = self._evaluate(0)
@@ -255,6 +306,8 @@ class OnlineTrainer:
             from agentgym.trainers.async_rollouts import AsyncRollouts
 
             self._async = AsyncRollouts(self, start, cfg.max_staleness, cfg.async_worker)
+        self._slow = SlowStepWatch("a training update", threads=self._threads) \
+            if str(cfg.device).startswith("cpu") else None
         try:
             for step in track(range(start, cfg.steps), f"{cfg.display_name} steps", completed=start, unit="step",
                               enabled=cfg.progress if self.world.is_main else False):
@@ -263,13 +316,28 @@ class OnlineTrainer:
                 if cfg.eval_every and done % cfg.eval_every == 0 and done != cfg.steps:
                     self._evaluate(done)
                 if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done != cfg.steps:
-                    self._checkpoint(done)
+                    with self._critical():
+                        self._checkpoint(done)
                 self.world.barrier()
         finally:
             if self._async is not None:
                 self._async.close()
         summary["eval_after"] = self._evaluate(cfg.steps)
         summary["episodes"] = self.episodes
+        with self._critical():
+            self._finish(summary)
+        self.metrics.close()
+        return summary
+
+    def _make_optimizer(self) -> None:
+        trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapters only
+        self.optimizer = torch.optim.AdamW(trainable, lr=self.config.learning_rate, weight_decay=self.config.weight_decay)
+        self.scheduler = self._schedule(self.optimizer)
+
+    def _finish(self, summary: dict[str, Any]) -> None:
+        """Save the final model (merged, with LoRA) and its rollout defaults, a last checkpoint, the learning curve
+        and ``summary.json``."""
+        cfg = self.config
         states = self.sharding.full_state_dicts(self.model, self.optimizer)  # FSDP: every rank gathers, rank 0 gets
         if self.world.is_main:
             from agentgym.models.loading import save_trained_model
@@ -283,8 +351,23 @@ class OnlineTrainer:
             self._checkpoint(cfg.steps, states)
             plot_learning_curve(self.metrics.path, self.output_dir / "learning_curve.png")
             (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
-        self.metrics.close()
-        return summary
+
+    def _save_interrupted(self) -> TrainingInterrupted:
+        """After Ctrl-C: a checkpoint of the completed steps (or of the BC steps so far), and the exception that
+        says where it is. Nothing is saved before the model has changed (no BC step, no training step)."""
+        cfg = self.config
+        bc_done = self._bc_done
+        changed = self._completed > 0 or bc_done is not None or "bc" in getattr(self, "_summary", {})
+        path = None
+        if changed and getattr(self, "model", None) is not None and self.world.is_main:
+            if getattr(self, "optimizer", None) is None:  # interrupted before the RL optimizer existed (BC)
+                self._make_optimizer()
+            extra = {"bc_steps_done": bc_done} if bc_done is not None else {}
+            self._checkpoint(self._completed, extra=extra)
+            path = latest_checkpoint(self.checkpoint_dir)
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.close()
+        return TrainingInterrupted(path, self._completed, cfg.steps, bc_done)
 
     def _step(self, step: int) -> None:
         cfg = self.config
@@ -296,17 +379,23 @@ class OnlineTrainer:
             with self.sharding.full_weights(self.model):  # FSDP: each rank samples with the full weights
                 trajectories = self._sample(step)
         t_rollout = time.perf_counter() - t0
-        self.episodes += int(self.world.sum(float(len(trajectories))))
-        stats = self._learn(step, trajectories)
-        if self._async is not None:  # the worker (and with vLLM the engine) loads them before its next batch
-            self._async.publish(self.model)
-        elif cfg.generation_backend == "vllm":
-            self.policy.load_weights(self._sync_weights())
-        self._log(step + 1, {
-            **stats, **self._episode_metrics(trajectories), "train/episodes_seen": float(self.episodes),
-            **lag, "time/rollout_s": t_rollout, "time/step_s": time.perf_counter() - t0,
-            "lr": self.scheduler.get_last_lr()[0],
-        })
+        with self._critical():  # a Ctrl-C now takes effect once this step's update is done and logged
+            if self._slow is not None:
+                self._slow.start()
+            self.episodes += int(self.world.sum(float(len(trajectories))))
+            stats = self._learn(step, trajectories)
+            if self._slow is not None:
+                self._slow.stop(cpu_bound=False)
+            if self._async is not None:  # the worker (and with vLLM the engine) loads them before its next batch
+                self._async.publish(self.model)
+            elif cfg.generation_backend == "vllm":
+                self.policy.load_weights(self._sync_weights())
+            self._log(step + 1, {
+                **stats, **self._episode_metrics(trajectories), "train/episodes_seen": float(self.episodes),
+                **lag, "time/rollout_s": t_rollout, "time/step_s": time.perf_counter() - t0,
+                "lr": self.scheduler.get_last_lr()[0],
+            })
+            self._completed = step + 1
 
     def _episode_metrics(self, trajectories: list[Trajectory]) -> dict[str, float]:
         """The step's rollout metrics over every rank's episodes, not rank 0's shard of the groups (one object
@@ -335,20 +424,20 @@ class OnlineTrainer:
             return {}
         return {k: v for k, v in earlier.items() if k in _CARRIED_SUMMARY} if isinstance(earlier, dict) else {}
 
-    def _checkpoint(self, done: int, states: tuple[Any, Any] | None = None) -> None:
+    def _checkpoint(self, done: int, states: tuple[Any, Any] | None = None, *, extra: dict[str, Any] | None = None) -> None:
         """Rank 0 writes the checkpoint; with FSDP every rank first gathers the full states (or passes them)."""
         model_state, optimizer_state = states or self.sharding.full_state_dicts(self.model, self.optimizer)
         if not self.world.is_main:
             return
 
-        def extra(model_dir: Path) -> None:
+        def save_files(model_dir: Path) -> None:
             self._save_defaults(model_dir)
             self._save_extra_state(model_dir.parent)
 
         save_checkpoint(self.checkpoint_dir, done, self.model, self.tokenizer, self.optimizer, self.scheduler,
                         {"data_cursor": done * self.config.tasks_per_step, "episodes": self.episodes,
                          "summary": {k: v for k, v in self._summary.items() if k in _CARRIED_SUMMARY},
-                         **self._checkpoint_state()}, self.config.keep_checkpoints, extra,
+                         **self._checkpoint_state(), **(extra or {})}, self.config.keep_checkpoints, save_files,
                         model_state=model_state, optimizer_state=optimizer_state)
 
     # ---- sampling ----------------------------------------------------------------------------------
@@ -416,3 +505,15 @@ class OnlineTrainer:
                                  "eval/episodes_seen": float(self.episodes)})
         self.world.barrier()
         return result
+
+
+def _pending_bc(checkpoint: Path | None) -> int | None:
+    """BC steps an interrupted warm start completed before ``checkpoint`` was written (``None``: none pending)."""
+    if checkpoint is None:
+        return None
+    try:
+        state = json.loads((checkpoint / "state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    done = state.get("bc_steps_done") if isinstance(state, dict) else None
+    return int(done) if isinstance(done, int) else None

@@ -17,33 +17,10 @@ import time
 from pathlib import Path
 
 from agentgym.errors import ConfigError
+from agentgym.trainers.interrupt import TrainingInterrupted
+from agentgym.trainers.tiny_model import demonstration_texts
 
-__all__ = ["main"]
-
-
-def demonstration_texts(suite_name: str, limit: int) -> list[str]:
-    """Instructions, observations and reference actions of ``limit`` training tasks (tokenizer corpus)."""
-    from agentgym.rollout import run_reference_episode
-    from agentgym.registration.suites import load_suite
-
-    suite = load_suite(suite_name)
-    env = suite.make_env()
-    texts: list[str] = []
-    try:
-        _, info = env.reset(seed=0)
-        texts.append(info["instructions"])
-        try:
-            shortcut = env.unwrapped.shortcut_solver()
-        except NotImplementedError:  # e.g. the maze: every demonstration is then a reference one
-            shortcut = None
-        for i, task in enumerate(suite.train[:limit]):
-            traj = run_reference_episode(env, task, seed=i)
-            for turn in traj.turns:
-                texts += [turn.observation, turn.action]
-            texts.append(shortcut(traj.turns[0].observation) if shortcut is not None and i % 2 else "")
-    finally:
-        env.close()
-    return [t for t in texts if t]
+__all__ = ["demonstration_texts", "main"]  # demonstration_texts: the tokenizer corpus, shared with ``model: tiny:``
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,7 +57,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"of {config.tasks_per_step} tasks x {config.group_size} rollouts")
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("agentgym.trainers").setLevel(logging.INFO)
-    summary = GrpoTrainer(config).train()
+    try:
+        summary = GrpoTrainer(config).train()
+    except TrainingInterrupted as stopped:
+        console.print(f"{escape(str(stopped))}\nresume with: make quickstart (the run continues from its last "
+                      f"checkpoint; delete {escape(str(out))} to start over)")
+        return 130
     if "resumed_from" in summary:
         console.print(f"resumed the earlier run in {escape(config.output_dir)} from {escape(summary['resumed_from'])} "
                       f"(delete {escape(str(out))} to train from scratch)")
