@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import functools
 import io
+import logging
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -35,14 +37,19 @@ from agentgym.tools.sandbox.config import SandboxConfig
 from agentgym.tools.sandbox.hostside import (
     PREFIX,
     is_stale,
+    parent_state,
     reap_stale_ipc_dirs,
     worker_prefix,
 )
+from agentgym.tools.sandbox.seccomp import build_filter
+from agentgym.tools.sandbox.uids import UidLease, lease_uid
 from agentgym.utils import procfs
 from agentgym.utils.procfs import descendants
 
 __all__ = ["Backend", "BwrapBackend", "DockerBackend", "Launch", "SandboxUnavailable", "ensure_docker_image",
-           "resolve_backend"]
+           "private_uid_unavailable", "resolve_backend"]
+
+log = logging.getLogger(__name__)
 
 ZYGOTE_SOURCE = Path(__file__).with_name("_zygote.py")
 ZYGOTE_PATH = "/opt/agentgym/zygote.py"
@@ -76,6 +83,9 @@ class Launch:
         verifiable: Whether the host can check and clean this sandbox itself; if not it is never reused.
         reusable: False for a sandbox that keeps what an episode wrote where the host cannot empty it (a
             writable image root): it is never marked verifiable, so it serves one session only.
+        baseline_parent: The warm parent's settings an episode could change from outside it (oom score,
+            rlimits, nice, affinity, ...), read from the host at launch; any change later means no reuse.
+        uid_lease: The private host uid the sandbox runs as (bwrap), released once it is stopped.
     """
 
     process: subprocess.Popen[bytes]
@@ -88,6 +98,8 @@ class Launch:
     baseline_tasks: int | None = None
     verifiable: bool = False
     reusable: bool = True
+    baseline_parent: dict[str, str] | None = None
+    uid_lease: UidLease | None = None
 
 
 def minimal_env(*keep: str) -> dict[str, str]:
@@ -147,6 +159,8 @@ class Backend:
         if launch.observed is not None:
             launch.baseline_memory = launch.observed.memory_usage()
             launch.baseline_tasks = launch.observed.pids_current()
+        if launch.parent_pid is not None:
+            launch.baseline_parent = parent_state(launch.parent_pid)
 
     def stop(self, launch: Launch) -> None:
         """Kill the sandbox and everything in it."""
@@ -161,6 +175,9 @@ class Backend:
             pass
         if launch.cgroup is not None:
             launch.cgroup.remove()
+        if launch.uid_lease is not None:
+            # Last: the uid is free for another sandbox only once nothing of this one runs as it.
+            launch.uid_lease.release()
 
 
 # bwrap started by root maps the sandbox user to host uid 0. Without capabilities that is still the owner
@@ -171,6 +188,9 @@ _PROC_GUARDS = ["--ro-bind", "/proc/sys", "/proc/sys", "--ro-bind-try", "/proc/f
                                    "vmallocinfo", "pagetypeinfo", "mtrr", "kcore", "kmsg")
                   if os.path.exists(f"/proc/{name}")  # a mount point cannot be created in procfs
                   for arg in ("--ro-bind", "/dev/null", f"/proc/{name}"))]
+# Kernel keys the sandbox possesses through the launcher's session keyring would be listed here.
+_PROC_GUARDS += [arg for name in ("keys", "key-users") if os.path.exists(f"/proc/{name}")
+                 for arg in ("--ro-bind", "/dev/null", f"/proc/{name}")]
 
 
 class BwrapBackend(Backend):
@@ -179,10 +199,23 @@ class BwrapBackend(Backend):
     name = "bwrap"
 
     def unavailable(self, config: SandboxConfig) -> str | None:
+        try:
+            build_filter()
+        except OSError as exc:  # never a bwrap sandbox without its seccomp filter
+            return f"{exc}; use backend='docker'"
         return _bwrap_unavailable(config.allow_no_cgroups)
 
-    def command(self, ipc_dir: str, config: SandboxConfig) -> list[str]:
+    def command(self, ipc_dir: str, config: SandboxConfig, *, seccomp_fd: int | None = None,
+                staged: dict[str, str] | None = None) -> list[str]:
+        """bwrap's argv. ``seccomp_fd``: a descriptor holding :func:`seccomp.build_filter`'s program.
+        ``staged``: host paths that bwrap, running as a private uid, cannot reach (under ``/root``, 0700),
+        mapped to where the launcher bind-mounted them in its own mount namespace (see :func:`_stage`)."""
         size = str(config.limits.workdir_bytes)
+        sources = staged or {}
+
+        def ro_bind(host_path: str, target: str) -> list[str]:
+            return ["--ro-bind", sources.get(host_path, host_path), target]
+
         # --as-pid-1: the warm parent is the namespace's init, so signals from inside cannot stop or kill it.
         # /dev is bwrap's tmpfs owned by the sandbox user: remounted read-only after a capped /dev/shm.
         cmd = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
@@ -195,35 +228,72 @@ class BwrapBackend(Backend):
                "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
                "--perms", "0777", "--size", size, "--tmpfs", WORK_DIR]
         for root in python_roots():
-            cmd += ["--ro-bind", root, root]
+            cmd += ro_bind(root, root)
         for host_path, target in config.mounts:
-            cmd += ["--ro-bind", host_path, target]
+            cmd += ro_bind(host_path, target)
         for path in config.hidden_paths:
             if os.path.isdir(path):
                 cmd += ["--size", "4096", "--tmpfs", path, "--remount-ro", path]
             elif os.path.exists(path):
                 cmd += ["--ro-bind", "/dev/null", path]
-        cmd += ["--ro-bind", str(ZYGOTE_SOURCE), ZYGOTE_PATH, "--ro-bind", ipc_dir, IPC_DIR,
+        cmd += [*ro_bind(str(ZYGOTE_SOURCE), ZYGOTE_PATH), *ro_bind(ipc_dir, IPC_DIR),
                 "--remount-ro", "/", "--chdir", WORK_DIR, "--clearenv"]
+        if seccomp_fd is not None:
+            cmd += ["--seccomp", str(seccomp_fd)]
         for key, value in THREAD_ENV.items():
             cmd += ["--setenv", key, value]
         return cmd + _zygote_argv(config.preload)
 
     def launch(self, worker_id: str, ipc_dir: str, config: SandboxConfig) -> Launch:
+        lease = self._private_uid(config)
         cgroup = None
-        argv = self.command(ipc_dir, config)
+        fds: list[int] = []
         try:
-            cgroup = create_cgroup(worker_id, memory_bytes=config.limits.memory_bytes, pids=config.limits.pids)
-        except OSError:
-            if not config.allow_no_cgroups:
-                raise
-        if cgroup is not None:
-            # The shell joins the group before exec'ing bwrap, so no sandbox process ever runs outside it.
-            joins = "".join(f'echo $$ > "{f}" && ' for f in cgroup.procs_files)
-            argv = ["/bin/sh", "-c", joins + 'exec "$@"', "sh", *argv]
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.PIPE, start_new_session=True, env=minimal_env())
-        return Launch(process, cgroup=cgroup, observed=cgroup)
+            try:
+                cgroup = create_cgroup(worker_id, memory_bytes=config.limits.memory_bytes, pids=config.limits.pids)
+            except OSError:
+                if not config.allow_no_cgroups:
+                    raise
+            seccomp_fd = _memfd("agentgym-seccomp", build_filter())
+            fds.append(seccomp_fd)
+            staged: dict[str, str] = {}
+            if lease is not None:
+                paths = [*python_roots(), *(h for h, _ in config.mounts), str(ZYGOTE_SOURCE), ipc_dir]
+                staged = _stage_targets([p for p in dict.fromkeys(paths) if not _reachable_by_anyone(p)])
+            argv = [*_setpriv(lease.uid), *self.command(ipc_dir, config, seccomp_fd=seccomp_fd, staged=staged)] \
+                if lease is not None else self.command(ipc_dir, config, seccomp_fd=seccomp_fd)
+            if staged:
+                argv = _stage(staged, argv)
+            if cgroup is not None:
+                # The shell joins the group before exec'ing bwrap, so no sandbox process ever runs outside it.
+                joins = "".join(f'echo $$ > "{f}" && ' for f in cgroup.procs_files)
+                argv = ["/bin/sh", "-c", joins + 'exec "$@"', "sh", *argv]
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.PIPE, start_new_session=True, env=minimal_env(),
+                                       pass_fds=tuple(fds))
+        except BaseException:
+            if cgroup is not None:
+                cgroup.remove()
+            if lease is not None:
+                lease.release()
+            raise
+        finally:
+            for fd in fds:  # bwrap has its own copies (and closes them before the sandbox runs)
+                os.close(fd)
+        return Launch(process, cgroup=cgroup, observed=cgroup, uid_lease=lease)
+
+    @staticmethod
+    def _private_uid(config: SandboxConfig) -> UidLease | None:
+        """A private host uid for this sandbox, or ``None`` (with the reason logged once) when not possible."""
+        reason = (private_uid_unavailable() if config.bwrap_private_uid
+                  else "turned off by SandboxConfig.bwrap_private_uid=False")
+        if reason is None:
+            try:
+                return lease_uid()
+            except OSError as exc:
+                reason = str(exc)
+        _log_shared_uid(reason)
+        return None
 
     def attach(self, launch: Launch) -> None:
         """The parent is bwrap's only child; the sandbox is then exactly {bwrap, parent} (or its cgroup's)."""
@@ -247,6 +317,110 @@ def _ns_pid(pid: int) -> int | None:
     """A process's pid inside its innermost pid namespace (1 for a namespace's init)."""
     nspid = (procfs.status(pid) or {}).get("NSpid")
     return None if nspid is None else int(nspid.split()[-1])
+
+
+def _memfd(name: str, data: bytes) -> int:
+    """An anonymous file holding ``data``, positioned at its start (how bwrap reads ``--seccomp FD``)."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        os.write(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+STAGE_DIR = "/run/agentgym-sandbox-stage"
+
+
+def _reachable_by_anyone(path: str) -> bool:
+    """Whether a process with no relation to the owners can reach ``path`` (every ancestor searchable by
+    others, the path itself readable, and searchable if a directory)."""
+    real = os.path.realpath(path)
+    try:
+        info = os.stat(real)
+    except OSError:
+        return True  # missing: let bwrap report it as it would anyway
+    need = 0o005 if stat.S_ISDIR(info.st_mode) else 0o004
+    if info.st_mode & need != need:
+        return False
+    parent = os.path.dirname(real)
+    while True:
+        if not os.stat(parent).st_mode & 0o001:
+            return False
+        if parent == "/":
+            return True
+        parent = os.path.dirname(parent)
+
+
+def _stage_targets(paths: list[str]) -> dict[str, str]:
+    """Mount points under :data:`STAGE_DIR` (root's, 0755, empty on the host) for ``paths``: one per path."""
+    if not paths:
+        return {}
+    os.makedirs(STAGE_DIR, mode=0o755, exist_ok=True)
+    info = os.lstat(STAGE_DIR)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o022:
+        raise OSError(f"{STAGE_DIR} must be a directory owned by root and writable only by it")
+    targets = {}
+    for index, path in enumerate(paths):
+        is_dir = os.path.isdir(path)
+        target = os.path.join(STAGE_DIR, f"{'d' if is_dir else 'f'}{index}")
+        if is_dir:
+            os.makedirs(target, mode=0o755, exist_ok=True)
+        elif not os.path.exists(target):
+            os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+        targets[path] = target
+    return targets
+
+
+def _stage(staged: dict[str, str], argv: list[str]) -> list[str]:
+    """Run ``argv`` in a private mount namespace of the launcher where each staged path is bind-mounted on
+    its stage target: bwrap, already a private uid, then binds from there. Host mounts never change."""
+    script = 'set -e; while [ "$1" != "--" ]; do mount --bind "$1" "$2"; shift 2; done; shift; exec "$@"'
+    pairs = [arg for source, target in staged.items() for arg in (os.path.realpath(source), target)]
+    return [shutil.which("unshare") or "unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", script,
+            "sh", *pairs, "--", *argv]
+
+
+def _setpriv(uid: int) -> list[str]:
+    """Become ``uid:uid`` with no supplementary groups and no capabilities before exec'ing bwrap."""
+    return [shutil.which("setpriv") or "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+            "--inh-caps=-all", "--"]
+
+
+@functools.lru_cache(maxsize=8)
+def _log_shared_uid(reason: str) -> None:
+    log.warning("bwrap sandboxes run as this process's uid %d, sharing its per-user kernel quotas (inotify, "
+                "keys, processes): a private uid is not possible here: %s", os.geteuid(), reason)
+
+
+@functools.lru_cache(maxsize=1)
+def private_uid_unavailable() -> str | None:
+    """Why bwrap cannot run as a private unprivileged uid here (``None`` when it can): probed once."""
+    if os.geteuid() != 0:
+        return "the host process is not root, so it cannot switch to another uid"
+    if shutil.which("setpriv") is None:
+        return "setpriv is not installed (util-linux)"
+    try:
+        lease = lease_uid()
+    except OSError as exc:
+        return str(exc)
+    try:
+        probe = subprocess.run([*_setpriv(lease.uid), shutil.which("bwrap") or "bwrap", "--unshare-all",
+                                "--unshare-user", "--uid", "65534", "--gid", "65534", "--die-with-parent",
+                                "--as-pid-1", "--cap-drop", "ALL", "--ro-bind", "/usr", "/usr",
+                                "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+                                "--symlink", "usr/bin", "/bin", "--proc", "/proc", "--dev", "/dev", "true"],
+                               capture_output=True, text=True, timeout=30, env=minimal_env(), check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"probe failed: {exc}"
+    finally:
+        lease.release()
+    if probe.returncode != 0:
+        return (f"unprivileged user namespaces are not allowed ({probe.stderr.strip()[:200]}); allow them "
+                "(sysctl user.max_user_namespaces>0, kernel.apparmor_restrict_unprivileged_userns=0)")
+    return None
 
 
 @functools.lru_cache(maxsize=4)

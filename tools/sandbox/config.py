@@ -88,6 +88,11 @@ class SandboxConfig:
         docker_writable_root: Let the Docker sandbox write anywhere in its image's filesystem (not only the work
             dir, ``/tmp`` and ``/dev/shm``), as a task environment built from a Dockerfile expects. The host cannot
             empty such a root, so these containers are never reused: every session gets a fresh one.
+        bwrap_private_uid: Run each bwrap sandbox as its own otherwise unused host uid (bwrap then builds an
+            unprivileged user namespace), so per-user kernel quotas and file ownership are never host root's.
+            Needs a root host that allows unprivileged user namespaces; elsewhere the sandbox runs as the
+            launcher's uid and the reason is logged. Turn off only when mounts must be read with the
+            launcher's own permissions (files only it may read); the sandbox then shares its quotas.
     """
 
     backend: str = "auto"
@@ -101,8 +106,11 @@ class SandboxConfig:
     hidden_paths: tuple[str, ...] = ()
     docker_user: str = "65534:65534"
     docker_writable_root: bool = False
+    bwrap_private_uid: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.bwrap_private_uid, bool):
+            raise ConfigError(f"SandboxConfig.bwrap_private_uid must be True or False, got {self.bwrap_private_uid!r}.")
         if not isinstance(self.docker_user, str) or not re.fullmatch(r"\d+:\d+", self.docker_user):
             raise ConfigError(f"SandboxConfig.docker_user must be 'uid:gid' in digits (e.g. '65534:65534'), "
                               f"got {self.docker_user!r}.")

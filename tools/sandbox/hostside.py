@@ -13,11 +13,12 @@ process can tell the leftovers of a host process that died with SIGKILL and reap
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
 import os
 import re
 import shutil
 import signal
-import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -25,8 +26,8 @@ from collections.abc import Callable, Iterable
 from agentgym.utils import procfs
 from agentgym.utils.procfs import descendants, start_ticks
 
-__all__ = ["PREFIX", "descendants", "empty_dirs", "is_stale", "kill_all_but", "kill_pinned", "parent_doubt",
-           "reap_stale_ipc_dirs", "worker_prefix"]
+__all__ = ["PREFIX", "descendants", "empty_dirs", "is_stale", "kill_all_but", "kill_pinned", "parent_changes",
+           "parent_doubt", "parent_state", "reap_stale_ipc_dirs", "worker_prefix"]
 
 PREFIX = "agentgym-sbx-"
 _OWNER = re.compile(r"^agentgym-sbx-(\d+)\.(\d+)\.(\d+)-")
@@ -117,18 +118,170 @@ def parent_doubt(pid: int) -> str | None:
     return None
 
 
+# What an episode may change in the warm parent from outside it, as the host reads it. Same-uid processes
+# can write /proc/<pid>/oom_score_adj (when the uid owns the proc files), call setpriority, sched_setaffinity,
+# sched_setscheduler, ioprio_set and prlimit on it; children forked later inherit every one of these.
+_PROC_FILES = ("oom_score_adj", "oom_adj", "limits", "coredump_filter", "timerslack_ns", "autogroup", "comm",
+               "loginuid", "sessionid", "attr/current")
+_STATUS_FIELDS = ("Umask", "Uid", "Gid", "Groups", "Cpus_allowed_list", "Mems_allowed_list", "SigBlk", "SigIgn",
+                  "SigCgt", "NoNewPrivs", "Seccomp", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
+_IOPRIO_GET = {"x86_64": 252, "aarch64": 30}
+_IOPRIO_WHO_PROCESS = 1
+
+
+def _ioprio(pid: int) -> str:
+    """``ioprio_get`` of ``pid`` (no /proc file shows it); ``"?"`` where it cannot be read."""
+    import ctypes
+    import platform
+
+    nr = _IOPRIO_GET.get(platform.machine())
+    if nr is None:
+        return "?"
+    value = ctypes.CDLL(None, use_errno=True).syscall(nr, _IOPRIO_WHO_PROCESS, pid)
+    return str(value) if value >= 0 else "?"
+
+
+def parent_state(pid: int) -> dict[str, str]:
+    """The warm parent's settings that an episode could change from outside and that later episodes would
+    inherit; compared by the host against the launch baseline after every episode (any change: no reuse)."""
+    state: dict[str, str] = {}
+    for name in _PROC_FILES:
+        try:
+            with open(f"/proc/{pid}/{name}", "rb") as f:
+                state[name] = f.read(8192).decode(errors="replace")
+        except OSError as exc:
+            state[name] = f"<{exc.errno}>"
+    status = procfs.status(pid) or {}
+    for field in _STATUS_FIELDS:
+        state[field] = status.get(field, "").strip()
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        # stat(5) fields 18-19 (priority, nice) and 40-41 (rt_priority, policy), counted from field 3 here.
+        state["sched"] = b" ".join((fields[15], fields[16], fields[37], fields[38])).decode()
+    except (OSError, IndexError):
+        state["sched"] = "?"
+    state["ioprio"] = _ioprio(pid)
+    for link in ("cwd", "root"):
+        try:
+            state[link] = os.readlink(f"/proc/{pid}/{link}")
+        except OSError as exc:
+            state[link] = f"<{exc.errno}>"
+    return state
+
+
+def parent_changes(pid: int, baseline: dict[str, str]) -> str | None:
+    """What differs in the parent's inheritable settings from ``baseline``, or ``None``."""
+    now = parent_state(pid)
+    changed = sorted(k for k in baseline if now.get(k) != baseline[k])
+    if not changed:
+        return None
+    return "the sandbox parent's " + ", ".join(changed) + " changed during the episode"
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: Most entries one cleanup may visit: far above what a size-capped tmpfs holds in practice, but a bound, so
+#: a tree that somehow keeps changing under the cleaner ends in doubt instead of a loop.
+MAX_CLEANUP_ENTRIES = 5_000_000
+
+
+def _open_subdir(name: str, dir_fd: int) -> int:
+    """Open a sub-directory without following links, making it searchable first if it is ``chmod 000``."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except PermissionError:
+        # Only reached when the host is not root (root ignores modes): chmod through an O_PATH descriptor,
+        # so a symlink swapped in by name could never redirect the chmod.
+        path_fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            os.chmod(f"/proc/self/fd/{path_fd}", 0o700)
+        finally:
+            os.close(path_fd)
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+
+
+def _as_writable(dir_fd: int, action: Callable[[], None]) -> None:
+    """Run ``action`` (an unlink or rmdir in ``dir_fd``); on EACCES make the directory writable and retry once."""
+    try:
+        action()
+    except PermissionError:
+        os.fchmod(dir_fd, 0o700)
+        action()
+
+
+def _scan(dir_fd: int, budget: list[int]) -> list[str]:
+    """Unlink every non-directory in ``dir_fd``; return the names of its sub-directories (not followed)."""
+    subdirs = []
+    with os.scandir(dir_fd) as entries:
+        for entry in entries:
+            budget[0] -= 1
+            if budget[0] < 0:
+                raise OSError(f"more than {MAX_CLEANUP_ENTRIES} entries to delete")
+            name = entry.name
+            if entry.is_dir(follow_symlinks=False):
+                subdirs.append(name)
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                _as_writable(dir_fd, functools.partial(os.unlink, name, dir_fd=dir_fd))
+    return subdirs
+
+
+def _clear_tree(top_fd: int) -> None:
+    """Delete everything below the directory ``top_fd``, iteratively, never following a link or a mount.
+
+    Why not ``shutil.rmtree``: it recurses once per level, so a tree a few thousand levels deep (one
+    ``os.makedirs`` away for sandboxed code) raises ``RecursionError`` and leaves the sandbox half-cleaned.
+    Why not paths: a path through 1,200 levels of 255-byte names is far beyond ``PATH_MAX``. So this walks
+    with one open descriptor at a time, going down by name and back up through ``..``, and checks on every
+    way up that ``..`` is the directory it came from (same device and inode), so a tree changed under it
+    cannot lead it outside the sandbox's directory. Only names of directories still to visit are kept.
+    """
+    fd = os.dup(top_fd)
+    top = os.fstat(fd)
+    budget = [MAX_CLEANUP_ENTRIES]
+    # One frame per level: (inode of the directory, its sub-directories still to delete, its name in its parent).
+    frames: list[tuple[int, list[str], str]] = [(top.st_ino, _scan(fd, budget), "")]
+    try:
+        while True:
+            _, pending, _ = frames[-1]
+            if pending:
+                name = pending.pop()
+                try:
+                    _as_writable(fd, functools.partial(os.rmdir, name, dir_fd=fd))  # empty: no need to go in
+                    continue
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                        raise
+                child = _open_subdir(name, fd)
+                info = os.fstat(child)
+                if info.st_dev != top.st_dev:
+                    os.close(child)
+                    raise OSError(f"{name!r} is a mount point inside a writable dir")
+                os.close(fd)
+                fd = child
+                frames.append((info.st_ino, _scan(fd, budget), name))
+                continue
+            if len(frames) == 1:
+                return
+            _, _, name = frames.pop()
+            up = os.open("..", _DIR_FLAGS, dir_fd=fd)
+            info = os.fstat(up)
+            os.close(fd)
+            fd = up
+            if (info.st_dev, info.st_ino) != (top.st_dev, frames[-1][0]):
+                raise OSError("the directory tree changed while it was being deleted")
+            _as_writable(fd, functools.partial(os.rmdir, name, dir_fd=fd))
+    finally:
+        os.close(fd)
+
+
 def _empty_dir(path: str) -> list[str]:
     """Delete everything under ``path`` without following links; returns what is still there."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    fd = os.open(path, _DIR_FLAGS)
     try:
-        for name in os.listdir(fd):
-            try:
-                if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
-                    shutil.rmtree(name, dir_fd=fd)
-                else:
-                    os.unlink(name, dir_fd=fd)
-            except FileNotFoundError:
-                pass
+        _clear_tree(fd)
         return os.listdir(fd)
     finally:
         os.close(fd)
@@ -141,7 +294,7 @@ def empty_dirs(parent_pid: int, paths: Iterable[str]) -> str | None:
         full = root + path
         try:
             left = _empty_dir(full)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             return f"could not empty {path}: {exc}"
         if left:
             return f"{path} is not empty after cleaning ({sorted(left)[:5]})"

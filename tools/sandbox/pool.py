@@ -36,6 +36,7 @@ from agentgym.tools.sandbox.config import SandboxConfig
 from agentgym.tools.sandbox.hostside import (
     empty_dirs,
     kill_all_but,
+    parent_changes,
     parent_doubt,
     worker_prefix,
 )
@@ -195,6 +196,8 @@ class _Worker:
         launch = self.launch
         assert launch is not None and launch.parent_pid is not None
         doubt = parent_doubt(launch.parent_pid)
+        if doubt is None and launch.baseline_parent is not None:
+            doubt = parent_changes(launch.parent_pid, launch.baseline_parent)
         if doubt is not None:
             return doubt
         left = self.backend.members(launch) - launch.known_pids
@@ -223,6 +226,7 @@ class _Worker:
         return self.launch is not None and self.launch.process.poll() is None and self.control is not None
 
     def destroy(self) -> None:
+        """Stop the sandbox and free what it held; never raises, so a failing step cannot leak the rest."""
         for sock in (self.control, self.listener):
             if sock is not None:
                 try:
@@ -230,11 +234,18 @@ class _Worker:
                 except OSError:
                     pass
         self.control = None
+        steps: list[Any] = []
         if self.launch is not None:
-            self.backend.stop(self.launch)
-            if self.launch.process.stderr is not None:
-                self.launch.process.stderr.close()
-        shutil.rmtree(self.ipc_dir, ignore_errors=True)
+            launch = self.launch
+            steps.append(functools.partial(self.backend.stop, launch))
+            if launch.process.stderr is not None:
+                steps.append(launch.process.stderr.close)
+        steps.append(functools.partial(shutil.rmtree, self.ipc_dir, ignore_errors=True))
+        for step in steps:
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 - keep going: every later step frees something too.
+                log.warning("while destroying sandbox %s: %s: %s", self.id, type(exc).__name__, exc)
 
 
 class SandboxPool:
@@ -311,7 +322,12 @@ class SandboxPool:
         if healthy and worker.alive:
             try:
                 worker.clean()
-            except (SandboxError, ProtocolError, OSError):
+            except Exception as exc:  # noqa: BLE001 - whatever went wrong, the worker is not reused.
+                # Not only SandboxError/OSError: an episode shapes what cleanup walks through, so any
+                # exception (a RecursionError once) must end in a destroyed worker, never a leaked busy one.
+                if not isinstance(exc, (SandboxError, ProtocolError, OSError)):
+                    log.warning("sandbox cleanup failed unexpectedly (%s: %s); destroying the worker",
+                                type(exc).__name__, exc)
                 healthy = False
         else:
             healthy = False
@@ -435,7 +451,7 @@ class SandboxSession:
             if healthy:
                 try:
                     worker.clean()
-                except (SandboxError, ProtocolError, OSError):
+                except Exception:  # noqa: BLE001 - any failure: replace the worker (see SandboxPool.release)
                     healthy = False
             # A worker whose parent was killed is replaced; a healthy one is reused at once.
             if healthy:
