@@ -1,4 +1,9 @@
-"""``agentgym serve-env ENV_ID``: one env per session over HTTP/WebSocket, with OpenEnv's protocol."""
+"""``agentgym serve-env ENV_ID``: one env per session over HTTP/WebSocket, with OpenEnv's protocol.
+
+The defaults keep one client from holding the server: sessions idle for 600 s are closed, and one remote address
+holds at most half of ``--max-sessions``. ``--api-key`` (or ``$AGENTGYM_API_KEY``) makes every route but
+``/health`` require the key.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import json
 import os
 import sys
 
-from agentgym.cli.arguments import positive_float, positive_int
+from agentgym.cli.arguments import non_negative_float, positive_int
 from agentgym.errors import ConfigError
 
 __all__ = ["add_parser", "run"]
@@ -23,8 +28,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--max-sessions", type=positive_int, default=64,
                    help="concurrent sessions (envs); more connections get OpenEnv's CAPACITY_REACHED error")
     p.add_argument("--env-kwargs", default="{}", help="JSON object of gym.make keyword arguments, e.g. '{\"max_turns\": 5}'")
-    p.add_argument("--idle-timeout", type=positive_float, default=None,
-                   help="close sessions idle this many seconds (default: keep them while connected)")
+    p.add_argument("--max-sessions-per-client", type=positive_int, default=None,
+                   help="sessions one remote address may hold at a time (default: half of --max-sessions, so one "
+                        "client never fills the server; raise it when one trainer is the only client)")
+    p.add_argument("--idle-timeout", type=non_negative_float, default=600.0,
+                   help="close a session (and release its env) after this many seconds without a message from "
+                        "its client (default 600; 0 keeps sessions while connected)")
+    p.add_argument("--api-key", default=None,
+                   help="require this key (Authorization: Bearer KEY) on every route but /health "
+                        "(default: $AGENTGYM_API_KEY; unset: open)")
     p.set_defaults(func=run)
 
 
@@ -51,16 +63,26 @@ def run(args: argparse.Namespace) -> int:
                           f"({exc.msg}).") from None
     if not isinstance(env_kwargs, dict):
         raise ConfigError(f"--env-kwargs must be a JSON object (keyword arguments for gym.make), got {args.env_kwargs!r}.")
+    if args.max_sessions_per_client is not None and args.max_sessions_per_client > args.max_sessions:
+        raise ConfigError(f"--max-sessions-per-client ({args.max_sessions_per_client}) cannot exceed --max-sessions "
+                          f"({args.max_sessions}).")
+    from agentgym.serving.auth import resolve_api_key
     from agentgym.serving.env_server import serve_env
     from agentgym.serving.http import bind_socket
+
+    api_key = resolve_api_key(args.api_key)
+    per_client = args.max_sessions_per_client or max(1, args.max_sessions // 2)
 
     sock = bind_socket(args.host, args.port)
 
     def ready(url: str) -> None:
-        sys.stdout.write(f"agentgym env server: {args.env_id} on {url} (max {args.max_sessions} sessions; "
+        idle = f"idle timeout {args.idle_timeout:g} s" if args.idle_timeout else "no idle timeout"
+        sys.stdout.write(f"agentgym env server: {args.env_id} on {url} (max {args.max_sessions} sessions, "
+                         f"{per_client} per client, {idle}{', API key required' if api_key else ''}; "
                          f"OpenEnv clients connect to {url.replace('http', 'ws', 1)}/ws)\n")
         sys.stdout.flush()
 
-    serve_env(args.env_id, env_kwargs=env_kwargs, max_sessions=args.max_sessions, idle_timeout_s=args.idle_timeout,
+    serve_env(args.env_id, env_kwargs=env_kwargs, max_sessions=args.max_sessions,
+              idle_timeout_s=args.idle_timeout or None, max_sessions_per_client=per_client, api_key=api_key,
               sock=sock, on_ready=ready)
     return 0

@@ -48,8 +48,8 @@ def resolve_api_key(given: str | None) -> str | None:
     """The key a server should require: ``given`` if set, else ``$AGENTGYM_API_KEY``, else ``None`` (open).
 
     Raises:
-        ConfigError: The key is shorter than 16 characters or holds whitespace or control characters (it would
-            not survive an HTTP header).
+        ConfigError: The key is shorter than ``MIN_KEY_LENGTH`` (8) characters or holds whitespace or control
+            characters (it would not survive an HTTP header).
     """
     key = given if given is not None else os.environ.get(API_KEY_ENV)
     if key is None or key == "":
@@ -97,9 +97,30 @@ class ApiKeyMiddleware:
         results = [hmac.compare_digest(candidate, self._key) for candidate in self._presented(scope)]
         return any(results)
 
+    def _key_subprotocol(self, scope: Scope) -> str | None:
+        """The offered ``agentgym.key.<key>`` subprotocol that carries the right key, if any."""
+        for offered in scope.get("subprotocols") or ():
+            if offered.startswith(WEBSOCKET_KEY_PREFIX) and hmac.compare_digest(
+                    offered[len(WEBSOCKET_KEY_PREFIX):].encode(), self._key):
+                return str(offered)
+        return None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket") or self.allows(scope):
-            await self.app(scope, receive, send)
+            chosen = self._key_subprotocol(scope) if scope["type"] == "websocket" else None
+            if chosen is None:
+                await self.app(scope, receive, send)
+                return
+
+            # A client that offers subprotocols must get one of them back in the handshake answer, or it fails the
+            # connection (RFC 6455, section 4.1: browsers do). The app behind us knows nothing of our key protocol,
+            # so we answer with the one that carried the key.
+            async def send_with_subprotocol(message: Message) -> None:
+                if message.get("type") == "websocket.accept" and not message.get("subprotocol"):
+                    message = {**message, "subprotocol": chosen}
+                await send(message)
+
+            await self.app(scope, receive, send_with_subprotocol)
             return
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong API key"})

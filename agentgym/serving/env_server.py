@@ -20,8 +20,18 @@ Wire format (the pydantic models below, published at ``/schema``):
   :func:`agentgym.trajectory.jsonable` (the reset info carries ``instructions`` and ``tools``); ``state_key`` is the
   env's GiGPO anchor, kept out of ``info`` because the policy must never see it.
 * reset: ``{"seed", "episode_id", "options"}`` with ``options`` ``{"task_id": ...}`` or ``{"task": Task.to_dict()}``.
+  A client's options are data: :func:`agentgym.serving.reset_options.check_reset_options` refuses unknown fields
+  and any field that names a location on the server (a SWE-bench task's ``repo_path``, a Harbor folder).
 * state: ``env_id``, the observation space as JSON, the episode's ``task_id``, ``turn`` and OpenEnv's
   ``episode_id``/``step_count``.
+
+Limits. One client cannot hold the server: a session idle for ``idle_timeout_s`` (default 600 s) is closed and its
+env released, one remote address holds at most ``max_sessions_per_client`` sessions (default half the global
+``max_sessions``), and refused clients get an OpenEnv error message saying which limit and which flag
+(:mod:`agentgym.serving.env_guard`). With an API key (``--api-key`` or ``$AGENTGYM_API_KEY``) every route but
+``/health`` needs it (:mod:`agentgym.serving.auth`): ``Authorization: Bearer <key>`` on HTTP and on the WebSocket
+handshake (:class:`AgentGymClient` and ``RemoteEnv`` take ``api_key=``; OpenEnv's own ``EnvClient`` sends no
+headers, so subclass its ``connect`` or use :class:`AgentGymClient`).
 
 OpenEnv's HTTP ``/reset`` and ``/step`` are stateless by design (each builds and closes a fresh env); episodes live
 in ``/ws`` sessions. ``openenv-core`` is an optional extra (``pip install 'agentgym[serve-env]'``), imported only
@@ -46,7 +56,11 @@ from typing import Any, Optional
 import numpy as np
 
 from agentgym.errors import AgentGymError, DependencyNotInstalled, EnvCrashed
+from agentgym.serving.auth import ApiKeyMiddleware
+from agentgym.serving.env_guard import (CLIENT_LIMIT_CLOSE_CODE, CLIENT_LIMIT_REACHED, IDLE_CLOSE_CODE,
+                                        SESSION_IDLE_TIMEOUT, GuardStats, SessionGuard)
 from agentgym.serving.http import bind_socket, serve
+from agentgym.serving.reset_options import check_reset_options, family_of
 from agentgym.utils.images import decode_png, encode_png
 from agentgym.spaces import UnicodeText
 from agentgym.trajectory import jsonable
@@ -67,6 +81,7 @@ __all__ = [
     "AgentGymEnvironment",
     "AgentGymObservation",
     "AgentGymState",
+    "DEFAULT_IDLE_TIMEOUT_S",
     "EnvServerError",
     "action_to_wire",
     "create_env_app",
@@ -77,6 +92,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: Seconds a session may wait for its client before the server closes it (a turn of a slow model fits easily).
+DEFAULT_IDLE_TIMEOUT_S = 600.0
 
 
 class EnvServerError(AgentGymError):
@@ -228,9 +246,10 @@ class AgentGymEnvironment(Environment):
     SUPPORTS_CONCURRENT_SESSIONS = True
 
     def __init__(self, env_id: str, env_kwargs: Mapping[str, Any], observation_space: Mapping[str, Any],
-                 inline: bool = False) -> None:
+                 inline: bool = False, family: str = "") -> None:
         super().__init__()
         self.env_id = env_id
+        self.family = family
         self.env_kwargs = dict(env_kwargs)
         self._space = dict(observation_space)
         self._inline = bool(inline)
@@ -281,6 +300,7 @@ class AgentGymEnvironment(Environment):
         if kwargs:
             raise AgentGymError(f"Unknown reset field(s) {sorted(kwargs)}; the env server takes seed, episode_id and "
                                 "options ({'task_id': ...} or {'task': {...}}).")
+        options = check_reset_options(options, self.family)  # before the env sees them: clients send data only
         env = self._ensure_env()
         observation, info = env.reset(seed=seed, options=options)
         self._state = AgentGymState(env_id=self.env_id, observation_space=self._space, episode_id=episode_id,
@@ -343,7 +363,8 @@ def _version() -> str:
 
 
 def create_env_app(env_id: str, *, env_kwargs: Mapping[str, Any] | None = None, max_sessions: int = 64,
-                   idle_timeout_s: float | None = None) -> Any:
+                   idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S, max_sessions_per_client: int | None = None,
+                   api_key: str | None = None) -> Any:
     """The FastAPI app serving ``env_id``: OpenEnv's routes plus ``GET /sessions`` (sessions and live envs).
 
     One env is made and closed first, to fail here (not at the first client) on a bad id or bad kwargs, and to read
@@ -354,8 +375,13 @@ def create_env_app(env_id: str, *, env_kwargs: Mapping[str, Any] | None = None, 
         env_kwargs: Keyword arguments for ``gym.make`` (e.g. ``{"max_turns": 5}``).
         max_sessions: Concurrent WebSocket sessions (one env each); the next connection gets OpenEnv's
             ``CAPACITY_REACHED`` error.
-        idle_timeout_s: Close sessions idle this long (OpenEnv's session reaper); ``None`` keeps them while their
-            connection lives. A client that disconnects frees its env at once either way.
+        idle_timeout_s: Close a session whose client sent nothing for this long while the server waited for it
+            (its env is released); ``None`` keeps sessions while their connection lives. A client that
+            disconnects frees its env at once either way.
+        max_sessions_per_client: Sessions one remote address may hold at a time (default ``max_sessions // 2``,
+            at least 1, so one client never fills the server); the next gets ``CLIENT_LIMIT_REACHED``.
+        api_key: Require this key on every route but ``/health`` (``None``: open). Callers that read
+            ``$AGENTGYM_API_KEY`` resolve it with :func:`agentgym.serving.auth.resolve_api_key` first.
 
     Raises:
         RegistrationError: Unknown id. AgentGymError: bad arguments or an env whose observations cannot be served.
@@ -372,6 +398,10 @@ def create_env_app(env_id: str, *, env_kwargs: Mapping[str, Any] | None = None, 
         raise AgentGymError(f"max_sessions must be an integer >= 1, got {max_sessions!r}.")
     if idle_timeout_s is not None and not (isinstance(idle_timeout_s, (int, float)) and idle_timeout_s > 0):
         raise AgentGymError(f"idle_timeout_s must be a number > 0 or None, got {idle_timeout_s!r}.")
+    if max_sessions_per_client is None:
+        max_sessions_per_client = max(1, max_sessions // 2)
+    if not isinstance(max_sessions_per_client, int) or max_sessions_per_client < 1:
+        raise AgentGymError(f"max_sessions_per_client must be an integer >= 1, got {max_sessions_per_client!r}.")
     if env_id not in gym.registry:
         get_entry(env_id)  # raises RegistrationError with "did you mean"
     if env_id.split(":", 1)[-1] == "agentgym/Remote-v0":
@@ -380,25 +410,37 @@ def create_env_app(env_id: str, *, env_kwargs: Mapping[str, Any] | None = None, 
     try:
         space = space_to_json(probe.observation_space)
         inline = bool(getattr(probe.unwrapped, "cheap_steps", False))
+        family = family_of(probe)
     finally:
         probe.close()
 
     app = FastAPI(title=f"agentgym env server: {env_id}", version=_version(),
                   description="An agentgym env behind OpenEnv's protocol (openenv-core's HTTPEnvServer).")
     factory = functools.partial(AgentGymEnvironment, env_id=env_id, env_kwargs=kwargs, observation_space=space,
-                                inline=inline)
+                                inline=inline, family=family)
+    # The idle timeout is ours (SessionGuard), not OpenEnv's reaper: the reaper counts a long step as idleness
+    # and closes the env under it, and it leaves the connection open.
     server = HTTPEnvServer(factory, AgentGymAction, AgentGymObservation,
                            concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions,
-                                                                session_timeout=idle_timeout_s))
+                                                                session_timeout=None))
     server.register_routes(app)
+    guard = GuardStats()
 
     @app.get("/sessions", tags=["Health"], summary="Sessions, capacity and live envs of this server")
     async def sessions() -> dict[str, Any]:
         status = server.get_capacity_status()
         return {"env_id": env_id, "active_sessions": status.active_sessions, "max_sessions": status.max_sessions,
+                "max_sessions_per_client": max_sessions_per_client, "idle_timeout_s": idle_timeout_s,
+                "idle_closed": guard.idle_closed, "refused_per_client": guard.refused,
                 "live_envs": LIVE_ENVS.live, "envs_made": LIVE_ENVS.made}
 
+    # Added last = outermost: a request without the key is refused before it counts against its client's cap.
+    app.add_middleware(SessionGuard, idle_timeout_s=idle_timeout_s, max_per_client=max_sessions_per_client,
+                       stats=guard)
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     app.state.env_server = server
+    app.state.session_guard = guard
     return app
 
 
@@ -411,8 +453,9 @@ def _drop_close_after_disconnect(record: logging.LogRecord) -> bool:
 
 
 def serve_env(env_id: str, *, host: str = "127.0.0.1", port: int = 8000, env_kwargs: Mapping[str, Any] | None = None,
-              max_sessions: int = 64, idle_timeout_s: float | None = None, sock: socket.socket | None = None,
-              on_ready: Any = None) -> None:
+              max_sessions: int = 64, idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S,
+              max_sessions_per_client: int | None = None, api_key: str | None = None,
+              sock: socket.socket | None = None, on_ready: Any = None) -> None:
     """Serve ``env_id`` until interrupted (SIGINT/SIGTERM close every session's env before exiting).
 
     Args:
@@ -421,7 +464,8 @@ def serve_env(env_id: str, *, host: str = "127.0.0.1", port: int = 8000, env_kwa
         on_ready: Called with the server URL once the app is built and the socket listens.
         Other arguments: as :func:`create_env_app`.
     """
-    app = create_env_app(env_id, env_kwargs=env_kwargs, max_sessions=max_sessions, idle_timeout_s=idle_timeout_s)
+    app = create_env_app(env_id, env_kwargs=env_kwargs, max_sessions=max_sessions, idle_timeout_s=idle_timeout_s,
+                         max_sessions_per_client=max_sessions_per_client, api_key=api_key)
     sock = sock or bind_socket(host, port)
 
     def ready(url: str) -> None:
@@ -437,10 +481,44 @@ def serve_env(env_id: str, *, host: str = "127.0.0.1", port: int = 8000, env_kwa
 class AgentGymClient(EnvClient[AgentGymAction, AgentGymObservation, AgentGymState]):
     """OpenEnv's ``EnvClient`` for an agentgym env server (async; ``.sync()`` gives OpenEnv's sync wrapper).
 
-    Errors the server sends back raise :class:`EnvServerError` (a capacity error says how to raise the limit);
+    Args:
+        base_url: The server's URL (``http://...`` or ``ws://...``).
+        api_key: The server's API key, sent as ``Authorization: Bearer <key>`` on the WebSocket handshake
+            (OpenEnv's own ``connect`` sends no headers); ``None``: none.
+        Other keyword arguments: as OpenEnv's ``EnvClient``.
+
+    Errors the server sends back raise :class:`EnvServerError` (a capacity error says how to raise the limit; a
+    refused key has code ``UNAUTHORIZED``; a session the server closed for idleness ``SESSION_IDLE_TIMEOUT``);
     a connection that drops or times out raises what ``websockets``/``asyncio`` raise, which
     :class:`~agentgym.serving.remote_env.RemoteEnv` turns into an episode that ends with ``end_reason="error"``.
     """
+
+    def __init__(self, base_url: str, *, api_key: str | None = None, **kwargs: Any) -> None:
+        super().__init__(base_url, **kwargs)
+        self._api_key = api_key
+
+    async def connect(self) -> AgentGymClient:
+        """Open the session's WebSocket, with the API key in the handshake's ``Authorization`` header."""
+        if self._ws is not None:
+            return self
+        from websockets.asyncio.client import connect as ws_connect
+        from websockets.exceptions import InvalidStatus
+
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else None
+        try:
+            self._ws = await ws_connect(self._ws_url, open_timeout=self._connect_timeout, max_size=self._max_message_size,
+                                        additional_headers=headers, proxy=None)
+        except InvalidStatus as exc:
+            status = exc.response.status_code
+            if status in (401, 403):
+                hint = ("pass the server's key (api_key=... or $AGENTGYM_API_KEY)" if not self._api_key
+                        else "the key given is not the server's")
+                raise EnvServerError(f"The env server at {self._ws_url} refused the connection (HTTP {status}): "
+                                     f"missing or wrong API key; {hint}.", "UNAUTHORIZED") from None
+            raise ConnectionError(f"Failed to connect to {self._ws_url}: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - OpenEnv's own connect raises ConnectionError for every failure
+            raise ConnectionError(f"Failed to connect to {self._ws_url}: {exc}") from exc
+        return self
 
     def _step_payload(self, action: AgentGymAction) -> dict[str, Any]:
         return action.model_dump(exclude={"metadata"}, exclude_none=True)
@@ -453,22 +531,33 @@ class AgentGymClient(EnvClient[AgentGymAction, AgentGymObservation, AgentGymStat
     def _parse_state(self, payload: dict[str, Any]) -> AgentGymState:
         return AgentGymState(**payload)
 
+    async def _buffered_error(self) -> dict[str, Any]:
+        """The message the server sent before closing (its reason), if one is still buffered; else ``{}``."""
+        try:
+            return dict(json.loads(await asyncio.wait_for(self._ws.recv(), timeout=1.0)))
+        except Exception:  # noqa: BLE001 - nothing buffered: the connection really is gone
+            return {}
+
     async def _send_and_receive(self, message: dict[str, Any]) -> dict[str, Any]:
         from websockets.exceptions import ConnectionClosed
 
         try:
             await self._send(message)
-        except ConnectionClosed:
-            # A full server answers the connection itself with CAPACITY_REACHED and closes it, possibly before our
-            # first message goes out: that answer is still buffered, and it is the error to report.
-            try:
-                response = json.loads(await asyncio.wait_for(self._ws.recv(), timeout=1.0))
-            except Exception:  # noqa: BLE001 - nothing buffered: the connection really is gone
-                response = {}
+        except ConnectionClosed as exc:
+            # A server that refuses or closes the session (capacity, per-client limit, idle timeout) says why in
+            # one message before closing, possibly before our message goes out: that answer is still buffered.
+            response = await self._buffered_error()
             if response.get("type") != "error":
-                raise
+                response = _close_reason(exc)
+                if response is None:
+                    raise
         else:
-            response = await self._receive()
+            try:
+                response = await self._receive()
+            except ConnectionClosed as exc:
+                response = _close_reason(exc)
+                if response is None:
+                    raise
         if response.get("type") == "error":
             data = response.get("data") or {}
             code = str(data.get("code", "UNKNOWN"))
@@ -478,6 +567,16 @@ class AgentGymClient(EnvClient[AgentGymAction, AgentGymObservation, AgentGymStat
                         "clients.")
             raise EnvServerError(f"The env server at {self._ws_url} answered with {code}: {text}", code)
         return response
+
+
+def _close_reason(exc: Any) -> dict[str, Any] | None:
+    """The error a close code of :mod:`agentgym.serving.env_guard` stands for (its message was lost), else None."""
+    rcvd = getattr(exc, "rcvd", None)
+    code = getattr(rcvd, "code", None)
+    names = {IDLE_CLOSE_CODE: SESSION_IDLE_TIMEOUT, CLIENT_LIMIT_CLOSE_CODE: CLIENT_LIMIT_REACHED}
+    if code not in names:
+        return None
+    return {"type": "error", "data": {"code": names[code], "message": f"the server closed the session ({rcvd.reason})."}}
 
 
 def finite_or_zero(value: Any) -> float:

@@ -9,8 +9,10 @@ flags, ``info`` (reset info with ``instructions`` and ``tools``, per-turn ``info
 Failures: a server that dies, drops the connection or does not answer within ``timeout_s`` ends the current episode
 with ``end_reason="error"`` (terminated, reward so that the episode's return is 0, like an in-process
 :class:`~agentgym.errors.EnvCrashed`), never a hang; the next ``reset`` reconnects and raises ``EnvCrashed`` when
-the server is still gone. Errors the server answers on purpose (a bad reset option, a full server) raise
-:class:`~agentgym.serving.env_server.EnvServerError` with the server's message.
+the server is still gone. Errors the server answers on purpose (a bad reset option, a full server, a refused API
+key) raise :class:`~agentgym.serving.env_server.EnvServerError` with the server's message. A session the server
+closed because it sat idle past the server's ``--idle-timeout`` ends its episode with ``end_reason="error"`` if
+one was running; the next ``reset`` opens a new session.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class RemoteEnv(gym.Env):
         env_id: The env id you expect the server to serve; a different one raises at once (``None``: any).
         connect_timeout_s: Longest wait to open the WebSocket session.
         timeout_s: Longest wait for one answer (reset, step); past it the episode ends with ``end_reason="error"``.
+        api_key: The server's API key (``None``: ``$AGENTGYM_API_KEY`` if set, else none).
 
     Raises:
         EnvCrashed: No server answers at ``url``.
@@ -54,7 +57,7 @@ class RemoteEnv(gym.Env):
     cheap_steps: ClassVar[bool] = False
 
     def __init__(self, url: str, env_id: str | None = None, *, connect_timeout_s: float = 10.0,
-                 timeout_s: float = 60.0) -> None:
+                 timeout_s: float = 60.0, api_key: str | None = None) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://", "ws://", "wss://")):
             raise AgentGymError(f"url must be the env server's base URL such as 'http://127.0.0.1:8000', got {url!r}; "
                                 "start a server with 'agentgym serve-env ENV_ID --port 8000'.")
@@ -67,6 +70,7 @@ class RemoteEnv(gym.Env):
         self.expected_env_id = env_id
         self.connect_timeout_s = float(connect_timeout_s)
         self.timeout_s = float(timeout_s)
+        self._api_key = api_key if api_key is not None else (os.environ.get("AGENTGYM_API_KEY") or None)
         self._client: Any = None
         self._closed = False
         self._state_key: str | None = None
@@ -86,7 +90,7 @@ class RemoteEnv(gym.Env):
     # ---- connection ------------------------------------------------------------------------------------------
     def _connect(self) -> Any:
         client = self._wire.AgentGymClient(base_url=self.url, connect_timeout_s=self.connect_timeout_s,
-                                           message_timeout_s=self.timeout_s).sync()
+                                           message_timeout_s=self.timeout_s, api_key=self._api_key).sync()
         try:
             client.connect()
             state = client.state()
@@ -116,7 +120,15 @@ class RemoteEnv(gym.Env):
         if options is not None:
             payload["options"] = _options_to_wire(options)
         try:
-            result = self._client.reset(**payload)
+            try:
+                result = self._client.reset(**payload)
+            except self._wire.EnvServerError as exc:
+                if exc.code != self._wire.SESSION_IDLE_TIMEOUT:
+                    raise
+                # The server closed our idle session between episodes; a reset needs no old state: open another.
+                self._drop_connection()
+                self._connect()
+                result = self._client.reset(**payload)
         except self._wire.EnvServerError:
             raise
         except Exception as exc:  # noqa: BLE001 - transport failure: the server is gone or hung
@@ -137,8 +149,11 @@ class RemoteEnv(gym.Env):
             raise AgentGymError("Call reset() before step(): no episode is running (or the last one ended).")
         try:
             result = self._client.step(self._wire.action_to_wire(action))
-        except self._wire.EnvServerError:
-            raise
+        except self._wire.EnvServerError as exc:
+            if exc.code != self._wire.SESSION_IDLE_TIMEOUT:
+                raise
+            self._drop_connection()  # the server released the episode's env: the episode cannot go on
+            return self._error_end(exc)
         except Exception as exc:  # noqa: BLE001 - transport failure: end this episode as an infrastructure error
             self._drop_connection()
             return self._error_end(exc)
@@ -255,18 +270,23 @@ class EnvServerProcess:
 
 def launch_env_server(env_id: str, *, max_sessions: int = 64, env_kwargs: Mapping[str, Any] | None = None,
                       host: str = "127.0.0.1", port: int = 0, extra_args: tuple[str, ...] = (),
-                      timeout_s: float = 180.0, env: Mapping[str, str] | None = None) -> EnvServerProcess:
+                      timeout_s: float = 180.0, env: Mapping[str, str] | None = None,
+                      max_sessions_per_client: int | None = None) -> EnvServerProcess:
     """Start ``agentgym serve-env`` in a child process and wait until it listens (port 0: a free one).
 
     Used by tests and benchmarks, and handy for local multi-process rollouts. The server's stderr goes to this
-    process's stderr; its first stdout line gives the URL.
+    process's stderr; its first stdout line gives the URL. The process that launches a server is its one client,
+    so ``max_sessions_per_client`` defaults to ``max_sessions`` here (``agentgym serve-env``'s own default is
+    half); pass an API key in ``env`` (``AGENTGYM_API_KEY``), not in ``extra_args``, where ``ps`` would show it.
 
     Raises:
         EnvCrashed: The server exited or did not print its URL within ``timeout_s`` (its import takes seconds:
             ``openenv-core`` imports gradio).
     """
     command = [sys.executable, "-m", "agentgym.cli", "serve-env", env_id, "--host", host, "--port", str(port),
-               "--max-sessions", str(max_sessions), "--env-kwargs", json.dumps(dict(env_kwargs or {})), *extra_args]
+               "--max-sessions", str(max_sessions), "--env-kwargs", json.dumps(dict(env_kwargs or {})),
+               "--max-sessions-per-client", str(max_sessions if max_sessions_per_client is None
+                                                else max_sessions_per_client), *extra_args]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=dict(env or os.environ))
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: lines.put(process.stdout.readline() if process.stdout else ""),
