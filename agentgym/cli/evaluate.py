@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from agentgym.rollout import RolloutConfig, RolloutEngine, episodes_for_suite, summarize
     from agentgym.storage import TrajectoryWriter, errors_path
     from agentgym.utils.durable import SpaceReserve, atomic_write_text
+    from agentgym.utils.terminal import terminal_safe
 
     suite = load_suite(args.suite)
     if args.split not in suite.splits:
@@ -155,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
             f"Free space on that disk, then run the same command with --out {out_dir} --resume to run the "
             f"{missing} missing episode(s)."))
     for problem in problems:
-        sys.stderr.write(f"agentgym eval: error: {problem}\n")
+        sys.stderr.write(terminal_safe(f"agentgym eval: error: {problem}\n"))
     return 1 if problems else 0
 
 

@@ -29,14 +29,16 @@ def run(args: argparse.Namespace) -> int:
 
     from agentgym.storage import read_trajectories
     from agentgym.trajectory import utf8_safe
+    from agentgym.utils.terminal import terminal_safe
 
     path = Path(args.path)
     if not path.is_file():
         raise ConfigError(f"No trajectory file at {path}; pass the trajectories.jsonl written by 'agentgym eval'.")
     console = Console()
 
-    def shown(text: str) -> str:  # model text is neither rich markup nor always valid UTF-8
-        return escape(utf8_safe(text))
+    def shown(text: str) -> str:
+        # model and env text is neither rich markup, nor always valid UTF-8, nor free of terminal escape sequences
+        return escape(terminal_safe(utf8_safe(text)))
 
     records = read_trajectories(path)
     viewed = []
@@ -56,14 +58,14 @@ def run(args: argparse.Namespace) -> int:
             for image in turn.images:  # the PNG beside the JSONL; --html shows them inline
                 console.print(f"[magenta]image[/magenta] {shown(str(path.parent / image.path))} "
                               f"({image.width}x{image.height})", markup=True, highlight=False)
-            console.print(f"[yellow]action[/yellow] ({turn.kind}) {shown(turn.action)}", markup=True, highlight=False)
+            console.print(f"[yellow]action[/yellow] ({shown(turn.kind)}) {shown(turn.action)}", markup=True, highlight=False)
         if traj.final_observation is not None:
             console.print(f"[cyan]final observation[/cyan] {shown(traj.final_observation)}", markup=True, highlight=False)
             for image in traj.final_images:
                 console.print(f"[magenta]image[/magenta] {shown(str(path.parent / image.path))} "
                               f"({image.width}x{image.height})", markup=True, highlight=False)
         if traj.error:
-            console.print(f"[red]error[/red] {shown(traj.error)}", markup=True)
+            console.print(f"[red]error[/red] {shown(traj.error)}", markup=True, highlight=False)
     if args.html:
         from agentgym.cli.report import write_html_report
         from agentgym.rollout import summarize

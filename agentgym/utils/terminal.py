@@ -15,9 +15,11 @@ displayed, which can make printed text read differently from what it is (CVE-202
 
 from __future__ import annotations
 
+import logging
 import re
+from typing import Any
 
-__all__ = ["terminal_safe"]
+__all__ = ["TerminalSafeFormatter", "TerminalSafeWriter", "terminal_safe"]
 
 _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
@@ -33,3 +35,24 @@ def terminal_safe(text: str) -> str:
     if _UNSAFE.search(text) is None:
         return text
     return _UNSAFE.sub(_visible, text)
+
+
+class TerminalSafeWriter:
+    """A text stream that passes every write through :func:`terminal_safe` (for code that prints with ``write``)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return self._stream.write(terminal_safe(text))
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+
+class TerminalSafeFormatter(logging.Formatter):
+    """A log formatter whose output goes through :func:`terminal_safe`: log messages quote env and model text
+    (an env's exception message, a task id), and a log handler writes to the same terminal."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return terminal_safe(super().format(record))
