@@ -3,7 +3,7 @@
 The one online loop (:class:`~agentgym.trainers.loop.OnlineTrainer`) with a different sampler: each step, the
 trainer opens ``tasks_per_step x group_size`` env sessions on a :mod:`agentgym.serving.gateway` served in-process in front
 of the training model itself, runs the agent program once per session (``agent(base_url)``, where ``base_url`` is
-the session's ``http://127.0.0.1:PORT/s/<session>/v1``), and learns with GRPO from the recorded sessions
+the session's ``http://127.0.0.1:PORT/s/<session>/<token>/v1``), and learns with GRPO from the recorded sessions
 (:func:`~agentgym.serving.sessions.sessions_to_trajectories`). The agent program is anything that talks the OpenAI API, e.g.
 the ``openai``-only loop in ``examples/gateway_agent.py``; it never sees agentgym. Held-out evaluation runs the
 same program on the eval split's tasks with fixed seeds, so "success" is the agent program's success.
@@ -82,7 +82,8 @@ class GatewayGrpoTrainer(GrpoTrainer):
         """Run the agent program once per session, ``max_in_flight`` at a time (their calls batch on the server)."""
         workers = max(1, min(self.config.max_in_flight, len(sessions)))
         with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="agent") as pool:
-            futures = [pool.submit(self.agent, f"{self.root_url}/s/{sid}/v1") for sid in sessions]
+            futures = [pool.submit(self.agent, self.gateway.session_base_url(self.root_url, sid))
+                       for sid in sessions]
             for future, sid in zip(futures, sessions):
                 try:
                     future.result()

@@ -9,15 +9,30 @@ objects that the bundled trainers train on (:class:`agentgym.trainers.gateway.Ga
 
 Sessions. Every call names its session, in one of three ways (the first that is present wins):
 
-* the path: ``http://HOST:PORT/s/<session>/v1`` as the client's ``base_url`` (for agents that let you set
-  nothing but a base URL);
+* the path: ``http://HOST:PORT/s/<session>/<token>/v1`` as the client's ``base_url`` (for agents that let you set
+  nothing but a base URL; ``/s/<session>/v1`` with the token in the header works too);
 * the header ``X-Agentgym-Session: <session>``;
 * the request's ``user`` field (OpenAI's end-user id, which every client can set).
+
+Session tokens. A session's name is not a credential (names are short and often guessable: ``alice``, ``s0-3``).
+Every session carries an unguessable token (``secrets.token_urlsafe(32)``) issued when it is created, and every
+later call on it (a model call that records into it, env reset and step, the reward, the summary) must present
+it, in the base URL (above) or the header ``X-Agentgym-Session-Token``; a missing or wrong token is answered with
+403 (the ``openai`` package raises ``PermissionDeniedError``), and nothing is recorded. The token reaches its
+client in three ways: ``POST /v1/sessions`` answers with it and with a ``base_url`` that carries it (hand that URL
+to an agent written against the ``openai`` package: ``OpenAI(base_url=...)`` is all it needs); from Python,
+:meth:`Gateway.session_base_url` gives that URL for a session opened with :meth:`Gateway.open_session`; a session
+created by its first model call gets the token that call presented (a client may pick its own, 22 to 256 URL-safe
+characters) or else a new one, returned in that response's ``X-Agentgym-Session-Token`` header. Clients never see
+where sessions are stored on disk. With an API key (``api_key=``, ``--api-key`` or ``$AGENTGYM_API_KEY``) every
+route but ``/health`` also needs the key (``Authorization: Bearer <key>``: the ``openai`` package's ``api_key``),
+so the key says who may use the gateway and the token says which session is whose.
 
 A session the gateway has not seen is created on its first call. A session ends with its reward, in one of
 two ways: the agent reports it (``POST .../v1/session/reward`` with ``{"reward": r, "success": bool}``), or the
 gateway plays an env for the agent: a session opened with an env (``POST /v1/sessions`` with ``{"env": id,
-"suite": name, "task_id": ...}``, or :meth:`Gateway.open_session`) exposes ``POST .../v1/env/reset`` and
+"suite": name, "task_id": ...}``, or :meth:`Gateway.open_session`; a client's ``env_kwargs`` may set only
+``max_turns``: other keyword arguments of an env can name server files) exposes ``POST .../v1/env/reset`` and
 ``POST .../v1/env/step`` (``{"action": text}``), and the env's outcome ends it. Both are plain JSON endpoints,
 so an agent written only against the ``openai`` package reaches them with ``client.post(path, body=...,
 cast_to=object)``; the model calls are ordinary ``client.chat.completions.create`` calls.
@@ -42,7 +57,9 @@ import contextlib
 import hashlib
 import json
 import logging
+import hmac
 import re
+import secrets
 import threading
 import time
 import uuid
@@ -52,6 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym.errors import AgentGymError, ConfigError, did_you_mean
+from agentgym.serving.auth import ApiKeyMiddleware, resolve_api_key
 from agentgym.serving.http import bind_socket, import_uvicorn, serve, socket_url
 from agentgym.serving.openai_protocol import APIError, json_body
 from agentgym.serving.sessions import RecordedSessions, read_session, sessions_to_trajectories
@@ -67,14 +85,20 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
     raise DependencyNotInstalled("fastapi", "serve", "the recording gateway") from exc
 
-__all__ = ["SESSION_HEADER", "Gateway", "RecordedSessions", "create_gateway_app", "read_session",
+__all__ = ["SESSION_HEADER", "TOKEN_HEADER", "Gateway", "RecordedSessions", "create_gateway_app", "read_session",
            "run_gateway", "sessions_to_trajectories"]
 
 logger = logging.getLogger(__name__)
 
 #: The header that names a call's session.
 SESSION_HEADER = "X-Agentgym-Session"
+#: The header that carries a session's token (when the base URL does not).
+TOKEN_HEADER = "X-Agentgym-Session-Token"
 _SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+#: A token a client picks for a session it creates: URL-safe, at least 128 bits as token_urlsafe writes them.
+_TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{22,256}$")
+#: The env keyword arguments a client may set when it opens an env session (others can name server files).
+_CLIENT_ENV_KWARGS = frozenset({"max_turns"})
 _TOKEN_ID_RE = re.compile(r"^token_id:(-?\d+)$")
 #: Upstream paths the gateway forwards without recording (they generate nothing).
 _PASSTHROUGH = ("models", "tokenize", "detokenize")
@@ -128,6 +152,7 @@ class _Session:
     """A session's state in the gateway (its record is the JSONL file)."""
 
     id: str
+    token: str = ""
     env_id: str | None = None
     task: Task | None = None
     seed: int | None = None
@@ -161,13 +186,20 @@ class Gateway:
     # -- opening and recording --
     def open_session(self, session: str | None = None, *, env_id: str | None = None, task: Task | None = None,
                      seed: int | None = None, group_id: str = "", env_kwargs: Mapping[str, Any] | None = None,
-                     metadata: Mapping[str, Any] | None = None) -> str:
+                     metadata: Mapping[str, Any] | None = None, token: str | None = None) -> str:
         """Open a session (an env episode when ``env_id`` is given; the env is built at the agent's reset).
+
+        Args:
+            token: The session's token (22-256 URL-safe characters); ``None`` issues a new unguessable one. Read
+                it with :meth:`token` or hand the agent :meth:`session_base_url`.
 
         Returns:
             The session id (a new random one when ``session`` is ``None``).
         """
         sid = _check_session_id(session) if session is not None else uuid.uuid4().hex
+        if token is not None and not (isinstance(token, str) and _TOKEN_RE.match(token)):
+            raise APIError("A session token must be 22-256 URL-safe characters (letters, digits, '-', '_'); "
+                           "leave it out and the gateway issues one.", param="token", code="bad_session_token")
         if env_id is not None:
             import gymnasium as gym
 
@@ -180,14 +212,63 @@ class Gateway:
             if sid in self._sessions or self.path(sid).exists():
                 raise APIError(f"Session {sid!r} already exists; open each session once (pick a new id).",
                                status=409, param="session", code="session_exists")
-            self._sessions[sid] = _Session(sid, env_id, task, seed, group_id or sid, dict(env_kwargs or {}))
+            self._sessions[sid] = _Session(sid, token or secrets.token_urlsafe(32), env_id, task, seed,
+                                           group_id or sid, dict(env_kwargs or {}))
         self._append(sid, {"type": "session", "session": sid, "env_id": env_id,
                            "task_id": task.id if task is not None else None, "seed": seed, "group_id": group_id or sid,
                            "created": time.time(), "metadata": jsonable(dict(metadata or {}))})
         return sid
 
     def path(self, session: str) -> Path:
+        """Where ``session`` is recorded (server side only: never sent to clients)."""
         return self.record_dir / f"{session}.jsonl"
+
+    def token(self, session: str) -> str:
+        """``session``'s token (for the trusted code that opened it in-process)."""
+        return self._session(session, create=False).token
+
+    def session_base_url(self, root: str, session: str) -> str:
+        """The ``base_url`` an ``openai`` client of ``session`` uses: ``<root>/s/<session>/<token>/v1``."""
+        return f"{root.rstrip('/')}/s/{session}/{self.token(session)}/v1"
+
+    def authorize(self, session: str, presented: str | None, *, create: bool = False) -> str | None:
+        """Check that ``presented`` is ``session``'s token; with ``create``, make the session if it is new.
+
+        Returns:
+            The token when this call created the session (its creator must learn it), else ``None``.
+
+        Raises:
+            APIError: 403 for a missing or wrong token (compared in constant time); 404 for an unknown session
+                when ``create`` is false (a name is not a secret: the token is).
+        """
+        sid = _check_session_id(session)
+        with self._lock:
+            state = self._sessions.get(sid)
+        if state is None and create:
+            if presented is not None and not _TOKEN_RE.match(presented):
+                raise APIError("A session token must be 22-256 URL-safe characters (letters, digits, '-', '_').",
+                               status=403, param="token", code="invalid_session_token")
+            try:
+                self.open_session(sid, token=presented)
+                with self._lock:
+                    return self._sessions[sid].token
+            except APIError as exc:
+                if exc.code != "session_exists":
+                    raise
+            with self._lock:
+                state = self._sessions.get(sid)
+            if state is None:  # recorded by an earlier gateway run: never append to another run's file
+                raise APIError(f"Session {sid!r} was recorded by an earlier run of this gateway; use a new id.",
+                               status=409, param="session", code="session_exists")
+        if state is None:
+            raise APIError(f"No session {sid!r}: open it first (POST /v1/sessions) or make a model call in it.",
+                           status=404, param="session", code="unknown_session")
+        if presented is None or not hmac.compare_digest(presented.encode(), state.token.encode()):
+            raise APIError(f"Session {sid!r} needs its token: use the base_url the gateway gave when the session was "
+                           f"opened (.../s/<session>/<token>/v1) or send the header {TOKEN_HEADER}. Each session's "
+                           "token is given only to the client that created it.", status=403, param="token",
+                           code="invalid_session_token", type="permission_error")
+        return None
 
     def _session(self, sid: str, *, create: bool) -> _Session:
         sid = _check_session_id(sid)
@@ -206,7 +287,7 @@ class Gateway:
         with self._lock:
             state = self._sessions.get(sid)
         if state is None:  # recorded by an earlier gateway run: never append to another run's file
-            raise APIError(f"Session {sid!r} was recorded by an earlier run ({self.path(sid)}); use a new id.",
+            raise APIError(f"Session {sid!r} was recorded by an earlier run of this gateway; use a new id.",
                            status=409, param="session", code="session_exists")
         return state
 
@@ -299,7 +380,7 @@ class Gateway:
     def summary(self, sid: str) -> dict[str, Any]:
         state = self._session(sid, create=False)
         return {"session": sid, "env": state.env_id, "task_id": state.task.id if state.task else None,
-                "calls": state.calls, "steps": state.steps, "ended": state.ended, "path": str(self.path(sid))}
+                "calls": state.calls, "steps": state.steps, "ended": state.ended}
 
     def close(self) -> None:
         """Close every env still open (sessions that never ended stay unended in their files)."""
@@ -513,7 +594,7 @@ class _Proxy:
 
 # ---- the app ----------------------------------------------------------------------------------------
 def create_gateway_app(upstream: str | FastAPI, record_dir: str | Path, *, tokenizer: Any = None,
-                       timeout_s: float = 600.0) -> FastAPI:
+                       timeout_s: float = 600.0, api_key: str | None = None) -> FastAPI:
     """Build the gateway app in front of ``upstream``.
 
     Args:
@@ -523,6 +604,7 @@ def create_gateway_app(upstream: str | FastAPI, record_dir: str | Path, *, token
         record_dir: Where session files go.
         tokenizer: Optional local tokenizer for servers that report no token ids (see the module docstring).
         timeout_s: How long an upstream call may take.
+        api_key: Require this key on every route but ``/health`` (``None``: open; see the module docstring).
 
     Returns:
         The app; ``app.state.gateway`` is the :class:`Gateway` (open sessions from Python with it). An in-process
@@ -563,18 +645,29 @@ def create_gateway_app(upstream: str | FastAPI, record_dir: str | Path, *, token
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
         return exc.response()
 
-    def session_of(request: Request, body: Mapping[str, Any] | None = None) -> str:
+    def session_name(request: Request, body: Mapping[str, Any] | None = None) -> str:
         sid = request.path_params.get("session") or request.headers.get(SESSION_HEADER)
         if not sid and body is not None and isinstance(body.get("user"), str) and body["user"]:
             sid = body["user"]
         if not sid:
-            raise APIError(f"This call names no session. Put it in the base URL (http://HOST:PORT/s/<session>/v1), "
-                           f"the header {SESSION_HEADER}, or the request's 'user' field.", code="no_session")
+            raise APIError(f"This call names no session. Put it in the base URL (http://HOST:PORT/s/<session>/<token>"
+                           f"/v1), the header {SESSION_HEADER}, or the request's 'user' field.", code="no_session")
         return _check_session_id(sid)
+
+    def session_of(request: Request, body: Mapping[str, Any] | None = None, *,
+                   create: bool = False) -> tuple[str, str | None]:
+        """The call's session, checked against the token it presents; and the token if this call created it."""
+        sid = session_name(request, body)
+        presented = request.path_params.get("token") or request.headers.get(TOKEN_HEADER)
+        return sid, gateway.authorize(sid, presented, create=create)
 
     async def generation(request: Request, endpoint: str) -> Response:
         body = await json_body(request)
-        return await proxy.generate(body, endpoint, session_of(request, body))
+        sid, issued = session_of(request, body, create=True)
+        response = await proxy.generate(body, endpoint, sid)
+        if issued is not None:  # this call created the session: its client needs the token for the next ones
+            response.headers[TOKEN_HEADER] = issued
+        return response
 
     async def chat(request: Request) -> Response:
         return await generation(request, "chat")
@@ -583,28 +676,32 @@ def create_gateway_app(upstream: str | FastAPI, record_dir: str | Path, *, token
         return await generation(request, "completions")
 
     async def env_reset(request: Request) -> JSONResponse:
-        return JSONResponse(await gateway.reset(session_of(request)))
+        sid, _ = session_of(request)
+        return JSONResponse(await gateway.reset(sid))
 
     async def env_step(request: Request) -> JSONResponse:
         body = await json_body(request)
+        sid, _ = session_of(request)
         action = body.get("action")
         if not isinstance(action, str):
             raise APIError(f"'action' must be the model's text for this turn (a string), got {action!r}.",
                            param="action")
-        return JSONResponse(await gateway.step(session_of(request), action))
+        return JSONResponse(await gateway.step(sid, action))
 
     async def reward(request: Request) -> JSONResponse:
         body = await json_body(request)
+        sid, _ = session_of(request)
         value = body.get("reward")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
             raise APIError(f"'reward' must be a number, got {value!r}.", param="reward")
         success = body.get("success")
         if success is not None and not isinstance(success, bool):
             raise APIError(f"'success' must be true, false or absent, got {success!r}.", param="success")
-        return JSONResponse(gateway.report_reward(session_of(request), float(value), success))
+        return JSONResponse(gateway.report_reward(sid, float(value), success))
 
     async def session_info(request: Request) -> JSONResponse:
-        return JSONResponse(gateway.summary(session_of(request)))
+        sid, _ = session_of(request)
+        return JSONResponse(gateway.summary(sid))
 
     async def passthrough(request: Request) -> Response:
         name = request.url.path.rsplit("/", 1)[-1]
@@ -619,7 +716,7 @@ def create_gateway_app(upstream: str | FastAPI, record_dir: str | Path, *, token
         return Response(response.content, status_code=response.status_code,
                         media_type=response.headers.get("content-type", "application/json"))
 
-    for prefix in ("/v1", "/s/{session}/v1"):
+    for prefix in ("/v1", "/s/{session}/v1", "/s/{session}/{token}/v1"):
         app.add_api_route(prefix + "/chat/completions", chat, methods=["POST"])
         app.add_api_route(prefix + "/completions", completions, methods=["POST"])
         app.add_api_route(prefix + "/env/reset", env_reset, methods=["POST"])
@@ -632,7 +729,7 @@ def create_gateway_app(upstream: str | FastAPI, record_dir: str | Path, *, token
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        return JSONResponse({"status": "ok", "record_dir": str(gateway.record_dir)})
+        return JSONResponse({"status": "ok"})  # where sessions are stored stays on the server
 
     @app.post("/v1/sessions")
     async def open_session(request: Request) -> JSONResponse:
@@ -642,21 +739,30 @@ def create_gateway_app(upstream: str | FastAPI, record_dir: str | Path, *, token
         if unknown:
             raise APIError(f"Unknown field(s) {unknown} for /v1/sessions.{did_you_mean(unknown[0], allowed)} "
                            f"Allowed: {sorted(allowed)}.", param=unknown[0])
-        env_id, task = body.get("env"), None
+        env_id, task, suite_kwargs = body.get("env"), None, {}
         if body.get("suite") is not None:
             task, suite_env, suite_kwargs = _suite_task(body["suite"], body.get("split", "train"), body.get("task_id"))
             env_id = env_id or suite_env
-            body = {**body, "env_kwargs": {**suite_kwargs, **(body.get("env_kwargs") or {})}}
         seed = body.get("seed")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise APIError(f"'seed' must be an integer, got {seed!r}.", param="seed")
+        client_kwargs = body.get("env_kwargs") or {}
+        if not isinstance(client_kwargs, Mapping) or set(map(str, client_kwargs)) - _CLIENT_ENV_KWARGS:
+            raise APIError(f"'env_kwargs' from a client may set only {sorted(_CLIENT_ENV_KWARGS)} (other keyword "
+                           "arguments of an env can name files on the server); put the rest in a suite.",
+                           param="env_kwargs")
+        if body.get("suite") is not None:
+            client_kwargs = {**suite_kwargs, **client_kwargs}
         sid = gateway.open_session(body.get("session"), env_id=env_id, task=task, seed=seed,
-                                   group_id=str(body.get("group") or ""), env_kwargs=body.get("env_kwargs"),
+                                   group_id=str(body.get("group") or ""), env_kwargs=client_kwargs,
                                    metadata=body.get("metadata"))
         root = str(request.base_url).rstrip("/")
-        return JSONResponse({"session": sid, "base_url": f"{root}/s/{sid}/v1", "env": env_id,
+        return JSONResponse({"session": sid, "token": gateway.token(sid),
+                             "base_url": gateway.session_base_url(root, sid), "env": env_id,
                              "task_id": task.id if task is not None else None})
 
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     return app
 
 
@@ -678,15 +784,20 @@ def _suite_task(suite_name: Any, split: Any, task_id: Any) -> tuple[Task, str, d
 
 
 def run_gateway(upstream: str | FastAPI, record_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000,
-                tokenizer: str | None = None) -> None:
-    """Serve the gateway until interrupted (``agentgym serve --record DIR [--proxy URL]``)."""
+                tokenizer: str | None = None, api_key: str | None = None) -> None:
+    """Serve the gateway until interrupted (``agentgym serve --record DIR [--proxy URL]``).
+
+    Args:
+        api_key: The key clients must send; ``None`` reads ``$AGENTGYM_API_KEY`` (unset: open).
+    """
     import_uvicorn()  # a missing extra fails before the tokenizer loads
+    api_key = resolve_api_key(api_key)
     tok = None
     if tokenizer is not None:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(tokenizer)
-    app = create_gateway_app(upstream, record_dir, tokenizer=tok)
+    app = create_gateway_app(upstream, record_dir, tokenizer=tok, api_key=api_key)
     sock = bind_socket(host, port)
     where = upstream if isinstance(upstream, str) else "the local model"
     logger.info("Recording gateway for %s on %s/v1 (sessions in %s)", where, socket_url(sock), record_dir)

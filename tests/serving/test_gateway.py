@@ -26,7 +26,7 @@ pytest.importorskip("uvicorn")
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from agentgym.serving.gateway import SESSION_HEADER  # noqa: E402
+from agentgym.serving.gateway import SESSION_HEADER, TOKEN_HEADER  # noqa: E402
 from agentgym.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
 from agentgym.policies.base import Generation, SamplingParams  # noqa: E402
 from agentgym.cli.quickstart import demonstration_texts  # noqa: E402
@@ -82,9 +82,10 @@ class CalcScript:
         return out
 
 
-def _play_all(root: str, sessions: list[str], **kwargs: Any) -> list[dict[str, Any]]:
+def _play_all(gateway: Any, root: str, sessions: list[str], **kwargs: Any) -> list[dict[str, Any]]:
+    """Each session's agent gets the base URL the gateway issued for it (it carries the session's token)."""
     with concurrent.futures.ThreadPoolExecutor(len(sessions)) as pool:
-        return list(pool.map(lambda s: gateway_agent.play(f"{root}/s/{s}/v1", **kwargs), sessions))
+        return list(pool.map(lambda s: gateway_agent.play(gateway.session_base_url(root, s), **kwargs), sessions))
 
 
 def test_the_agent_program_uses_only_the_openai_package() -> None:
@@ -105,7 +106,7 @@ def test_openai_agent_plays_calculator_and_sessions_become_exact_trajectories(hf
         gateway = server.app.state.gateway
         sessions = [gateway.open_session(f"calc-{i}", env_id=suite.env_id, task=suite.train[i], seed=i,
                                          group_id="g0") for i in range(3)]
-        results = _play_all(server.base_url.removesuffix("/v1"), sessions)
+        results = _play_all(gateway, server.base_url.removesuffix("/v1"), sessions)
     assert all(r["done"] and r["outcome"]["success"] for r in results)
     recorded = sessions_to_trajectories(record, sessions)
     assert (recorded.sessions, recorded.calls, recorded.segments, recorded.mismatches) == (3, 6, 3, 0)
@@ -143,7 +144,9 @@ def test_rewritten_history_starts_a_counted_segment_and_reported_rewards_end_ses
             def chat(messages: list[dict[str, str]], **kw: Any) -> str:
                 return client.chat.completions.create(model="script", messages=messages, **kw).choices[0].message.content
 
-            head = {"extra_headers": {SESSION_HEADER: "own-1"}}
+            # the client picks the session's token itself on its first call, and sends it with every call
+            own = {SESSION_HEADER: "own-1", TOKEN_HEADER: "own-1-token-0123456789abcdef"}
+            head = {"extra_headers": own}
             q = [{"role": "user", "content": "What is 12*34?"}]
             a1 = chat(q, **head)
             a2 = chat(q + [{"role": "assistant", "content": a1}, {"role": "user", "content": "408"}], **head)
@@ -151,7 +154,7 @@ def test_rewritten_history_starts_a_counted_segment_and_reported_rewards_end_ses
             chat(q + [{"role": "assistant", "content": a1 + " "}, {"role": "user", "content": "408"},
                       {"role": "assistant", "content": a2}, {"role": "user", "content": "ok"}], **head)
             assert client.post("/session/reward", body={"reward": 0.75}, cast_to=object,
-                               options={"headers": {SESSION_HEADER: "own-1"}})["ended"]
+                               options={"headers": own})["ended"]
             chat(q, user="own-2")  # named by the user field; never ends, so it is not trained on
             with pytest.raises(openai.BadRequestError, match="names no session"):
                 chat(q)
@@ -159,7 +162,7 @@ def test_rewritten_history_starts_a_counted_segment_and_reported_rewards_end_ses
                 chat(q, user="../etc")
             with pytest.raises(openai.ConflictError, match="already ended"):
                 client.post("/session/reward", body={"reward": 1.0}, cast_to=object,
-                            options={"headers": {SESSION_HEADER: "own-1"}})
+                            options={"headers": own})
             # what the client did not ask for, it does not get
             reply = client.chat.completions.create(model="script", messages=q, user="own-3")
             assert reply.choices[0].logprobs is None and "token_ids" not in (reply.choices[0].model_extra or {})
@@ -179,7 +182,9 @@ def test_streams_and_a_proxied_server_record_the_same_ids(hf_policy: Any, tmp_pa
 
     with ServerThread(hf_policy, model_name="tiny") as upstream:
         app = create_gateway_app(upstream.base_url, tmp_path / "rec")
-        with ServerThread(app) as gateway, openai.OpenAI(base_url=gateway.base_url.removesuffix("/v1") + "/s/p1/v1",
+        # a session created by its first call, with a token the client picked, carried in its base URL
+        session_path = "/s/p1/p1-token-0123456789abcdef/v1"
+        with ServerThread(app) as gateway, openai.OpenAI(base_url=gateway.base_url.removesuffix("/v1") + session_path,
                                                          api_key="unused", max_retries=0) as client:
             messages = [{"role": "user", "content": "What is 58*11?"}]
             plain = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, seed=7)
@@ -209,7 +214,8 @@ def test_session_api_refuses_bad_input_with_a_fix(hf_policy: Any, tmp_path: Path
         assert bad.status_code == 400 and "'env'" in bad.json()["error"]["message"]
         made = httpx.post(root + "/v1/sessions", json={"suite": "games-calc", "split": "test",
                                                          "task_id": "test-00003", "seed": 3}).json()
-        assert made["env"] == "agentgym/Calculator-v0" and made["base_url"].endswith(f"/s/{made['session']}/v1")
+        assert made["env"] == "agentgym/Calculator-v0"
+        assert made["base_url"].endswith(f"/s/{made['session']}/{made['token']}/v1")
         step = httpx.post(made["base_url"] + "/env/step", json={"action": "answer(1)"})
         assert step.status_code == 409 and "reset" in step.json()["error"]["message"]
         assert "What is" in httpx.post(made["base_url"] + "/env/reset", json={}).json()["observation"]
