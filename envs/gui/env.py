@@ -21,6 +21,8 @@ Agent aids (BrowserGym-style, all off by default, each one a constructor option)
 from __future__ import annotations
 
 import hashlib
+import secrets
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -62,10 +64,27 @@ __all__ = ["MiniWoBEnv"]
 TOOL_NAMES = ("click", "type", "key", "scroll", "drag")
 MARK_TOOL = "click_mark"
 READY_POLLS = 40  # x 50 ms: how long a page may take to become ready before the start counts as a crash
-#: One script per look at the page: the task's end state and, when asked, the set-of-marks elements.
-#: A page without MiniWoB's globals (the agent left the task page) reads as "not done".
+#: The global that holds the episode's mark: a random token set (read-only) in the task's page at the start, so
+#: a look can tell the page it started from any other document (a reload, another task's page, an earlier
+#: episode's page from history), whose MiniWoB globals would otherwise be read as this task's reward.
+EPISODE_MARK = "__agentgymEpisode"
+#: Set at the start with the mark: the page may not navigate itself away (a link, a form or a <meta refresh> that
+#: the agent typed into a page which echoes text as HTML). Chromium's Navigation API lets the page cancel the
+#: navigations its own content starts; those the env starts through the browser (the next episode) are not
+#: cancelable and go through.
+_SET_MARK_JS = (f"(mark) => {{ Object.defineProperty(window, '{EPISODE_MARK}', "
+                "{ value: mark, writable: false, configurable: false, enumerable: false }); "
+                "if (window.navigation) { window.navigation.addEventListener('navigate', (event) => { "
+                "if (event.cancelable && !event.hashChange) { event.preventDefault(); } }); } }")
+#: One script per look at the page: the task's end state, the set-of-marks elements when asked, and the episode
+#: mark. A page without MiniWoB's globals reads as "not done".
 OBSERVE_JS = (f"([marks, limit]) => {{ let state; try {{ state = ({STATE_JS})(); }} catch (e) {{ "
-              f"state = [false, null, String(e)]; }} return [state, marks ? ({MARKS_JS})(limit) : null]; }}")
+              f"state = [false, null, String(e)]; }} return [state, marks ? ({MARKS_JS})(limit) : null, "
+              f"window.{EPISODE_MARK} === undefined ? null : window.{EPISODE_MARK}]; }}")
+#: Seconds to wait before each retry of a look that failed (a navigation the agent started may be replacing
+#: the document just then; Chromium refuses screenshots until the new one has painted).
+LOOK_RETRY_WAITS = (0.05, 0.2, 0.5)
+REWARD_RANGE = (-1.0, 1.0)  # MiniWoB's own range for core.endEpisode
 #: Added to every page at the start: MiniWoB's side panels hidden, the caret and CSS animations still (so that
 #: equal pages give equal pixels; see ``agentgym.tools.browser.page_session.STILL_CSS``).
 _PAGE_CSS_JS = ("(css) => { const s = document.createElement('style'); s.textContent = css; "
@@ -174,6 +193,8 @@ class MiniWoBEnv(AgentEnv):
         self._utterance = ""
         self._page_task = ""
         self._page_key = ""  # the latest screen as state_key() reports it (set whenever the page is observed)
+        self._episode_mark = ""  # the random token set in this episode's page (see EPISODE_MARK)
+        self._left_page = False  # whether the agent made the browser leave the episode's page
         super().__init__(max_turns=max_turns, tasks=tasks, max_action_chars=max_action_chars, max_calls_per_turn=4,
                          render_mode=render_mode)
         self.observation_space = self._screen.space
@@ -294,10 +315,20 @@ class MiniWoBEnv(AgentEnv):
     # ---- the task's reward ------------------------------------------------------------------------------------------
     def _check_done(self) -> None:
         self._view = self._look()
-        done, raw, _reason = self._view.value[0]
-        if not done or self._finished:
+        if self._finished:
+            return
+        state, mark = _unpack_look(self._view.value)
+        if mark != self._episode_mark:
+            # Another document is showing: whatever its globals say is not this task's result, and the task's
+            # own state is gone with the page that held it. The episode fails.
+            self._left_page = True
+            self.finish(success=False, score=0.0, reason="failed")
+            return
+        done, raw = state
+        if not done:
             return
         reward = float(raw) if isinstance(raw, (int, float)) and np.isfinite(raw) else 0.0
+        reward = min(max(reward, REWARD_RANGE[0]), REWARD_RANGE[1])
         success = reward >= 1.0 - 1e-9
         self.add_reward("task", reward)
         self.finish(success=success, score=reward, reason="solved" if success else "failed")
@@ -309,12 +340,13 @@ class MiniWoBEnv(AgentEnv):
         A look only reads the page, so a failure is not the agent's doing: it is tried once more (a navigation
         may have replaced the page's context just then), and a second failure ends the episode as a crash.
         """
-        for attempt in range(2):
+        for wait in (*LOOK_RETRY_WAITS, None):
             try:
                 return self._session.observe(OBSERVE_JS, [self.set_of_marks, MAX_MARKS], aria=self.accessibility)
             except ActionError as exc:
-                if attempt:
+                if wait is None:
                     raise BrowserCrashed(f"the page could not be observed: {exc}") from exc
+                time.sleep(wait)
         raise AssertionError("unreachable")
 
     def _observe(self, messages: str = "") -> dict[str, Any]:
@@ -323,12 +355,14 @@ class MiniWoBEnv(AgentEnv):
         image = view.image
         if self.image_size != self.screen:
             image = _resize(image, self.image_size)
-        marks = parse_marks(view.value[1]) if self.set_of_marks else []
+        marks = parse_marks(view.value[1]) if self.set_of_marks and isinstance(view.value, list) else []
         self._marks = {mark.id: mark for mark in marks}
         if self.set_of_marks:
             image = draw_marks(image, marks, scale=(width / self.screen[0], height / self.screen[1]))
         lines = [messages] if messages else []
-        if self._finished:
+        if self._left_page:
+            lines.append("The browser left the task's page, so the task failed; the episode is over.")
+        elif self._finished:
             lines.append(f"The task is over (reward {self._score:.2f}).")
         lines.append(f"Task: {self._utterance}")
         lines.append(f"Screen: {width}x{height} pixels; x grows to the right and y downwards from the top-left corner.")
@@ -373,10 +407,13 @@ class MiniWoBEnv(AgentEnv):
             raise TaskError(f"MiniWoB task {task.id!r}: metadata['seed'] must be an integer.") from None
         path = task_path(page_task)
         self._page_task = page_task
+        self._left_page = False
+        self._episode_mark = secrets.token_hex(16)
         for attempt in range(2):
             try:
                 self._session.start(path, allowed_origins=[self._server.origin])
                 self._session.evaluate(_PAGE_CSS_JS, HIDE_CHROME_CSS + "\n" + STILL_CSS)
+                self._session.evaluate(_SET_MARK_JS, self._episode_mark)
                 ready, utterance = self._session.evaluate(START_JS, [seed, NO_TIME_LIMIT_MS])
                 for _ in range(READY_POLLS):
                     if ready:
@@ -467,6 +504,16 @@ def _check_screenshot_size(size: Sequence[int] | None, screen: tuple[int, int]) 
         raise ConfigError(f"screenshot_size must be (width, height) in whole pixels between {low} and {high}, got "
                           f"{size!r}; e.g. screenshot_size=(320, 420) for twice the 160x210 MiniWoB screen.")
     return width, height
+
+
+def _unpack_look(value: Any) -> tuple[tuple[bool, Any], str | None]:
+    """``((done, raw reward), episode mark)`` from OBSERVE_JS's value; anything malformed reads as not done."""
+    try:
+        state, _marks, mark = value
+        done, raw = bool(state[0] is True), state[1]
+    except (TypeError, ValueError, IndexError):
+        return (False, None), None
+    return (done, raw), mark if isinstance(mark, str) else None
 
 
 def _snap(value: float) -> float:

@@ -19,6 +19,7 @@ import threading
 from http.server import SimpleHTTPRequestHandler
 from pathlib import Path
 
+from agentgym.envs.gui.page_policy import content_security_policy
 from agentgym.tools.browser.serving import QuietThreadingHTTPServer
 
 from agentgym.errors import DependencyNotInstalled, TaskError, did_you_mean
@@ -128,6 +129,13 @@ class StaticServer:
 
 class _QuietHandler(SimpleHTTPRequestHandler):
     disable_nagle_algorithm = True  # see agentgym.envs.web.server: avoids ~40 ms Nagle/delayed-ACK stalls
+
+    def end_headers(self) -> None:
+        """Every HTML page goes out with its script policy (see :mod:`agentgym.envs.gui.page_policy`)."""
+        path = Path(self.translate_path(self.path))
+        if path.suffix in (".html", ".htm") and path.is_file():
+            self.send_header("Content-Security-Policy", content_security_policy(path))
+        super().end_headers()
 
     def do_PUT(self) -> None:
         self.send_error(405)

@@ -182,13 +182,14 @@ def test_fast_look_gives_the_same_pixels_as_playwright_screenshots(envs):
     assert np.array_equal(session.observe().image, view.image)
 
 
-def test_a_page_without_the_task_reads_as_not_done(envs):
+def test_a_page_other_than_the_tasks_ends_the_episode_as_a_failure(envs):
     env = envs("marks", set_of_marks=True)
     env.reset(options={"task": make_task("click-test", 2)})
     env.unwrapped._session.goto("/core/core.css")  # no MiniWoB globals here (the agent cannot get here itself)
     obs, reward, terminated, _, info = env.step("click(5, 5)")
-    assert info["turn"]["kind"] == "tool_call" and not terminated and reward == 0.0
-    assert "(no interactive elements marked)" in obs["text"]
+    assert info["turn"]["kind"] == "tool_call" and terminated and reward == 0.0
+    assert info["outcome"] == {"success": False, "score": 0.0, "end_reason": "failed"}
+    assert "left the task's page" in obs["text"] and "(no interactive elements marked)" in obs["text"]
 
 
 @pytest.mark.slow  # check_agent_env steps ~200 times through a real browser: ~30 s idle, minutes under load
