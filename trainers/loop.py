@@ -272,6 +272,9 @@ class OnlineTrainer:
     def _train(self) -> dict[str, Any]:
         cfg = self.config
         resume_from = latest_checkpoint(self.checkpoint_dir)
+        self._metrics_mark: int | None = None  # see _checkpoint
+        if self.world.is_main:
+            self._rewind_metrics(resume_from)
         self.model, self.tokenizer = self._load(resume_from / "model" if resume_from else self.model_dir)
         summary: dict[str, Any] = {"config": cfg.to_dict(), "trainer": cfg.trainer_name}
         self._summary = summary  # what each checkpoint carries of it (the warm start, the evaluation before training)
@@ -322,12 +325,25 @@ class OnlineTrainer:
         finally:
             if self._async is not None:
                 self._async.close()
+        # the final checkpoint points metrics.jsonl at the records before this evaluation, which a run of the same
+        # config after it finished does again
+        self._metrics_mark = self.metrics.records() if self.world.is_main else None
         summary["eval_after"] = self._evaluate(cfg.steps)
         summary["episodes"] = self.episodes
         with self._critical():
             self._finish(summary)
         self.metrics.close()
         return summary
+
+    def _rewind_metrics(self, resume_from: Path | None) -> None:
+        """Cut metrics.jsonl back to the checkpoint this run resumes from (to nothing without one): everything
+        logged after it is logged again, and a record must not appear twice (nor the step-0 evaluation)."""
+        records: int | None = 0
+        step = 0
+        if resume_from is not None:
+            state = json.loads((resume_from / "state.json").read_text(encoding="utf-8"))
+            records, step = state.get("metrics_records"), int(state["step"])
+        self.metrics.rewind(records if isinstance(records, int) else None, step)
 
     def _make_optimizer(self) -> None:
         trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapters only
@@ -436,6 +452,8 @@ class OnlineTrainer:
 
         save_checkpoint(self.checkpoint_dir, done, self.model, self.tokenizer, self.optimizer, self.scheduler,
                         {"data_cursor": done * self.config.tasks_per_step, "episodes": self.episodes,
+                         "metrics_records": mark if (mark := getattr(self, "_metrics_mark", None)) is not None
+                         else self.metrics.records(),
                          "summary": {k: v for k, v in self._summary.items() if k in _CARRIED_SUMMARY},
                          **self._checkpoint_state(), **(extra or {})}, self.config.keep_checkpoints, save_files,
                         model_state=model_state, optimizer_state=optimizer_state)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym.errors import ConfigError, DependencyNotInstalled
+from agentgym.utils.durable import LineAppender, atomic_write_bytes, keep_first_lines
 
 __all__ = ["TRACKERS", "MetricsLogger", "check_loggers", "plot_learning_curve", "read_metrics"]
 
@@ -49,6 +50,7 @@ class MetricsLogger:
                  params: Mapping[str, Any] | None = None) -> None:
         check_loggers(loggers)
         self.path = output_dir / "metrics.jsonl"
+        self._lines: LineAppender | None = None
         output_dir.mkdir(parents=True, exist_ok=True)
         self._writer: Any = None
         if tensorboard:
@@ -82,9 +84,15 @@ class MetricsLogger:
                    params=to_dict() if callable(to_dict) else None)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Append one record; a write that fails part-way (a full disk) is cut back, so no torn line stays behind.
+
+        Raises:
+            OSError: ``metrics.jsonl`` cannot be written; it then holds exactly the records logged before.
+        """
         record = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
-        with self.path.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record) + "\n")
+        if self._lines is None:  # opened on first use: ranks that never log never touch the file
+            self._lines = LineAppender(self.path, fsync=False)
+        self._lines.append((json.dumps(record) + "\n").encode("utf-8"))
         scalars = {k: float(v) for k, v in record.items()
                    if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)}
         if self._writer is not None:
@@ -95,7 +103,45 @@ class MetricsLogger:
             if scalars:
                 tracker.log(step, scalars)
 
+    def records(self) -> int:
+        """How many records ``metrics.jsonl`` holds now (a checkpoint stores it, so a resumed run can cut back to it)."""
+        try:
+            with self.path.open("rb") as fh:
+                return sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
+        except FileNotFoundError:
+            return 0
+
+    def rewind(self, records: int | None, step: int) -> int:
+        """Cut ``metrics.jsonl`` back to what it held when the checkpoint a run resumes from was written.
+
+        A resumed run logs again every step after its checkpoint (and, resuming from no checkpoint, everything,
+        step-0 evaluation included), so the records logged after the checkpoint would otherwise appear twice. The
+        file keeps its first ``records`` records (``None``: a checkpoint that did not store the count), then any
+        record left with a step after ``step``. Returns how many records were dropped. Call on the main rank only.
+        """
+        self.close_file()
+        before = self.records()
+        if records is not None:
+            keep_first_lines(self.path, records)
+        if self.path.is_file():
+            lines = self.path.read_bytes().splitlines(keepends=True)
+            kept = [line for line in lines if _step_of(line) <= step]
+            if len(kept) < len(lines):
+                atomic_write_bytes(self.path, b"".join(kept))
+        dropped = before - self.records()
+        if dropped:
+            logger.warning("%s: dropped %d record(s) logged after step %d, the point this run resumes from; those "
+                           "steps are logged again", self.path, dropped, step)
+        return dropped
+
+    def close_file(self) -> None:
+        """Close ``metrics.jsonl`` (the next :meth:`log` opens it again)."""
+        if self._lines is not None:
+            self._lines.close()
+            self._lines = None
+
     def close(self) -> None:
+        self.close_file()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -181,10 +227,28 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _step_of(line: bytes) -> float:
+    """The step of one ``metrics.jsonl`` line; an unreadable line sorts last (a resume drops it)."""
+    try:
+        record = json.loads(line)
+        return float(record["step"])
+    except (ValueError, KeyError, TypeError):
+        return math.inf if line.strip() else -math.inf
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Every record of ``metrics.jsonl``; an unreadable line (left by a crash) is skipped with a warning naming it."""
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    records = []
+    for lineno, line in enumerate(path.read_bytes().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError as exc:
+            logger.warning("%s:%d: skipping an unreadable metrics line (%s)", path, lineno, exc)
+    return records
 
 
 def plot_learning_curve(metrics_path: Path, out_path: Path) -> Path | None:
