@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
         # model and env text is neither rich markup, nor always valid UTF-8, nor free of terminal escape sequences
         return escape(terminal_safe(utf8_safe(text)))
 
-    records = read_trajectories(path)
+    # a corrupt line (a crash or full disk under an older writer) is skipped with a warning naming it
+    records = read_trajectories(path, skip_corrupt=True)
     viewed = []
     for i in range(args.limit if args.limit is not None else sys.maxsize):
         try:

@@ -55,3 +55,18 @@ def test_terminal_safe_keeps_text_layout_and_escapes_the_rest() -> None:
     assert terminal_safe(plain) is plain
     assert terminal_safe("a\x00b\x7fc\u202ed") == r"a\x00b\x7fc\u202ed"
     assert all(terminal_safe(chr(c)) != chr(c) for c in [*range(0x20), *range(0x7f, 0xa0)] if chr(c) not in "\n\t")
+
+
+def test_view_skips_a_corrupt_middle_line_and_names_it(tmp_path: Path) -> None:
+    path = tmp_path / "trajectories.jsonl"
+    good = Trajectory(env_id="e", task_id="t", seed=1, turns=(), outcome={"success": True}, end_reason="answered",
+                      policy="p", traj_id="a")
+    write_trajectories(path, [good])
+    with path.open("ab") as fh:
+        fh.write(b'{"schema_version": 1, "env_id": "agentgym/Ma{"x": 1}\n')  # an append glued onto a torn line
+    write_trajectories(path, [good])
+    result = subprocess.run([sys.executable, "-m", "agentgym.cli", "view", str(path)], capture_output=True, text=True,
+                            timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert f"{path}:2: skipping a corrupt line" in result.stderr
+    assert result.stdout.count("seed=1") == 2
