@@ -80,10 +80,29 @@ def inline_script_hashes(html: str) -> tuple[list[str], list[str], bool]:
     return scripts, handlers, parser.needs_eval
 
 
+def _decodings(raw: bytes) -> list[str]:
+    """The texts a browser may read from ``raw``: UTF-8, or windows-1252 for a page that declares no charset.
+
+    The server sends no charset, and Chromium decodes such a page by its declared ``<meta charset>`` or else by
+    guessing; hashing both readings keeps the page's own scripts running either way (a hash only ever allows
+    the one text that produces it). Bytes that windows-1252 leaves undefined map to the same code point, as the
+    WHATWG Encoding Standard says.
+    """
+    latin = "".join(bytes([b]).decode("cp1252", errors="ignore") or chr(b) if 0x80 <= b <= 0x9F else chr(b)
+                    for b in raw)
+    return list(dict.fromkeys([raw.decode("utf-8", errors="replace"), latin]))
+
+
 @functools.lru_cache(maxsize=512)
 def _policy_for(path: str, mtime_ns: int) -> str:
-    html = Path(path).read_text(encoding="utf-8", errors="replace")
-    scripts, handlers, needs_eval = inline_script_hashes(html)
+    scripts: list[str] = []
+    handlers: list[str] = []
+    needs_eval = False
+    for html in _decodings(Path(path).read_bytes()):
+        more_scripts, more_handlers, eval_here = inline_script_hashes(html)
+        scripts += [h for h in more_scripts if h not in scripts]
+        handlers += [h for h in more_handlers if h not in handlers]
+        needs_eval = needs_eval or eval_here
     sources = ["'self'", *scripts]
     if handlers:
         sources += ["'unsafe-hashes'", *handlers]

@@ -24,6 +24,7 @@ from agentgym.suite import Task
 from agentgym.toolset import ToolResult, ToolSet, tool
 
 from .base import TextAECEnv, outcome
+from .messages import clean_message, quote_message
 
 __all__ = ["ITEMS", "NegotiationEnv", "aspiration", "generate_setups", "generate_tasks", "value_of"]
 
@@ -250,7 +251,7 @@ class NegotiationEnv(TextAECEnv):
         agent = self.acting_agent
         self.offer = (agent, tuple(int(k) for k in keep))
         gives = tuple(c - k for c, k in zip(self.counts, keep))
-        said = f' and says: "{message}"' if message else ""
+        said = f" and says: {quote_message(message)}" if clean_message(message) else ""
         self._tell_others(f"{agent} proposes to keep {_describe(keep)} and give you {_describe(gives)}{said}.")
         self._after_move()
         return f"You proposed to keep {_describe(keep)} (worth {value_of(keep, self.values[agent])} to you)."

@@ -23,6 +23,7 @@ from agentgym.suite import Task
 from agentgym.toolset import ToolResult, ToolSet, tool
 
 from .base import TextAECEnv, outcome
+from .messages import clean_message, quote_message
 
 __all__ = ["ATTRIBUTES", "ReferentialEnv", "distinguishing_description", "generate_setups", "generate_tasks"]
 
@@ -197,13 +198,14 @@ class ReferentialEnv(TextAECEnv):
         Args:
             message: A short description (at most 200 characters), e.g. "the small red one".
         """
-        if not message.strip():
+        if not clean_message(message):
             return ToolResult.error("Error: the description is empty; describe the target's size, colour or shape.")
         if len(message) > _MAX_MESSAGE:
             return ToolResult.error(f"Error: the description has {len(message)} characters; the limit is {_MAX_MESSAGE}.")
+        message = clean_message(message)
         self.messages.append(("speaker_0", message))
         self.speaker_turns += 1
-        self._tell_others(f'The speaker says: "{message}"')
+        self._tell_others(f"The speaker says: {quote_message(message)}")
         return "Your description was sent to the listener."
 
     @tool
@@ -233,10 +235,11 @@ class ReferentialEnv(TextAECEnv):
         """
         if self.speaker_turns >= self.rounds:
             return ToolResult.error("Error: the speaker has no turns left; call choose(index) now.")
-        if not question.strip() or len(question) > _MAX_MESSAGE:
+        if not clean_message(question) or len(question) > _MAX_MESSAGE:
             return ToolResult.error(f"Error: ask a non-empty question of at most {_MAX_MESSAGE} characters.")
+        question = clean_message(question)
         self.messages.append(("listener_0", question))
-        self._tell_others(f'The listener asks: "{question}"')
+        self._tell_others(f"The listener asks: {quote_message(question)}")
         return "Your question was sent to the speaker."
 
     def _build_tools(self, agent: str) -> ToolSet:
@@ -282,7 +285,8 @@ class ReferentialEnv(TextAECEnv):
             mark = "  <- TARGET" if agent == "speaker_0" and i == self.target else ""
             lines.append(f"  {pos}. {_name(self.objects[i])}{mark}")
         if self.messages:
-            lines.append("Conversation so far: " + " | ".join(f"{who.split('_')[0]}: {text}" for who, text in self.messages))
+            lines.append("Conversation so far: " + " | ".join(f"{who.split('_')[0]}: {quote_message(text)}"
+                                                    for who, text in self.messages))
         lines.append(f"Speaker turns left: {self.rounds - self.speaker_turns}.")
         return "\n".join(lines)
 
