@@ -21,11 +21,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run(args: argparse.Namespace) -> int:
     """Read actions from stdin until the episode ends, ``:q`` or end of input; ``:tools`` lists the tools."""
     import agentgym
+    from agentgym.utils.terminal import TerminalSafeWriter
 
     env = agentgym.make(args.env_id)
     try:
         observation, info = env.reset(seed=args.seed)
-        out = sys.stdout
+        out = TerminalSafeWriter(sys.stdout)  # env text may hold terminal escape sequences
         out.write(f"== {args.env_id} (task {info['task_id']}) ==\n{info['instructions']}\n\n")
         out.write("Type an action and press Enter. ':q' quits, ':tools' lists tools.\n\n")
         while True:

@@ -70,3 +70,13 @@ def test_view_skips_a_corrupt_middle_line_and_names_it(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert f"{path}:2: skipping a corrupt line" in result.stderr
     assert result.stdout.count("seed=1") == 2
+
+
+def test_play_transcript_prints_no_control_sequence_the_env_echoes() -> None:
+    # the env quotes the unreadable action back in its error observation
+    result = subprocess.run([sys.executable, "-m", "agentgym.cli", "play", "agentgym/GuessNumber-v0", "--seed", "3"],
+                            input=f"guess({TITLE}{C1_CSI})\n:q\n".encode(), capture_output=True, timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    for raw in FORBIDDEN:
+        assert raw not in result.stdout, raw
+    assert rb"guess(\x1b]0;pwned\x07\x9b2J)" in result.stdout
