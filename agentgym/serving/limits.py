@@ -103,11 +103,13 @@ class BodySizeLimitMiddleware:
     "lingering close" of RFC 9112, section 9.6).
     """
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, *, max_bytes: int, on_refused: Callable[[str], None] | None = None) -> None:
         if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 1:
             raise ConfigError(f"max_bytes must be an integer >= 1, got {max_bytes!r}.")
         self.app = app
         self.max_bytes = max_bytes
+        #: Called with the request's path on each refusal (the server counts them for /metrics).
+        self.on_refused = on_refused
 
     def _declared_length(self, scope: Scope) -> int | None:
         for name, value in scope.get("headers") or ():
@@ -118,7 +120,9 @@ class BodySizeLimitMiddleware:
                     return None  # the HTTP server already refuses malformed lengths; count the bytes instead
         return None
 
-    async def _refuse(self, send: Send) -> None:
+    async def _refuse(self, scope: Scope, send: Send) -> None:
+        if self.on_refused is not None:
+            self.on_refused(str(scope.get("path", "")))
         body = request_too_large_body(self.max_bytes)
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"),
@@ -131,12 +135,12 @@ class BodySizeLimitMiddleware:
             return
         declared = self._declared_length(scope)
         if declared is not None and declared > self.max_bytes:
-            await self._refuse(send)
+            await self._refuse(scope, send)
             return
         try:
             first = await self._read_body(receive)
         except _BodyTooLarge:
-            await self._refuse(send)
+            await self._refuse(scope, send)
             return
         replayed = False
 

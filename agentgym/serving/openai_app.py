@@ -107,7 +107,13 @@ def create_app(
     app.state.model_name = model_name
     app.state.limits = limits
     # The last middleware added runs first: the key is checked before a byte of the body is read.
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=limits.max_body_bytes)
+    def refused(path: str) -> None:
+        # Only the API's own paths become labels: any path may be sent, and /metrics must not grow with them.
+        if path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"):
+            key = (path, 413)
+            server.responses[key] = server.responses.get(key, 0) + 1
+
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=limits.max_body_bytes, on_refused=refused)
     if key is not None:
         app.add_middleware(ApiKeyMiddleware, api_key=key)
 

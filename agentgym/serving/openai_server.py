@@ -21,6 +21,12 @@ strings are a 400 for that request alone), a client that disconnects cancels its
 (:meth:`HFPolicy.generate`'s ``cancelled`` events), and chat templates and tokenisation run in a small thread
 pool so that a huge body never stalls the event loop.
 
+One request cannot take the server down or hold it: bodies over 8 MiB are refused (413) before they are read,
+prompt text is capped in characters before it is tokenised and in tokens against the context after, and ``n`` and
+the tokens a request makes the model process (``n * (prompt + max_tokens)``) have limits; each refusal names the
+limit and the ``agentgym serve`` flag that raises it (:mod:`agentgym.serving.limits`). With ``--api-key`` (or
+``$AGENTGYM_API_KEY``) every route but ``/health`` needs the key (:mod:`agentgym.serving.auth`).
+
 Where it differs from ``vllm serve``, on purpose or for lack of need:
 
 * Log-probs are those :class:`HFPolicy` reports: of the temperature-scaled distribution the token was
@@ -49,6 +55,8 @@ Where it differs from ``vllm serve``, on purpose or for lack of need:
   ``store``, ``metadata``, ``service_tier``, ``parallel_tool_calls`` and ``user`` are accepted and ignored.
   Other unknown fields are refused (400, with a did-you-mean) instead of ignored, so a misspelled
   parameter never passes silently. An unknown model is a 404 ``model_not_found``, as with OpenAI and vLLM.
+* ``n`` is capped at 128 by default (vLLM: 16384, ``VLLM_MAX_N_SEQUENCES``) and request bodies at 8 MiB (vLLM sets
+  no limit); both are flags (``--max-n``, ``--max-body-bytes``).
 * ``/metrics`` uses the ``agentgym:`` prefix (see :func:`agentgym.serving.metrics.prometheus_text` for the names).
 
 This module runs the server (:func:`run_server`, :class:`ServerThread`, :func:`serve_in_background`); its parts

@@ -152,6 +152,8 @@ def test_a_100mb_prompt_is_refused_unread_and_the_server_keeps_serving(served: S
     assert grown_mb < 100, f"peak RSS grew by {grown_mb:.0f} MB for a refused body"
     _completion_ok(served)
     assert served.alive()
+    metrics = httpx.get(served.root + "/metrics", headers=AUTH).text
+    assert 'agentgym:http_responses_total{model_name="tiny-limits",endpoint="/v1/completions",status="413"}' in metrics
 
 
 def test_a_10mb_prompt_is_refused_within_two_seconds(served: Served) -> None:
