@@ -256,68 +256,12 @@ def patch_code(base_commit: str, *, max_bytes: int) -> str:
             f"GIT_ENV = {GIT_ENV!r}\n" + _PATCH_SOURCE)
 
 
-# The test process: started with ``python -I -B -c`` (no PYTHONPATH, user site, cwd or script dir on sys.path, no
-# bytecode written). It reads its settings, including a secret key, from stdin before any library or test code
-# is imported, and writes the outcomes, tagged with the key, to a descriptor only it was handed. Outcomes are
-# recorded twice: from the reports pytest logs and from the raw exception of each phase; a test passes only if
-# both agree (code that rewrites report outcomes then shows up as "tampered").
-_BOOT_SOURCE = r'''
-import json, os, sys
-_cfg = json.loads(sys.stdin.buffer.read())
-_null = os.open(os.devnull, os.O_RDONLY)
-os.dup2(_null, 0)
-os.close(_null)
-sys.path[:0] = _cfg.pop("path")
-_key, _fd = _cfg.pop("key"), _cfg.pop("fd")
-import pytest
-
-
-class _Recorder:
-    def __init__(self):
-        self.reported, self.raw_failed, self.raw_called = {}, set(), set()
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_makereport(self, item, call):
-        report = yield
-        if call.excinfo is not None:
-            self.raw_failed.add(item.nodeid)
-        elif call.when == "call":
-            self.raw_called.add(item.nodeid)
-        return report
-
-    def pytest_runtest_logreport(self, report):
-        if report.when == "call" or report.outcome != "passed":
-            if self.reported.get(report.nodeid) in ("failed", "error"):
-                return
-            outcome = report.outcome if report.when == "call" else ("error" if report.failed else report.outcome)
-            self.reported[report.nodeid] = outcome
-
-    def pytest_collectreport(self, report):
-        if report.failed:
-            self.reported[report.nodeid or "<collection>"] = "error"
-
-
-_rec = _Recorder()
-_code = pytest.main(_cfg.pop("argv"), plugins=[_rec])
-_outcomes, _tampered = {}, []
-for _id, _outcome in _rec.reported.items():
-    _raw_ok = _id in _rec.raw_called and _id not in _rec.raw_failed
-    if _outcome == "passed" and not _raw_ok:
-        _tampered.append(_id)
-        _outcome = "failed"
-    _outcomes[_id] = _outcome
-_data = (_key + " " + json.dumps({"exit_code": int(_code), "outcomes": _outcomes, "tampered": _tampered})
-         + "\n").encode()
-os.lseek(_fd, 0, 0)
-os.ftruncate(_fd, 0)
-while _data:
-    _data = _data[os.write(_fd, _data):]
-os._exit(0)
-'''
+# The test process (``python -I -B -c``): see grade_boot.py for what it guarantees and what it cannot.
+_BOOT_SOURCE = (Path(__file__).with_name("grade_boot.py")).read_text(encoding="utf-8")
 
 # The grading driver: runs in a fresh sandbox session the agent never had, from the pristine tree.
 _GRADE_SOURCE = r'''
-import base64, ctypes, filecmp, hashlib, json, os, secrets, shutil, signal, stat, subprocess, sys, tempfile, time
+import base64, ctypes, filecmp, hashlib, hmac, json, os, secrets, shutil, signal, stat, subprocess, sys, tempfile, time
 REPO, PRISTINE = C["repo"], C["pristine"]
 BLOCKED = {"conftest.py", "sitecustomize.py", "usercustomize.py"}
 PROTECTED = set(C["protected"])
@@ -443,12 +387,64 @@ def digests(rels):
     return found
 
 
+def references(args):
+    """Pristine .py files whose code may define the tests named by ``args``: each named file's folder and
+    its ancestors up to the repo (test classes inherit methods from helpers there), minus graded modules."""
+    folders, found = set(), []
+    for arg in args:
+        path = os.path.normpath(os.path.join(REPO, arg.split("::")[0]))
+        if os.path.isdir(path):
+            for folder, _, names in os.walk(path):
+                folders.add(folder)
+            path = os.path.join(path, "x")
+        folder = os.path.dirname(path)
+        while folder.startswith(REPO):
+            folders.add(folder)
+            folder = os.path.dirname(folder)
+    for folder in sorted(folders):
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            continue
+        for name in names:
+            full = os.path.join(folder, name)
+            if name.endswith(".py") and kind(full) == "f" and not allowed(os.path.relpath(full, REPO)):
+                found.append(full)
+    return found
+
+
+def read_report(data, key):
+    """The one line of the test process's report whose HMAC-SHA256 tag verifies under ``key``, decoded."""
+    for line in data.splitlines():
+        tag, _, payload = line.partition(b" ")
+        try:
+            payload = bytes.fromhex(payload.decode("ascii"))
+        except ValueError:
+            continue
+        if hmac.compare_digest(hmac.new(key, payload, "sha256").hexdigest().encode(), tag):
+            found = {"outcomes": {}, "tampered": [], "exit_code": None, "violation": ""}
+            for record in payload.decode("utf-8", "surrogatepass").split("\n"):
+                kind_, _, rest = record.partition(" ")
+                if kind_ == "exit":
+                    found["exit_code"] = int(rest)
+                elif kind_ == "violation":
+                    found["violation"] = rest
+                elif kind_ == "tampered":
+                    found["tampered"].append(bytes.fromhex(rest).decode("utf-8", "surrogatepass"))
+                elif kind_ == "outcome":
+                    hexid, _, outcome = rest.partition(" ")
+                    found["outcomes"][bytes.fromhex(hexid).decode("utf-8", "surrogatepass")] = outcome
+            return found
+    return None
+
+
 def run_pytest(args):
-    """One pytest process; outcomes come back only through a descriptor and a key the test code never sees."""
+    """One pytest process; its outcomes count only as an HMAC-tagged report whose key only the test process's
+    audit hook holds (see grade_boot.py)."""
     if not args:
         return {"outcomes": {}, "tampered": [], "exit_code": 0, "log": ""}
     tmp = tempfile.mkdtemp(prefix="agentgym-grade-")
-    key = secrets.token_hex(16)
+    key = secrets.token_bytes(32)
     fd = os.open(os.path.join(tmp, "outcomes"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     log = open(os.path.join(tmp, "log"), "w+b")
     own = [os.path.normpath(os.path.join(REPO, C["python_path"])), *C["test_path"]]  # test_path: test-only deps
@@ -457,7 +453,8 @@ def run_pytest(args):
     env.update(PYTHONPATH=os.pathsep.join(own), PYTHONDONTWRITEBYTECODE="1")  # for subprocesses the tests start
     argv = ["-q", "-p", "no:cacheprovider", "-o", "addopts=", "--rootdir", REPO, "--confcutdir", REPO,
             "--tb=short", *args]
-    settings = {"key": key, "fd": fd, "argv": argv, "path": sys_path}
+    settings = {"key": key.hex(), "fd": fd, "argv": argv, "path": sys_path, "repo": REPO,
+                "test_path": list(C["test_path"]), "reference": references(args)}
     proc = subprocess.Popen([sys.executable, "-I", "-B", "-c", C["boot"]], cwd=REPO, env=env, pass_fds=(fd,),
                             stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -483,14 +480,14 @@ def run_pytest(args):
     tail = log.read().decode("utf-8", "replace")
     log.close()
     shutil.rmtree(tmp, ignore_errors=True)
-    for line in data.decode("utf-8", "replace").splitlines():
-        if line.startswith(key + " "):
-            try:
-                found = json.loads(line[len(key) + 1:])
-                return {"outcomes": dict(found["outcomes"]), "tampered": list(found["tampered"]),
-                        "exit_code": found["exit_code"], "log": tail, "problem": problem}
-            except (ValueError, KeyError, TypeError):
-                break
+    found = read_report(data, key)
+    if found is not None and found["violation"]:
+        return {"outcomes": {}, "tampered": [], "exit_code": found["exit_code"], "log": tail,
+                "problem": "the test process did what graded code may not (" + found["violation"]
+                + "); nothing counts"}
+    if found is not None:
+        return {"outcomes": found["outcomes"], "tampered": found["tampered"], "exit_code": found["exit_code"],
+                "log": tail, "problem": problem}
     return {"outcomes": {}, "tampered": [], "exit_code": proc.returncode, "log": tail,
             "problem": problem or "the test process ended without reporting outcomes (exit code "
             + str(proc.returncode) + ")"}

@@ -1,0 +1,361 @@
+"""The graded test process: runs pytest on the patched tree and reports outcomes the tested code cannot forge.
+
+This file is never imported by agentgym: the grading driver (:func:`agentgym.tasks.swe.workspace.grade_code`)
+starts ``python -I -B -c <this file's text>`` in the grading sandbox. The graded library modules run inside this
+process (the tests call them), so this process is the one place where the attacker's code and the grader meet.
+
+What the tested code cannot do here, and why:
+
+* **Forge the report.** Outcomes go to a descriptor the driver reads, as one line authenticated with
+  HMAC-SHA256 (RFC 2104) under a key read from stdin before any library code is imported. The key exists only
+  as two pre-keyed C hash objects held in the closure of an audit hook (PEP 578). An audit hook cannot be
+  removed or listed from Python; the hook never calls code it did not capture before the tested code could
+  run (builtins and ``os`` functions are bound to closure variables, attacker objects are only type-checked),
+  never raises, and so never exposes its frame. Its function, cells and state are moved to the permanent GC
+  generation (``gc.freeze``), which ``gc.get_objects``/``get_referrers`` do not walk; a ``gc.unfreeze`` is
+  caught (the permanent generation is empty) before any such query runs. ``__main__`` holds only the boot
+  function, whose frame holds neither the key nor the hook.
+* **Report a pass for a test whose body did not run, or raised.** A test counts as passed only if pytest
+  reported it passed *and* the hook saw the genuine test function return normally, called from this file's
+  own ``pytest_pyfunc_call`` (or ``unittest.TestCase._callTestMethod``) during the run. "Genuine" means its
+  code object equals (``==``: same bytecode, constants, names) the code this process compiled from the
+  pristine test files, with and without pytest's assertion rewriting, before any library code ran, and its
+  name is the test id's. Skipping test bodies, swapping ``__code__``, replacing a test with another one, or
+  patching pytest's runner or report objects therefore cannot produce a pass: at worst the test fails.
+* **Reach the hook through introspection.** The hook ends the process (reporting the event as a violation,
+  so the run scores nothing) on ``sys.settrace``/``sys.setprofile`` (a tracer would see the hook's frames),
+  ``sys._current_frames``, ``sys.addaudithook``, any ``ctypes`` call, ``code.__new__``/``function.__new__``
+  (forged code objects and wrappers), assignment to a function's ``__code__``, and on a GC query while the
+  permanent generation has been emptied. The process is made non-dumpable (``PR_SET_DUMPABLE``), so
+  ``/proc/self/mem`` and ``/proc/self/fd`` are owned by root and closed to it and to its children
+  (proc(5), ptrace(2) access mode checks); exec'd children do not inherit the report descriptor.
+
+Residual risk, stated honestly: code in this process can still (1) return objects that lie to the tests'
+assertions (``__eq__`` always true): that is a weakness of the tests, not of the grader; (2) re-enter pytest
+with a mixed-up item (the arguments of a passing parameter set under a failing test's id); (3) rewrite the
+closure of a third-party decorator that wraps a test (freezegun's ``freeze_time``) so that it swallows the
+test's exception: a wrapper from outside the repository is trusted to call the test it wraps; (4) rewrite
+globals of test modules or of pytest's helpers (``pytest.raises``) between import and use; (5) corrupt memory
+through an interpreter bug. None of these is needed by, or defeated by, knowledge of the hidden tests alone,
+but each needs a targeted attack; the grading driver also re-checks test files on disk after the run.
+"""
+
+
+def _agentgym_boot() -> None:  # noqa: C901 - one function so that nothing it binds is a module global
+    import _thread
+    import ast
+    import gc
+    import hashlib
+    import json
+    import os
+    import sys
+    import types
+
+    cfg = json.loads(sys.stdin.buffer.read())
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.path[:0] = cfg["path"]
+    fd = int(cfg["fd"])
+    os.set_inheritable(fd, False)  # an exec'd child must not inherit the report descriptor
+
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE = 4
+        raise SystemExit("agentgym grader: prctl(PR_SET_DUMPABLE, 0) failed")
+    if not isinstance(hashlib.sha256, types.BuiltinFunctionType):
+        raise SystemExit("agentgym grader: hashlib.sha256 is not the C implementation")
+
+    import unittest
+    import unittest.case
+
+    import pytest
+    from _pytest.assertion.rewrite import rewrite_asserts
+
+    refs: dict[tuple[str, str, int], list[types.CodeType]] = {}
+
+    def collect(code: types.CodeType) -> None:
+        refs.setdefault((code.co_filename, code.co_qualname, code.co_firstlineno), []).append(code)
+        for const in code.co_consts:
+            if type(const) is types.CodeType:
+                collect(const)
+
+    for path in cfg["reference"]:
+        try:
+            with open(path, "rb") as fh:
+                source = fh.read()
+            collect(compile(source, path, "exec", dont_inherit=True))
+            tree = ast.parse(source, filename=path)
+            rewrite_asserts(tree, source, path, None)
+            collect(compile(tree, path, "exec", dont_inherit=True))
+        except (OSError, SyntaxError, ValueError):
+            continue  # not Python a test can live in; its tests (if any) cannot be credited
+
+    import inspect
+    import sysconfig
+
+    audit, is_async = sys.audit, inspect.iscoroutinefunction
+    roots = {sys.base_prefix, sys.prefix, *(sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib"))}
+    roots.update(p for p in cfg["test_path"] if os.path.isabs(p))
+
+    def install(key_hex: str, codes: dict[int, str]) -> None:
+        """Add the audit hook. Every name it uses is bound here, before the tested code can rebind anything;
+        the key becomes two keyed hash objects only the hook's closure holds (this frame is gone afterwards)."""
+        pad = bytes.fromhex(key_hex).ljust(64, b"\0")
+        inner = hashlib.sha256(bytes(b ^ 0x36 for b in pad))  # RFC 2104: H((K^opad) || H((K^ipad) || m))
+        outer = hashlib.sha256(bytes(b ^ 0x5C for b in pad))
+        del pad, key_hex
+        _type, _str, _int, _len, _range, _id = type, str, int, len, range, id
+        base_exc, value_error, os_error = BaseException, ValueError, OSError
+        _list, _set, _bytes, _compile = list, set, bytes, compile
+        installed_codes: dict[str, dict[tuple[str, int], types.CodeType]] = {}
+        descriptors = (types.FunctionType, classmethod, staticmethod, property)
+        module_type, modules = types.ModuleType, sys.modules
+        function_type, method_type, code_type, frame_type = (types.FunctionType, types.MethodType,
+                                                               types.CodeType, types.FrameType)
+        getframe, ident = sys._getframe, _thread.get_ident
+        write, lseek, truncate, exit_ = os.write, os.lseek, os.ftruncate, os._exit
+        os_open, os_read, os_close, rdonly = os.open, os.read, os.close, os.O_RDONLY
+        freeze_count = gc.get_freeze_count
+        pytest_module, sys_module = pytest, sys
+        repo = cfg["repo"].rstrip("/") + "/"
+        trusted_roots = tuple(sorted(r.rstrip("/") + "/" for r in roots))
+        deny = frozenset({"sys.setprofile", "sys._current_frames", "sys._current_exceptions",
+                          "sys.addaudithook"})
+        gc_queries = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents"})
+        busy: set[int] = set()
+        reported: dict[str, str] = {}
+        passed_bodies: set[str] = set()
+        callers = dict(codes)  # id(code) -> the one agentgym event that code may raise
+        armed = [False]
+        snapshot: list[tuple[object, str, object]] = []
+        missing = object()
+
+        def emit(exit_code: int, violation: str) -> None:
+            lines = ["exit " + _str(exit_code)]
+            if violation:
+                lines.append("violation " + violation)
+            for nodeid, outcome in reported.items():
+                hexid = nodeid.encode("utf-8", "surrogatepass").hex()
+                if outcome == "passed" and nodeid not in passed_bodies:
+                    lines.append("tampered " + hexid)
+                    outcome = "failed"
+                lines.append("outcome " + hexid + " " + outcome)
+            payload = "\n".join(lines).encode("utf-8", "surrogatepass")
+            digest = inner.copy()
+            digest.update(payload)
+            tag = outer.copy()
+            tag.update(digest.digest())
+            data = (tag.hexdigest() + " " + payload.hex() + "\n").encode("ascii")
+            lseek(fd, 0, 0)
+            truncate(fd, 0)
+            while data:
+                data = data[write(fd, data):]
+
+        def die(violation: str) -> None:
+            try:
+                emit(70, violation)
+            finally:
+                exit_(70)
+
+        def installed(code: object) -> bool:
+            """Whether ``code`` is exactly what its own file (an installed one, outside the repo) compiles to: a
+            decorator's wrapper may be trusted to call the test it wraps only if nobody rewrote it."""
+            if _type(code) is not code_type:
+                return False
+            filename = code.co_filename
+            if _type(filename) is not _str or not filename.startswith(trusted_roots) or filename.startswith(repo):
+                return False
+            found = installed_codes.get(filename)
+            if found is None:
+                found = installed_codes[filename] = {}
+                try:
+                    handle = os_open(filename, rdonly)
+                except os_error:
+                    return False
+                try:
+                    chunks = []
+                    while True:
+                        chunk = os_read(handle, 1 << 20)
+                        if not chunk:
+                            break
+                        chunks.append(chunk)
+                finally:
+                    os_close(handle)
+                try:
+                    pending = [_compile(_bytes().join(chunks), filename, "exec", 0, True)]
+                except base_exc:
+                    return False
+                while pending:
+                    item = pending.pop()
+                    found[(item.co_qualname, item.co_firstlineno)] = item
+                    for const in item.co_consts:
+                        if _type(const) is code_type:
+                            pending.append(const)
+            ref = found.get((code.co_qualname, code.co_firstlineno))
+            return ref is not None and code == ref
+
+        def genuine(code: object) -> bool:
+            if _type(code) is not code_type:
+                return False
+            filename = code.co_filename
+            if _type(filename) is not _str or not filename.startswith(repo):
+                return False
+            for ref in refs.get((filename, code.co_qualname, code.co_firstlineno), ()):
+                if code == ref:
+                    return True
+            return False
+
+        def intact() -> bool:
+            for mapping, key, value in snapshot:
+                if mapping.get(key, missing) is not value:
+                    return False
+            return True
+
+        def verify(nodeid: object, fn: object) -> bool:
+            """``fn`` is the genuine test named by ``nodeid``, possibly inside decorators from installed code."""
+            if _type(nodeid) is not _str:
+                return False
+            name = nodeid.partition("[")[0].rpartition("::")[2]  # parameter ids may hold "::"
+            for _ in _range(8):
+                if _type(fn) is method_type:
+                    fn = fn.__func__
+                if _type(fn) is not function_type:
+                    return False
+                code = fn.__code__
+                if genuine(code):
+                    module = fn.__globals__.get("pytest", pytest_module)
+                    return code.co_name == name and module is pytest_module and intact()
+                if not installed(code):
+                    return False
+                wrapped = fn.__dict__.get("__wrapped__")
+                if _type(wrapped) is not function_type:
+                    wrapped = None
+                    for cell in fn.__closure__ or ():
+                        try:
+                            content = cell.cell_contents
+                        except value_error:
+                            continue
+                        if _type(content) is function_type and genuine(content.__code__):
+                            wrapped = content
+                fn = wrapped
+            return False
+
+        def arm() -> None:
+            seen = _set()
+            for name, module in _list(modules.items()):
+                if _type(name) is not _str or not name.startswith(("pytest", "_pytest", "pluggy", "unittest")):
+                    continue
+                if _type(module) is not module_type:
+                    continue
+                namespace = module.__dict__
+                for key, value in _list(namespace.items()):
+                    if _type(value) is function_type:
+                        snapshot.append((namespace, key, value))
+                    elif _type(value) is _type and _id(value) not in seen:
+                        seen.add(_id(value))
+                        for attr, member in _list(value.__dict__.items()):
+                            if _type(member) in descriptors:
+                                snapshot.append((value.__dict__, attr, member))
+            armed[0] = True
+
+        def handle(event: str, args: tuple) -> None:
+            if event == "sys.settrace":
+                # doctest's runner puts back the trace function it found, which can only be None here: allowed
+                # when it is really doctest's code, with the real ``sys``, restoring None. Any other tracer could
+                # jump a test's frame past its assertions (frame.f_lineno), so it ends the run.
+                caller = getframe(2)
+                if not (caller.f_code.co_qualname == "DocTestRunner.run" and installed(caller.f_code)
+                        and caller.f_globals.get("sys") is sys_module
+                        and caller.f_locals.get("save_trace", missing) is None):
+                    die(event)
+            elif event in deny or (armed[0] and event.startswith("ctypes.")):
+                die(event)
+            elif event in gc_queries:
+                if freeze_count() == 0:
+                    die(event + " after gc.unfreeze")
+            elif event.startswith("agentgym."):
+                caller = getframe(2).f_code  # 0 handle, 1 guard, 2 whoever called sys.audit
+                if callers.get(_id(caller)) != event:
+                    die("agentgym event from foreign code: " + event)
+                if event == "agentgym.ok":
+                    if _len(args) == 2 and verify(args[0], args[1]):
+                        passed_bodies.add(args[0])
+                elif event == "agentgym.report":
+                    nodeid, when, outcome = args
+                    if _type(nodeid) is _str and _type(when) is _str and _type(outcome) is _str:
+                        if when == "call" or outcome != "passed":
+                            if reported.get(nodeid) in ("failed", "error"):
+                                return
+                            if when != "call":
+                                outcome = "error" if outcome == "failed" else outcome
+                            reported[nodeid] = outcome
+                elif event == "agentgym.collect_error":
+                    if _type(args[0]) is _str:
+                        reported[args[0]] = "error"
+                elif event == "agentgym.arm":
+                    arm()
+                elif event == "agentgym.finish":
+                    code = args[0] if _type(args[0]) is _int else -1
+                    emit(code, "")
+                    exit_(0)
+
+        def guard(event: str, args: tuple) -> None:
+            me = ident()
+            if me in busy:
+                return  # an event raised by the guard's own work (attribute reads, its frame lookup)
+            busy.add(me)
+            try:
+                handle(event, args)
+            except base_exc:
+                die("grader error on " + event)
+            finally:
+                busy.discard(me)
+
+        sys.addaudithook(guard)
+
+    class Recorder:
+        """Forwards pytest's facts to the audit hook; holds nothing an attacker could use."""
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_pyfunc_call(self, pyfuncitem):  # noqa: ANN001, ANN201 - pytest hook signature
+            fn = pyfuncitem.obj
+            if is_async(fn):
+                return None  # pytest's own hook fails it; no genuine return is recorded
+            args = {arg: pyfuncitem.funcargs[arg] for arg in pyfuncitem._fixtureinfo.argnames}
+            fn(**args)
+            audit("agentgym.ok", pyfuncitem.nodeid, fn)
+            return True
+
+        def pytest_runtest_logreport(self, report):  # noqa: ANN001, ANN201
+            audit("agentgym.report", report.nodeid, report.when, report.outcome)
+
+        def pytest_collectreport(self, report):  # noqa: ANN001, ANN201
+            if report.failed:
+                audit("agentgym.collect_error", report.nodeid or "<collection>")
+
+        @pytest.hookimpl(trylast=True)
+        def pytest_sessionstart(self, session):  # noqa: ANN001, ANN201
+            audit("agentgym.arm")
+
+    def call_test_method(self, method):  # noqa: ANN001, ANN202 - replaces unittest's TestCase._callTestMethod
+        method()
+        nodeid = getattr(getattr(getattr(self, "_outcome", None), "result", None), "nodeid", None)
+        if nodeid is not None:  # None: a TestCase run by a test itself, not an item pytest collected
+            audit("agentgym.ok", nodeid, method)
+
+    unittest.case.TestCase._callTestMethod = call_test_method
+    install(cfg.pop("key"), {id(function.__code__): event for event, function in (
+        ("agentgym.ok", Recorder.pytest_pyfunc_call), ("agentgym.ok", call_test_method),
+        ("agentgym.report", Recorder.pytest_runtest_logreport),
+        ("agentgym.collect_error", Recorder.pytest_collectreport),
+        ("agentgym.arm", Recorder.pytest_sessionstart), ("agentgym.finish", _agentgym_boot))})
+    gc.collect()
+    gc.freeze()  # the hook, its cells and state: invisible to gc.get_objects/get_referrers from here on
+    code = pytest.main(cfg["argv"], plugins=[Recorder()])
+    audit("agentgym.finish", int(code))
+    os._exit(1)  # not reached: the hook ends the process after writing the report
+
+
+if __name__ == "__main__":
+    _agentgym_boot()
