@@ -49,6 +49,11 @@ __all__ = [
 
 #: Most log-probs alternatives a request may ask for (vLLM's default ``max_logprobs``).
 MAX_LOGPROBS = 20
+#: Most stop strings and stop token ids per request. The policy checks every stop string at every decoding step of
+#: every row, so thousands of them (an 8 MiB body holds a million) would hold the model for one request. OpenAI
+#: allows 4 stop strings; these bounds leave room for any real use.
+MAX_STOP_STRINGS = 64
+MAX_STOP_TOKEN_IDS = 1024
 
 #: Accepted for compatibility with OpenAI clients and ignored (they do not change what is generated).
 _IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "parallel_tool_calls"})
@@ -179,6 +184,9 @@ def get_stop(body: Mapping[str, Any]) -> tuple[str, ...]:
     if stop is None:
         return ()
     items = [stop] if isinstance(stop, str) else stop
+    if isinstance(items, list) and len(items) > MAX_STOP_STRINGS:
+        raise APIError(f"'stop' has {len(items)} strings; this server takes at most {MAX_STOP_STRINGS}.",
+                       param="stop")
     if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
         raise APIError(f"'stop' must be a string or a list of strings, got {stop!r}.", param="stop")
     if any(not s for s in items):
@@ -268,6 +276,9 @@ def parse_sampling(body: Mapping[str, Any], *, max_tokens_key: str = "max_tokens
     n = get_int(body, "n", 1, minimum=1)
     stream, include_usage, continuous = _parse_stream(body)
     stop_token_ids = body.get("stop_token_ids") or []
+    if isinstance(stop_token_ids, list) and len(stop_token_ids) > MAX_STOP_TOKEN_IDS:
+        raise APIError(f"'stop_token_ids' has {len(stop_token_ids)} ids; this server takes at most "
+                       f"{MAX_STOP_TOKEN_IDS}.", param="stop_token_ids")
     if not isinstance(stop_token_ids, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in stop_token_ids):
         raise APIError(f"'stop_token_ids' must be a list of token ids (integers >= 0), got {stop_token_ids!r}.",

@@ -246,6 +246,18 @@ def test_a_request_over_the_token_budget_is_refused(served: Served) -> None:
         assert len(reply.choices) == 4
 
 
+def test_thousands_of_stop_strings_or_stop_token_ids_are_refused(served: Served) -> None:
+    # The policy checks every stop string at every decoding step of every row: 10,000 of them would hold the model.
+    for extra, param in (({"stop": [f"s{i}" for i in range(10_000)]}, "stop"),
+                         ({"stop_token_ids": list(range(100_000))}, "stop_token_ids")):
+        start = time.monotonic()
+        resp = httpx.post(served.base_url + "/completions", headers=AUTH, timeout=60,
+                          json={"model": MODEL, "prompt": "hi", "max_tokens": 200, **extra})
+        assert time.monotonic() - start < 2.0
+        assert resp.status_code == 400 and _error(resp)["param"] == param, resp.text[:300]
+        assert "at most" in _error(resp)["message"]
+
+
 # ---- the API key -----------------------------------------------------------------------------------------
 
 
