@@ -45,6 +45,7 @@ from agentgym.trainers.checkpoint import latest_checkpoint, load_checkpoint, sav
 from agentgym.trainers.base_config import TrainerConfig
 from agentgym.trainers.distributed import Sharding, World, init_world
 from agentgym.trainers.metrics import MetricsLogger, plot_learning_curve
+from agentgym.utils.durable import atomic_write_text
 from agentgym.trainers.seeding import mix_seed
 from agentgym.trajectory import Trajectory
 
@@ -281,7 +282,7 @@ class OnlineTrainer:
         pending_bc = _pending_bc(resume_from)
         if resume_from is None or pending_bc is not None:
             if self.world.is_main and resume_from is None:
-                (self.output_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2), encoding="utf-8")
+                atomic_write_text(self.output_dir / "config.json", json.dumps(cfg.to_dict(), indent=2))
             if cfg.warmstart == "bc":
                 if pending_bc is not None:
                     logger.info("continuing the interrupted BC warm start at step %d/%d", pending_bc, cfg.bc_steps)
@@ -366,7 +367,7 @@ class OnlineTrainer:
                 self._save_defaults(self.output_dir / "adapter")
             self._checkpoint(cfg.steps, states)
             plot_learning_curve(self.metrics.path, self.output_dir / "learning_curve.png")
-            (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
+            atomic_write_text(self.output_dir / "summary.json", json.dumps(summary, indent=2, default=str))
 
     def _save_interrupted(self) -> TrainingInterrupted:
         """After Ctrl-C: a checkpoint of the completed steps (or of the BC steps so far), and the exception that
