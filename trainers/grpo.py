@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,9 @@ from agentgym.trainers.packing import pack_sequences, packed_inputs, packed_sequ
 from agentgym.trainers.seeding import mix_seed
 from agentgym.trajectory import Trajectory
 
-__all__ = ["GrpoTrainer"]
+__all__ = ["GrpoTrainer", "ZeroSignal", "zero_signal_groups"]
+
+logger = logging.getLogger(__name__)
 
 
 class GrpoTrainer(OnlineTrainer):
@@ -141,9 +145,25 @@ class GrpoTrainer(OnlineTrainer):
         batch = build_batch(kept, torch.zeros(len(kept)), sample_mask[usable], pad_id=int(self.tokenizer.pad_token_id or 0))
         batch.advantages, estimate = self._token_advantages(trajectories, scores, stats_mask, usable, batch)
         batch = self._attribute(batch, kept)
+        signal = self._zero_signal(step, kept, batch)
         update = self._update(batch, self.optimizer, self.scheduler, step)
-        return {"train/score_mean": float(scores.mean()) if len(scores) else 0.0, **counts, **estimate, **update,
-                **self._rollout_metrics(trajectories)}
+        return {"train/score_mean": float(scores.mean()) if len(scores) else 0.0, **counts, **estimate, **signal,
+                **update, **self._rollout_metrics(trajectories)}
+
+    def _zero_signal(self, step: int, trajectories: list[Trajectory], batch: TrainingBatch) -> dict[str, float]:
+        """``train/zero_signal_groups``: the share of this step's groups whose advantages are all zero, so no
+        token of theirs moves the policy; warns once per run when most groups carry no signal, with why and what
+        to do."""
+        zero = zero_signal_groups([t.group_id for t in trajectories], batch.advantages, batch.loss_mask,
+                                  [bool(t.success) for t in trajectories])
+        if zero.share > 0.5 and not getattr(self, "_warned_zero_signal", False) and self.world.is_main:
+            self._warned_zero_signal = True
+            why = (f"{zero.all_fail} all fail, {zero.all_succeed} all succeed, {zero.other} score alike otherwise"
+                   if zero.groups else "no group")
+            logger.warning("step %d: %d of %d groups carry no learning signal (%s: group advantages compare rollouts "
+                           "of one task, so equal outcomes give zero); try a warm start (warmstart: bc), a larger "
+                           "group_size, or easier tasks", step + 1, zero.zero, zero.groups, why)
+        return {"train/zero_signal_groups": zero.share}
 
     def _token_advantages(self, trajectories: list[Trajectory], scores: torch.Tensor, stats_mask: torch.Tensor,
                           usable: list[int], batch: TrainingBatch) -> tuple[torch.Tensor, dict[str, float]]:
@@ -299,6 +319,45 @@ class GrpoTrainer(OnlineTrainer):
         if getattr(self, "_reference_is_base", False):
             return self.reference.disable_adapter()
         return contextlib.nullcontext()
+
+
+@dataclass(frozen=True)
+class ZeroSignal:
+    """How many of a step's groups have all-zero advantages, and why (their members' outcomes)."""
+
+    groups: int
+    zero: int
+    all_fail: int
+    all_succeed: int
+    other: int
+
+    @property
+    def share(self) -> float:
+        """Zero-signal groups / groups (0 for no group)."""
+        return self.zero / self.groups if self.groups else 0.0
+
+
+def zero_signal_groups(group_ids: list[str | None], advantages: torch.Tensor, loss_mask: torch.Tensor,
+                       success: list[bool]) -> ZeroSignal:
+    """Count the groups (rows sharing a ``group_id``) whose advantages are zero on every trained token.
+
+    Why: a group-relative advantage compares rollouts of one task, so a group whose rollouts all fail or all
+    succeed contributes nothing to the gradient; when most groups are like that the step learns little, and the
+    fix (a warm start, larger groups, easier tasks) is the user's to choose.
+    """
+    rows: dict[object, list[int]] = {}
+    for i, gid in enumerate(group_ids):
+        rows.setdefault(gid if gid is not None else ("row", i), []).append(i)
+    trained = (advantages.abs() * (loss_mask > 0)).amax(dim=1) if advantages.numel() else torch.zeros(len(group_ids))
+    zero = all_fail = all_succeed = 0
+    for members in rows.values():
+        if float(trained[members].max()) > 1e-8:
+            continue
+        zero += 1
+        outcomes = {success[i] for i in members}
+        all_fail += outcomes == {False}
+        all_succeed += outcomes == {True}
+    return ZeroSignal(len(rows), zero, all_fail, all_succeed, zero - all_fail - all_succeed)
 
 
 def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
