@@ -69,16 +69,16 @@ class SessionGuard:
     Args:
         app: The ASGI app whose ``path`` WebSocket route holds one env per connection.
         idle_timeout_s: Close a session after this many seconds without a client message (``None``: never).
-        max_per_client: Sessions one remote address may hold at a time.
+        max_per_client: Sessions one remote address may hold at a time (``None``: no per-address cap).
         path: The session route (OpenEnv's ``/ws``).
         stats: Where the counts live (a new :class:`GuardStats` if not given).
     """
 
-    def __init__(self, app: ASGIApp, *, idle_timeout_s: float | None, max_per_client: int,
+    def __init__(self, app: ASGIApp, *, idle_timeout_s: float | None, max_per_client: int | None,
                  path: str = "/ws", stats: GuardStats | None = None) -> None:
         if idle_timeout_s is not None and not idle_timeout_s > 0:
             raise ConfigError(f"idle_timeout_s must be > 0 seconds or None, got {idle_timeout_s!r}.")
-        if not isinstance(max_per_client, int) or max_per_client < 1:
+        if max_per_client is not None and (not isinstance(max_per_client, int) or max_per_client < 1):
             raise ConfigError(f"max_per_client must be an integer >= 1, got {max_per_client!r}.")
         self.app = app
         self.idle_timeout_s = idle_timeout_s
@@ -93,7 +93,7 @@ class SessionGuard:
         address = str((scope.get("client") or ("unknown",))[0])
         # One event loop serves every connection, and nothing awaits between the check and the increment, so no
         # lock is needed for the count to stay exact.
-        if self.stats.held[address] >= self.max_per_client:
+        if self.max_per_client is not None and self.stats.held[address] >= self.max_per_client:
             self.stats.refused += 1
             await self._refuse(address, receive, send)
             return

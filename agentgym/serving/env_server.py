@@ -435,8 +435,10 @@ def create_env_app(env_id: str, *, env_kwargs: Mapping[str, Any] | None = None, 
                 "live_envs": LIVE_ENVS.live, "envs_made": LIVE_ENVS.made}
 
     # Added last = outermost: a request without the key is refused before it counts against its client's cap.
-    app.add_middleware(SessionGuard, idle_timeout_s=idle_timeout_s, max_per_client=max_sessions_per_client,
-                       stats=guard)
+    # A per-client cap as large as the global one never binds first: leave it out, so a full server answers with
+    # OpenEnv's own CAPACITY_REACHED.
+    app.add_middleware(SessionGuard, idle_timeout_s=idle_timeout_s, stats=guard,
+                       max_per_client=max_sessions_per_client if max_sessions_per_client < max_sessions else None)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     app.state.env_server = server

@@ -185,6 +185,8 @@ def check_reset_options(options: Any, family: str) -> dict[str, Any] | None:
                                 "{'task': {'id', 'prompt', 'answer', 'metadata'}}.")
     if "task" in options and "task_id" in options:
         raise ResetOptionsError("Give options['task'] or options['task_id'], not both.")
+    if "task" not in options and "task_id" not in options:
+        return {}
     if "task_id" in options:
         if not isinstance(options["task_id"], str):
             raise ResetOptionsError(f"options['task_id'] must be a string, got {type(options['task_id']).__name__}.")
