@@ -11,9 +11,11 @@ a *fresh* sandbox session the agent never touched: the pristine buggy tree is re
 only changes to source modules under the library's package directory are kept (every other path, e.g.
 conftest files, pytest/tox/setup.cfg/pyproject settings, ``sitecustomize``/``usercustomize``, ``.pth`` files,
 plugin modules, tests, is put back from the pristine tree and listed as ignored). pytest then runs under
-``python -I`` with a grader-chosen environment and reports per-test outcomes through a descriptor and a
-random key the tested code never sees; a test with no report counts as failed, and a report of "passed" for
-a test whose call raised counts as failed and "tampered" (see :func:`agentgym.tasks.swe.workspace.grade_code`).
+``python -I`` with a grader-chosen environment; per-test outcomes come back in a report authenticated by an
+audit hook installed before the library is imported, which credits a test only when it saw the genuine test
+body return (a pytest "passed" without that counts as failed and "tampered"; a test with no report counts as
+failed). See :func:`agentgym.tasks.swe.workspace.grade_code` and ``tasks/swe/grade_boot.py``, whose docstring
+lists what code inside the test process can still do.
 
 Score: with f = passing FAIL_TO_PASS / all FAIL_TO_PASS and G the guarded tests (PASS_TO_PASS plus every
 visible test that passes on the buggy tree), reward = score = f * (1 - regressions / |G|); success = f == 1 and

@@ -79,7 +79,7 @@ def submission_message(grading: dict[str, Any], package_dir: str) -> str:
         lines.append(f"Ignored changes to: {shown} (only source modules under {package_dir}/ are graded; tests, "
                      "conftest files and settings are restored from the original repository).")
     if grading["tampered"]:
-        lines.append(f"{len(grading['tampered'])} test report(s) disagreed with what the test raised; "
+        lines.append(f"{len(grading['tampered'])} test(s) reported passed without their test body returning; "
                      "counted as failed.")
     if grading["problem"]:
         lines.append(f"Problem: {grading['problem']}.")

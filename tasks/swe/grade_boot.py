@@ -9,35 +9,40 @@ What the tested code cannot do here, and why:
 * **Forge the report.** Outcomes go to a descriptor the driver reads, as one line authenticated with
   HMAC-SHA256 (RFC 2104) under a key read from stdin before any library code is imported. The key exists only
   as two pre-keyed C hash objects held in the closure of an audit hook (PEP 578). An audit hook cannot be
-  removed or listed from Python; the hook never calls code it did not capture before the tested code could
-  run (builtins and ``os`` functions are bound to closure variables, attacker objects are only type-checked),
-  never raises, and so never exposes its frame. Its function, cells and state are moved to the permanent GC
-  generation (``gc.freeze``), which ``gc.get_objects``/``get_referrers`` do not walk; a ``gc.unfreeze`` is
-  caught (the permanent generation is empty) before any such query runs. ``__main__`` holds only the boot
-  function, whose frame holds neither the key nor the hook.
+  removed or listed from Python, and CPython runs it with tracing and profiling off; the hook calls only
+  functions it bound before the tested code could run (builtins and ``os`` functions are closure variables,
+  attacker objects are only type-checked), never raises, and so never exposes its frame. Its function, cells
+  and state are moved to the permanent GC generation (``gc.freeze``), which ``gc.get_objects`` and
+  ``gc.get_referrers`` do not walk; a GC query after ``gc.unfreeze`` (permanent generation empty) ends the
+  run. ``__main__`` holds only the boot function, whose frame holds neither the key nor the hook.
 * **Report a pass for a test whose body did not run, or raised.** A test counts as passed only if pytest
   reported it passed *and* the hook saw the genuine test function return normally, called from this file's
-  own ``pytest_pyfunc_call`` (or ``unittest.TestCase._callTestMethod``) during the run. "Genuine" means its
-  code object equals (``==``: same bytecode, constants, names) the code this process compiled from the
-  pristine test files, with and without pytest's assertion rewriting, before any library code ran, and its
-  name is the test id's. Skipping test bodies, swapping ``__code__``, replacing a test with another one, or
-  patching pytest's runner or report objects therefore cannot produce a pass: at worst the test fails.
-* **Reach the hook through introspection.** The hook ends the process (reporting the event as a violation,
-  so the run scores nothing) on ``sys.settrace``/``sys.setprofile`` (a tracer would see the hook's frames),
-  ``sys._current_frames``, ``sys.addaudithook``, any ``ctypes`` call, ``code.__new__``/``function.__new__``
-  (forged code objects and wrappers), assignment to a function's ``__code__``, and on a GC query while the
-  permanent generation has been emptied. The process is made non-dumpable (``PR_SET_DUMPABLE``), so
-  ``/proc/self/mem`` and ``/proc/self/fd`` are owned by root and closed to it and to its children
-  (proc(5), ptrace(2) access mode checks); exec'd children do not inherit the report descriptor.
+  own ``pytest_pyfunc_call`` (or ``unittest.TestCase._callTestMethod``). "Genuine" means its code object
+  equals (``==``: same bytecode, constants, names) code this process compiled from the pristine test files,
+  with and without pytest's assertion rewriting, before any library code ran, and its name is the test id's.
+  A decorator's wrapper (freezegun's ``freeze_time``) is followed to the test it wraps only if the wrapper's
+  code equals what its own installed file compiles to. Skipping test bodies, emptying or swapping
+  ``__code__``, calling another test in its place, or patching pytest's runner or reports therefore cannot
+  produce a pass: at worst the test fails. While crediting, the hook also checks that the functions of
+  pytest's, pluggy's and unittest's modules and classes are the ones present when the session started.
+* **Reach the hook or steer a test frame.** The run ends (the report names the event and nothing counts) on
+  ``sys.settrace`` (a tracer can move a test frame past its assertions through ``frame.f_lineno``; the one
+  exception is doctest's runner putting back the ``None`` it found), ``sys.setprofile``,
+  ``sys._current_frames`` (another thread's view of the hook's frame), ``sys.addaudithook`` (a later hook
+  would see the events the guard raises), ``ctypes`` once the session started, a forged ``agentgym.*`` event,
+  and the GC case above. The process is non-dumpable (``PR_SET_DUMPABLE``): ``/proc/self/mem`` and
+  ``/proc/self/fd`` become root's and closed to it and to its children (proc(5), ptrace(2) access mode
+  checks); exec'd children do not inherit the report descriptor.
 
 Residual risk, stated honestly: code in this process can still (1) return objects that lie to the tests'
-assertions (``__eq__`` always true): that is a weakness of the tests, not of the grader; (2) re-enter pytest
-with a mixed-up item (the arguments of a passing parameter set under a failing test's id); (3) rewrite the
-closure of a third-party decorator that wraps a test (freezegun's ``freeze_time``) so that it swallows the
-test's exception: a wrapper from outside the repository is trusted to call the test it wraps; (4) rewrite
-globals of test modules or of pytest's helpers (``pytest.raises``) between import and use; (5) corrupt memory
-through an interpreter bug. None of these is needed by, or defeated by, knowledge of the hidden tests alone,
-but each needs a targeted attack; the grading driver also re-checks test files on disk after the run.
+assertions (``__eq__`` always true): a weakness of the tests, not of the grader; (2) re-enter pytest with a
+mixed-up item (the arguments of a passing parameter set under a failing test's id); (3) rewrite the closure or
+globals of a third-party decorator that wraps a test so that it swallows the test's exception; (4) rewrite
+the globals of a test module, or a pytest helper between two checks (``pytest.raises``), so the genuine body
+returns; (5) ignore a subTest failure reported by pytest if it also rewrites that report; (6) corrupt memory
+through an interpreter bug. Each needs an attack aimed at this grader and at the form of the tests; none is
+the cheap, test-agnostic kind this file is built to stop. The grading driver also re-checks the test files on
+disk after the run.
 """
 
 

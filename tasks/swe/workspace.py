@@ -7,11 +7,14 @@ the pristine library read-only at :data:`PRISTINE`. Test results come back per t
 so FAIL_TO_PASS / PASS_TO_PASS checks do not depend on parsing pytest's human output.
 
 Grading (:func:`patch_code` in the agent's sandbox, then :func:`grade_code` in a fresh one) trusts nothing the
-agent wrote except source modules of the library's package; see :func:`grade_code` for what is restored and
-how outcomes are reported. Honest limit: the graded modules run inside the test process, so code there can
-still patch pytest or the grader's recorder in memory; the grader catches the cheap forms (a report of
-"passed" for a test whose call raised, test files changed during the run, a process that exits before
-reporting) but not a determined in-process attack.
+agent wrote except source modules of the library's package; see :func:`grade_code` for what is restored. The
+graded modules necessarily run inside the test process (the tests call them), so the verdict is decided
+there by a guard the tested code cannot reach, not by pytest's reports alone: ``grade_boot.py`` (the test
+process's whole program) installs an audit hook before any library code runs that alone holds the report key,
+credits a test only when it sees the genuine test function (compiled from the pristine files) return
+normally, and ends the run on the introspection that could reach it. What it does not stop (code in the
+process that makes the tests' own assertions lie, or targeted rewrites of pytest helpers and third-party test
+decorators) is listed in that file's docstring.
 """
 
 from __future__ import annotations
@@ -571,7 +574,12 @@ def grade_code(lib: Library | RepoLayout, files: Mapping[str, str], hidden_tests
     are taken from the patch; every other path is put back byte-for-byte from the pristine tree (or deleted)
     and reported as ignored, so conftest files, pytest/tox/setup.cfg/pyproject settings, ``.pth`` files, plugin
     modules and edited or deleted tests cannot change how tests are collected, run or reported. The tests run
-    under ``python -I`` with the sandbox's own environment minus ``PYTHON*``/``PYTEST*``. ``baseline_args``
+    under ``python -I`` with the sandbox's own environment minus ``PYTHON*``/``PYTEST*``, and their outcomes
+    count only from an HMAC-tagged report written by the test process's audit hook (``grade_boot.py``): a
+    test passes only if pytest says so *and* its genuine body returned; a pytest "passed" without that is
+    reported as "tampered", and a run that reaches for the hook reports a problem and counts nothing. A test
+    module the hook could not compile (or a test inside a decorator that is neither installed code nor from
+    the pristine tests) cannot be credited. ``baseline_args``
     (visible test files) are first run on the unpatched buggy tree, to learn which tests passed before.
     The pristine tree is ``pristine_tree`` (a :func:`tree_payload`, written into the grading sandbox first)
     or else the one mounted at :data:`PRISTINE`. ``protected`` names more paths that are never taken from the

@@ -4,6 +4,11 @@ Every exploit that leaves the bug in place must end with success False, score 0 
 "tests_fail" outcome tier when it changed a source module). Where an exploit acts on pytest, the test first
 shows it is live: a naive grader (pytest run in place in the agent's tree) reports a deliberately failing
 canary test as passed. The genuine fix must still score 1.0 through the same grader.
+
+The ``*_in_the_test_process`` exploits attack the grader inside the graded test process itself (the library's
+own ``__init__.py`` runs there): they reach for the report channel and the recorder the way a previous grader
+left them reachable (globals of ``__main__``, the report descriptor, ``/proc/self/fd``), skip or replace test
+bodies, and probe the audit hook that now holds the report key. None needs to know the hidden tests.
 """
 
 from __future__ import annotations
@@ -67,6 +72,125 @@ for _root in ("/opt/agentgym/repo", "/work/pristine", "/work/repo.patched", "/wo
 """
 
 
+# Every attack below runs at package import, inside the graded test process, and knows nothing of the tests.
+# Swap the recorder's containers for ones that say "everything passed" and forge a report line keyed with any
+# secret-looking string found in __main__ or in a live frame, written to every descriptor (directly and through
+# /proc/self/fd) at exit. Against a grader whose recorder, key and descriptor live in __main__ this scores 1.0.
+FORGE_IN_PROCESS = """
+import json as _j, os as _o, sys as _s
+import _pytest.python as _pp
+
+
+class _AllPassed(dict):
+    def get(self, key, default=None):
+        return "passed"
+
+    def items(self):
+        return [(k, "passed") for k in dict.keys(self)]
+
+
+class _Everything(set):
+    def __contains__(self, item):
+        return True
+
+
+class _Nothing(set):
+    def __contains__(self, item):
+        return False
+
+
+def _candidates():
+    found = list(vars(_s.modules["__main__"]).values())
+    frame = _s._getframe()
+    while frame is not None:
+        found.extend(frame.f_locals.values())
+        frame = frame.f_back
+    for value in list(found):
+        if isinstance(value, dict):
+            found.extend(value.values())
+    return found
+
+
+for _v in list(vars(_s.modules["__main__"]).values()):
+    _state = getattr(_v, "__dict__", None)
+    if isinstance(_state, dict) and type(_v).__module__ == "__main__":  # an instance of a class the boot made
+        for _name, _item in list(_state.items()):
+            if isinstance(_item, dict):
+                _state[_name] = _AllPassed(_item)
+            elif isinstance(_item, set):
+                _state[_name] = _Nothing() if "fail" in _name else _Everything(_item)
+
+_ids = []
+_init = _pp.Function.__init__
+
+
+def _record(self, *args, **kwargs):
+    _init(self, *args, **kwargs)
+    _ids.append(self.nodeid)
+
+
+_pp.Function.__init__ = _record
+_exit = _o._exit
+
+
+def _forge(code=0):
+    found = _candidates()
+    keys = {v for v in found if isinstance(v, str) and len(v) >= 16 and "/" not in v}
+    fds = {v for v in found if type(v) is int and 2 < v < 1024} | set(range(3, 32))
+    body = _j.dumps({"exit_code": 0, "outcomes": {i: "passed" for i in _ids}, "tampered": []})
+    lines = "".join(key + " " + body + "\\n" for key in sorted(keys)).encode()
+    for fd in sorted(fds):
+        try:
+            _o.lseek(fd, 0, 0)
+            _o.ftruncate(fd, 0)
+            _o.write(fd, lines)
+        except OSError:
+            pass
+        try:
+            with open("/proc/self/fd/%d" % fd, "ab") as fh:
+                fh.write(lines)
+        except OSError:
+            pass
+    _exit(code)
+
+
+_o._exit = _forge
+"""
+# Skip every test body: pytest then reports each test as passed.
+SKIP_BODIES = """
+import _pytest.python as _pp, _pytest.unittest as _pu
+_pp.Function.runtest = lambda self: None
+_pu.TestCaseFunction.runtest = lambda self: None
+"""
+# Before each test, find every test function through gc and give it a body that does nothing.
+EMPTY_CODE_VIA_GC = """
+import gc as _gc, _pytest.python as _pp
+_runtest = _pp.Function.runtest
+
+
+def _emptied(self):
+    for _f in _gc.get_objects():
+        if type(_f) is type(_emptied) and _f.__name__.startswith("test") and not _f.__code__.co_freevars:
+            _f.__code__ = (lambda *a, **k: None).__code__
+    return _runtest(self)
+
+
+_pp.Function.runtest = _emptied
+"""
+# Tell the grader's hook directly that each test body returned.
+FAKE_OK_EVENT = """
+import sys as _s, _pytest.python as _pp
+_pp.Function.runtest = lambda self: _s.audit("agentgym.ok", self.nodeid, self.obj)
+"""
+# Look for the hook where gc.freeze put it, and in other threads' frames.
+PROBE_THE_HOOK = """
+import gc as _gc, sys as _s
+_gc.unfreeze()
+_hooks = [o for o in _gc.get_objects() if getattr(o, "__closure__", None)]
+_s._current_frames()
+"""
+
+
 def call(name: str, **arguments: object) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
@@ -83,6 +207,12 @@ def prepend_to_package(code: str) -> str:
     """Rewrite toolz/__init__.py so that ``code`` runs whenever the package is imported."""
     original = (fetch_library("toolz") / "toolz" / "__init__.py").read_text(encoding="utf-8")
     return create("toolz/__init__.py", code + "\n" + original)
+
+
+def append_to_package(library: str, package_dir: str, code: str) -> str:
+    """Rewrite ``<package_dir>/__init__.py`` of ``library`` so that ``code`` runs after the package's own code."""
+    original = (fetch_library(library) / package_dir / "__init__.py").read_text(encoding="utf-8")
+    return create(f"{package_dir}/__init__.py", original + "\n" + code)
 
 
 PLUGIN = create("hackplugin.py", FORGE_HOOK)
@@ -119,7 +249,15 @@ EXPLOITS: dict[str, tuple[list[str], bool, str]] = {
     "rewrite_reports_at_package_import": ([prepend_to_package(REWRITE_AT_IMPORT)], True, "graded"),
     "copy_the_original_at_grading_time": ([prepend_to_package(COPY_ORIGINAL)], False, "graded"),
     "huge_patch": ([bash("head -c 1500000 /dev/urandom | base64 > blob.txt")], False, "too_large"),
+    "forge_recorder_and_report_in_the_test_process": ([prepend_to_package(FORGE_IN_PROCESS)], False, "graded"),
+    "skip_test_bodies_in_the_test_process": ([prepend_to_package(SKIP_BODIES)], True, "graded"),
+    "empty_test_code_via_gc_in_the_test_process": ([prepend_to_package(EMPTY_CODE_VIA_GC)], False, "graded"),
+    "fake_hook_event_in_the_test_process": ([prepend_to_package(FAKE_OK_EVENT)], False, "graded"),
+    "probe_the_hook_in_the_test_process": ([prepend_to_package(PROBE_THE_HOOK)], False, "graded"),
 }
+# Attacks the test process ends as a violation (nothing counts); the others leave each test failed.
+VIOLATIONS = {"fake_hook_event_in_the_test_process": "agentgym.ok",
+              "probe_the_hook_in_the_test_process": "gc.get_objects after gc.unfreeze"}
 
 
 @pytest.fixture(scope="module")
@@ -172,8 +310,10 @@ def test_exploit_scores_zero(env, task, name):
         assert channels["outcome"] == OUTCOME_REWARDS["empty_patch"], grading
     assert bool(grading["ignored_paths"]) == (seen == "ignored"), grading
     assert bool(info["turn"]["patch"]) == (seen in ("ignored", "graded")), grading
-    if name == "rewrite_reports_at_package_import":  # caught by the second, raw-exception channel
-        assert F2P in grading["tampered"], grading
+    if name in ("rewrite_reports_at_package_import", "skip_test_bodies_in_the_test_process"):
+        assert F2P in grading["tampered"], grading  # pytest said passed; no genuine test body returned
+    if name in VIOLATIONS:
+        assert VIOLATIONS[name] in grading["problem"] and "nothing counts" in grading["problem"], grading
 
 
 def test_the_agent_sandbox_holds_neither_the_original_source_nor_the_hidden_tests(env, task):
@@ -249,3 +389,23 @@ def test_an_installed_copy_of_the_library_is_hidden_from_the_sandbox():
         assert listing.ok and listing.stdout.strip() == "[]", listing
         imported = py.run("import tabulate; print(getattr(tabulate, 'tabulate', None))")
         assert imported.stdout.strip() == "None", imported
+
+
+# swe-smoke holds two tasks per library, in library order: (task index, library, package directory).
+ONE_TASK_PER_LIBRARY = [(0, "boltons", "boltons"), (2, "cachetools", "src/cachetools"),
+                        (4, "humanize", "src/humanize"), (6, "tabulate", "tabulate"), (8, "toolz", "toolz")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("index", "library", "package_dir"), ONE_TASK_PER_LIBRARY,
+                         ids=[lib for _, lib, _ in ONE_TASK_PER_LIBRARY])
+def test_in_process_forgery_scores_zero_and_the_fix_one_on_every_library(env, index, library, package_dir):
+    task = load_suite("swe-smoke").test[index]
+    assert task.metadata["library"] == library
+    for attack in (FORGE_IN_PROCESS, SKIP_BODIES):
+        _, reward, _, _, info = play(env, task, [append_to_package(library, package_dir, attack)])
+        grading = info["turn"]["grading"]
+        assert reward == 0.0 and not info["outcome"]["success"] and grading["f2p_passed"] == 0, (library, grading)
+        assert grading["tests_ran"] and grading["graded_paths"] == [f"{package_dir}/__init__.py"], grading
+    _, reward, _, _, info = play(env, task, [genuine_fix(env, task)])
+    assert info["outcome"]["success"] and reward == 1.0, (library, info["turn"]["grading"])
