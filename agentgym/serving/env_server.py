@@ -507,9 +507,13 @@ class AgentGymClient(EnvClient[AgentGymAction, AgentGymObservation, AgentGymStat
         from websockets.exceptions import InvalidStatus
 
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else None
+        local = any(host in self._ws_url.lower() for host in ("://localhost", "://127.0.0.1", "://[::1]"))
         try:
-            self._ws = await ws_connect(self._ws_url, open_timeout=self._connect_timeout, max_size=self._max_message_size,
-                                        additional_headers=headers, proxy=None)
+            # Loopback never goes through a proxy (as OpenEnv's own connect arranges); other hosts use the
+            # environment's proxy settings.
+            self._ws = await ws_connect(self._ws_url, open_timeout=self._connect_timeout,
+                                        max_size=self._max_message_size, additional_headers=headers,
+                                        proxy=None if local else True)
         except InvalidStatus as exc:
             status = exc.response.status_code
             if status in (401, 403):
@@ -578,7 +582,8 @@ def _close_reason(exc: Any) -> dict[str, Any] | None:
     names = {IDLE_CLOSE_CODE: SESSION_IDLE_TIMEOUT, CLIENT_LIMIT_CLOSE_CODE: CLIENT_LIMIT_REACHED}
     if code not in names:
         return None
-    return {"type": "error", "data": {"code": names[code], "message": f"the server closed the session ({rcvd.reason})."}}
+    reason = f"the server closed the session ({rcvd.reason})."
+    return {"type": "error", "data": {"code": names[code], "message": reason}}
 
 
 def finite_or_zero(value: Any) -> float:
