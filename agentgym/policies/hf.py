@@ -48,13 +48,20 @@ from agentgym.policies.base import (
     SamplingParams,
 )
 from agentgym.policies.choices import ChoiceTrees, allowed_mask
+from agentgym.policies.continuous import ContinuousSampler
 from agentgym.policies.decode_outputs import collect_generations, hit_stop_strings, top_logprobs
 from agentgym.policies.kv_batch import batch_cache, plain_dynamic_layers, store_rows
 from agentgym.policies.kv_cache import DEFAULT_KV_CACHE_TOKENS, EpisodeKVCache
 from agentgym.policies.seeding import row_seeds, row_uniforms
+from agentgym.policies.slot_model import slot_model_support
 from agentgym.utils.images import ImageRef, image_parts
 
-__all__ = ["HFPolicy", "request_images"]
+__all__ = ["SAMPLERS", "HFPolicy", "request_images"]
+
+#: ``HFPolicy(sampler=...)`` values: continuous batching (default) or the reference loop.
+SAMPLERS = ("continuous", "reference")
+# With continuous batching the policy takes every waiting request at once; the decode batch bounds the work.
+_CONTINUOUS_CONCURRENCY = 1 << 16
 
 # Old names of helpers that moved to agentgym.models.geometry and agentgym.policies.kv_batch, kept for one release.
 _rope_index_fn = rope_index_fn
@@ -105,10 +112,19 @@ class HFPolicy(InProcessTokenPolicy):
         processor: The model's Hugging Face processor (``AutoProcessor``) for a vision-language model: the policy
             then ``accepts_images``, the ChatAgent expands image placeholders with it, and sampling passes pixel
             values. ``tokenizer`` may then be ``None`` (the processor's tokenizer is used).
+        sampler: How :meth:`act` (the rollout engine's path) samples. ``"continuous"`` (default): continuous
+            batching over a slot KV cache (:mod:`agentgym.policies.continuous`): each request joins the running
+            decode batch at its next step and leaves it when it finishes, so the policy takes every waiting request
+            at once (``max_concurrency`` is high); up to ``max_batch_size`` requests decode together, and each
+            episode's keys and values stay in its slot between turns. Requests it cannot serve (images, top-k
+            log-probs, a model outside the Llama family, a reply that would pass the model's context length) take
+            the reference loop. ``"reference"``: every ``act`` call is one :meth:`generate` call, one batch from
+            start to finish (the sampler before continuous batching, kept for comparison). :meth:`generate`
+            itself is always the reference loop.
 
     Raises:
-        ConfigError: If ``max_batch_size``, ``dtype`` or a KV-cache limit is invalid, or the processor does not fit
-            the model.
+        ConfigError: If ``max_batch_size``, ``dtype``, ``sampler`` or a KV-cache limit is invalid, or the processor
+            does not fit the model.
     """
 
     max_concurrency: int = 1
@@ -126,8 +142,11 @@ class HFPolicy(InProcessTokenPolicy):
         kv_cache_episodes: int = 64,
         kv_cache_tokens: int = DEFAULT_KV_CACHE_TOKENS,
         processor: Any = None,
+        sampler: str = "continuous",
     ) -> None:
         torch = _import_torch()
+        if sampler not in SAMPLERS:
+            raise ConfigError(f"sampler must be one of {SAMPLERS}, got {sampler!r}.")
         if processor is not None:
             tokenizer = tokenizer if tokenizer is not None else getattr(processor, "tokenizer", None)
             self._image_token_id = image_token_id(processor, model)
@@ -173,6 +192,11 @@ class HFPolicy(InProcessTokenPolicy):
         # Qwen2-VL style models place image tokens on a 3-D grid of rotary positions (M-RoPE).
         self._rope_index = rope_index_fn(model) if processor is not None else None
         self._grids: dict[tuple[int, int], Any] = {}
+        self.sampler = sampler
+        self._continuous: ContinuousSampler | None = None
+        self._continuous_unsupported = slot_model_support(model) if processor is None else "a vision-language model"
+        if sampler == "continuous" and self._continuous_unsupported is None:
+            self.max_concurrency = _CONTINUOUS_CONCURRENCY
 
     @staticmethod
     def _find_stop_ids(tokenizer: Any, model: Any) -> list[int]:
@@ -237,6 +261,16 @@ class HFPolicy(InProcessTokenPolicy):
         if not requests:
             return []
         prompts = [self.prompt_ids(r) for r in requests]
+        if self._continuous_fits(prompts, requests):
+            if self.model is None:
+                raise AgentGymError("This HFPolicy was closed; create a new one (HFPolicy.from_pretrained(path)).")
+            params = [r.sampling for r in requests]
+            episodes = [str(r.episode_id or "") for r in requests]
+            if not self.kv_cache.enabled:
+                episodes = [""] * len(requests)
+            sampler = self._continuous_sampler()
+            futures = sampler.submit(prompts, params, episodes, row_seeds([p.seed for p in params]))
+            return [await asyncio.wrap_future(f) for f in futures]
         images = [request_images(r) for r in requests] if self.processor is not None else None
         return await asyncio.to_thread(self.generate, prompts, [r.sampling for r in requests],
                                        episode_ids=[r.episode_id for r in requests], images=images)
@@ -255,10 +289,30 @@ class HFPolicy(InProcessTokenPolicy):
     def begin_episode(self, episode_id: str, env: Any) -> None:
         """A new episode never inherits a stale cache entry under a reused id, and its entry is kept while it runs."""
         self.kv_cache.begin(episode_id)
+        if self._continuous is not None:
+            self._continuous.end_episode(episode_id)
 
     def end_episode(self, episode_id: str) -> None:
         """Free the episode's KV cache."""
         self.kv_cache.drop(episode_id)
+        if self._continuous is not None:
+            self._continuous.end_episode(episode_id)
+
+    def _continuous_fits(self, prompts: list[list[int]], requests: Sequence[GenerationRequest]) -> bool:
+        """Whether this ``act`` call goes to the continuous sampler (see ``sampler`` in the class docs)."""
+        if self.sampler != "continuous" or self._continuous_unsupported is not None:
+            return False
+        limit = int(getattr(getattr(self.model, "config", None), "max_position_embeddings", 0) or 1 << 20)
+        return all(not r.sampling.top_logprobs and len(p) + r.sampling.max_tokens <= limit and p
+                   for p, r in zip(prompts, requests))
+
+    def _continuous_sampler(self) -> ContinuousSampler:
+        if self._continuous is None:
+            logger.debug("%s: continuous batching over %d slots", self.name, self.max_batch_size)
+            self._continuous = ContinuousSampler(self.model, self.tokenizer, self._stop_ids, self._pad_id,
+                                                 self.max_batch_size, self._choice_trees, self.kv_cache,
+                                                 self._weights_version)
+        return self._continuous
 
     def generate(
         self,
@@ -610,6 +664,9 @@ class HFPolicy(InProcessTokenPolicy):
 
     def close(self) -> None:
         """Drop the model reference and the cached keys and values so their memory can be freed."""
+        if self._continuous is not None:
+            self._continuous.close()
+            self._continuous = None
         self.model = None
         self.kv_cache.clear()
 

@@ -225,6 +225,9 @@ def test_episode_hooks_free_and_no_ids_cache_nothing(reuse):
 
 
 def test_act_passes_episode_ids_and_matches_recompute(reuse, recompute):
+    # The reference loop's episode cache (the default continuous sampler keeps episodes in slots instead:
+    # tests/policies/test_continuous.py).
+    reuse = HFPolicy(reuse.model, reuse.tokenizer, max_batch_size=8, sampler="reference")
     agents = {policy: ChatAgent(reuse.tokenizer) for policy in (reuse, recompute)}
     for agent in agents.values():
         agent.start("Use the calculator.", "What is 27*42?")

@@ -1,0 +1,430 @@
+"""Continuous batching for :class:`~agentgym.policies.hf.HFPolicy`: every live request's next token in one forward.
+
+Why: the reference loop (``HFPolicy.generate``) decodes one batch of requests from start to finish. In a rollout the
+engine hands it whatever turns are waiting, so a batch starts short of rows (the others are still stepping their
+envs), ends at the speed of its longest reply, and the turns that arrive meanwhile wait for the next one; and each
+batch rebuilds its KV cache from per-episode copies and grows it by ``torch.cat`` every step. Here a single decode
+thread owns a slot KV cache (:class:`~agentgym.policies.slot_model.SlotModel`): a request is admitted at the next
+step (its prompt's new suffix prefilled into its episode's slot), joins the one decode forward all live rows share,
+and leaves the batch the step it finishes, its future resolved; its episode keeps the slot for the next turn.
+
+Per step the Python work is a fixed number of tensor ops over all rows: sampling, log-probs and entropies as the
+reference computes them, choice constraints and stop-string prefilters as table lookups
+(:mod:`agentgym.policies.token_tables`), and one host sync to learn which rows finished. Per-row Python runs once
+per turn (admission and the finished :class:`~agentgym.policies.base.Generation`), and for the rare row whose newest
+token could end a stop string.
+
+Sampling is the reference's, row for row: the same temperature, top-p and inverse-CDF draw from the row's own
+seeded stream (:mod:`agentgym.policies.seeding`), so a seeded request samples the ids the reference sampler does
+(up to float rounding of the logits at a CDF boundary) and greedy decoding is identical.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentgym.policies.base import Generation, SamplingParams
+from agentgym.policies.choices import ChoiceTrees
+from agentgym.policies.kv_cache import EpisodeKVCache, common_prefix_length
+from agentgym.policies.seeding import row_uniforms
+from agentgym.policies.slot_model import SlotModel
+from agentgym.policies.token_tables import ChoiceAutomaton, StopCandidates
+
+__all__ = ["ContinuousSampler"]
+
+logger = logging.getLogger(__name__)
+
+# Prefill chunks: most (rows x new tokens x context columns) attention scores computed at once.
+_PREFILL_SCORES = 1 << 24
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    params: SamplingParams
+    episode: str
+    stream: int | None
+    future: concurrent.futures.Future[Generation]
+    slot: int = -1
+    reused: int = 0
+    node: int = 0
+    stops: tuple[str, ...] = ()
+    stop_ids: list[int] = field(default_factory=list)
+
+
+class ContinuousSampler:
+    """The decode thread and its slots (one per live episode or request).
+
+    Args:
+        model: A causal LM :class:`SlotModel` supports.
+        tokenizer: Decodes replies and stop-string tails.
+        stop_ids: End-of-turn ids.
+        pad_id: Written to unused output positions (never returned).
+        slots: Most rows decoded at once (and episodes whose keys and values are kept).
+        choice_trees: The policy's choice-tree cache (constrained decoding).
+        kv_stats: The policy's :class:`EpisodeKVCache`, whose ``stats`` get this sampler's reuse counts too.
+        weights_version: Returns a value that changes whenever the weights may have: cached keys and values of
+            other weights are never reused.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, stop_ids: Sequence[int], pad_id: int, slots: int,
+                 choice_trees: ChoiceTrees, kv_stats: EpisodeKVCache, weights_version: Callable[[], Any]) -> None:
+        import torch
+
+        self.torch = torch
+        self.tokenizer = tokenizer
+        self.pad = pad_id
+        self.slots = slots
+        self.net = SlotModel(model, slots)
+        self.device = self.net.device
+        self.vocab = int(model.lm_head.out_features)
+        self.stop_tensor = torch.tensor(list(stop_ids), dtype=torch.long, device=self.device)
+        self.choice_trees = choice_trees
+        self.automaton = ChoiceAutomaton(self.vocab, self.device)
+        self.stop_table: StopCandidates | None = None
+        self.kv_stats = kv_stats
+        self.weights_version = weights_version
+        self._weights: Any = None
+        self._cond = threading.Condition()
+        self._pending: list[_Request] = []
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        # Slot ownership: which episode holds each slot, the ids its columns hold, and idle episodes by last use.
+        self._owner: list[str | None] = [None] * slots
+        self._ids: list[list[int]] = [[] for _ in range(slots)]
+        self._busy: list[_Request | None] = [None] * slots
+        self._of_episode: dict[str, int] = {}
+        self._idle: OrderedDict[int, None] = OrderedDict()  # owned, not decoding: evictable, oldest first
+        self._ended: set[str] = set()  # episodes ended while their request was running
+        self._bound: dict[int, int] = {}  # live slot -> one past the last column it can write
+        self._steps_cap = 0
+        self._alloc_state(16)
+
+    # ---- state tensors ------------------------------------------------------------------------------------------
+    def _alloc_state(self, steps: int) -> None:
+        """Per-slot sampling state and outputs, for replies of up to ``steps`` tokens (grown on demand)."""
+        torch, n, dev = self.torch, self.slots, self.device
+        old = self.__dict__.get("out_tokens")
+        keep = self._steps_cap
+        self._steps_cap = steps
+        self.out_tokens = torch.full((n, steps), self.pad, dtype=torch.long, device=dev)
+        self.out_logprobs = torch.zeros((n, steps), dtype=torch.float32, device=dev)
+        self.out_entropy = torch.zeros((n, steps), dtype=torch.float32, device=dev)
+        self.out_forced = torch.zeros((n, steps), dtype=torch.bool, device=dev)
+        self.uniforms = torch.zeros((n, steps), dtype=torch.float64, device=dev)
+        if old is not None:
+            for name in ("out_tokens", "out_logprobs", "out_entropy", "out_forced", "uniforms"):
+                getattr(self, name)[:, :keep] = getattr(self, "_old_" + name)
+        if old is None:
+            self.scale = torch.ones(n, dtype=torch.float32, device=dev)
+            self.greedy = torch.ones(n, dtype=torch.bool, device=dev)
+            self.top_p = torch.ones(n, dtype=torch.float32, device=dev)
+            self.use_top_p = torch.zeros(n, dtype=torch.bool, device=dev)
+            self.max_tokens = torch.ones(n, dtype=torch.long, device=dev)
+            self.count = torch.zeros(n, dtype=torch.long, device=dev)  # tokens sampled this turn
+            self.column = torch.zeros(n, dtype=torch.long, device=dev)  # where the next fed token goes
+            self.last = torch.zeros(n, dtype=torch.long, device=dev)  # the token to feed next
+            self.live = torch.zeros(n, dtype=torch.bool, device=dev)
+            self.node = torch.zeros(n, dtype=torch.long, device=dev)
+            self.has_stops = torch.zeros(n, dtype=torch.bool, device=dev)
+
+    def _grow_steps(self, steps: int) -> None:
+        if steps <= self._steps_cap:
+            return
+        for name in ("out_tokens", "out_logprobs", "out_entropy", "out_forced", "uniforms"):
+            setattr(self, "_old_" + name, getattr(self, name))
+        self._alloc_state(max(steps, 2 * self._steps_cap))
+        for name in ("out_tokens", "out_logprobs", "out_entropy", "out_forced", "uniforms"):
+            delattr(self, "_old_" + name)
+
+    # ---- the caller's side --------------------------------------------------------------------------------------
+    def submit(self, prompts: Sequence[list[int]], params: Sequence[SamplingParams], episodes: Sequence[str],
+               streams: Sequence[int | None]) -> list[concurrent.futures.Future[Generation]]:
+        """Queue requests; each future resolves with its :class:`Generation` (or the error that ended it)."""
+        requests = []
+        for prompt, p, episode, stream in zip(prompts, params, episodes, streams):
+            request = _Request(prompt, p, episode, stream, concurrent.futures.Future())
+            if p.choices:  # checked here, so a bad choice set fails its own call before it is queued
+                request.node = -1
+                self.choice_trees.get(p.choices, p.max_tokens)
+            requests.append(request)
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the sampler was closed")
+            self._pending.extend(requests)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="agentgym-continuous-sampler", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return [r.future for r in requests]
+
+    def end_episode(self, episode: str) -> None:
+        """Free the episode's slot (at the end of its running request, if one is running)."""
+        with self._cond:
+            slot = self._of_episode.get(episode)
+            if slot is None:
+                return
+            if self._busy[slot] is not None:
+                self._ended.add(episode)
+            else:
+                self._release(slot)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=60)
+
+    def _release(self, slot: int) -> None:
+        owner = self._owner[slot]
+        if owner:
+            self._of_episode.pop(owner, None)
+            self._ended.discard(owner)
+        self._owner[slot] = None
+        self._ids[slot] = []
+        self._idle.pop(slot, None)
+
+    # ---- the decode thread --------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        torch = self.torch
+        while True:
+            with self._cond:
+                while not self._closed and not self._pending and not self._bound:
+                    self._cond.wait()
+                if self._closed:
+                    failing = self._pending + [r for r in self._busy if r is not None]
+                    self._pending = []
+                    break
+                admitted = self._admit()
+            try:
+                with torch.inference_mode():
+                    if admitted:
+                        self._prefill(admitted)
+                    if self._bound:
+                        self._decode()
+            except BaseException as exc:  # noqa: BLE001 - every waiting caller gets the error instead of hanging
+                logger.exception("continuous sampler step failed")
+                with self._cond:
+                    for slot, request in enumerate(self._busy):
+                        if request is not None:
+                            self._busy[slot] = None
+                            self._bound.pop(slot, None)
+                            self.live[slot] = False
+                            self._release(slot)
+                            if not request.future.done():
+                                request.future.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
+        for request in failing:
+            if not request.future.done():
+                request.future.set_exception(RuntimeError("the sampler was closed"))
+
+    def _admit(self) -> list[_Request]:
+        """Give pending requests slots (their episode's own, a free one, or an idle episode's), lowest first."""
+        if not self._pending:
+            return []
+        version = self.weights_version()
+        if version != self._weights:  # keys and values of other weights would give other results
+            self._weights = version
+            for slot in range(self.slots):
+                self._ids[slot] = []
+        free = [s for s in range(self.slots) if self._owner[s] is None and self._busy[s] is None]
+        free.reverse()  # pop() takes the lowest, keeping live rows packed at the front of the decode batch
+        admitted, waiting = [], []
+        for request in self._pending:
+            slot = self._of_episode.get(request.episode, -1) if request.episode else -1
+            if slot >= 0 and self._busy[slot] is not None:
+                waiting.append(request)  # one turn per episode at a time; this one waits for the running one
+                continue
+            if slot < 0:
+                if free:
+                    slot = free.pop()
+                elif self._idle:
+                    slot, _ = self._idle.popitem(last=False)
+                    self._release(slot)
+                else:
+                    waiting.append(request)
+                    continue
+                if request.episode:
+                    self._owner[slot] = request.episode
+                    self._of_episode[request.episode] = slot
+                else:
+                    self._owner[slot] = ""
+            self._idle.pop(slot, None)
+            self._busy[slot] = request
+            request.slot = slot
+            request.reused = min(common_prefix_length(self._ids[slot], request.prompt), len(request.prompt) - 1)
+            admitted.append(request)
+        self._pending = waiting
+        return admitted
+
+    def _prefill(self, requests: list[_Request]) -> None:
+        """Set the admitted rows' sampling state, run their new prompt tokens, and sample their first tokens."""
+        torch = self.torch
+        self._grow_steps(max(r.params.max_tokens for r in requests))
+        self.net.ensure_capacity(max(len(r.prompt) + r.params.max_tokens for r in requests),
+                                 max(r.slot for r in requests) + 1)
+        self.kv_stats.record_use([r.prompt for r in requests if r.episode], [r.reused for r in requests if r.episode])
+        slots = [r.slot for r in requests]
+        index = torch.tensor(slots, dtype=torch.long, device=self.device)
+        temps = torch.tensor([r.params.temperature for r in requests], dtype=torch.float32, device=self.device)
+        greedy = temps == 0
+        self.scale[index] = torch.where(greedy, torch.ones_like(temps), temps)
+        self.greedy[index] = greedy
+        top_p = torch.tensor([r.params.top_p for r in requests], dtype=torch.float32, device=self.device)
+        self.top_p[index] = top_p
+        self.use_top_p[index] = (top_p < 1) & ~greedy
+        self.max_tokens[index] = torch.tensor([r.params.max_tokens for r in requests], device=self.device)
+        self.count[index] = 0
+        self.out_forced[index] = False
+        self.column[index] = torch.tensor([len(r.prompt) for r in requests], device=self.device)
+        steps = self._steps_cap
+        self.uniforms[index] = row_uniforms([r.stream for r in requests], steps, self.device)
+        for r in requests:
+            if r.node == -1:
+                r.node = self.automaton.root(self.choice_trees.get(r.params.choices, r.params.max_tokens))
+            if r.params.stop:
+                r.stops = tuple(r.params.stop)
+                if self.stop_table is None:
+                    self.stop_table = StopCandidates(self.tokenizer, self.vocab, self.device)
+                self.stop_table.add(r.stops)
+        self.node[index] = torch.tensor([r.node for r in requests], dtype=torch.long, device=self.device)
+        self.has_stops[index] = torch.tensor([bool(r.stops) for r in requests], device=self.device)
+        # Chunks of rows of similar length, so padding and the attention scores stay bounded.
+        order = sorted(requests, key=lambda r: len(r.prompt) - r.reused)
+        start = 0
+        while start < len(order):
+            end = start + 1
+            while end < len(order):
+                longest = len(order[end].prompt) - order[end].reused
+                width = max(len(r.prompt) for r in order[start:end + 1])
+                if (end + 1 - start) * longest * width > _PREFILL_SCORES:
+                    break
+                end += 1
+            chunk = order[start:end]
+            logits = self.net.prefill([r.slot for r in chunk], [r.prompt[r.reused:] for r in chunk],
+                                      [r.reused for r in chunk])
+            rows = torch.tensor([r.slot for r in chunk], dtype=torch.long, device=self.device)
+            for r in chunk:
+                self._bound[r.slot] = len(r.prompt) + r.params.max_tokens
+            self.live[rows] = True
+            self._sample(rows, logits)
+            start = end
+
+    def _decode(self) -> None:
+        """One token for every live row, in one forward over the slots up to the highest live one."""
+        rows = max(self._bound) + 1
+        width = max(self._bound.values())
+        logits = self.net.decode(self.last[:rows], self.column[:rows], self.live[:rows], width)
+        index = self.live[:rows].nonzero().squeeze(-1)
+        self.column[index] += 1
+        self._sample(index, logits[index])
+
+    def _sample(self, rows: Any, logits: Any) -> None:
+        """Draw each row's next token as the reference sampler does, record it, and finish the rows that end."""
+        torch = self.torch
+        logits = logits.float()
+        scale = self.scale[rows]
+        step = self.count[rows]
+        logp = torch.log_softmax(logits / scale[:, None], dim=-1)
+        probs = logp.exp()
+        entropy = -torch.where(probs > 0, probs * logp, torch.zeros_like(probs)).sum(-1)
+        node = self.node[rows]
+        constrained = bool(node.any())
+        if constrained:  # sample inside the trees: renormalise over the allowed ids (the recorded logp stays the model's)
+            allow = self.automaton.allowed[node]
+            logits = logits.masked_fill(~allow, float("-inf"))
+            masked = torch.log_softmax(logits / scale[:, None], dim=-1)
+            probs = masked.exp()
+            entropy = -torch.where(probs > 0, probs * masked, torch.zeros_like(probs)).sum(-1)
+        greedy = self.greedy[rows]
+        if bool(greedy.all()):
+            token = logits.argmax(-1)
+        else:
+            sample_probs = probs
+            use_top_p = self.use_top_p[rows]
+            if bool(use_top_p.any()):
+                sorted_p, sorted_idx = probs.sort(-1, descending=True)
+                cut = ((sorted_p.cumsum(-1) - sorted_p) > self.top_p[rows][:, None]) & use_top_p[:, None]
+                sample_probs = torch.zeros_like(probs).scatter_(-1, sorted_idx, sorted_p.masked_fill(cut, 0.0))
+            cdf = sample_probs.double().cumsum(-1)
+            target = (self.uniforms[rows, step] * cdf[:, -1]).unsqueeze(-1)
+            sampled = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
+            token = torch.where(greedy, logits.argmax(-1), sampled)
+        self.out_tokens[rows, step] = token
+        self.out_logprobs[rows, step] = logp.gather(-1, token[:, None]).squeeze(-1)
+        self.out_entropy[rows, step] = entropy
+        if constrained:
+            self.out_forced[rows, step] = self.automaton.forced[node]
+            self.node[rows] = self.automaton.next[node, token]
+        count = step + 1
+        self.count[rows] = count
+        self.last[rows] = token
+        hit_stop = torch.isin(token, self.stop_tensor)
+        done = hit_stop | (count >= self.max_tokens[rows])
+        string_rows: list[int] = []
+        if self.stop_table is not None:
+            maybe = self.has_stops[rows] & self.stop_table.table[token] & ~hit_stop
+            if bool(maybe.any()):
+                string_rows = rows[maybe].tolist()
+        finished = rows[done].tolist()  # the one host sync of a step
+        stopped = set(rows[hit_stop].tolist()) if finished else set()
+        for slot in string_rows:
+            request = self._busy[slot]
+            n = int(self.count[slot])
+            window = 4 * max(len(s) for s in request.stops) + 8
+            text = self.tokenizer.decode(self.out_tokens[slot, max(0, n - window):n].tolist(),
+                                         skip_special_tokens=True)
+            if any(s in text for s in request.stops):
+                stopped.add(slot)
+                if slot not in finished:
+                    finished.append(slot)
+        if finished:
+            self._finish(finished, stopped)
+
+    def _finish(self, slots: list[int], stopped: set[int]) -> None:
+        """Resolve the finished rows' futures; their episodes keep the slots (prompt and fed tokens cached)."""
+        torch = self.torch
+        index = torch.tensor(slots, dtype=torch.long, device=self.device)
+        self.live[index] = False
+        counts = self.count[index].tolist()
+        tokens = self.out_tokens[index].tolist()
+        logprobs = self.out_logprobs[index].tolist()
+        entropies = self.out_entropy[index].tolist()
+        forced = self.out_forced[index].tolist()
+        results = []
+        with self._cond:
+            for i, slot in enumerate(slots):
+                request = self._busy[slot]
+                n = counts[i]
+                ids = tokens[i][:n]
+                self._busy[slot] = None
+                self._bound.pop(slot, None)
+                self._ids[slot] = request.prompt + ids[: n - 1]  # the last sampled token was never fed
+                if not request.episode or request.episode in self._ended:
+                    self._release(slot)
+                else:
+                    self._idle[slot] = None
+                results.append((request, ids, n, i, slot))
+        for request, ids, n, i, slot in results:
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            is_stop = slot in stopped
+            if is_stop and request.stops:
+                ends = [text.find(s) + len(s) for s in request.stops if s in text]
+                if ends:
+                    text = text[: min(ends)]
+            request.future.set_result(Generation(
+                text=text,
+                token_ids=tuple(ids),
+                logprobs=tuple(logprobs[i][:n]),
+                entropies=tuple(entropies[i][:n]),
+                finish_reason="stop" if is_stop else "length",
+                forced=tuple(bool(f) for f in forced[i][:n]) if request.params.choices else None,
+            ))

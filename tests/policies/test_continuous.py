@@ -1,0 +1,195 @@
+"""HFPolicy's continuous-batching sampler: the reference loop's ids, full-forward log-probs, rows joining mid-decode."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest
+
+from tests.helpers.tiny_models import build_context_sensitive_tiny_model
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from agentgym.agent import ChatAgent
+from agentgym.errors import ConfigError
+from agentgym.models import TinyModelConfig
+from agentgym.policies.base import GenerationRequest, SamplingParams
+from agentgym.policies.hf import HFPolicy
+
+CONFIG = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
+                         max_position_embeddings=512, vocab_size=400, tie_word_embeddings=False)
+TEXTS = ["<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n",
+         "<|im_start|>system\nUse the calculator.<|im_end|>\n<|im_start|>user\nWhat is 27*42?<|im_end|>\n"
+         "<|im_start|>assistant\n", "x", "guess(50)", "move north, then east, then north again"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_context_sensitive_tiny_model(tmp_path_factory.mktemp("cont") / "tiny", CONFIG)
+
+
+@pytest.fixture(scope="module")
+def fast(model_dir):
+    return HFPolicy.from_pretrained(model_dir, max_batch_size=8)
+
+
+@pytest.fixture(scope="module")
+def ref(fast):
+    return HFPolicy(fast.model, fast.tokenizer, max_batch_size=8, sampler="reference")
+
+
+def requests(policy, sampling, episodes=None):
+    ids = [policy.tokenizer.encode(t, add_special_tokens=False) for t in TEXTS]
+    samplings = sampling if isinstance(sampling, list) else [sampling] * len(ids)
+    return [GenerationRequest(({"role": "user", "content": "-"},), tuple(p), s,
+                              episode_id=episodes[i] if episodes else None)
+            for i, (p, s) in enumerate(zip(ids, samplings))]
+
+
+def act(policy, reqs):
+    return asyncio.run(policy.act(reqs))
+
+
+def full_forward_logprobs(model, prompt, tokens, temperature):
+    """Log-probs of ``tokens`` after ``prompt`` from one plain forward pass of the whole sequence (no cache)."""
+    ids = list(prompt) + list(tokens)
+    with torch.inference_mode():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    logp = torch.log_softmax(logits / (temperature or 1.0), -1)
+    return [float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(tokens)]
+
+
+def test_the_default_is_continuous_and_the_old_loop_stays_selectable(fast, ref):
+    assert fast.sampler == "continuous" and fast.max_concurrency > 1
+    assert ref.sampler == "reference" and ref.max_concurrency == 1
+    with pytest.raises(ConfigError, match="sampler must be one of"):
+        HFPolicy(fast.model, fast.tokenizer, sampler="fastest")
+
+
+def test_greedy_is_identical_to_the_reference_sampler(fast, ref):
+    sampling = [SamplingParams(max_tokens=n, temperature=0) for n in (12, 3, 20, 7, 1)]
+    got, want = act(fast, requests(fast, sampling)), act(ref, requests(ref, sampling))
+    assert fast._continuous is not None  # the fast path ran
+    for g, w in zip(got, want):
+        assert g.token_ids == w.token_ids and g.finish_reason == w.finish_reason and g.text == w.text
+        assert g.logprobs == pytest.approx(w.logprobs, abs=1e-5)
+        assert g.entropies == pytest.approx(w.entropies, abs=1e-5)
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
+def test_seeded_sampling_draws_the_reference_ids_with_full_forward_logprobs(fast, ref, temperature, top_p):
+    sampling = [SamplingParams(max_tokens=16, temperature=temperature, top_p=top_p, seed=100 + i) for i in range(5)]
+    got, want = act(fast, requests(fast, sampling)), act(ref, requests(ref, sampling))
+    prompts = [r.prompt_token_ids for r in requests(fast, sampling)]
+    for g, w, prompt in zip(got, want, prompts):
+        assert g.token_ids == w.token_ids
+        assert g.logprobs == pytest.approx(full_forward_logprobs(fast.model, prompt, g.token_ids, temperature), abs=1e-5)
+
+
+def test_rows_joining_a_running_batch_get_what_they_get_alone(fast):
+    """Requests sent while others decode join the running batch; each one's result is what it gets alone."""
+    sampling = SamplingParams(max_tokens=24, temperature=1.0, seed=5)
+    reqs = requests(fast, [SamplingParams(max_tokens=24, temperature=1.0, seed=5 + i) for i in range(5)])
+    alone = [act(fast, [r])[0] for r in reqs]
+
+    async def staggered():
+        tasks = []
+        for r in reqs:
+            tasks.append(asyncio.ensure_future(fast.act([r])))
+            await asyncio.sleep(0.003)  # later requests arrive while earlier ones decode
+        return [(await t)[0] for t in tasks]
+
+    together = asyncio.run(staggered())
+    assert sampling.seed == 5
+    for a, b in zip(alone, together):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
+def test_more_requests_than_slots_all_finish(model_dir, ref):
+    small = HFPolicy(ref.model, ref.tokenizer, max_batch_size=2)
+    sampling = [SamplingParams(max_tokens=6 + i, temperature=0) for i in range(5)]
+    got, want = act(small, requests(small, sampling)), act(ref, requests(ref, sampling))
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+
+
+def test_multi_turn_episodes_reuse_their_slots_and_match_a_full_forward(fast, ref):
+    agents = {p: [ChatAgent(fast.tokenizer) for _ in range(3)] for p in (fast, ref)}
+    for group in agents.values():
+        for i, agent in enumerate(group):
+            agent.start("Use the calculator.", f"What is {i + 3}*{i + 7}?")
+    before = fast.kv_cache.stats["reused_tokens"]
+    for turn in range(4):
+        sampling = [SamplingParams(max_tokens=8, temperature=0.9, seed=10 * turn + i) for i in range(3)]
+        outs = {p: act(p, [a.request(s, episode_id=f"ep{i}") for i, (a, s) in enumerate(zip(group, sampling))])
+                for p, group in agents.items()}
+        for i in range(3):
+            g, w = outs[fast][i], outs[ref][i]
+            assert g.token_ids == w.token_ids
+            prompt = agents[fast][i].token_ids
+            assert g.logprobs == pytest.approx(full_forward_logprobs(fast.model, prompt, g.token_ids, 0.9), abs=1e-5)
+        for p, group in agents.items():
+            for agent, gen in zip(group, outs[p]):
+                agent.record_action(gen)
+                agent.add_observation(f"Result {turn}")
+    assert fast.kv_cache.stats["reused_tokens"] > before  # later turns ran only their new tokens
+    for i in range(3):
+        fast.end_episode(f"ep{i}")
+        ref.end_episode(f"ep{i}")
+    assert not fast._continuous._of_episode  # every slot freed
+
+
+def test_a_weight_update_is_never_served_from_old_keys(model_dir):
+    policy = HFPolicy.from_pretrained(model_dir)  # its own weights, changed below
+    agent = ChatAgent(policy.tokenizer)
+    agent.start("Use the calculator.", "What is 2+2?")
+    sampling = SamplingParams(max_tokens=6, temperature=0)
+    (gen,) = act(policy, [agent.request(sampling, episode_id="w")])
+    agent.record_action(gen)
+    agent.add_observation("Result 4")
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.mul_(1.5)  # in place, like an optimizer step
+    before = policy.kv_cache.stats["reused_tokens"]
+    (gen,) = act(policy, [agent.request(sampling, episode_id="w")])
+    assert policy.kv_cache.stats["reused_tokens"] == before
+    assert gen.logprobs == pytest.approx(full_forward_logprobs(policy.model, agent.token_ids, gen.token_ids, 0), abs=1e-5)
+    policy.close()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_choices_and_stop_strings_match_the_reference(fast, ref, temperature):
+    choices = ('move("up")', 'move("down")', "guess(50)", "guess(51)")
+    constrained = [SamplingParams(max_tokens=12, temperature=temperature, seed=i, choices=choices) for i in range(3)]
+    stopping = [SamplingParams(max_tokens=30, temperature=1.0, seed=40 + i, stop=("e", "o")) for i in range(2)]
+    sampling = constrained + stopping
+    got, want = act(fast, requests(fast, sampling)), act(ref, requests(ref, sampling))
+    for g, w in zip(got, want):
+        assert (g.token_ids, g.text, g.finish_reason, g.forced) == (w.token_ids, w.text, w.finish_reason, w.forced)
+        assert g.logprobs == pytest.approx(w.logprobs, abs=1e-5)
+        assert g.entropies == pytest.approx(w.entropies, abs=1e-5)
+    assert all(g.text in choices for g in got[:3])
+    assert any(g.finish_reason == "stop" and g.text[-1] in "eo" for g in got[3:])
+
+
+def test_requests_it_cannot_serve_take_the_reference_loop(fast):
+    sampling = SamplingParams(max_tokens=4, temperature=0, top_logprobs=3)
+    (gen,) = act(fast, requests(fast, sampling)[:1])
+    assert gen.top_logprobs is not None and len(gen.top_logprobs) == len(gen.token_ids)
+
+
+def test_rollout_engine_gets_identical_trajectories(model_dir, fast, ref):
+    from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
+
+    config = RolloutConfig(sampling=SamplingParams(max_tokens=6, temperature=1.0, seed=3), progress=False)
+    specs = [EpisodeSpec("agentgym/GuessNumber-v0", seed=s, sampling_seed=s) for s in range(4)]
+    got = RolloutEngine(fast, config).run(specs)
+    want = RolloutEngine(ref, config).run(specs)
+    assert [[t.action_token_ids for t in tr.turns] for tr in got] == [[t.action_token_ids for t in tr.turns] for tr in want]
+    assert sum(len(tr.turns) for tr in got) > len(specs)
+    assert not fast._continuous._of_episode  # the engine's end_episode freed every slot
