@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from agentgym.errors import ConfigError, did_you_mean
@@ -55,14 +56,12 @@ def _resolve(args: argparse.Namespace) -> tuple[str, Any]:
             raise ConfigError(str(exc)) from None
         return suite.env_id, suite
     if env_id not in gym.registry and not env_id.startswith("agentgym"):
-        for name in list_suites():  # an id a shipped or plugin suite registers when it loads
+        found = _suite_registering(env_id)  # an id a shipped or plugin suite registers when it loads
+        if found is not None:
             try:
-                candidate = load_suite(name)
-            except Exception:  # noqa: BLE001 - a suite that cannot load here (missing data) is not this id's
-                continue
-            if candidate.env_id == env_id:
-                suite = suite or candidate
-                break
+                suite = suite or load_suite(str(found))
+            except TaskError as exc:
+                raise ConfigError(str(exc)) from None
     if env_id.startswith("agentgym"):
         from agentgym.registration.catalogue import get_entry
 
@@ -73,6 +72,25 @@ def _resolve(args: argparse.Namespace) -> tuple[str, Any]:
         raise ConfigError(f"Unknown environment id {env_id!r}.{hint} Run 'agentgym list' to see all ids; an env that "
                           "a suite YAML registers (entry_point) plays with --suite PATH.yaml or by the suite's path.")
     return env_id, suite if suite is not None and suite.env_id == env_id else None
+
+
+def _suite_registering(env_id: str) -> Path | None:
+    """The shipped or plugin suite file whose ``entry_point`` registers ``env_id`` (read as YAML only: loading
+    every suite would build every task set)."""
+    import yaml
+
+    from agentgym.registration import suites
+
+    for path in suites._suite_files():
+        if path.suffix not in (".yaml", ".yml"):
+            continue
+        try:
+            spec = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(spec, dict) and spec.get("env") == env_id and "entry_point" in spec:
+            return path
+    return None
 
 
 def _task(suite: Any, args: argparse.Namespace) -> Any:

@@ -76,7 +76,7 @@ def _scaled(name: str, out: Path) -> dict[str, object]:
         if hasattr(config, "branching"):
             scale["initial_rollouts"] = 1
     if isinstance(config, ReplayActorConfig):
-        scale.update(actor_warmup_steps=1, actor_steps=1, batch_size=2, grad_accum_steps=1)
+        scale.update(steps=2, actor_warmup_steps=1, actor_steps=1, batch_size=2, grad_accum_steps=1)
         if hasattr(config, "critic_steps"):
             scale["critic_steps"] = 1
     return scale
