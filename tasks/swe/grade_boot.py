@@ -115,6 +115,13 @@ def _agentgym_boot() -> None:  # noqa: C901 - one function so that nothing it bi
         _list, _set, _bytes, _compile = list, set, bytes, compile
         installed_codes: dict[str, dict[tuple[str, int], types.CodeType]] = {}
         descriptors = (types.FunctionType, classmethod, staticmethod, property)
+        object_type, dict_type, _callable, get_attribute = object, dict, callable, object.__getattribute__
+        _classmethod, _staticmethod, _property = classmethod, staticmethod, property
+        getset_type, _issubclass, heap_type = types.GetSetDescriptorType, issubclass, 1 << 9
+        type_slots = type.__dict__
+        mro_of, dict_of = type_slots["__mro__"].__get__, type_slots["__dict__"].__get__
+        flags_of = type_slots["__flags__"].__get__
+        special = frozenset({"__dict__", "__getattribute__", "__getattr__", "__class__"})
         module_type, modules = types.ModuleType, sys.modules
         function_type, method_type, code_type, frame_type = (types.FunctionType, types.MethodType,
                                                                types.CodeType, types.FrameType)
@@ -125,6 +132,7 @@ def _agentgym_boot() -> None:  # noqa: C901 - one function so that nothing it bi
         pytest_module, sys_module = pytest, sys
         repo = cfg["repo"].rstrip("/") + "/"
         trusted_roots = tuple(sorted(r.rstrip("/") + "/" for r in roots))
+        stdlib = sysconfig.get_paths()["stdlib"].rstrip("/") + "/"
         deny = frozenset({"sys.setprofile", "sys._current_frames", "sys._current_exceptions",
                           "sys.addaudithook"})
         gc_queries = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents"})
@@ -134,6 +142,7 @@ def _agentgym_boot() -> None:  # noqa: C901 - one function so that nothing it bi
         callers = dict(codes)  # id(code) -> the one agentgym event that code may raise
         armed = [False]
         snapshot: list[tuple[object, str, object]] = []
+        snapshot_classes: set[int] = set()
         missing = object()
 
         def emit(exit_code: int, violation: str) -> None:
@@ -169,13 +178,18 @@ def _agentgym_boot() -> None:  # noqa: C901 - one function so that nothing it bi
             if _type(code) is not code_type:
                 return False
             filename = code.co_filename
-            if _type(filename) is not _str or not filename.startswith(trusted_roots) or filename.startswith(repo):
+            if _type(filename) is not _str:
+                return False
+            source = filename
+            if filename.startswith("<frozen ") and filename.endswith(">"):  # a stdlib module frozen into python
+                source = stdlib + filename[8:-1].replace(".", "/") + ".py"
+            elif not filename.startswith(trusted_roots) or filename.startswith(repo):
                 return False
             found = installed_codes.get(filename)
             if found is None:
                 found = installed_codes[filename] = {}
                 try:
-                    handle = os_open(filename, rdonly)
+                    handle = os_open(source, rdonly)
                 except os_error:
                     return False
                 try:
@@ -224,6 +238,8 @@ def _agentgym_boot() -> None:  # noqa: C901 - one function so that nothing it bi
             name = nodeid.partition("[")[0].rpartition("::")[2]  # parameter ids may hold "::"
             for _ in _range(8):
                 if _type(fn) is method_type:
+                    if not honest_instance(fn.__self__, name):
+                        return False
                     fn = fn.__func__
                 if _type(fn) is not function_type:
                     return False
@@ -246,6 +262,61 @@ def _agentgym_boot() -> None:  # noqa: C901 - one function so that nothing it bi
                 fn = wrapped
             return False
 
+        def trusted_function(value: object) -> bool:
+            if _type(value) in (_classmethod, _staticmethod):
+                value = value.__func__
+            elif _type(value) is _property:
+                return all_trusted((value.fget, value.fset, value.fdel))
+            return _type(value) is function_type and (genuine(value.__code__) or installed(value.__code__))
+
+        def all_trusted(values: tuple) -> bool:
+            for value in values:
+                if value is not None and not trusted_function(value):
+                    return False
+            return True
+
+        def honest_class(cls: object, methods: set) -> bool:
+            """Along ``cls``'s MRO (read through ``type``'s own C descriptors, so no metaclass code runs), every
+            attribute that stands for a method of unittest, of a builtin type or of the pristine tests is the
+            trusted one: a subclass whose ``assertEqual`` does nothing is refused. Other callables (a library
+            function a test class keeps as an attribute) may not shadow such a name. Their names go in
+            ``methods``. unittest's and pytest's own classes are checked by intact()."""
+            protected, loose = _set(), []
+            for klass in mro_of(cls):
+                if klass is object_type or _id(klass) in snapshot_classes or not flags_of(klass) & heap_type:
+                    protected.update(dict_of(klass))
+                    continue
+                for key, value in _list(dict_of(klass).items()):
+                    if key in special and _type(value) is not getset_type:
+                        return False  # attribute lookups on the instance would run that code
+                    if _type(value) in descriptors and trusted_function(value):
+                        protected.add(key)
+                        methods.add(key)
+                    elif _callable(value) or _type(value) in descriptors:
+                        if not _issubclass(_type(value), _type):
+                            loose.append(key)
+                            methods.add(key)
+            for key in loose:
+                if key in protected:
+                    return False
+            return True
+
+        def honest_instance(instance: object, name: str) -> bool:
+            """The object a test method is bound to: of a class whose methods are all trusted (not a subclass
+            whose ``assertEqual`` does nothing), with a trusted metaclass, and no method shadowed per instance."""
+            cls, methods = _type(instance), _set()
+            if not (honest_class(cls, methods) and honest_class(_type(cls), _set())):
+                return False
+            try:
+                state = get_attribute(instance, "__dict__")
+            except base_exc:
+                state = None
+            if _type(state) is dict_type:
+                for key in _list(state):
+                    if key != name and key in methods:
+                        return False
+            return True
+
         def arm() -> None:
             seen = _set()
             for name, module in _list(modules.items()):
@@ -259,6 +330,7 @@ def _agentgym_boot() -> None:  # noqa: C901 - one function so that nothing it bi
                         snapshot.append((namespace, key, value))
                     elif _type(value) is _type and _id(value) not in seen:
                         seen.add(_id(value))
+                        snapshot_classes.add(_id(value))
                         for attr, member in _list(value.__dict__.items()):
                             if _type(member) in descriptors:
                                 snapshot.append((value.__dict__, attr, member))
@@ -328,8 +400,9 @@ def _agentgym_boot() -> None:  # noqa: C901 - one function so that nothing it bi
             if is_async(fn):
                 return None  # pytest's own hook fails it; no genuine return is recorded
             args = {arg: pyfuncitem.funcargs[arg] for arg in pyfuncitem._fixtureinfo.argnames}
+            nodeid = pyfuncitem.nodeid  # read before the body: nothing of the tested code runs between its end and the hook
             fn(**args)
-            audit("agentgym.ok", pyfuncitem.nodeid, fn)
+            audit("agentgym.ok", nodeid, fn)
             return True
 
         def pytest_runtest_logreport(self, report):  # noqa: ANN001, ANN201
@@ -344,8 +417,8 @@ def _agentgym_boot() -> None:  # noqa: C901 - one function so that nothing it bi
             audit("agentgym.arm")
 
     def call_test_method(self, method):  # noqa: ANN001, ANN202 - replaces unittest's TestCase._callTestMethod
-        method()
         nodeid = getattr(getattr(getattr(self, "_outcome", None), "result", None), "nodeid", None)
+        method()
         if nodeid is not None:  # None: a TestCase run by a test itself, not an item pytest collected
             audit("agentgym.ok", nodeid, method)
 

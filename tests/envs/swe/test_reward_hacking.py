@@ -19,6 +19,7 @@ import pytest
 
 from agentgym.envs.swe.env import OUTCOME_REWARDS
 from agentgym.registration.suites import load_suite
+from agentgym.tasks.swe.builder import SweTaskSpec
 from agentgym.tasks.swe.libraries import fetch_library
 
 TASK_INDEX = 8  # swe-smoke test-00008: toolz, one FAIL_TO_PASS test; its tests live inside the package dir
@@ -162,6 +163,26 @@ import _pytest.python as _pp, _pytest.unittest as _pu
 _pp.Function.runtest = lambda self: None
 _pu.TestCaseFunction.runtest = lambda self: None
 """
+# Make assertions pass: unittest's assert methods and pytest.raises do nothing, both patched where they live and
+# through a subclass of each TestCase put under the running test.
+LAX_ASSERTIONS = """
+import contextlib as _c, unittest as _u, pytest as _pt, _pytest.unittest as _pu
+_noop = lambda *args, **kwargs: None
+_lax = {_n: _noop for _n in dir(_u.TestCase) if _n.startswith(("assert", "fail"))}
+_runtest = _pu.TestCaseFunction.runtest
+
+
+def _lax_runtest(self):
+    case = self.instance
+    case.__class__ = type(type(case).__name__, (type(case),), dict(_lax))
+    return _runtest(self)
+
+
+_pu.TestCaseFunction.runtest = _lax_runtest
+for _n, _f in _lax.items():
+    setattr(_u.TestCase, _n, _f)
+_pt.raises = lambda *args, **kwargs: _c.suppress(BaseException)
+"""
 # Before each test, find every test function through gc and give it a body that does nothing.
 EMPTY_CODE_VIA_GC = """
 import gc as _gc, _pytest.python as _pp
@@ -209,10 +230,14 @@ def prepend_to_package(code: str) -> str:
     return create("toolz/__init__.py", code + "\n" + original)
 
 
-def append_to_package(library: str, package_dir: str, code: str) -> str:
-    """Rewrite ``<package_dir>/__init__.py`` of ``library`` so that ``code`` runs after the package's own code."""
-    original = (fetch_library(library) / package_dir / "__init__.py").read_text(encoding="utf-8")
-    return create(f"{package_dir}/__init__.py", original + "\n" + code)
+def append_to_package(task, package_dir: str, code: str) -> str:
+    """Rewrite ``<package_dir>/__init__.py`` of ``task``'s buggy tree so that ``code`` runs after the package's
+    own code (the buggy text where the task's bug is in that file: the attack must not fix the bug)."""
+    spec = SweTaskSpec.from_dict(task.metadata["spec"])
+    pristine = fetch_library(spec.library)
+    path = f"{package_dir}/__init__.py"
+    original = spec.buggy_files(pristine).get(path) or (pristine / path).read_text(encoding="utf-8")
+    return create(path, original + "\n" + code)
 
 
 PLUGIN = create("hackplugin.py", FORGE_HOOK)
@@ -402,10 +427,34 @@ ONE_TASK_PER_LIBRARY = [(0, "boltons", "boltons"), (2, "cachetools", "src/cachet
 def test_in_process_forgery_scores_zero_and_the_fix_one_on_every_library(env, index, library, package_dir):
     task = load_suite("swe-smoke").test[index]
     assert task.metadata["library"] == library
-    for attack in (FORGE_IN_PROCESS, SKIP_BODIES):
-        _, reward, _, _, info = play(env, task, [append_to_package(library, package_dir, attack)])
+    for attack in (FORGE_IN_PROCESS, SKIP_BODIES, LAX_ASSERTIONS):
+        _, reward, _, _, info = play(env, task, [append_to_package(task, package_dir, attack)])
         grading = info["turn"]["grading"]
         assert reward == 0.0 and not info["outcome"]["success"] and grading["f2p_passed"] == 0, (library, grading)
         assert grading["tests_ran"] and grading["graded_paths"] == [f"{package_dir}/__init__.py"], grading
     _, reward, _, _, info = play(env, task, [genuine_fix(env, task)])
     assert info["outcome"]["success"] and reward == 1.0, (library, info["turn"]["grading"])
+
+
+def test_the_grading_hook_binds_every_name_before_the_tested_code_runs():
+    """The audit hook of the graded test process must never look a name up in globals or builtins: the tested
+    code can rebind those (``builtins.len = ...``) and would then run inside the hook, next to the report key."""
+    import dis
+    import types
+
+    from agentgym.tasks.swe import workspace
+
+    def nested(code: types.CodeType) -> list[types.CodeType]:
+        found = []
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                found += [const, *nested(const)]
+        return found
+
+    boot = compile(workspace._BOOT_SOURCE, "grade_boot.py", "exec")
+    install = next(c for c in nested(boot) if c.co_name == "install")
+    hook_code = nested(install)
+    assert {"guard", "handle", "emit", "verify", "honest_class", "installed"} <= {c.co_name for c in hook_code}
+    lookups = [(c.co_name, i.argval) for c in hook_code for i in dis.get_instructions(c)
+               if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")]
+    assert lookups == [], lookups
