@@ -106,13 +106,14 @@ def create_app(
     app.state.policy = policy
     app.state.model_name = model_name
     app.state.limits = limits
-    # The last middleware added runs first: the key is checked before a byte of the body is read.
+
     def refused(path: str) -> None:
         # Only the API's own paths become labels: any path may be sent, and /metrics must not grow with them.
         if path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"):
-            key = (path, 413)
-            server.responses[key] = server.responses.get(key, 0) + 1
+            label = (path, 413)
+            server.responses[label] = server.responses.get(label, 0) + 1
 
+    # The last middleware added runs first: the key is checked before a byte of the body is read.
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=limits.max_body_bytes, on_refused=refused)
     if key is not None:
         app.add_middleware(ApiKeyMiddleware, api_key=key)
