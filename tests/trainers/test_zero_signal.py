@@ -37,15 +37,22 @@ def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_an_untrained_model_logs_the_metric_and_says_why_nothing_is_learned(
-        small_model: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        small_model: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     from agentgym.trainers.config import GrpoConfig
     from agentgym.trainers.grpo import GrpoTrainer
 
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "AGENTGYM_CPU_THREADS"):
+        monkeypatch.delenv(name, raising=False)
     config = GrpoConfig(model=str(small_model), suite="games-calc", output_dir=str(tmp_path / "run"), steps=1,
                         tasks_per_step=2, group_size=2, eval_tasks=1, max_tokens_per_turn=8, max_context_tokens=256,
-                        system_prompt="", tensorboard=False, progress=False, checkpoint_every=0)
-    with caplog.at_level(logging.WARNING, logger="agentgym.trainers.grpo"):
-        GrpoTrainer(config).train()
+                        system_prompt="", tensorboard=False, progress=False, checkpoint_every=0, cpu_threads=1)
+    before = torch.get_num_threads()
+    try:
+        with caplog.at_level(logging.WARNING, logger="agentgym.trainers.grpo"):
+            GrpoTrainer(config).train()
+        assert torch.get_num_threads() == 1  # the config's cpu_threads reached torch
+    finally:
+        torch.set_num_threads(before)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     shares = [r["train/zero_signal_groups"] for r in rows if "train/zero_signal_groups" in r]
     assert shares == [1.0]  # a random model fails every rollout: no group compares anything
