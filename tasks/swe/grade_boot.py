@@ -98,6 +98,7 @@ def _agentgym_boot() -> None:  # noqa: C901 - one function so that nothing it bi
 
     import inspect
     import sysconfig
+    import threading
 
     audit, is_async = sys.audit, inspect.iscoroutinefunction
     roots = {sys.base_prefix, sys.prefix, *(sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib"))}
@@ -128,7 +129,9 @@ def _agentgym_boot() -> None:  # noqa: C901 - one function so that nothing it bi
         getframe, ident = sys._getframe, _thread.get_ident
         write, lseek, truncate, exit_ = os.write, os.lseek, os.ftruncate, os._exit
         os_open, os_read, os_close, rdonly = os.open, os.read, os.close, os.O_RDONLY
-        freeze_count = gc.get_freeze_count
+        freeze_count, gc_enabled, gc_disable, gc_enable = gc.get_freeze_count, gc.isenabled, gc.disable, gc.enable
+        guard_codes: set[int] = set()
+        own_reads = frozenset({"__code__", "f_code"})  # the audited attributes the guard itself reads
         pytest_module, sys_module = pytest, sys
         repo = cfg["repo"].rstrip("/") + "/"
         trusted_roots = tuple(sorted(r.rstrip("/") + "/" for r in roots))
@@ -377,17 +380,41 @@ def _agentgym_boot() -> None:  # noqa: C901 - one function so that nothing it bi
                     emit(code, "")
                     exit_(0)
 
+        def nested(event: str, args: tuple) -> None:
+            """An event raised while this thread is in the guard: its own attribute reads, file reads and frame
+            lookup are expected; a frame reached from inside the guard is not (only code the guard did not
+            call could ask for one), so it ends the run."""
+            if event == "sys._getframe":
+                frame = args[0] if _len(args) else None
+                while _type(frame) is frame_type:
+                    if _id(frame.f_code) in guard_codes:
+                        die("a frame of the grader's hook was requested")
+                    frame = frame.f_back
+            elif event == "object.__getattr__" and (_len(args) < 2 or args[1] not in own_reads):
+                die("frame access inside the grader's hook")
+
         def guard(event: str, args: tuple) -> None:
+            enabled = gc_enabled()
+            gc_disable()  # first: no collection, hence no finalizer of the tested code, runs inside the guard
             me = ident()
-            if me in busy:
-                return  # an event raised by the guard's own work (attribute reads, its frame lookup)
-            busy.add(me)
             try:
-                handle(event, args)
+                if me in busy:
+                    nested(event, args)
+                    return
+                busy.add(me)
+                try:
+                    handle(event, args)
+                finally:
+                    busy.discard(me)
             except base_exc:
                 die("grader error on " + event)
             finally:
-                busy.discard(me)
+                if enabled:
+                    gc_enable()
+
+        guard_codes.update(_id(f.__code__) for f in (guard, nested, handle, emit, die, verify, genuine, installed,
+                                                      honest_class, honest_instance, trusted_function, all_trusted,
+                                                      intact, arm))
 
         sys.addaudithook(guard)
 
@@ -423,16 +450,35 @@ def _agentgym_boot() -> None:  # noqa: C901 - one function so that nothing it bi
             audit("agentgym.ok", nodeid, method)
 
     unittest.case.TestCase._callTestMethod = call_test_method
-    install(cfg.pop("key"), {id(function.__code__): event for event, function in (
+    callers = {id(function.__code__): event for event, function in (
         ("agentgym.ok", Recorder.pytest_pyfunc_call), ("agentgym.ok", call_test_method),
         ("agentgym.report", Recorder.pytest_runtest_logreport),
         ("agentgym.collect_error", Recorder.pytest_collectreport),
-        ("agentgym.arm", Recorder.pytest_sessionstart), ("agentgym.finish", _agentgym_boot))})
+        ("agentgym.arm", Recorder.pytest_sessionstart))}
+    # pytest, and so all tested code, runs in a second thread. CPython runs Python-level signal handlers only
+    # in the main thread, and only the main thread may install one (signal.signal raises elsewhere): so no
+    # handler of the tested code can ever interrupt the guard and look at its frame. The main thread waits in
+    # C on a lock that only the end of the run releases.
+    quit_now, done = os._exit, _thread.allocate_lock()
+    done.acquire()
+
+    def work() -> None:
+        try:
+            code = pytest.main(cfg["argv"], plugins=[Recorder()])
+            audit("agentgym.finish", int(code))  # the hook writes the report and ends the process
+        finally:
+            quit_now(1)
+
+    callers[id(work.__code__)] = "agentgym.finish"
+    install(cfg.pop("key"), callers)
+    del callers
     gc.collect()
     gc.freeze()  # the hook, its cells and state: invisible to gc.get_objects/get_referrers from here on
-    code = pytest.main(cfg["argv"], plugins=[Recorder()])
-    audit("agentgym.finish", int(code))
-    os._exit(1)  # not reached: the hook ends the process after writing the report
+    threading.Thread(target=work, name="agentgym-tests", daemon=True).start()
+    try:
+        done.acquire()  # never released: the run ends by os._exit in the worker (or the hook)
+    finally:
+        quit_now(1)
 
 
 if __name__ == "__main__":
