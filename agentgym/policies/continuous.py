@@ -297,18 +297,19 @@ class ContinuousSampler:
                 self.stop_table.add(r.stops)
         self.node[index] = torch.tensor([r.node for r in requests], dtype=torch.long, device=self.device)
         self.has_stops[index] = torch.tensor([bool(r.stops) for r in requests], device=self.device)
-        # Chunks of rows of similar length, so padding and the attention scores stay bounded.
-        order = sorted(requests, key=lambda r: len(r.prompt) - r.reused)
+        # Chunks of rows of similar context length, so padded attention columns and the scores stay bounded; each
+        # chunk in slot order, so that the rows of a chunk that holds a run of slots are read as a view.
+        order = sorted(requests, key=lambda r: len(r.prompt))
         start = 0
         while start < len(order):
-            end = start + 1
+            end, longest = start + 1, len(order[start].prompt) - order[start].reused
             while end < len(order):
-                longest = len(order[end].prompt) - order[end].reused
-                width = max(len(r.prompt) for r in order[start:end + 1])
-                if (end + 1 - start) * longest * width > _PREFILL_SCORES:
+                longest = max(longest, len(order[end].prompt) - order[end].reused)
+                width = len(order[end].prompt)
+                if (end + 1 - start) * longest * width > _PREFILL_SCORES or width > 2 * len(order[start].prompt) + 64:
                     break
                 end += 1
-            chunk = order[start:end]
+            chunk = sorted(order[start:end], key=lambda r: r.slot)
             logits = self.net.prefill([r.slot for r in chunk], [r.prompt[r.reused:] for r in chunk],
                                       [r.reused for r in chunk])
             rows = torch.tensor([r.slot for r in chunk], dtype=torch.long, device=self.device)

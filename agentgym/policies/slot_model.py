@@ -103,9 +103,10 @@ class SlotModel:
         shape = (new_rows, self.kv_heads, new_cols + 1, self.head_dim)
         keys, values = [], []
         for i in range(len(self.layers)):
-            # Uninitialised: a column is read only after it was written (the masks end at each row's position).
-            k = torch.empty(shape, dtype=self.dtype, device=self.device)
-            v = torch.empty(shape, dtype=self.dtype, device=self.device)
+            # Zeros, not uninitialised memory: masked columns are still multiplied before the mask's -inf is added,
+            # and a NaN there would poison the row.
+            k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            v = torch.zeros(shape, dtype=self.dtype, device=self.device)
             if self.capacity:
                 k[: self.rows, :, : self.capacity] = self.keys[i][:, :, : self.capacity]
                 v[: self.rows, :, : self.capacity] = self.values[i][:, :, : self.capacity]
@@ -204,6 +205,8 @@ class SlotModel:
         start = torch.tensor(list(starts), dtype=torch.long, device=device)
         length = torch.tensor(lengths, dtype=torch.long, device=device)
         slot = torch.tensor(list(slots), dtype=torch.long, device=device)
+        first = slots[0]
+        contiguous = list(slots) == list(range(first, first + len(slots)))
         offset = torch.arange(longest, device=device)
         valid = offset[None] < length[:, None]  # [rows, longest]
         pos = start[:, None] + offset[None]  # [rows, longest]
@@ -222,6 +225,9 @@ class SlotModel:
                 self.values[i][write_slot, :, write_col] = v.transpose(1, 2)[valid]
 
             def read(i: int = i) -> tuple[Any, Any]:
+                if contiguous:  # a view: no copy of the rows' contexts
+                    return self.keys[i][first:first + len(slots), :, :width], \
+                        self.values[i][first:first + len(slots), :, :width]
                 return self.keys[i][slot, :, :width], self.values[i][slot, :, :width]
 
             hidden = self._layer(layer, hidden, cos, sin, write, read, mask)

@@ -1,0 +1,223 @@
+"""HFPolicy's continuous-batching sampler against its reference loop, side by side in one run, on a GRPO step's rollouts.
+
+The workload is one rollout step of ``configs/gigpo_sokoban_512.yaml`` as the trainer runs it: 64 Sokoban rooms x 8
+rollouts (512 episodes), 256 in flight, constrained actions (``move("up")`` ...), up to 16 tokens a turn at
+temperature 1, episodes cut at 1024 tokens of context, every episode with its own sampling seed. The policy is the
+built-in tiny model (hidden 128, 4 layers, a tokenizer trained on Sokoban text, as the config's ``--build-only``
+step builds it) before any training, so its episodes run long.
+
+Samplers, same model, same episodes, interleaved (reference, continuous, reference, ...):
+
+* ``reference`` (baseline): ``HFPolicy(sampler="reference")``, each engine batch decoded from start to finish with
+  the model's own forward and a ``DynamicCache`` (the sampler before continuous batching).
+* ``continuous``: ``HFPolicy()``'s default: continuous batching over a slot KV cache
+  (:mod:`agentgym.policies.continuous`).
+
+Checks (the run exits with an error when one fails): the share of episodes whose sampled ids are identical in both
+samplers (seeded, so they should all be, up to float rounding at a CDF boundary) is printed; for a sample of
+final sequences, every sampled token's log-prob from each sampler must equal one fresh full forward of the
+sequence within 1e-4 (the tests hold the continuous sampler to 1e-5 on fixed sequences). Times are the best of
+the rounds (other processes only ever add time); the load average at the start and the end is recorded.
+
+The FLOP estimate counts the model's matrix products per computed token (2 x weights, the output layer included)
+plus attention (4 x layers x hidden x position) over the tokens each sampler actually computes (prompt suffixes not
+covered by the cached prefix, and fed sampled tokens), against the machine's matmul rate measured here at the
+model's shapes (a [256, 128] x [128, 512] product) and at 1024^3.
+
+Run: python benchmarks/sampler.py [--quick] [--threads 2] [--rounds 2] [--tasks 64] [--group 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch
+
+from agentgym.cli.quickstart import demonstration_texts
+from agentgym.models import build_tiny_model, load_tiny_model
+from agentgym.policies.base import SamplingParams
+from agentgym.policies.hf import HFPolicy
+from agentgym.registration.suites import load_suite
+from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
+
+SAMPLERS = ("reference", "continuous")
+GOAL = 10.0
+
+
+def episodes(tasks: int, group: int) -> list[EpisodeSpec]:
+    """The step's episodes, seeded as the trainer seeds them (one sampling seed per episode)."""
+    suite = load_suite("sokoban")
+    train = suite.split("train")
+    return [EpisodeSpec(suite.env_id, task=train[k], seed=1000 * k + g, group_id=f"0/{k}",
+                        env_kwargs=dict(suite.env_kwargs), sampling_seed=7919 * k + g)
+            for k in range(tasks) for g in range(group)]
+
+
+def run(policy: HFPolicy, specs: list[EpisodeSpec], in_flight: int) -> tuple[float, list[Any], dict[str, int]]:
+    config = RolloutConfig(max_in_flight=in_flight, sampling=SamplingParams(max_tokens=16, temperature=1.0, seed=0),
+                           system_prompt="", max_context_tokens=1024, deterministic=False, constrain_actions=True,
+                           progress=False)
+    before = dict(policy.kv_cache.stats)
+    start = time.perf_counter()
+    trajectories = RolloutEngine(policy, config).run(specs)
+    seconds = time.perf_counter() - start
+    stats = {k: policy.kv_cache.stats[k] - before.get(k, 0) for k in ("prompt_tokens", "reused_tokens")}
+    return seconds, trajectories, stats
+
+
+def matmul_gflops(shape: tuple[int, int, int], seconds: float = 1.0) -> float:
+    """Best measured rate of ``[m, k] x [k, n]`` float32 products in this process's torch threads."""
+    m, k, n = shape
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    best, end = float("inf"), time.perf_counter() + seconds
+    reps = max(1, int(2e8 // (2 * m * k * n)))
+    while time.perf_counter() < end:
+        t = time.perf_counter()
+        for _ in range(reps):
+            torch.mm(a, b)
+        best = min(best, (time.perf_counter() - t) / reps)
+    return 2 * m * k * n / best / 1e9
+
+
+def flops(model: Any, trajectories: list[Any]) -> float:
+    """Matrix-product and attention FLOPs of the tokens computed: per turn, the prompt past the previous turn's
+    cached part (its prompt and fed tokens) and every fed sampled token."""
+    config = model.config
+    per_token = 2 * sum(p.numel() for name, p in model.named_parameters()
+                        if p.dim() == 2 and "embed_tokens" not in name)
+    if config.tie_word_embeddings:
+        per_token += 2 * model.get_input_embeddings().weight.numel()
+    attention = 4 * config.num_hidden_layers * config.hidden_size
+    total = 0.0
+    for trajectory in trajectories:
+        cached = length = 0
+        for turn in trajectory.turns:  # a turn stores only the tokens added since the previous action
+            length += len(turn.prompt_token_ids)
+            g = len(turn.action_token_ids)
+            start = min(cached, length - 1)
+            end = length + max(g - 1, 0)  # the last sampled token is never fed
+            count = end - start
+            total += count * per_token + attention * (start + end - 1) * count / 2
+            cached = end
+            length += g
+    return total
+
+
+def full_forward_gap(model: Any, trajectories: list[Any], limit: int) -> float:
+    """Largest |sampler log-prob - fresh full-forward log-prob| over the sampled tokens of ``limit`` turns."""
+    gap = 0.0
+    sequences = []  # (context before the action, action ids, recorded log-probs)
+    for trajectory in trajectories:
+        context: list[int] = []
+        for turn in trajectory.turns:  # a turn stores only the tokens added since the previous action
+            context = context + list(turn.prompt_token_ids)
+            if turn.action_token_ids:
+                sequences.append((context, list(turn.action_token_ids), list(turn.action_logprobs)))
+            context = context + list(turn.action_token_ids or ())
+    step = max(1, len(sequences) // limit)
+    with torch.inference_mode():
+        for context, action, recorded in sequences[::step][:limit]:
+            ids = context + action
+            logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), -1)  # temperature 1
+            n = len(context)
+            fresh = logp[n - 1: len(ids) - 1].gather(-1, torch.tensor(action)[:, None]).squeeze(-1)
+            gap = max(gap, float((torch.tensor(recorded) - fresh).abs().max()))
+    return gap
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="CI smoke size: 4 rooms x 8 rollouts, one round")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--rounds", type=int, default=2, help="timed runs of each sampler, interleaved")
+    parser.add_argument("--tasks", type=int, default=64, help="Sokoban rooms (default 64)")
+    parser.add_argument("--group", type=int, default=8, help="rollouts per room (default 8)")
+    parser.add_argument("--in-flight", type=int, default=256, help="episodes in flight (default 256)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.tasks, args.rounds = 4, 1
+    if min(args.threads, args.rounds, args.tasks, args.group, args.in_flight) < 1:
+        parser.error("--threads, --rounds, --tasks, --group and --in-flight must be >= 1")
+    from _results import figure, write_results
+
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = build_tiny_model(Path(tmp) / "model", texts=demonstration_texts("sokoban", 200))
+        model, tokenizer = load_tiny_model(path)
+    specs = episodes(args.tasks, args.group)
+    kv_tokens = args.in_flight * 1024  # the trainer sizes the cache for every episode at its full context
+    policies = {name: HFPolicy(model, tokenizer, max_batch_size=args.in_flight, kv_cache_tokens=kv_tokens,
+                               sampler=name) for name in SAMPLERS}
+    print(f"{len(specs)} Sokoban rollouts, {args.in_flight} in flight, {args.threads} torch threads, "
+          f"load average {os.getloadavg()[0]:.2f}")
+    run(policies["continuous"], specs[: min(len(specs), 16)], args.in_flight)  # warm-up: first-call costs
+    run(policies["reference"], specs[: min(len(specs), 16)], args.in_flight)
+    best: dict[str, tuple[float, list[Any], dict[str, int]]] = {}
+    for round_ in range(args.rounds):
+        for name in SAMPLERS:
+            seconds, trajectories, stats = run(policies[name], specs, args.in_flight)
+            tokens = sum(len(t.action_token_ids) for tr in trajectories for t in tr.turns)
+            print(f"  round {round_ + 1} {name:10s} {seconds:7.2f} s  {len(trajectories) / seconds:7.2f} rollouts/s  "
+                  f"{tokens / seconds:8.0f} tokens/s  load {os.getloadavg()[0]:.2f}")
+            if name not in best or seconds < best[name][0]:
+                best[name] = (seconds, trajectories, stats)
+    for policy in policies.values():
+        policy.close()
+
+    ref_s, ref_traj, ref_stats = best["reference"]
+    new_s, new_traj, new_stats = best["continuous"]
+    tokens = {name: sum(len(t.action_token_ids) for tr in traj for t in tr.turns) for name, (_, traj, _) in best.items()}
+    same = sum(tuple(tuple(t.action_token_ids) for t in a.turns) == tuple(tuple(t.action_token_ids) for t in b.turns)
+               for a, b in zip(ref_traj, new_traj))
+    gaps = {name: full_forward_gap(model, traj, 64) for name, (_, traj, _) in best.items()}
+    ratio = ref_s / new_s
+    rate = {name: flops(model, traj) / s / 1e9 for name, (s, traj, _) in best.items()}
+    model_mm = matmul_gflops((256, 128, 512))
+    big_mm = matmul_gflops((1024, 1024, 1024))
+    print(f"reference : {ref_s:7.2f} s  {len(ref_traj) / ref_s:7.2f} rollouts/s  {tokens['reference'] / ref_s:8.0f} "
+          f"rollout tokens/s  {rate['reference']:.2f} GFLOP/s")
+    print(f"continuous: {new_s:7.2f} s  {len(new_traj) / new_s:7.2f} rollouts/s  {tokens['continuous'] / new_s:8.0f} "
+          f"rollout tokens/s  {rate['continuous']:.2f} GFLOP/s")
+    print(f"ratio (rollouts/s): {ratio:.2f}x (goal >= {GOAL:.0f}x)")
+    print(f"identical sampled ids: {same}/{len(ref_traj)} episodes; max |log-prob - full forward|: "
+          f"reference {gaps['reference']:.2e}, continuous {gaps['continuous']:.2e}")
+    print(f"machine matmul: {model_mm:.1f} GFLOP/s at the model's shapes, {big_mm:.1f} GFLOP/s at 1024^3; "
+          f"continuous sampler reaches {100 * rate['continuous'] / model_mm:.0f}% of the former")
+    print(f"prompt tokens computed: reference {ref_stats['prompt_tokens'] - ref_stats['reused_tokens']:,}, "
+          f"continuous {new_stats['prompt_tokens'] - new_stats['reused_tokens']:,}")
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+    if max(gaps.values()) > 1e-4:
+        print("log-probs differ from a full forward by more than 1e-4", file=sys.stderr)
+        return 1
+    workload = (f"{len(specs)} Sokoban rollouts ({args.tasks} rooms x {args.group}), {args.in_flight} in flight, "
+                f"constrained actions, <= 16 tokens a turn, tiny model, {args.threads} torch threads")
+    figures = [
+        figure(f"{workload}: continuous batching; baseline: the reference loop", len(new_traj) / new_s,
+               len(ref_traj) / ref_s, unit="rollouts/s", ratio=ratio, goal=f">= {GOAL:.0f}x", met=ratio >= GOAL,
+               note=f"{same}/{len(ref_traj)} episodes sampled identical ids"),
+        figure(f"{workload}: rollout tokens/s", tokens["continuous"] / new_s, tokens["reference"] / ref_s,
+               unit="tokens/s"),
+        figure("model FLOP rate (estimate) against measured matmul at the model's shapes", rate["continuous"],
+               rate["reference"], unit="GFLOP/s", note=f"matmul {model_mm:.1f} GFLOP/s at [256,128]x[128,512], "
+                                                       f"{big_mm:.1f} at 1024^3"),
+    ]
+    write_results("sampler", figures, details={
+        "seconds": {"reference": ref_s, "continuous": new_s}, "tokens": tokens, "identical_episodes": same,
+        "logprob_gap": gaps, "matmul_gflops": {"model_shapes": model_mm, "1024^3": big_mm},
+        "prompt_tokens": {"reference": ref_stats, "continuous": new_stats}},
+        note="--quick: 32 rollouts, one round" if args.quick else None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
