@@ -8,23 +8,29 @@ What the tested code cannot do here, and why:
 
 * **Forge the report.** Outcomes go to a descriptor the driver reads, as one line authenticated with
   HMAC-SHA256 (RFC 2104) under a key read from stdin before any library code is imported. The key exists only
-  as two pre-keyed C hash objects held in the closure of an audit hook (PEP 578). An audit hook cannot be
-  removed or listed from Python, and CPython runs it with tracing and profiling off; the hook calls only
-  functions it bound before the tested code could run (builtins and ``os`` functions are closure variables,
-  attacker objects are only type-checked), never raises, and so never exposes its frame. Its function, cells
-  and state are moved to the permanent GC generation (``gc.freeze``), which ``gc.get_objects`` and
-  ``gc.get_referrers`` do not walk; a GC query after ``gc.unfreeze`` (permanent generation empty) ends the
-  run. ``__main__`` holds only the boot function, whose frame holds neither the key nor the hook.
+  as two pre-keyed C hash objects in the closure of an audit hook (PEP 578). An audit hook cannot be removed
+  or listed from Python, and CPython runs it with tracing and profiling off. The hook calls only functions it
+  bound before the tested code could run (builtins and ``os`` functions are closure variables, the tested
+  code's objects are only type-checked, a static test checks it looks up no global), never raises, and so
+  never exposes its frame. No code of the tested library can run inside the hook either: pytest, and with
+  it all tested code, runs in a worker thread, where CPython never runs Python signal handlers and
+  ``signal.signal`` is refused (the main thread only waits in C); automatic GC, whose finalizers could run
+  there, is off while the hook runs; a frame requested from inside the hook ends the run. Its function,
+  cells and state sit in the permanent GC generation (``gc.freeze``), which ``gc.get_objects`` and
+  ``gc.get_referrers`` do not walk; a GC query after ``gc.unfreeze`` ends the run. ``__main__`` holds only the
+  boot function, whose frame holds neither the key nor the hook.
 * **Report a pass for a test whose body did not run, or raised.** A test counts as passed only if pytest
   reported it passed *and* the hook saw the genuine test function return normally, called from this file's
   own ``pytest_pyfunc_call`` (or ``unittest.TestCase._callTestMethod``). "Genuine" means its code object
   equals (``==``: same bytecode, constants, names) code this process compiled from the pristine test files,
-  with and without pytest's assertion rewriting, before any library code ran, and its name is the test id's.
-  A decorator's wrapper (freezegun's ``freeze_time``) is followed to the test it wraps only if the wrapper's
-  code equals what its own installed file compiles to. Skipping test bodies, emptying or swapping
-  ``__code__``, calling another test in its place, or patching pytest's runner or reports therefore cannot
-  produce a pass: at worst the test fails. While crediting, the hook also checks that the functions of
-  pytest's, pluggy's and unittest's modules and classes are the ones present when the session started.
+  with and without pytest's assertion rewriting, before any library code ran, and its name is the test id's;
+  a test method's class (and metaclass) may hold no untrusted callable under the name of a unittest or
+  pristine-test method (a subclass whose ``assertEqual`` does nothing is refused). A decorator's wrapper
+  (freezegun's ``freeze_time``) is followed to the test it wraps only if the wrapper's code equals what its
+  own installed file compiles to. Skipping test bodies, emptying or swapping ``__code__``, calling another
+  test in its place, or patching pytest's runner or reports therefore cannot produce a pass: at worst the test
+  fails. While crediting, the hook also checks that the functions of pytest's, pluggy's and unittest's modules
+  and classes are the ones present when the session started (``pytest.raises`` patched: no credit).
 * **Reach the hook or steer a test frame.** The run ends (the report names the event and nothing counts) on
   ``sys.settrace`` (a tracer can move a test frame past its assertions through ``frame.f_lineno``; the one
   exception is doctest's runner putting back the ``None`` it found), ``sys.setprofile``,
@@ -34,15 +40,19 @@ What the tested code cannot do here, and why:
   ``/proc/self/fd`` become root's and closed to it and to its children (proc(5), ptrace(2) access mode
   checks); exec'd children do not inherit the report descriptor.
 
+Costs to honest tests: tests that install signal handlers, trace or profile (``sys.settrace``/``setprofile``),
+call ``ctypes`` or are ``async`` cannot pass here; test functions outside the folders of the graded test files
+(and their parents) cannot be credited.
+
 Residual risk, stated honestly: code in this process can still (1) return objects that lie to the tests'
 assertions (``__eq__`` always true): a weakness of the tests, not of the grader; (2) re-enter pytest with a
 mixed-up item (the arguments of a passing parameter set under a failing test's id); (3) rewrite the closure or
 globals of a third-party decorator that wraps a test so that it swallows the test's exception; (4) rewrite
-the globals of a test module, or a pytest helper between two checks (``pytest.raises``), so the genuine body
-returns; (5) ignore a subTest failure reported by pytest if it also rewrites that report; (6) corrupt memory
-through an interpreter bug. Each needs an attack aimed at this grader and at the form of the tests; none is
-the cheap, test-agnostic kind this file is built to stop. The grading driver also re-checks the test files on
-disk after the run.
+the globals of a test module, or a pytest helper between two checks, so the genuine body returns; (5) hide a
+subTest failure if it also rewrites that report; (6) from a second thread, keep re-enabling GC so that a
+finalizer of its own runs inside the hook on the tests' thread and reads the hook's frame (a race it can
+retry); (7) corrupt memory through an interpreter bug. Each needs an attack aimed at this grader; none is the
+cheap kind this file is built to stop. The grading driver also re-checks the test files on disk after the run.
 """
 
 
