@@ -57,13 +57,10 @@ def run(args: argparse.Namespace) -> int:
     if args.proxy is not None:
         if args.record is None or args.model_dir is not None:
             raise ConfigError("--proxy URL records another server's sessions: give --record DIR and no MODEL_DIR.")
-        if args.api_key is not None:
-            raise ConfigError("--api-key protects the model server; the recording gateway (--proxy) does not check "
-                              "keys. Keep it on 127.0.0.1 (the default --host), or serve the model with "
-                              "agentgym serve MODEL_DIR --record DIR --api-key KEY.")
         from agentgym.serving.gateway import run_gateway
 
-        run_gateway(args.proxy, args.record, host=args.host, port=args.port, tokenizer=args.tokenizer)
+        run_gateway(args.proxy, args.record, host=args.host, port=args.port, tokenizer=args.tokenizer,
+                    api_key=args.api_key, max_body_bytes=args.max_body_bytes)
         return 0
     if args.model_dir is None:
         raise ConfigError("agentgym serve needs a MODEL_DIR (or --proxy URL --record DIR to record another server).")

@@ -70,6 +70,7 @@ from typing import Any
 
 from agentgym.errors import AgentGymError, ConfigError, did_you_mean
 from agentgym.serving.auth import ApiKeyMiddleware, resolve_api_key
+from agentgym.serving.limits import BodySizeLimitMiddleware, RequestLimits
 from agentgym.serving.http import bind_socket, import_uvicorn, serve, socket_url
 from agentgym.serving.openai_protocol import APIError, json_body
 from agentgym.serving.sessions import RecordedSessions, read_session, sessions_to_trajectories
@@ -594,7 +595,8 @@ class _Proxy:
 
 # ---- the app ----------------------------------------------------------------------------------------
 def create_gateway_app(upstream: str | FastAPI, record_dir: str | Path, *, tokenizer: Any = None,
-                       timeout_s: float = 600.0, api_key: str | None = None) -> FastAPI:
+                       timeout_s: float = 600.0, api_key: str | None = None,
+                       max_body_bytes: int = RequestLimits.max_body_bytes) -> FastAPI:
     """Build the gateway app in front of ``upstream``.
 
     Args:
@@ -605,6 +607,8 @@ def create_gateway_app(upstream: str | FastAPI, record_dir: str | Path, *, token
         tokenizer: Optional local tokenizer for servers that report no token ids (see the module docstring).
         timeout_s: How long an upstream call may take.
         api_key: Require this key on every route but ``/health`` (``None``: open; see the module docstring).
+        max_body_bytes: Largest request body the gateway reads (413 beyond it, before anything is read or
+            forwarded), the same limit and default as ``agentgym serve``'s ``--max-body-bytes``.
 
     Returns:
         The app; ``app.state.gateway`` is the :class:`Gateway` (open sessions from Python with it). An in-process
@@ -761,7 +765,8 @@ def create_gateway_app(upstream: str | FastAPI, record_dir: str | Path, *, token
                              "base_url": gateway.session_base_url(root, sid), "env": env_id,
                              "task_id": task.id if task is not None else None})
 
-    if api_key:
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_body_bytes)
+    if api_key:  # added last, so it runs first: a client without the key gets 401 before its body is read
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     return app
 
@@ -784,7 +789,8 @@ def _suite_task(suite_name: Any, split: Any, task_id: Any) -> tuple[Task, str, d
 
 
 def run_gateway(upstream: str | FastAPI, record_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000,
-                tokenizer: str | None = None, api_key: str | None = None) -> None:
+                tokenizer: str | None = None, api_key: str | None = None,
+                max_body_bytes: int = RequestLimits.max_body_bytes) -> None:
     """Serve the gateway until interrupted (``agentgym serve --record DIR [--proxy URL]``).
 
     Args:
@@ -797,7 +803,7 @@ def run_gateway(upstream: str | FastAPI, record_dir: str | Path, *, host: str = 
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(tokenizer)
-    app = create_gateway_app(upstream, record_dir, tokenizer=tok, api_key=api_key)
+    app = create_gateway_app(upstream, record_dir, tokenizer=tok, api_key=api_key, max_body_bytes=max_body_bytes)
     sock = bind_socket(host, port)
     where = upstream if isinstance(upstream, str) else "the local model"
     logger.info("Recording gateway for %s on %s/v1 (sessions in %s)", where, socket_url(sock), record_dir)

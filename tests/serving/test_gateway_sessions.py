@@ -140,3 +140,26 @@ def test_the_api_key_is_required_when_set(script: CalcScript, tmp_path: Path) ->
                 reply = client.chat.completions.create(model="script", messages=QUESTION)
             assert reply.choices[0].message.content == "calc(12*34)"
     assert not (tmp_path / "rec" / "k1.jsonl").exists()
+
+
+def test_the_proxy_gateway_takes_the_api_key_and_caps_bodies_before_forwarding(tmp_path: Path) -> None:
+    """``agentgym serve --proxy URL --record DIR --api-key KEY`` runs this app: no key is 401, a huge body 413.
+
+    The upstream is an address nothing listens on, so a request that reached the proxying code would fail
+    differently (502): both refusals happen before the gateway reads or forwards anything.
+    """
+    from fastapi.testclient import TestClient
+
+    from agentgym.cli.main import build_parser
+    from agentgym.serving.gateway import create_gateway_app
+
+    args = build_parser().parse_args(["serve", "--proxy", "http://127.0.0.1:9", "--record", str(tmp_path),
+                                      "--api-key", "k" * 24, "--max-body-bytes", "1000"])
+    assert (args.api_key, args.max_body_bytes) == ("k" * 24, 1000)
+    app = create_gateway_app(args.proxy, tmp_path / "rec", api_key=args.api_key, max_body_bytes=args.max_body_bytes)
+    with TestClient(app) as client:
+        assert client.post("/v1/chat/completions", json={}).status_code == 401
+        big = client.post("/v1/chat/completions", headers={"Authorization": "Bearer " + "k" * 24},
+                          content=b"{" + b" " * 5000 + b"}")
+        assert big.status_code == 413 and "1000 bytes" in big.json()["error"]["message"]
+        assert client.get("/health").status_code == 200
