@@ -31,6 +31,7 @@ from typing import Any
 
 from agentgym.policies.base import Generation, SamplingParams
 from agentgym.policies.choices import ChoiceTrees
+from agentgym.policies.decode_outputs import top_logprobs
 from agentgym.policies.kv_cache import EpisodeKVCache, common_prefix_length
 from agentgym.policies.seeding import row_uniforms
 from agentgym.policies.slot_model import SlotModel
@@ -71,17 +72,19 @@ class ContinuousSampler:
         kv_stats: The policy's :class:`EpisodeKVCache`, whose ``stats`` get this sampler's reuse counts too.
         weights_version: Returns a value that changes whenever the weights may have: cached keys and values of
             other weights are never reused.
+        max_tokens: Most tokens the slot cache holds over all slots (:class:`SlotModel`).
     """
 
     def __init__(self, model: Any, tokenizer: Any, stop_ids: Sequence[int], pad_id: int, slots: int,
-                 choice_trees: ChoiceTrees, kv_stats: EpisodeKVCache, weights_version: Callable[[], Any]) -> None:
+                 choice_trees: ChoiceTrees, kv_stats: EpisodeKVCache, weights_version: Callable[[], Any],
+                 max_tokens: int | None = None) -> None:
         import torch
 
         self.torch = torch
         self.tokenizer = tokenizer
         self.pad = pad_id
         self.slots = slots
-        self.net = SlotModel(model, slots)
+        self.net = SlotModel(model, slots, max_tokens=max_tokens)
         self.device = self.net.device
         self.vocab = int(model.lm_head.out_features)
         self.stop_tensor = torch.tensor(list(stop_ids), dtype=torch.long, device=self.device)
@@ -133,13 +136,28 @@ class ContinuousSampler:
             self.live = torch.zeros(n, dtype=torch.bool, device=dev)
             self.node = torch.zeros(n, dtype=torch.long, device=dev)
             self.has_stops = torch.zeros(n, dtype=torch.bool, device=dev)
+            self.want_top = torch.zeros(n, dtype=torch.long, device=dev)  # top_logprobs asked for
+        self._top_buffers(self.__dict__.get("top_cap", 0))
+
+    def _top_buffers(self, k: int) -> None:
+        """``[slots, steps, k]`` buffers of each step's k best log-probs and their ids (kept as far as they fit)."""
+        torch = self.torch
+        old = (self.__dict__.get("out_top"), self.__dict__.get("out_top_ids"))
+        self.top_cap = k
+        shape = (self.slots, self._steps_cap, k)
+        self.out_top = torch.zeros(shape, dtype=torch.float32, device=self.device)
+        self.out_top_ids = torch.zeros(shape, dtype=torch.long, device=self.device)
+        if old[0] is not None and old[0].numel():
+            steps, width = min(old[0].shape[1], shape[1]), min(old[0].shape[2], k)
+            self.out_top[:, :steps, :width] = old[0][:, :steps, :width]
+            self.out_top_ids[:, :steps, :width] = old[1][:, :steps, :width]
 
     def _grow_steps(self, steps: int) -> None:
         if steps <= self._steps_cap:
             return
         for name in ("out_tokens", "out_logprobs", "out_entropy", "out_forced", "uniforms"):
             setattr(self, "_old_" + name, getattr(self, name))
-        self._alloc_state(max(steps, 2 * self._steps_cap))
+        self._alloc_state(max(steps, 2 * self._steps_cap))  # (re)sizes the top-k buffers to the new steps too
         for name in ("out_tokens", "out_logprobs", "out_entropy", "out_forced", "uniforms"):
             delattr(self, "_old_" + name)
 
@@ -297,6 +315,10 @@ class ContinuousSampler:
                 self.stop_table.add(r.stops)
         self.node[index] = torch.tensor([r.node for r in requests], dtype=torch.long, device=self.device)
         self.has_stops[index] = torch.tensor([bool(r.stops) for r in requests], device=self.device)
+        wanted = [min(r.params.top_logprobs, self.vocab) for r in requests]
+        if max(wanted) > self.top_cap:
+            self._top_buffers(max(wanted))
+        self.want_top[index] = torch.tensor(wanted, dtype=torch.long, device=self.device)
         # Chunks of rows of similar context length, so padded attention columns and the scores stay bounded; each
         # chunk in slot order, so that the rows of a chunk that holds a run of slots are read as a view.
         order = sorted(requests, key=lambda r: len(r.prompt))
@@ -339,7 +361,7 @@ class ContinuousSampler:
         entropy = -torch.where(probs > 0, probs * logp, torch.zeros_like(probs)).sum(-1)
         node = self.node[rows]
         constrained = bool(node.any())
-        if constrained:  # sample inside the trees: renormalise over the allowed ids (the recorded logp stays the model's)
+        if constrained:  # sample inside the trees: renormalised over the allowed ids (recorded logp: the model's)
             allow = self.automaton.allowed[node]
             logits = logits.masked_fill(~allow, float("-inf"))
             masked = torch.log_softmax(logits / scale[:, None], dim=-1)
@@ -362,6 +384,10 @@ class ContinuousSampler:
         self.out_tokens[rows, step] = token
         self.out_logprobs[rows, step] = logp.gather(-1, token[:, None]).squeeze(-1)
         self.out_entropy[rows, step] = entropy
+        if self.top_cap and bool(self.want_top[rows].any()):
+            values, ids = logp.topk(self.top_cap, dim=-1)
+            self.out_top[rows, step] = values
+            self.out_top_ids[rows, step] = ids
         if constrained:
             self.out_forced[rows, step] = self.automaton.forced[node]
             self.node[rows] = self.automaton.next[node, token]
@@ -415,6 +441,11 @@ class ContinuousSampler:
                     self._idle[slot] = None
                 results.append((request, ids, n, i, slot))
         for request, ids, n, i, slot in results:
+            top = None
+            if request.params.top_logprobs:
+                (top,) = top_logprobs(self.out_top[slot:slot + 1, :n], self.out_top_ids[slot:slot + 1, :n],
+                                      self.out_logprobs[slot:slot + 1, :n], self.out_tokens[slot:slot + 1, :n],
+                                      [min(request.params.top_logprobs, self.vocab)])
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
             is_stop = slot in stopped
             if is_stop and request.stops:
@@ -428,4 +459,6 @@ class ContinuousSampler:
                 entropies=tuple(entropies[i][:n]),
                 finish_reason="stop" if is_stop else "length",
                 forced=tuple(bool(f) for f in forced[i][:n]) if request.params.choices else None,
+                top_logprobs=None if top is None else tuple(v for v, _ in top),
+                top_token_ids=None if top is None else tuple(t for _, t in top),
             ))

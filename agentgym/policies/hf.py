@@ -116,9 +116,10 @@ class HFPolicy(InProcessTokenPolicy):
             batching over a slot KV cache (:mod:`agentgym.policies.continuous`): each request joins the running
             decode batch at its next step and leaves it when it finishes, so the policy takes every waiting request
             at once (``max_concurrency`` is high); up to ``max_batch_size`` requests decode together, and each
-            episode's keys and values stay in its slot between turns. Requests it cannot serve (images, top-k
-            log-probs, a model outside the Llama family, a reply that would pass the model's context length) take
-            the reference loop. ``"reference"``: every ``act`` call is one :meth:`generate` call, one batch from
+            episode's keys and values stay in its slot between turns; the slots hold at most
+            ``max(kv_cache_tokens, 65536)`` tokens together. Requests it cannot serve (images, a model outside the
+            Llama family, a prompt plus reply longer than the model's context or than that
+            budget over ``max_batch_size``) take the reference loop. ``"reference"``: every ``act`` call is one :meth:`generate` call, one batch from
             start to finish (the sampler before continuous batching, kept for comparison). :meth:`generate`
             itself is always the reference loop.
 
@@ -303,15 +304,21 @@ class HFPolicy(InProcessTokenPolicy):
         if self.sampler != "continuous" or self._continuous_unsupported is not None:
             return False
         limit = int(getattr(getattr(self.model, "config", None), "max_position_embeddings", 0) or 1 << 20)
-        return all(not r.sampling.top_logprobs and len(p) + r.sampling.max_tokens <= limit and p
+        limit = min(limit, self._slot_tokens() // self.max_batch_size)  # the slot cache's memory bound
+        return all(len(p) + r.sampling.max_tokens <= limit and p
                    for p, r in zip(prompts, requests))
+
+    def _slot_tokens(self) -> int:
+        """Most tokens the continuous sampler's slot cache may hold: the KV-cache budget (``kv_cache_tokens``, at
+        least the default, since running requests need their keys and values even with reuse off)."""
+        return max(self.kv_cache.max_tokens, DEFAULT_KV_CACHE_TOKENS)
 
     def _continuous_sampler(self) -> ContinuousSampler:
         if self._continuous is None:
             logger.debug("%s: continuous batching over %d slots", self.name, self.max_batch_size)
             self._continuous = ContinuousSampler(self.model, self.tokenizer, self._stop_ids, self._pad_id,
                                                  self.max_batch_size, self._choice_trees, self.kv_cache,
-                                                 self._weights_version)
+                                                 self._weights_version, self._slot_tokens())
         return self._continuous
 
     def generate(

@@ -32,6 +32,9 @@ def slot_model_support(model: Any) -> str | None:
         return f"model_type {kind!r} is not one of {_SUPPORTED}"
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", kind == "mistral"):
         return "sliding-window attention"
+    rope = getattr(config, "rope_scaling", None) or getattr(config, "rope_parameters", None) or {}
+    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) in ("dynamic", "longrope"):
+        return "a rotary table that depends on the sequence length"  # one table per position is computed once here
     inner = getattr(model, "model", None)
     needed = ("embed_tokens", "layers", "norm", "rotary_emb")
     if inner is None or not all(hasattr(inner, n) for n in needed) or not hasattr(model, "lm_head"):
@@ -53,11 +56,13 @@ class SlotModel:
     Args:
         model: A supported causal LM (:func:`slot_model_support` returns ``None`` for it), in eval mode.
         slots: Rows of the cache (most episodes kept at once).
-        capacity: Columns per slot to begin with (the buffer grows by doubling up to the model's
-            ``max_position_embeddings`` when a longer sequence arrives).
+        capacity: Columns per slot to begin with (the buffer grows up to the model's ``max_position_embeddings``
+            when a longer sequence arrives).
+        max_tokens: Most tokens (slots x columns) the buffer may hold; growth stops there (callers send no row
+            longer than ``max_tokens // slots``).
     """
 
-    def __init__(self, model: Any, slots: int, capacity: int = 256) -> None:
+    def __init__(self, model: Any, slots: int, capacity: int = 256, max_tokens: int | None = None) -> None:
         import torch
 
         self.torch = torch
@@ -74,12 +79,13 @@ class SlotModel:
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.slots = slots
+        self.max_tokens = max_tokens
         self.capacity = 0
         self.rows = 0
         self.keys: list[Any] = []
         self.values: list[Any] = []
         self._cos = self._sin = None
-        self.ensure_capacity(min(capacity, self.max_positions), 1)
+        self.ensure_capacity(min(capacity, self.max_positions, max_tokens // slots if max_tokens else capacity), 1)
 
     # ---- storage ------------------------------------------------------------------------------------------------
     def ensure_capacity(self, columns: int, rows: int = 1) -> None:
@@ -99,6 +105,8 @@ class SlotModel:
         torch = self.torch
         new_cols = self.capacity if columns <= self.capacity else min(
             self.max_positions, -(-max(columns, self.capacity * 3 // 2) // 64) * 64)
+        if self.max_tokens is not None:
+            new_cols = min(new_cols, max(columns, self.max_tokens // self.slots))
         new_rows = self.rows if rows <= self.rows else min(self.slots, -(-rows // 32) * 32)
         shape = (new_rows, self.kv_heads, new_cols + 1, self.head_dim)
         keys, values = [], []

@@ -88,12 +88,12 @@ def test_seeded_sampling_draws_the_reference_ids_with_full_forward_logprobs(fast
     prompts = [r.prompt_token_ids for r in requests(fast, sampling)]
     for g, w, prompt in zip(got, want, prompts):
         assert g.token_ids == w.token_ids
-        assert g.logprobs == pytest.approx(full_forward_logprobs(fast.model, prompt, g.token_ids, temperature), abs=1e-5)
+        fresh = full_forward_logprobs(fast.model, prompt, g.token_ids, temperature)
+        assert g.logprobs == pytest.approx(fresh, abs=1e-5)
 
 
 def test_rows_joining_a_running_batch_get_what_they_get_alone(fast):
     """Requests sent while others decode join the running batch; each one's result is what it gets alone."""
-    sampling = SamplingParams(max_tokens=24, temperature=1.0, seed=5)
     reqs = requests(fast, [SamplingParams(max_tokens=24, temperature=1.0, seed=5 + i) for i in range(5)])
     alone = [act(fast, [r])[0] for r in reqs]
 
@@ -105,7 +105,6 @@ def test_rows_joining_a_running_batch_get_what_they_get_alone(fast):
         return [(await t)[0] for t in tasks]
 
     together = asyncio.run(staggered())
-    assert sampling.seed == 5
     for a, b in zip(alone, together):
         assert a.token_ids == b.token_ids
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
@@ -158,7 +157,8 @@ def test_a_weight_update_is_never_served_from_old_keys(model_dir):
     before = policy.kv_cache.stats["reused_tokens"]
     (gen,) = act(policy, [agent.request(sampling, episode_id="w")])
     assert policy.kv_cache.stats["reused_tokens"] == before
-    assert gen.logprobs == pytest.approx(full_forward_logprobs(policy.model, agent.token_ids, gen.token_ids, 0), abs=1e-5)
+    fresh = full_forward_logprobs(policy.model, agent.token_ids, gen.token_ids, 0)
+    assert gen.logprobs == pytest.approx(fresh, abs=1e-5)
     policy.close()
 
 
@@ -177,10 +177,24 @@ def test_choices_and_stop_strings_match_the_reference(fast, ref, temperature):
     assert any(g.finish_reason == "stop" and g.text[-1] in "eo" for g in got[3:])
 
 
-def test_requests_it_cannot_serve_take_the_reference_loop(fast):
-    sampling = SamplingParams(max_tokens=4, temperature=0, top_logprobs=3)
-    (gen,) = act(fast, requests(fast, sampling)[:1])
-    assert gen.top_logprobs is not None and len(gen.top_logprobs) == len(gen.token_ids)
+def test_top_logprobs_equal_the_reference(fast, ref):
+    """ARPO's branching reads each position's k best alternatives; a row that asks for fewer keeps a prefix."""
+    sampling = [SamplingParams(max_tokens=10, temperature=1.0, seed=i, top_logprobs=k) for i, k in
+                enumerate((3, 0, 5, 1, 2))]
+    got, want = act(fast, requests(fast, sampling)), act(ref, requests(ref, sampling))
+    for g, w in zip(got, want):
+        assert g.token_ids == w.token_ids and g.top_token_ids == w.top_token_ids
+        assert (g.top_logprobs is None) == (w.top_logprobs is None)
+        for a, b in zip(g.top_logprobs or (), w.top_logprobs or ()):
+            assert a == pytest.approx(b, abs=1e-5)
+
+
+def test_requests_it_cannot_serve_take_the_reference_loop(fast, ref):
+    # So many slots that the slot cache's memory bound leaves each fewer tokens than these prompts need.
+    crowded = HFPolicy(fast.model, fast.tokenizer, max_batch_size=65536 // 8)
+    greedy = SamplingParams(max_tokens=6, temperature=0)
+    got, want = act(crowded, requests(crowded, greedy)), act(ref, requests(ref, greedy))
+    assert crowded._continuous is None and [g.token_ids for g in got] == [w.token_ids for w in want]
 
 
 def test_rollout_engine_gets_identical_trajectories(model_dir, fast, ref):
@@ -190,6 +204,9 @@ def test_rollout_engine_gets_identical_trajectories(model_dir, fast, ref):
     specs = [EpisodeSpec("agentgym/GuessNumber-v0", seed=s, sampling_seed=s) for s in range(4)]
     got = RolloutEngine(fast, config).run(specs)
     want = RolloutEngine(ref, config).run(specs)
-    assert [[t.action_token_ids for t in tr.turns] for tr in got] == [[t.action_token_ids for t in tr.turns] for tr in want]
+    def ids(trajectories):
+        return [[t.action_token_ids for t in tr.turns] for tr in trajectories]
+
+    assert ids(got) == ids(want)
     assert sum(len(tr.turns) for tr in got) > len(specs)
     assert not fast._continuous._of_episode  # the engine's end_episode freed every slot
