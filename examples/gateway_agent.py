@@ -1,9 +1,9 @@
 """An agent program written only against the ``openai`` package: it plays one env session through the agentgym
 recording gateway (``agentgym serve MODEL --record DIR``), which records its calls token-exactly for training.
 
-    python examples/gateway_agent.py http://127.0.0.1:8000/s/<session>/v1
+    python examples/gateway_agent.py http://127.0.0.1:8000/s/<session>/<token>/v1
 
-The session is named by the base URL; the env is played by the gateway (``/env/reset``, ``/env/step``), reached
+The base URL is the one ``POST /v1/sessions`` returns: it names the session and carries its token; the env is played by the gateway (``/env/reset``, ``/env/step``), reached
 with the client's generic ``post``. Nothing here imports agentgym.
 """
 
