@@ -113,6 +113,10 @@ class TrainerConfig:
     """Save a checkpoint every N steps or iterations (0: only at the end)."""
     keep_checkpoints: int = 2
     """How many recent checkpoints to keep."""
+    save_rollouts: int = 0
+    """Keep every N-th step's training episodes (0: none) in ``rollouts/step-NNNNNN.jsonl``, the format of eval's
+    trajectories.jsonl, with a ``.tokens.jsonl`` sidecar of per-token loss mask, log-prob and advantage, so
+    ``agentgym view OUTPUT_DIR`` shows what the policy did while it trained."""
     seed: int = 0
     """Seeds task order, sampling and initialisation: the same config gives the same run."""
     warmstart: Literal["none", "bc"] = "none"
@@ -179,7 +183,7 @@ class TrainerConfig:
                      "bc_demos", "bc_steps", "bc_batch_size", "max_in_flight"):
             if getattr(self, name) < 1:
                 raise self._fail(name, f"must be >= 1, got {getattr(self, name)}.")
-        for name in ("eval_every", "checkpoint_every"):
+        for name in ("eval_every", "checkpoint_every", "save_rollouts"):
             if getattr(self, name) < 0:
                 raise self._fail(name, f"must be >= 0, got {getattr(self, name)}.")
         if self.warmup_steps < 0:

@@ -38,6 +38,7 @@ from agentgym.utils.progress import track
 from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, summarize
 from agentgym.suite import Task
 from agentgym.trainers.rollout_worker import RolloutJob
+from agentgym.trainers.rollout_saver import save_step_rollouts
 from agentgym.trainers.bc import behaviour_clone, collect_demonstrations
 from agentgym.trainers.interrupt import BCInterrupted, InterruptGuard, TrainingInterrupted
 from agentgym.utils.cpu_threads import SlowStepWatch
@@ -401,6 +402,8 @@ class OnlineTrainer:
                 self._slow.start()
             self.episodes += int(self.world.sum(float(len(trajectories))))
             stats = self._learn(step, trajectories)
+            if cfg.save_rollouts and (step + 1) % cfg.save_rollouts == 0:  # what the policy did, for 'agentgym view'
+                save_step_rollouts(self, step + 1, trajectories)
             if self._slow is not None:
                 self._slow.stop(cpu_bound=False)
             if self._async is not None:  # the worker (and with vLLM the engine) loads them before its next batch
