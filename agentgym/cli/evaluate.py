@@ -73,10 +73,16 @@ def run(args: argparse.Namespace) -> int:
     if args.split not in suite.splits:
         raise ConfigError(f"Suite {suite.name!r} has no split {args.split!r}; choose one of {sorted(suite.splits)}.")
     defaults: dict[str, Any] = {}
+    defaults_source: str | None = None
     if args.policy.startswith(("hf:", "vllm:")):
         from agentgym.policies.rollout_defaults import load_rollout_defaults
 
         defaults = load_rollout_defaults(args.policy.split(":", 1)[1])
+        defaults_source = "its agentgym.json" if defaults else None
+    # The policy loads first: a bad --policy must not leave a half-made run directory behind.
+    policy = make_policy(args.policy)
+    if args.policy.startswith("openai:"):
+        defaults, defaults_source = _server_defaults(policy, args)
     system_prompt = args.system_prompt if args.system_prompt is not None else defaults.get("system_prompt")
     max_tokens = args.max_tokens if args.max_tokens is not None else int(defaults.get("max_tokens", 256))
     sampling = SamplingParams(max_tokens=max_tokens, temperature=args.temperature, seed=args.seed)
@@ -87,8 +93,6 @@ def run(args: argparse.Namespace) -> int:
     out_dir = Path(args.out) if args.out else _new_default_out_dir(suite.name)
     settings = {"suite": suite.name, "split": args.split, "policy": args.policy, "seed": args.seed,
            "group_size": args.group_size}
-    # The policy loads first: a bad --policy must not leave a half-made run directory behind.
-    policy = make_policy(args.policy)
     started = time.perf_counter()
     console = Console()
     finished: list[Any] = []  # every episode that ended, written or not
@@ -130,6 +134,11 @@ def run(args: argparse.Namespace) -> int:
     summary["complete"] = not (writer.lost or writer.failed or stopped)
     summary["wall_s"] = time.perf_counter() - started
     summary.update({"suite": suite.name, "split": args.split, "policy": args.policy})
+    from agentgym.cli.eval_warnings import run_warnings
+
+    warnings = run_warnings(trajectories, max_tokens=max_tokens, system_prompt=system_prompt, defaults=defaults,
+                            source=defaults_source, context=defaults.get("max_model_len"))
+    summary["warnings"] = warnings
     problems: list[str] = []
     try:
         atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2))
@@ -143,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
     console.print(render_summary_table(summary, title=title))
     console.print(f"trajectories: {out_dir / 'trajectories.jsonl'}\nsummary: {out_dir / 'summary.json'}\n"
                   f"report: {out_dir / 'report.html'}")
+    for warning in warnings:
+        sys.stderr.write(terminal_safe(f"agentgym eval: warning: {warning}\n"))
     lost = writer.lost + writer.failed
     if stopped is not None or lost:
         missing = lost + summary["not_run"]
@@ -158,6 +169,21 @@ def run(args: argparse.Namespace) -> int:
     for problem in problems:
         sys.stderr.write(terminal_safe(f"agentgym eval: error: {problem}\n"))
     return 1 if problems else 0
+
+
+def _server_defaults(policy: Any, args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
+    """What the server says its model was trained with (``agentgym serve`` publishes it), said on stderr; flags the
+    user set win. A server that publishes nothing (vLLM, hosted APIs) leaves the usual defaults."""
+    from agentgym.utils.terminal import terminal_safe
+
+    published = policy.fetch_server_defaults()
+    used = {k: published[k] for k in ("system_prompt", "max_tokens") if k in published
+            and getattr(args, k) is None}
+    if used:
+        shown = ", ".join(f"{k.replace('_', ' ')} {v!r}" for k, v in used.items())
+        sys.stderr.write(terminal_safe(f"agentgym eval: using the server's defaults for {policy.model}: {shown} "
+                                       "(pass --system-prompt / --max-tokens to override)\n"))
+    return published, ("the server" if published else None)
 
 
 class _WritesKeepFailing(Exception):

@@ -72,5 +72,16 @@ def run(args: argparse.Namespace) -> int:
                            max_n=args.max_n, max_request_tokens=args.max_request_tokens)
     run_server(args.model_dir, host=args.host, port=args.port, model_name=args.model_name,
                max_batch_size=args.max_batch_size, record_dir=args.record, limits=limits,
-               api_key=resolve_api_key(args.api_key))
+               api_key=resolve_api_key(args.api_key), announce=_announce)
     return 0
+
+
+def _announce(line: str) -> None:
+    """Progress while the model loads and the banner once it serves, on stderr (stdout stays free for pipes);
+    paths and prompts come from files, so control characters are shown escaped."""
+    import sys
+
+    from agentgym.utils.terminal import terminal_safe
+
+    sys.stderr.write(terminal_safe(line + "\n"))
+    sys.stderr.flush()

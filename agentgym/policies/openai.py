@@ -168,6 +168,9 @@ class OpenAIPolicy(OpenAIHTTPClient, Policy):
         # rendering, how many differed (their ids are not trainable) and how many could not be checked.
         self.stats: dict[str, int] = {"prompt_checked": 0, "prompt_mismatches": 0, "prompt_unverified": 0}
         self._warned: set[str] = set()
+        #: What the server says the model was trained with (``agentgym serve`` publishes its ``agentgym.json``:
+        #: ``system_prompt``, ``max_tokens``, ...); filled by :meth:`fetch_server_defaults`, empty until then.
+        self.server_defaults: dict[str, Any] = {}
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -177,6 +180,54 @@ class OpenAIPolicy(OpenAIHTTPClient, Policy):
     @name.setter
     def name(self, value: str) -> None:
         self._name = value
+
+    # ---- the server's defaults ------------------------------------------------------------------
+    def fetch_server_defaults(self) -> dict[str, Any]:
+        """Ask the server how its model was trained to be prompted, and prompt it so unless told otherwise.
+
+        ``agentgym serve`` adds an ``agentgym`` field to its model object on ``GET /models`` holding the model
+        directory's ``agentgym.json`` (system prompt, max tokens, ...); other servers (vLLM, hosted APIs) add
+        none, which gives ``{}``. A published ``system_prompt`` becomes :attr:`default_system_prompt` (what the
+        rollout engine uses when ``RolloutConfig.system_prompt`` is ``None``, i.e. when the caller did not set
+        one); ``max_tokens`` is returned for the caller to use when it set none (sampling is the caller's). With
+        no ``model`` given, the first listed model is taken, as on first use.
+
+        Returns:
+            The published defaults (also kept in :attr:`server_defaults`).
+
+        Raises:
+            OpenAIServerError: The server cannot be reached (after the retries) or answers with an error.
+        """
+        body = self._get_sync("/models")
+        data = body.get("data") if isinstance(body, Mapping) else None
+        cards = [c for c in data if isinstance(c, Mapping)] if isinstance(data, list) else []
+        if self.model is None and cards and cards[0].get("id"):
+            self.model = str(cards[0]["id"])
+        card = next((c for c in cards if c.get("id") == self.model), None)
+        published = card.get("agentgym") if card is not None else None
+        self.server_defaults = dict(published) if isinstance(published, Mapping) else {}
+        prompt = self.server_defaults.get("system_prompt", ...)
+        if (prompt is None or isinstance(prompt, str)) and self.default_system_prompt is None:
+            self.default_system_prompt = prompt
+        if self.server_defaults:
+            logger.info("%s publishes the settings %r was trained with: %s", self.base_url, self.model,
+                        {k: v for k, v in self.server_defaults.items() if k in ("system_prompt", "max_tokens")})
+        return dict(self.server_defaults)
+
+    def _get_sync(self, path: str) -> Any:
+        """``GET path`` outside any event loop (set-up time), with the same retries as every other request."""
+        async def get() -> Any:
+            try:
+                return await self._request(await self._state(), "GET", path)
+            finally:
+                await self.aclose()
+
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(get())
+        raise ConfigError("OpenAIPolicy.fetch_server_defaults() blocks: call it before the event loop runs, or await "
+                          "the policy's requests from a thread.")
 
     # ---- payloads ------------------------------------------------------------------------------
     def _sampling_fields(self, sampling: SamplingParams) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agentgym.errors import ConfigError, DependencyNotInstalled
@@ -19,6 +19,7 @@ from agentgym.serving.auth import ApiKeyMiddleware, resolve_api_key
 from agentgym.serving.batcher import Batcher
 from agentgym.serving.limits import BodySizeLimitMiddleware, RequestLimits
 from agentgym.serving.metrics import prometheus_text
+from agentgym.serving.openai_defaults import DEFAULTS_PATH
 from agentgym.serving.openai_endpoints import OpenAIEndpoints
 from agentgym.serving.openai_protocol import APIError, error_response, json_body
 
@@ -49,6 +50,7 @@ def create_app(
     max_queue_size: int = 4096,
     limits: RequestLimits | None = None,
     api_key: str | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> FastAPI:
     """Build the FastAPI app that serves ``policy`` under the OpenAI API.
 
@@ -68,10 +70,13 @@ def create_app(
         api_key: When given, every route but ``/health`` needs it (``Authorization: Bearer <key>`` or
             ``x-api-key``; :class:`~agentgym.serving.auth.ApiKeyMiddleware`); ``None`` serves openly. The
             environment is not read here: ``agentgym serve`` resolves ``--api-key`` / ``$AGENTGYM_API_KEY``.
+        defaults: How the model was trained to be prompted (system prompt, max tokens, ...;
+            :func:`~agentgym.serving.openai_defaults.served_defaults`), published as the ``agentgym`` field of the
+            ``/v1/models`` model object and on ``GET /agentgym/defaults``; ``None`` or empty publishes nothing there.
 
     Returns:
         The app: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both with ``stream``), ``GET /v1/models``,
-        ``POST /tokenize``, ``POST /detokenize``, ``GET /health`` and ``GET /metrics``. ``app.state.stats``
+        ``POST /tokenize``, ``POST /detokenize``, ``GET /agentgym/defaults``, ``GET /health`` and ``GET /metrics``. ``app.state.stats``
         (:class:`BatchStats`) counts batches and requests.
     """
     if not model_name:
@@ -91,6 +96,9 @@ def create_app(
 
     batcher = Batcher(policy, max_batch_size=max_batch_size, window_s=batch_window_s, max_queue_size=max_queue_size)
     server = OpenAIEndpoints(policy, model_name, batcher, limits)
+    if defaults is not None and not isinstance(defaults, Mapping):
+        raise ConfigError(f"defaults must be a dict (the model's agentgym.json settings), got {type(defaults).__name__}.")
+    server.defaults = dict(defaults or {})
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -169,6 +177,10 @@ def create_app(
     @app.get("/v1/models")
     async def models() -> JSONResponse:
         return JSONResponse(server.models())
+
+    @app.get(DEFAULTS_PATH)
+    async def published_defaults() -> JSONResponse:
+        return JSONResponse({"model": model_name, "defaults": server.defaults})
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -60,6 +60,9 @@ class OpenAIEndpoints(ServedModel):
                  limits: RequestLimits | None = None) -> None:
         super().__init__(policy, model_name, batcher, limits)
         self._tool_parser = HermesParser(native=False)
+        #: How the model was trained to be prompted (see :func:`agentgym.serving.openai_defaults.served_defaults`);
+        #: published on ``/v1/models`` and ``/agentgym/defaults`` so that clients can prompt it the same way.
+        self.defaults: dict[str, Any] = {}
 
     # -- /v1/completions --
     def parse_prompts(self, body: Mapping[str, Any]) -> list[list[int]]:
@@ -379,4 +382,7 @@ class OpenAIEndpoints(ServedModel):
                                 "owned_by": "agentgym", "root": self.model_name, "parent": None}
         if self.max_model_len is not None:
             card["max_model_len"] = self.max_model_len
+        if self.defaults:
+            # An extra field on the model object, as vLLM adds max_model_len: OpenAI clients ignore it.
+            card["agentgym"] = dict(self.defaults)
         return {"object": "list", "data": [card]}

@@ -76,7 +76,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +86,7 @@ from agentgym.serving.limits import RequestLimits
 from agentgym.serving.http import BackgroundServer, bind_socket, check_port, import_uvicorn, serve, socket_url
 from agentgym.serving.metrics import BatchStats
 from agentgym.serving.openai_app import create_app
+from agentgym.serving.openai_defaults import format_banner, served_defaults
 from agentgym.serving.openai_endpoints import OpenAIEndpoints
 from agentgym.serving.openai_protocol import APIError, _message_text, json_body  # noqa: F401 - re-exported
 
@@ -161,6 +163,7 @@ def run_server(
     record_dir: str | Path | None = None,
     limits: RequestLimits | None = None,
     api_key: str | None = None,
+    announce: Callable[[str], None] | None = None,
 ) -> None:
     """Serve a local HF model directory until interrupted (what ``agentgym serve`` runs).
 
@@ -173,21 +176,33 @@ def run_server(
         record_dir: Put the recording gateway (:mod:`agentgym.serving.gateway`) in front and write sessions here.
         limits: What one request may ask (see :class:`~agentgym.serving.limits.RequestLimits`).
         api_key: Require this key on every route but ``/health`` (``None``: serve openly).
+        announce: Called with each progress line while loading and with the banner once serving (what is served,
+            where, the defaults published to clients, the limits); ``None`` logs them at INFO.
     """
+    say = announce if announce is not None else (lambda line: logger.info("%s", line))
     path = _check_model_dir(model_dir)
     limits = limits if limits is not None else RequestLimits()
     check_port(port)
     import_uvicorn()  # a missing extra fails before the model loads
     name = model_name or _served_name(model_dir, path)
     inner_key = api_key if record_dir is None else None  # with a gateway, the key is checked in front of it
-    app = _record(create_app(_load_policy(path), model_name=name, max_batch_size=max_batch_size, limits=limits,
-                             api_key=inner_key), record_dir, api_key)
-    if record_dir is not None:
-        logger.info("Recording sessions in %s (name each session: see agentgym.serving.gateway)", record_dir)
+    # Loading takes from seconds (the tiny model) to minutes: say what is happening, so a silent terminal is
+    # never mistaken for a server that is up (or hung).
+    say(f"agentgym serve: loading {path} (importing torch and transformers, then the tokenizer and weights)...")
+    started = time.perf_counter()
+    policy = _load_policy(path)
+    load_s = time.perf_counter() - started
+    defaults = served_defaults(path, policy)
+    say(f"agentgym serve: model loaded in {load_s:.1f} s; starting the HTTP server...")
+    app = _record(create_app(policy, model_name=name, max_batch_size=max_batch_size, limits=limits,
+                             api_key=inner_key, defaults=defaults), record_dir, api_key)
     sock = bind_socket(host, port)
-    logger.info("Serving %s as %r on %s/v1 (%s; limits: %s)", path, name, socket_url(sock),
-                "API key required" if api_key else "no API key: anyone who reaches the port may use it", limits)
-    serve(app, sock, log_level="info")
+
+    def ready(url: str) -> None:
+        say(format_banner(model_dir=path, name=name, url=url, defaults=defaults, limits=limits,
+                          api_key=api_key is not None, record_dir=record_dir, load_s=load_s))
+
+    serve(app, sock, log_level="info", on_ready=ready)
 
 
 class ServerThread(BackgroundServer):
@@ -206,6 +221,8 @@ class ServerThread(BackgroundServer):
             here (``app.state.gateway`` opens sessions from Python).
         limits: What one request may ask (see :class:`~agentgym.serving.limits.RequestLimits`).
         api_key: Require this key on every route but ``/health`` (``None``: serve openly).
+        defaults: The settings to publish to clients (:func:`~agentgym.serving.openai_defaults.served_defaults`);
+            ``None``: those of the model directory's ``agentgym.json`` (none for a policy object).
 
     Attributes:
         app: The FastAPI app (``app.state.stats`` counts batches).
@@ -225,6 +242,7 @@ class ServerThread(BackgroundServer):
         record_dir: str | Path | None = None,
         limits: RequestLimits | None = None,
         api_key: str | None = None,
+        defaults: dict[str, Any] | None = None,
     ) -> None:
         from fastapi import FastAPI
 
@@ -236,12 +254,14 @@ class ServerThread(BackgroundServer):
                 path = _check_model_dir(model_dir_or_policy)
                 self.policy = _load_policy(path)
                 name = model_name or _served_name(model_dir_or_policy, path)
+                if defaults is None:
+                    defaults = served_defaults(path, self.policy)
             else:
                 self.policy = model_dir_or_policy
                 name = model_name or getattr(model_dir_or_policy, "name", None) or "model"
             app = create_app(self.policy, model_name=name, max_batch_size=max_batch_size,
                              batch_window_s=batch_window_s, limits=limits,
-                             api_key=api_key if record_dir is None else None)
+                             api_key=api_key if record_dir is None else None, defaults=defaults)
         self.model_name = name
         # /health needs no API key, so a server that requires one is still seen to be up.
         ready = "/health" if hasattr(app.state, "limits") else "/v1/models"
