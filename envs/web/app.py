@@ -24,8 +24,9 @@ from urllib.parse import parse_qs, quote_plus, urlencode, urlsplit
 
 from agentgym.envs.web.catalogue import Catalogue, Product, load_catalogue
 from agentgym.envs.web.goals import RESULTS_PER_PAGE, Goal
-from agentgym.envs.web.reward import ItemScore, order_score, score_item
+from agentgym.envs.web.reward import ItemScore, check_protocol, order_score, score_item
 from agentgym.envs.web.search import SearchIndex, default_index
+from agentgym.envs.web.webshop_rules import score_item_upstream
 
 __all__ = ["SESSION_COOKIE", "CartLine", "Order", "Request", "Response", "ShopApp", "ShopSession"]
 
@@ -140,12 +141,14 @@ class ShopApp:
         with self._lock:
             return self._sessions.get(token)
 
-    def score_order(self, order: Order, goal: Goal) -> tuple[float, list[ItemScore]]:
-        """WebShop's reward for a placed order (see :mod:`.reward`)."""
+    def score_order(self, order: Order, goal: Goal, protocol: str = "strict") -> tuple[float, list[ItemScore]]:
+        """WebShop's reward for a placed order (see :mod:`.reward`); ``protocol="upstream"`` matches with WebShop's
+        own fuzzy rules (:mod:`.webshop_rules`)."""
+        score = score_item_upstream if check_protocol(protocol) == "upstream" else score_item
         scores = [
-            score_item(self.catalogue.get(line.product_id), line.choice, line.price, goal_product_id=goal.product_id,
-                       goal_title=goal.title, goal_aisle=goal.aisle, goal_features=goal.features,
-                       goal_options=goal.options, price_upper=goal.price_upper)
+            score(self.catalogue.get(line.product_id), line.choice, line.price, goal_product_id=goal.product_id,
+                  goal_title=goal.title, goal_aisle=goal.aisle, goal_features=goal.features,
+                  goal_options=goal.options, price_upper=goal.price_upper)
             for line in order.lines
         ]
         return order_score(scores), scores

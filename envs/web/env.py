@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal, Protocol
 import numpy as np
 from agentgym.envs.web.app import SESSION_COOKIE, ShopApp
 from agentgym.envs.web.goals import Goal, generate_tasks
+from agentgym.envs.web.reward import check_protocol
 from agentgym.tools.browser.errors import ActionError
 from agentgym.tools.browser.snapshot import Snapshot, truncate_snapshot
 
@@ -79,9 +80,10 @@ class _ShopEnv(AgentEnv):
     _browser: ShopBrowser
 
     def __init__(self, *, max_turns: int, tasks: Sequence[Task] | None, max_snapshot_chars: int,
-                 max_action_chars: int, render_mode: str | None) -> None:
+                 max_action_chars: int, render_mode: str | None, protocol: str = "strict") -> None:
         if not isinstance(max_snapshot_chars, int) or max_snapshot_chars < 500:
             raise ConfigError(f"max_snapshot_chars must be an integer >= 500, got {max_snapshot_chars!r}.")
+        self.protocol = check_protocol(protocol)
         self.max_snapshot_chars = max_snapshot_chars
         self._token = ""
         self._goal: Goal | None = None
@@ -191,7 +193,7 @@ class _ShopEnv(AgentEnv):
         if session is None or self._goal is None or len(session.orders) <= self._orders_seen or self._finished:
             return
         self._orders_seen = len(session.orders)
-        score, _ = self._app.score_order(session.orders[-1], self._goal)
+        score, _ = self._app.score_order(session.orders[-1], self._goal, self.protocol)
         success = score >= 1.0 - 1e-9
         self.add_reward("purchase", score)
         self.finish(success=success, score=score, reason="solved" if success else "failed")
@@ -200,7 +202,7 @@ class _ShopEnv(AgentEnv):
         session = self._app.session(self._token)
         if session is None or self._goal is None or not session.orders:
             return 0.0
-        return max(self._app.score_order(order, self._goal)[0] for order in session.orders)
+        return max(self._app.score_order(order, self._goal, self.protocol)[0] for order in session.orders)
 
     # ---- observations ---------------------------------------------------------------------------------------
     def _page_text(self) -> str:
@@ -364,7 +366,9 @@ class WebShopTextEnv(_ShopEnv):
     options + [price <= limit]) / (goal attributes + goal options + 1)`, where `r_type` checks the product is the
     right kind and only options the agent chose count; an order of several items is divided by their number. Paid
     when the order is placed (component `purchase`); success means a full match (score 1). An episode with no order
-    scores 0.
+    scores 0. The default `protocol="strict"` matches options and attributes exactly; `protocol="upstream"` uses
+    WebShop's own `get_reward` rules (fuzzy option match, title fallback), which also credit some wrong choices
+    ("1-pack" for "12-pack"): use it for numbers next to published WebShop results.
 
     ## Episode end
 
@@ -377,6 +381,7 @@ class WebShopTextEnv(_ShopEnv):
     - `max_snapshot_chars`: longer page snapshots are cut (and say so).
     - `max_action_chars`: see `AgentEnv`.
     - `render_mode`: `"ansi"` or `None`.
+    - `protocol`: `"strict"` (exact matching) or `"upstream"` (WebShop's fuzzy matching, for published numbers).
 
     ## Version history
 
@@ -388,11 +393,11 @@ class WebShopTextEnv(_ShopEnv):
                                   "(accessibility snapshots, no browser).")
 
     def __init__(self, *, max_turns: int = 20, tasks: Sequence[Task] | None = None, max_snapshot_chars: int = 12_000,
-                 max_action_chars: int = 20_000, render_mode: str | None = None) -> None:
+                 max_action_chars: int = 20_000, render_mode: str | None = None, protocol: str = "strict") -> None:
         from agentgym.envs.web.text_browser import TextBrowser
 
         super().__init__(max_turns=max_turns, tasks=tasks, max_snapshot_chars=max_snapshot_chars,
-                         max_action_chars=max_action_chars, render_mode=render_mode)
+                         max_action_chars=max_action_chars, render_mode=render_mode, protocol=protocol)
         self._browser = TextBrowser(self._app.handle, TEXT_ORIGIN)
 
     def _make_app(self) -> ShopApp:
@@ -432,7 +437,9 @@ class WebShopEnv(_ShopEnv):
     options + [price <= limit]) / (goal attributes + goal options + 1)`, where `r_type` checks the product is the
     right kind and only options the agent chose count; an order of several items is divided by their number. Paid
     when the order is placed (component `purchase`); success means a full match (score 1). An episode with no order
-    scores 0.
+    scores 0. The default `protocol="strict"` matches options and attributes exactly; `protocol="upstream"` uses
+    WebShop's own `get_reward` rules (fuzzy option match, title fallback), which also credit some wrong choices
+    ("1-pack" for "12-pack"): use it for numbers next to published WebShop results.
 
     ## Episode end
 
@@ -449,6 +456,7 @@ class WebShopEnv(_ShopEnv):
       `BrowserPool` to use (default: the shared process-wide pool).
     - `max_action_chars`: see `AgentEnv`.
     - `render_mode`: `"ansi"` or `None`.
+    - `protocol`: `"strict"` (exact matching) or `"upstream"` (WebShop's fuzzy matching, for published numbers).
 
     ## Version history
 
@@ -462,7 +470,7 @@ class WebShopEnv(_ShopEnv):
     def __init__(self, *, max_turns: int = 20, tasks: Sequence[Task] | None = None, max_snapshot_chars: int = 12_000,
                  screenshot: bool = False, viewport: tuple[int, int] | list[int] = (1280, 720),
                  browser: Mapping[str, Any] | Any | None = None, max_action_chars: int = 20_000,
-                 render_mode: str | None = None) -> None:
+                 render_mode: str | None = None, protocol: str = "strict") -> None:
         from agentgym.tools.browser.observations import ScreenObservation
         from agentgym.tools.browser.pool import resolve_pool
 
@@ -470,7 +478,7 @@ class WebShopEnv(_ShopEnv):
         self._pool = resolve_pool(browser)
         self._server = None
         super().__init__(max_turns=max_turns, tasks=tasks, max_snapshot_chars=max_snapshot_chars,
-                         max_action_chars=max_action_chars, render_mode=render_mode)
+                         max_action_chars=max_action_chars, render_mode=render_mode, protocol=protocol)
         self._browser = self._pool.session(viewport=(width, height))
         self._screen = ScreenObservation(height, width) if screenshot else None
         if self._screen is not None:

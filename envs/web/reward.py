@@ -16,9 +16,12 @@ in defaults let the right product bought with no option chosen score 1.0 on 2 of
 
 A placed order is scored by :func:`order_score`: its best item's ``r`` divided by the number of items in the
 order (WebShop buys one item; buying several must not pay). WebShop matched attributes and options with
-fuzzy string ratios and title nouns with spaCy; our attributes and options come from a closed vocabulary,
-so exact matching is the same test without those dependencies, and title nouns are approximated by the
-title's content words.
+fuzzy string ratios (``thefuzz``) and a title fallback, and title nouns with spaCy. This default ``strict``
+protocol matches exactly: on our closed vocabulary the fuzzy rules credit wrong choices ("1-pack" for
+"12-pack" scores 92 > 85, and a wrong flavour that appears in the title counts), so exact matching is the
+stricter, truer test. ``protocol="upstream"`` (:mod:`agentgym.envs.web.webshop_rules`) applies WebShop's own
+rules, for numbers to put next to published ones. In both, title nouns are approximated by the title's
+content words.
 """
 
 from __future__ import annotations
@@ -28,8 +31,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from agentgym.envs.web.catalogue import Product
+from agentgym.errors import ConfigError
 
-__all__ = ["ItemScore", "order_score", "score_item", "title_overlap"]
+__all__ = ["PROTOCOLS", "ItemScore", "check_protocol", "order_score", "score_item", "title_overlap", "type_reward"]
+
+#: Scoring protocols: ``strict`` (exact option and attribute matching, the default) and ``upstream`` (WebShop's
+#: fuzzy matching and title fallback, :mod:`agentgym.envs.web.webshop_rules`), for numbers comparable with papers.
+PROTOCOLS = ("strict", "upstream")
 
 _STOPWORDS = frozenset({
     "a", "an", "and", "the", "of", "with", "in", "on", "for", "to", "from", "by", "or", "no", "not", "free", "less",
@@ -67,10 +75,17 @@ class ItemScore:
         return self.r_type * matched / (self.attributes_total + self.options_total + 1)
 
 
-def score_item(product: Product, choice: Mapping[str, str], price: float, *, goal_product_id: int,
-               goal_title: str, goal_aisle: str, goal_features: Sequence[str], goal_options: Mapping[str, str],
-               price_upper: float) -> ItemScore:
-    """Score one bought item (``product`` with options ``choice`` at ``price``) against the goal."""
+def check_protocol(protocol: object) -> str:
+    """``protocol`` if it names a scoring protocol, else a ConfigError that lists them."""
+    if protocol not in PROTOCOLS:
+        raise ConfigError(f"protocol must be one of {', '.join(map(repr, PROTOCOLS))}, got {protocol!r}: 'strict' "
+                          "counts only exact matches, 'upstream' follows WebShop's own get_reward (fuzzy options, "
+                          "title fallback) for numbers next to published ones.")
+    return str(protocol)
+
+
+def type_reward(product: Product, *, goal_product_id: int, goal_title: str, goal_aisle: str) -> float:
+    """WebShop's ``r_type``: is the bought product the right kind of thing?"""
     overlap = title_overlap(product.title, goal_title)
     match = product.id == goal_product_id or product.aisle == goal_aisle or overlap > 0.2
     r_type = 1.0 if match else 0.5
@@ -80,6 +95,15 @@ def score_item(product: Product, choice: Mapping[str, str], price: float, *, goa
         r_type = 0.0
     if product.id == goal_product_id:
         r_type = 1.0
+    return r_type
+
+
+def score_item(product: Product, choice: Mapping[str, str], price: float, *, goal_product_id: int,
+               goal_title: str, goal_aisle: str, goal_features: Sequence[str], goal_options: Mapping[str, str],
+               price_upper: float) -> ItemScore:
+    """Score one bought item (``product`` with options ``choice`` at ``price``) against the goal, matching exactly
+    (the ``strict`` protocol; ``webshop_rules.score_item_upstream`` is the ``upstream`` one)."""
+    r_type = type_reward(product, goal_product_id=goal_product_id, goal_title=goal_title, goal_aisle=goal_aisle)
     title_lower = product.title.lower()
     attributes = sum(1 for f in goal_features if f in product.features or f in title_lower)
     options = sum(1 for kind, wanted in goal_options.items()
