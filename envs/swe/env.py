@@ -18,8 +18,9 @@ failed). See :func:`agentgym.tasks.swe.workspace.grade_code` and ``tasks/swe/gra
 lists what code inside the test process can still do.
 
 Score: with f = passing FAIL_TO_PASS / all FAIL_TO_PASS and G the guarded tests (PASS_TO_PASS plus every
-visible test that passes on the buggy tree), reward = score = f * (1 - regressions / |G|); success = f == 1 and
-no regressions. Reward channels for gated accumulation (G-RA, Sun et al., 2025) are reported in
+visible test that passes on the buggy tree), success = f == 1 and no regressions; reward = score is 1.0/0.0 on
+success under ``reward="resolved"`` (SWE-bench's rule; the default for SWE-bench instances) and
+f * (1 - regressions / |G|) under ``reward="partial"`` (the default for the built-in tasks). Reward channels for gated accumulation (G-RA, Sun et al., 2025) are reported in
 ``info["turn"]["channels"]`` on every step: ``tool_validity`` (+1 per tool call that ran, -1 per malformed or
 failing one), ``test_runs``, and on the last step ``outcome`` (the high-priority channel: no submit 0.0, no
 graded change 0.1, a graded change that fails 0.5, success 1.0), ``patch_submitted`` and ``f2p_fraction``.
@@ -49,7 +50,7 @@ from agentgym.parsers import CompositeParser, FunctionCallParser, HermesParser, 
 from agentgym.suite import Task
 from agentgym.toolset import ToolResult, ToolSet, tool
 
-from agentgym.envs.swe.scoring import known_visible_pass, remember_visible_pass, score_submission, submission_message
+from agentgym.envs.swe.scoring import REWARD_RULES, known_visible_pass, remember_visible_pass, score_submission, submission_message
 from agentgym.envs.swe.tool_code import CREATE_CODE, REPLACE_CODE, VIEW_CODE, tool_reply
 
 __all__ = ["OUTCOME_REWARDS", "resolve_repo_path", "score_submission", "SWEEnv"]
@@ -113,8 +114,10 @@ class SWEEnv(AgentEnv):
     ## Reward
 
     With f = passing FAIL_TO_PASS tests / all FAIL_TO_PASS tests and G the guarded tests (PASS_TO_PASS plus every
-    visible test that passes on the buggy tree): reward = f * (1 - regressions / |G|), paid on submit (component
-    `tests`); success is f == 1 with no regressions. An episode that never submits scores 0. Reward channels for
+    visible test that passes on the buggy tree): success is f == 1 with no regressions. The reward, paid on submit
+    (component `tests`), follows `reward`: `"resolved"` pays 1.0 on success and 0.0 otherwise (SWE-bench's
+    resolved rule, the default for SWE-bench instances, so a suite's mean reward is its resolved rate);
+    `"partial"` pays f * (1 - regressions / |G|) (the default for the built-in tasks; not a resolved rate). An episode that never submits scores 0. Reward channels for
     gated accumulation are reported in `info["turn"]["channels"]` on every step (`tool_validity`, `test_runs`, and on
     the last step `outcome`, `patch_submitted`, `f2p_fraction`); `info["turn"]["grading"]` holds the details.
 
@@ -132,6 +135,8 @@ class SWEEnv(AgentEnv):
     - `test_timeout_s`: wall-clock limit of one `run_tests` or grading run.
     - `max_output_chars`: tool output beyond this is cut in the middle.
     - `max_action_chars`: see `AgentEnv` (large by default: a reply may carry a whole file).
+    - `reward`: `"resolved"` or `"partial"` (see Reward); None picks `"resolved"` for SWE-bench instances and
+      `"partial"` for the built-in tasks.
     - `render_mode`: `"ansi"` or `None`.
 
     ## Version history
@@ -154,8 +159,13 @@ class SWEEnv(AgentEnv):
         test_timeout_s: float = 180.0,
         max_output_chars: int = 6000,
         max_action_chars: int = 400_000,
+        reward: str | None = None,
         render_mode: str | None = None,
     ) -> None:
+        if reward is not None and reward not in REWARD_RULES:
+            raise ConfigError(f"reward must be one of {REWARD_RULES} (or None: 'resolved' for SWE-bench instances, "
+                              f"'partial' for the built-in tasks), got {reward!r}.")
+        self.reward_rule = reward
         if backend not in ("auto", "bwrap", "docker"):
             raise ConfigError(f"backend must be 'auto', 'bwrap' or 'docker', got {backend!r}.")
         for name, value in (("command_timeout_s", command_timeout_s), ("test_timeout_s", test_timeout_s)):
@@ -353,7 +363,7 @@ print("\\n[" + _status + "]")
         visible_pass = known_visible_pass(spec)
         if self._prepared is not None:  # a SWE-bench instance: pristine = base_commit + test_patch
             code = grade_code(lib, self._prepared.baseline_files(), spec.hidden_tests, patch,
-                              [*spec.fail_to_pass, *spec.pass_to_pass], timeout_s=self.test_timeout_s,
+                              spec.test_args, timeout_s=self.test_timeout_s,
                               pristine_tree=self._prepared.grading_tree(), protected=self._prepared.protected)
         else:
             files = spec.buggy_files(fetch_library(spec.library))
@@ -379,7 +389,11 @@ print("\\n[" + _status + "]")
 
     def _finish_submission(self, patch: str, graded: dict[str, Any] | None, problem: str) -> str:
         """Score a submission (formula in the module docstring) and end the episode."""
-        grading = score_submission(self._spec, graded or {}, problem)
+        rule = self.reward_rule or ("resolved" if self._prepared is not None else "partial")
+        grading = score_submission(self._spec, graded or {}, problem, rule=rule)
+        if self._prepared is not None:  # what a comparison with published SWE-bench numbers needs to state
+            grading["swebench"] = {"version": self._spec.version,
+                                   "environment_setup_commit": self._spec.environment_setup_commit}
         success = grading["success"]
         tier = "tests_pass" if success else "tests_fail" if grading["graded_paths"] else "empty_patch"
         outcome = OUTCOME_REWARDS[tier]

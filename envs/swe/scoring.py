@@ -1,16 +1,24 @@
 """How a SWE episode's submission is scored: a grader reply becomes the episode's grading record and message.
 
-Reward ``f * (1 - regressions / |G|)`` with f the share of FAIL_TO_PASS tests that pass and G the guarded tests
+Two reward rules (:data:`REWARD_RULES`), over f, the share of FAIL_TO_PASS tests that pass, and G, the guarded tests
 (PASS_TO_PASS plus the visible tests that already pass on the buggy tree, measured once per process when the
-spec does not record them); see :func:`score_submission`.
+spec does not record them):
+
+* ``"resolved"``: 1 when every FAIL_TO_PASS test passes and no test of G fails, else 0. This is SWE-bench's
+  "resolved" (Jimenez et al., 2024, "SWE-bench: Can Language Models Resolve Real-World GitHub Issues?"), so the mean
+  reward over a suite is a resolved rate that can stand next to published ones;
+* ``"partial"``: ``f * (1 - regressions / |G|)``, a denser signal for training that is *not* a resolved rate.
+
+See :func:`score_submission`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["known_visible_pass", "remember_visible_pass", "score_submission", "submission_message"]
+__all__ = ["REWARD_RULES", "known_visible_pass", "remember_visible_pass", "score_submission", "submission_message"]
 
+REWARD_RULES = ("resolved", "partial")
 _VISIBLE_PASS: dict[str, tuple[str, ...]] = {}
 
 
@@ -36,27 +44,34 @@ def remember_visible_pass(spec: Any, baseline: list[str] | tuple[str, ...]) -> t
     return _VISIBLE_PASS.setdefault(_spec_key(spec), tuple(baseline))
 
 
-def score_submission(spec: Any, graded: dict[str, Any], problem: str = "") -> dict[str, Any]:
+def score_submission(spec: Any, graded: dict[str, Any], problem: str = "", rule: str = "partial") -> dict[str, Any]:
     """Turn a grader reply into the episode's grading record (what ``info["turn"]["grading"]`` shows).
 
     With f = passing FAIL_TO_PASS / all FAIL_TO_PASS and G = PASS_TO_PASS plus the visible tests that pass on
-    the buggy tree: reward = f * (1 - regressions / |G|); success = f == 1, no regression and no problem.
-    A test with no reported outcome counts as failed.
+    the buggy tree: success = f == 1, no regression and no problem; reward = 1.0 if success else 0.0 under
+    ``rule="resolved"``, f * (1 - regressions / |G|) under ``rule="partial"``. A test with no reported outcome
+    counts as failed; test ids in SWE-bench's Django and bare-name forms are matched to pytest's node ids
+    (:func:`agentgym.tasks.swe.test_ids.resolve_outcome`).
     """
+    from agentgym.tasks.swe.test_ids import resolve_outcome
+
+    if rule not in REWARD_RULES:
+        raise ValueError(f"unknown reward rule {rule!r}; use one of {REWARD_RULES}")
     outcomes: dict[str, str] = dict(graded.get("outcomes") or {})
     problem = problem or str(graded.get("problem") or "")
     applied = bool(graded.get("applied"))
     ran = applied and not graded.get("skipped")
-    f2p = sum(outcomes.get(t) == "passed" for t in spec.fail_to_pass)
+    f2p = sum(resolve_outcome(t, outcomes) == "passed" for t in spec.fail_to_pass)
     guarded = list(dict.fromkeys([*spec.pass_to_pass, *graded.get("visible_pass", ())]))
-    regressions = [t for t in guarded if outcomes.get(t) != "passed"] if ran else []
+    regressions = [t for t in guarded if resolve_outcome(t, outcomes) != "passed"] if ran else []
     kept = 1.0 - len(regressions) / len(guarded) if guarded else 1.0
-    return {"applied": applied, "tests_ran": ran, "f2p_passed": f2p, "f2p_total": len(spec.fail_to_pass),
+    success = applied and f2p == len(spec.fail_to_pass) and not regressions and not problem
+    partial = f2p / len(spec.fail_to_pass) * kept
+    return {"rule": rule, "partial_reward": partial, "applied": applied, "tests_ran": ran, "f2p_passed": f2p, "f2p_total": len(spec.fail_to_pass),
             "regressions": regressions, "guarded_total": len(guarded),
             "graded_paths": list(graded.get("graded") or []), "ignored_paths": list(graded.get("ignored") or []),
             "tampered": list(graded.get("tampered") or []), "problem": problem,
-            "reward": f2p / len(spec.fail_to_pass) * kept,
-            "success": applied and f2p == len(spec.fail_to_pass) and not regressions and not problem}
+            "reward": partial if rule == "partial" else float(success), "resolved": success, "success": success}
 
 
 def submission_message(grading: dict[str, Any], package_dir: str) -> str:

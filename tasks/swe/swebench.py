@@ -50,6 +50,7 @@ from typing import Any
 
 from agentgym.errors import TaskError, did_you_mean
 from agentgym.suite import Task, TaskSuite
+from agentgym.tasks.swe.test_ids import id_kind, needs_test_files
 from agentgym.tasks.swe.workspace import RepoLayout, tree_payload
 
 __all__ = ["REQUIRED_FIELDS", "PreparedInstance", "SweBenchInstance", "installed_module_copies", "instance_to_task",
@@ -178,6 +179,27 @@ class SweBenchInstance:
         return ()
 
     @property
+    def test_args(self) -> tuple[str, ...]:
+        """What the grader hands pytest: the node ids, plus the test modules ``test_patch`` touches when an id is a
+        Django id or a bare name (SWE-bench's own harness runs those same files for such repositories)."""
+        args = [t for t in (*self.fail_to_pass, *self.pass_to_pass) if not needs_test_files(t)]
+        if len(args) < len(self.fail_to_pass) + len(self.pass_to_pass):
+            args += [p for p in _patch_test_files(parse_patch_paths(self.test_patch)) if p not in args]
+        return tuple(args)
+
+    @property
+    def version(self) -> str | None:
+        """SWE-bench's ``version`` (the repository release the instance's environment is built for), if given."""
+        value = self.extra.get("version")
+        return str(value) if value is not None else None
+
+    @property
+    def environment_setup_commit(self) -> str | None:
+        """SWE-bench's ``environment_setup_commit`` (whose requirements its environment installs), if given."""
+        value = self.extra.get("environment_setup_commit")
+        return value if isinstance(value, str) else None
+
+    @property
     def hidden_tests(self) -> tuple[str, ...]:
         """Files the ``test_patch`` adds: absent from the agent's tree."""
         return tuple(sorted(p for p, k in parse_patch_paths(self.test_patch).items() if k == "added"))
@@ -188,7 +210,7 @@ class SweBenchInstance:
                 "FAIL_TO_PASS": list(self.fail_to_pass), "PASS_TO_PASS": list(self.pass_to_pass),
                 "problem_statement": self.problem_statement,
                 "layout": {"package_dir": self.layout.package_dir, "test_dir": self.layout.test_dir,
-                           "python_path": self.layout.python_path}}
+                           "python_path": self.layout.python_path}, **self.extra}
 
     @classmethod
     def from_metadata(cls, data: Mapping[str, Any]) -> SweBenchInstance:
@@ -254,10 +276,17 @@ def _as_id_list(value: Any, name: str, where: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
         raise TaskError(f"{where}: {name} must be a list of pytest node ids (strings), got {value!r:.200}.")
     for test_id in value:
-        if "::" not in test_id:
-            raise TaskError(f"{where}: {name} entry {test_id!r} is not a pytest node id (file.py::test_name); the "
-                            "grader runs pytest, so ids like Django's 'test_x (module.Class)' are not supported.")
+        if id_kind(test_id) is None:
+            raise TaskError(f"{where}: {name} entry {test_id!r} is not a test id SWE-bench uses: a pytest node id "
+                            "(tests/test_x.py::TestA::test_b[param]), a Django id ('test_b (app.tests.TestA)') or a "
+                            "bare test name ('test_b').")
     return tuple(value)
+
+
+def _patch_test_files(paths: Mapping[str, str]) -> list[str]:
+    """Test modules a test_patch adds or changes, sorted."""
+    return sorted(p for p, kind in paths.items() if kind != "deleted" and p.endswith(".py") and _is_test_path(p)
+                  and p.rsplit("/", 1)[-1] not in _BLOCKED)
 
 
 def _find_repo(repos: Path, repo: str, where: str) -> Path:
@@ -348,7 +377,11 @@ def _validate(record: Mapping[str, Any], repos: Path, *, where: str, defaults: M
                         "can only add or change test files.")
     given = {**defaults, **{k: record[k] for k in LAYOUT_FIELDS if k in record}}
     layout = _infer_layout(gold, tests, given, where)
-    test_files = {t.split("::")[0] for t in (*f2p, *p2p)}
+    test_files = {t.split("::")[0] for t in (*f2p, *p2p) if "::" in t}
+    unplaced = [t for t in (*f2p, *p2p) if needs_test_files(t)]
+    if unplaced and not _patch_test_files(tests):
+        raise TaskError(f"{where}: {unplaced[0]!r} names no test file and test_patch changes no test module to run it "
+                        "from; give pytest node ids (file.py::test_name) or a test_patch that touches the tests.")
     protected = set(tests) | test_files
     for rel in gold:
         ok = (rel.startswith(layout.package_dir + "/") and rel.endswith(".py") and not _is_test_path(rel)
@@ -367,6 +400,15 @@ def _validate(record: Mapping[str, Any], repos: Path, *, where: str, defaults: M
     layout = replace(layout, key=f"{repo}@{commit[:12]}")
     extra = {k: v for k, v in record.items() if k not in (*REQUIRED_FIELDS, *LAYOUT_FIELDS, "repo_path")
              and isinstance(v, (str, int, float, bool))}
+    setup_commit = extra.get("environment_setup_commit")
+    if isinstance(setup_commit, str) and setup_commit.strip():
+        # SWE-bench builds an instance's environment from this commit's requirements; here it must at least be
+        # a commit of the clone, so a record for another fork of the repository is caught at load.
+        resolved = _resolve_commit(str(path), setup_commit.strip())
+        if resolved is None:
+            raise TaskError(f"{where}: environment_setup_commit {setup_commit!r} is not a commit of {path}; fetch it "
+                            "into the clone (git fetch origin COMMIT) or drop the field.")
+        extra["environment_setup_commit"] = resolved
     return SweBenchInstance(instance_id=record["instance_id"].strip(), repo=repo, repo_path=str(path),
                             base_commit=commit, patch=record["patch"], test_patch=record["test_patch"],
                             fail_to_pass=f2p, pass_to_pass=p2p, problem_statement=record["problem_statement"],
@@ -535,14 +577,15 @@ def _prepare(instance: SweBenchInstance) -> PreparedInstance:
 
     cache.build_once(entry, build)
     base, tested = entry / "base", entry / "tested"
-    for test_id in (*instance.fail_to_pass, *instance.pass_to_pass):
+    for test_id in (t for t in (*instance.fail_to_pass, *instance.pass_to_pass) if not needs_test_files(t)):
         test_file = test_id.split("::")[0]
         if not (tested / test_file).is_file():
             raise TaskError(f"{instance.instance_id}: test {test_id!r} names {test_file}, which is not in the repo at "
                             "base_commit with the test_patch applied.")
     layout = instance.layout
     protected = set(parse_patch_paths(instance.test_patch)) | {t.split("::")[0] for t in
-                                                              (*instance.fail_to_pass, *instance.pass_to_pass)}
+                                                              (*instance.fail_to_pass, *instance.pass_to_pass)
+                                                              if not needs_test_files(t)}
     package = tested / layout.package_dir
     if not package.is_dir():
         raise TaskError(f"{instance.instance_id}: package_dir {layout.package_dir!r} is not a folder of the repo at "

@@ -172,7 +172,7 @@ def test_suite_file_with_split_rules(data, tmp_path):
     (lambda r: r.update(base_commit="0123456789abcdef"), "not a commit"),
     (lambda r: r.update(FAIL_TO_PASS="[not json"), "not JSON"),
     (lambda r: r.update(FAIL_TO_PASS=[]), "FAIL_TO_PASS is empty"),
-    (lambda r: r.update(PASS_TO_PASS=["test_merge_sorted (toolz.Tests)"]), "not a pytest node id"),
+    (lambda r: r.update(PASS_TO_PASS=["merge sorted: two lists"]), "not a test id SWE-bench uses"),
     (lambda r: r.update(patch="just text"), "not a git diff"),
     (lambda r: r.update(package_dir="toolz/tests"), "never takes from a patch"),
 ])
