@@ -13,7 +13,7 @@ The table, lowest first (see CONTRIBUTING.md):
    registers every id.
 4. ``models`` and ``policies``.
 5. ``rollout``.
-6. ``serving``, ``integrations`` and ``trainers``.
+6. ``serving``, ``integrations``, ``trainers`` and ``viewer`` (the trajectory viewer app).
 7. ``cli``.
 
 ``envs``, ``tools`` and ``tasks`` sit beside the core: they may import utils, the contract and registration (and
@@ -44,7 +44,8 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (3, "envs, tools and tasks", ("agentgym.envs", "agentgym.tools", "agentgym.tasks")),
     (4, "models and policies", ("agentgym.models", "agentgym.policies")),
     (5, "rollout", ("agentgym.rollout",)),
-    (6, "serving, integrations and trainers", ("agentgym.serving", "agentgym.integrations", "agentgym.trainers")),
+    (6, "serving, integrations, trainers and the viewer", ("agentgym.serving", "agentgym.integrations", "agentgym.trainers",
+                                                           "agentgym.viewer")),
     (7, "cli", ("agentgym.cli",)),
 )
 SIDE_BY_SIDE = {"envs, tools and tasks", "registration"}  # the env packages and registration may import each other

@@ -1,0 +1,150 @@
+"""``agentgym view RUN --serve``: the viewer page on a local port, re-read from disk on every load.
+
+The standard library's threading HTTP server is enough for one reader, and needs no extra installed. It binds
+127.0.0.1 by default: trajectories can hold anything a model or an env wrote (keys a sandbox printed, private
+task data), so the page is not offered to the network unless the user asks for another host. Two paths exist:
+``/`` (the page, rendered from the run as it is on disk now, so a training run in progress can be followed by
+reloading) and ``/images/<sha256>.png`` (only images the run's trajectories refer to, read through their
+content hash); everything else is 404.
+"""
+
+from __future__ import annotations
+
+import http.server
+import logging
+import re
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from agentgym.errors import AgentGymError, ConfigError
+from agentgym.utils.images import ImageRef
+from agentgym.viewer.page import render_page
+from agentgym.viewer.run import ViewerRun, load_run
+
+__all__ = ["ViewerServer", "serve"]
+
+logger = logging.getLogger(__name__)
+
+_IMAGE_PATH = re.compile(r"^/images/([0-9a-f]{64})\.png$")
+
+
+def _run_images(run: ViewerRun) -> dict[str, ImageRef]:
+    found: dict[str, ImageRef] = {}
+    for ep in run.episodes:
+        t = ep.trajectory
+        for image in [i for turn in t.turns for i in turn.images] + list(t.final_images):
+            found.setdefault(image.sha256, image)
+    return found
+
+
+class ViewerServer:
+    """The viewer of the run at ``path`` on ``host:port`` (port 0: a free one); :meth:`start` runs it in a thread.
+
+    Args:
+        path: The run directory or trajectories file.
+        host: The address to bind (127.0.0.1 unless the user chose otherwise).
+        port: The port (0: any free port; :attr:`url` says which).
+        limit: At most this many episodes per page load.
+    """
+
+    def __init__(self, path: str | Path, host: str = "127.0.0.1", port: int = 8765, limit: int | None = None) -> None:
+        self.path = Path(path)
+        self.limit = limit
+        load_run(self.path, limit=limit)  # fail now, with the fix, rather than on the first page load
+        self._images: dict[str, ImageRef] = {}
+        self._lock = threading.Lock()
+        handler = _handler(self._page, self._image)
+        try:
+            self.httpd = http.server.ThreadingHTTPServer((host, port), handler)
+        except OSError as exc:
+            raise ConfigError(f"Cannot listen on {host}:{port} ({exc.strerror or exc}); pass another --port "
+                              "(0 picks a free one).") from None
+        self.httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}/"
+
+    def _page(self) -> bytes:
+        run = load_run(self.path, limit=self.limit)
+        with self._lock:
+            self._images = _run_images(run)
+        return render_page(run).encode("utf-8")
+
+    def _image(self, sha256: str) -> bytes | None:
+        with self._lock:
+            image = self._images.get(sha256)
+        if image is None:
+            return None
+        try:
+            return image.png_bytes()  # checks the file against its hash
+        except (OSError, AgentGymError):
+            return None
+
+    def start(self) -> ViewerServer:
+        """Serve in a daemon thread (tests, notebooks); :meth:`close` stops it."""
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="agentgym-viewer", daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        """Serve until Ctrl-C."""
+        try:
+            self.httpd.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self.httpd.server_close()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+def _handler(page: Callable[[], bytes], image: Callable[[str], bytes | None]) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        server_version = "agentgym-viewer"
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            route = self.path.split("?", 1)[0]
+            if route in ("/", "/index.html"):
+                try:
+                    body = page()
+                except ConfigError as exc:  # the run was moved or emptied since the server started
+                    self._send(500, str(exc).encode("utf-8"), "text/plain; charset=utf-8")
+                    return
+                self._send(200, body, "text/html; charset=utf-8")
+                return
+            match = _IMAGE_PATH.match(route)
+            png = image(match.group(1)) if match else None
+            if png is None:
+                self._send(404, b"not found", "text/plain; charset=utf-8")
+                return
+            self._send(200, png, "image/png")
+
+        def _send(self, status: int, body: bytes, kind: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.send_header("X-Content-Type-Options", "nosniff")
+            # the page's own inline script and style run; nothing else loads (no network, no injected sources)
+            self.send_header("Content-Security-Policy", "default-src 'none'; img-src 'self'; "
+                             "style-src 'unsafe-inline'; script-src 'unsafe-inline'")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's signature
+            logger.debug("viewer: " + format, *args)
+
+    return Handler
+
+
+def serve(path: str | Path, host: str = "127.0.0.1", port: int = 8765, limit: int | None = None) -> ViewerServer:
+    """A started :class:`ViewerServer` (in a daemon thread)."""
+    return ViewerServer(path, host, port, limit).start()
