@@ -47,6 +47,8 @@ from agentgym.trainers.base_config import TrainerConfig
 from agentgym.trainers.distributed import Sharding, World, init_world
 from agentgym.trainers.metrics import MetricsLogger, plot_learning_curve
 from agentgym.utils.durable import atomic_write_text
+from agentgym.utils.log_setup import format_metrics
+from agentgym.utils.run_settings import check_resume_settings, write_settings
 from agentgym.trainers.seeding import mix_seed
 from agentgym.trajectory import Trajectory
 
@@ -59,6 +61,13 @@ _KV_CACHE_BUDGET_BYTES = 4 << 30
 #: The parts of a run's summary made before its first step, kept in every checkpoint so that a resumed run (a
 #: crash, a preemption, a second ``make quickstart``) still reports its warm start and its evaluation before training.
 _CARRIED_SUMMARY = ("bc", "eval_before")
+
+#: Config fields that may change when a run is resumed: how it is shown, where it is logged, how many threads and
+#: checkpoints it keeps. Any other change mixes two runs' settings in one directory and is refused without --force.
+RESUMABLE_CHANGES = ("output_dir", "progress", "cpu_threads", "keep_checkpoints", "tensorboard", "loggers",
+                     "tracking_project", "tracking_uri")
+#: The run directory's record of the full resolved config it was trained with.
+CONFIG_FILE = "config.json"
 
 #: Metrics echoed to the log after each step (all of them go to metrics.jsonl and the trackers).
 SHOWN_METRICS = ("train/success_rate", "eval/success_rate", "train/loss", "critic/loss", "actor/loss", "bc/loss",
@@ -231,12 +240,56 @@ class OnlineTrainer:
     def _log(self, step: int, metrics: dict[str, Any]) -> None:
         if self.world.is_main:
             self.metrics.log(step, metrics)
-            shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items() if k in SHOWN_METRICS}
-            logger.info("step %d %s", step, shown)
+            shown = {k: metrics[k] for k in SHOWN_METRICS if k in metrics}  # one fixed order: columns line up
+            if shown:
+                logger.info("step %*d/%d  %s", len(str(self.config.steps)), step, self.config.steps,
+                            format_metrics(shown))
+
+    def _settings(self) -> dict[str, Any]:
+        """The full resolved config this run trains with, as stored in ``config.json``."""
+        return {"trainer": self.config.trainer_name, **self.config.to_dict()}
+
+    def _check_resume(self, force: bool) -> None:
+        """Before resuming from a checkpoint in the output directory: refuse a config that differs from the one
+        stored there (listing each changed field), unless ``force``, which records the change and stores the new
+        config. Without a checkpoint the run starts afresh and its config is stored."""
+        if not self.world.is_main:
+            return
+        path = self.output_dir / CONFIG_FILE
+        if latest_checkpoint(self.checkpoint_dir) is None:
+            write_settings(path, self._settings())
+            return
+        changes = check_resume_settings(
+            path, self._settings(), force=force, what=f"the training run in {self.output_dir}",
+            force_flag="--force (Python: train(force_resume=True))",
+            new_dir_hint="train into a new output directory (--output-dir DIR, or output_dir in the config)",
+            ignore=RESUMABLE_CHANGES)
+        if changes:
+            logger.warning("resuming %s with %d changed config field(s) (--force; recorded in %s): %s",
+                           self.output_dir, len(changes), self.output_dir / "resume_changes.jsonl",
+                           ", ".join(key for key, _, _ in changes))
+
+    def _apply_config_to_optimizer(self) -> None:
+        """After restoring a checkpoint's optimizer and scheduler: this config's learning rate, warmup and weight
+        decay, not the stored run's (a scheduler's state carries its base learning rates). A no-op when they are
+        equal; what a forced resume with a new learning rate needs."""
+        scheduler, cfg = self.scheduler, self.config
+        if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+            return
+        scheduler.base_lrs = [cfg.learning_rate for _ in self.optimizer.param_groups]
+        for group, rule in zip(self.optimizer.param_groups, scheduler.lr_lambdas):
+            group["initial_lr"] = cfg.learning_rate
+            group["lr"] = cfg.learning_rate * rule(max(scheduler.last_epoch, 0))
+            group["weight_decay"] = cfg.weight_decay
+        scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]  # what get_last_lr() reports
 
     # ---- the run -----------------------------------------------------------------------------------
-    def train(self) -> dict[str, Any]:
+    def train(self, *, force_resume: bool = False) -> dict[str, Any]:
         """Run (or resume) training; returns the summary also written to ``summary.json``.
+
+        A run resumes from the latest checkpoint in its output directory only with the config stored there
+        (``config.json``); another config raises :class:`~agentgym.errors.ConfigError` listing each changed field,
+        unless ``force_resume``, which records the change in ``resume_changes.jsonl`` and trains on with the new one.
 
         Ctrl-C (SIGINT) stops within about a second: the step or BC step under way finishes its update, a
         checkpoint of the work done so far is written, and :class:`~agentgym.trainers.interrupt.TrainingInterrupted`
@@ -246,6 +299,7 @@ class OnlineTrainer:
         torch.manual_seed(cfg.seed)
         self._threads = self._apply_cpu_threads()
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        self._check_resume(force_resume)  # before anything in the directory changes
         self.metrics = MetricsLogger.from_config(self.output_dir, cfg, main=self.world.is_main)
         self._completed = 0
         self._bc_done: int | None = None  # BC steps completed while a warm start is under way
@@ -282,8 +336,6 @@ class OnlineTrainer:
         self._summary = summary  # what each checkpoint carries of it (the warm start, the evaluation before training)
         pending_bc = _pending_bc(resume_from)
         if resume_from is None or pending_bc is not None:
-            if self.world.is_main and resume_from is None:
-                atomic_write_text(self.output_dir / "config.json", json.dumps(cfg.to_dict(), indent=2))
             if cfg.warmstart == "bc":
                 if pending_bc is not None:
                     logger.info("continuing the interrupted BC warm start at step %d/%d", pending_bc, cfg.bc_steps)
@@ -298,7 +350,11 @@ class OnlineTrainer:
         if resume_from is not None:  # after _setup, so building modules does not shift the restored RNG
             state = load_checkpoint(resume_from, self.optimizer, self.scheduler, model=self.model)
             start, self.episodes = int(state["step"]), int(state.get("episodes", 0))
+            self._apply_config_to_optimizer()
             self._restore_state(state, resume_from)
+            if self.world.is_main:
+                logger.info("resuming %s from step %d of %d (checkpoint %s, %d episodes so far)", self.output_dir,
+                            start, cfg.steps, resume_from.name, self.episodes)
             # the first run's warm start and evaluation before training, which a resumed run does not repeat
             summary.update({k: v for k, v in self._carried_summary(state).items() if k not in summary})
             summary["resumed_from"] = str(resume_from)

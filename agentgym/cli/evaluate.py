@@ -52,6 +52,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     existing.add_argument("--resume", action="store_true",
                           help="continue the run in --out: skip (task, sample) pairs it already holds")
     existing.add_argument("--overwrite", action="store_true", help="delete the results of the run in --out first")
+    p.add_argument("--force", action="store_true",
+                   help="with --resume: continue even though the settings differ from the run's run.json (the "
+                        "differences are listed, then recorded in resume_changes.jsonl; its summary mixes both)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (by default one is drawn when stderr is a terminal)")
     p.set_defaults(func=run)
@@ -91,15 +94,22 @@ def run(args: argparse.Namespace) -> int:
                            progress=False if args.no_progress else "auto", system_prompt=system_prompt,
                            constrain_actions=constrain)
     out_dir = Path(args.out) if args.out else _new_default_out_dir(suite.name)
+    if args.force and not args.resume:
+        raise ConfigError("--force only applies to --resume (continue a run whose settings differ); drop it, or "
+                          "add --resume.")
+    # Everything that decides which episodes run and how they are sampled: a resume must match it (run.json).
     settings = {"suite": suite.name, "split": args.split, "policy": args.policy, "seed": args.seed,
-           "group_size": args.group_size}
+                "group_size": args.group_size, "limit": args.limit,
+                "sampling": {"temperature": args.temperature, "max_tokens": max_tokens,
+                             "system_prompt": system_prompt, "constrain_actions": constrain}}
     started = time.perf_counter()
     console = Console()
     finished: list[Any] = []  # every episode that ended, written or not
     stopped: _WritesKeepFailing | None = None
     reserve: SpaceReserve | None = None
     try:
-        previous = _prepare_run_dir(out_dir, settings, resume=args.resume, overwrite=args.overwrite, console=console)
+        previous = _prepare_run_dir(out_dir, settings, resume=args.resume, overwrite=args.overwrite, force=args.force,
+                                    console=console)
         done = {(t.task_id, t.seed) for t in previous}
         specs = [s for s in episodes_for_suite(suite, args.split, group_size=args.group_size, seed=args.seed,
                                                limit=args.limit)
@@ -205,17 +215,19 @@ def _new_default_out_dir(suite_name: str) -> Path:
     return candidate
 
 
-def _prepare_run_dir(out_dir: Path, run: dict[str, Any], *, resume: bool, overwrite: bool, console: Any) -> list[Any]:
+def _prepare_run_dir(out_dir: Path, run: dict[str, Any], *, resume: bool, overwrite: bool, console: Any,
+                     force: bool = False) -> list[Any]:
     """Make ``out_dir`` ready for an eval run and return the trajectories a resumed run already has.
 
     Appending to an existing run silently duplicated its episodes, so a non-empty directory is refused unless
     the user says what they want: ``--resume`` (keep what is there, run the rest; only with the same suite,
-    split, policy, seed and group size) or ``--overwrite`` (delete the previous run's files, nothing else).
+    split, policy, seed, group size, limit and sampling settings, unless ``--force``, which records the change)
+    or ``--overwrite`` (delete the previous run's files, nothing else).
     A resumed file that holds a torn or corrupt line (a crash, a full disk) is repaired first: the line is moved to
     ``trajectories.corrupt.jsonl`` with a warning naming it, and its episode runs again.
     """
     from agentgym.storage import quarantine_path, repair_trajectories
-    from agentgym.utils.durable import atomic_write_text
+    from agentgym.utils.run_settings import check_resume_settings, format_changes, write_settings
 
     existing = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
     if existing and not (resume or overwrite):
@@ -230,13 +242,13 @@ def _prepare_run_dir(out_dir: Path, run: dict[str, Any], *, resume: bool, overwr
         for name in _RUN_FILES:
             (out_dir / name).unlink(missing_ok=True)
     elif resume and run_file.is_file():
-        before = json.loads(run_file.read_text(encoding="utf-8"))
-        changed = {k: (before.get(k), v) for k, v in run.items() if before.get(k) != v}
-        if changed:
-            detail = "; ".join(f"{k}: {old!r} then, {new!r} now" for k, (old, new) in changed.items())
-            raise ConfigError(f"--resume needs the same settings as the run in {out_dir} ({detail}). Use them, "
-                              "or --overwrite to start that run again.")
-    atomic_write_text(run_file, json.dumps(run, indent=2))
+        changes = check_resume_settings(run_file, run, force=force, what=f"the evaluation in {out_dir}",
+                                        new_dir_hint="choose a new --out directory (or --overwrite to start this "
+                                                     "one again)")
+        if changes:
+            console.print(f"resuming {out_dir} with changed settings (--force; recorded in resume_changes.jsonl):\n"
+                          f"{format_changes(changes)}", markup=False, highlight=False)
+    write_settings(run_file, run)
     trajectories = out_dir / "trajectories.jsonl"
     if not (resume and trajectories.is_file()):
         return []

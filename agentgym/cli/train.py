@@ -29,6 +29,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--warmstart", choices=["none", "bc"], default=None, help="behaviour-cloning warm start first")
     p.add_argument("--output-dir", default=None)
     p.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field (repeatable)")
+    p.add_argument("--force", action="store_true",
+                   help="resume the run in the output directory even though its stored config.json differs from "
+                        "this config (the differences are listed, then recorded in resume_changes.jsonl)")
     p.add_argument("--help-config", metavar="TRAINER", default=None,
                    help="list every config field of TRAINER (grpo, gigpo, arpo, archer, filtered_bc) with its default "
                         "and meaning, then exit")
@@ -120,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     name = config.display_name
     logging.getLogger("agentgym").setLevel(logging.INFO)
     try:
-        summary = make_trainer(config).train()
+        summary = make_trainer(config).train(force_resume=args.force)
     except TrainingInterrupted as stopped:
         sys.stderr.write(f"agentgym train: {stopped}\nresume with: {_resume_command(args)}\n")
         _quick_exit()
