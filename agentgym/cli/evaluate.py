@@ -215,6 +215,19 @@ def _new_default_out_dir(suite_name: str) -> Path:
     return candidate
 
 
+def _limit_grows(run_file: Path, limit: int | None) -> bool:
+    """Whether ``--limit`` keeps or raises the stored run's: its episodes are then a prefix of the new run's (the
+    first N tasks, the same seeds), so resuming extends it to exactly what a fresh run would hold. A lower limit is
+    a change like any other: the stored episodes past it would count in a summary that claims fewer tasks."""
+    try:
+        stored = json.loads(run_file.read_text(encoding="utf-8")).get("limit", None)
+    except (OSError, ValueError, AttributeError):
+        return False
+    if stored is None:
+        return limit is None
+    return isinstance(stored, int) and (limit is None or limit >= stored)
+
+
 def _prepare_run_dir(out_dir: Path, run: dict[str, Any], *, resume: bool, overwrite: bool, console: Any,
                      force: bool = False) -> list[Any]:
     """Make ``out_dir`` ready for an eval run and return the trajectories a resumed run already has.
@@ -244,7 +257,8 @@ def _prepare_run_dir(out_dir: Path, run: dict[str, Any], *, resume: bool, overwr
     elif resume and run_file.is_file():
         changes = check_resume_settings(run_file, run, force=force, what=f"the evaluation in {out_dir}",
                                         new_dir_hint="choose a new --out directory (or --overwrite to start this "
-                                                     "one again)")
+                                                     "one again)",
+                                        ignore=("limit",) if _limit_grows(run_file, run.get("limit")) else ())
         if changes:
             console.print(f"resuming {out_dir} with changed settings (--force; recorded in resume_changes.jsonl):\n"
                           f"{format_changes(changes)}", markup=False, highlight=False)

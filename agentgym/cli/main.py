@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 from agentgym.cli import evaluate, list_envs, new_env, play, serve_env, serve_model, task_data, train, view
 from agentgym.errors import AgentGymError, did_you_mean
-from agentgym.utils.terminal import TerminalSafeFormatter, terminal_safe
+from agentgym.utils.log_setup import setup_logging
+from agentgym.utils.terminal import terminal_safe
 
 __all__ = ["build_parser", "main", "parse_args"]
 
@@ -85,10 +86,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``agentgym`` command and return its exit status: 2 for an AgentGymError, 130 when interrupted."""
     args = parse_args(argv)
-    handler = logging.StreamHandler()  # log lines quote env and model text: no terminal escapes get through
-    handler.setFormatter(TerminalSafeFormatter("%(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, handlers=[handler])
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    setup_logging(logging.DEBUG if args.verbose else logging.WARNING)  # one format for every command
     try:
         return int(args.func(args) or 0)
     except AgentGymError as exc:

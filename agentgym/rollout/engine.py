@@ -57,6 +57,25 @@ __all__ = ["RolloutEngine"]
 logger = logging.getLogger(__name__)
 
 
+_forks_noted = False  # the fork note is said once per process (a training run calls run() every step)
+
+
+def _note_template_forks(forks: int, mismatches: int) -> None:
+    """Say once, in words, that the chat template re-renders some turns differently from the tokens the model
+    produced (a "template fork"): harmless, since episodes keep and train on the produced tokens. Later runs in the
+    same process log their counts at DEBUG; every rollout summary counts them (``template_forks``)."""
+    global _forks_noted
+    if _forks_noted:
+        logger.debug("%d template fork(s), %d action(s) without ids", forks, mismatches)
+        return
+    _forks_noted = True
+    extra = (f"; {mismatches} action(s) were sampled from another prompt and kept as text without token ids"
+             if mismatches else "")
+    logger.info("note: in %d turn(s) the chat template, re-rendering the conversation, gives other tokens than the "
+                "model produced (harmless: episodes keep and train on the tokens the model produced; counted per "
+                "run as template_forks in rollout summaries; said once per run)%s", forks, extra)
+
+
 class RolloutEngine:
     """Run episodes with a policy; see the module docstring for how work overlaps.
 
@@ -155,9 +174,8 @@ class RolloutEngine:
                            len(finished), error_reason(errors[0]))
         forks = sum(int(t.metadata.get("template_forks", 0)) for t in finished)
         mismatches = sum(int(t.metadata.get("prompt_mismatches", 0)) for t in finished)
-        if forks or mismatches:  # once per run: the linear sequence is what was trained on, the render differs
-            logger.info("chat template: %d turn(s) differ from a fresh render (template forks); %d action(s) sampled "
-                        "from another prompt kept text without ids", forks, mismatches)
+        if forks or mismatches:  # the linear sequence is what was trained on, the render differs
+            _note_template_forks(forks, mismatches)
         return finished
 
     async def _call_env(self, executor: concurrent.futures.Executor, fn: Callable[..., Any], *args: Any,

@@ -51,7 +51,10 @@ _MISSING = object()
 def settings_changes(old: Mapping[str, Any], new: Mapping[str, Any], *,
                      ignore: Iterable[str] = ()) -> list[SettingChange]:
     """Each field (nested mappings as ``a.b``) whose value differs between ``old`` and ``new``, in ``new``'s order
-    then fields only ``old`` has; ``ignore`` names top-level fields that may change between resumes."""
+    then fields only ``old`` has; ``ignore`` names top-level fields that may change between resumes.
+
+    A field ``old`` lacks is not compared: ``old`` was stored by a release that did not record it, and nothing says
+    what it was."""
     skipped = set(ignore)
     before, after = _flatten(_plain(dict(old))), _flatten(_plain(dict(new)))
     changes: list[SettingChange] = []
@@ -59,6 +62,8 @@ def settings_changes(old: Mapping[str, Any], new: Mapping[str, Any], *,
         if key.split(".", 1)[0] in skipped:
             continue
         was, now = before.get(key, _MISSING), after.get(key, _MISSING)
+        if was is _MISSING and key.split(".", 1)[0] not in before:
+            continue
         if was != now:
             changes.append((key, "(unset)" if was is _MISSING else was, "(unset)" if now is _MISSING else now))
     return changes
