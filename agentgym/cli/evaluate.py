@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from agentgym.utils.durable import SpaceReserve, atomic_write_text
     from agentgym.utils.terminal import terminal_safe
 
-    suite = load_suite(args.suite)
+    suite = _load_suite(args.suite)
     if args.split not in suite.splits:
         raise ConfigError(f"Suite {suite.name!r} has no split {args.split!r}; choose one of {sorted(suite.splits)}.")
     defaults: dict[str, Any] = {}
@@ -179,6 +179,36 @@ def run(args: argparse.Namespace) -> int:
     for problem in problems:
         sys.stderr.write(terminal_safe(f"agentgym eval: error: {problem}\n"))
     return 1 if problems else 0
+
+
+def _load_suite(name: str) -> Any:
+    """The suite ``--suite`` names: a suite name or YAML path, or an env id, whose suite is then the one that
+    registers it (its YAML's ``entry_point``) or the one shipped suite that uses it; several are named to choose."""
+    from agentgym.errors import TaskError
+    from agentgym.registration.suites import load_suite
+
+    try:
+        return load_suite(name)
+    except TaskError:
+        if "/" not in name or name.endswith((".yaml", ".yml", ".jsonl")):
+            raise
+        from agentgym.cli.env_lookup import suite_registering, suites_using
+
+        found = suite_registering(name)
+        if found is not None:
+            return load_suite(str(found))
+        using = suites_using(name)
+        if len(using) == 1:
+            sys.stderr.write(f"agentgym eval: {name} is an env id; evaluating its suite {using[0]!r}\n")
+            return load_suite(using[0])
+        if using:
+            raise ConfigError(f"{name!r} is an env id, not a suite; these suites run in it: {', '.join(using)}. "
+                              f"Pass one of them as --suite.") from None
+        from agentgym.cli.env_lookup import suite_env_ids
+        from agentgym.errors import did_you_mean
+
+        raise ConfigError(f"No suite runs in env {name!r}.{did_you_mean(name, suite_env_ids())} Pass a suite name "
+                          "('agentgym list' shows them), a suite .yaml path, or an env id a suite runs in.") from None
 
 
 def _server_defaults(policy: Any, args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:

@@ -75,22 +75,10 @@ def _resolve(args: argparse.Namespace) -> tuple[str, Any]:
 
 
 def _suite_registering(env_id: str) -> Path | None:
-    """The shipped or plugin suite file whose ``entry_point`` registers ``env_id`` (read as YAML only: loading
-    every suite would build every task set)."""
-    import yaml
+    """The shipped or plugin suite file whose ``entry_point`` registers ``env_id`` (see :mod:`agentgym.cli.env_lookup`)."""
+    from agentgym.cli.env_lookup import suite_registering
 
-    from agentgym.registration import suites
-
-    for path in suites._suite_files():
-        if path.suffix not in (".yaml", ".yml"):
-            continue
-        try:
-            spec = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError):
-            continue
-        if isinstance(spec, dict) and spec.get("env") == env_id and "entry_point" in spec:
-            return path
-    return None
+    return suite_registering(env_id)
 
 
 def _task(suite: Any, args: argparse.Namespace) -> Any:

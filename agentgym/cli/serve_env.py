@@ -22,7 +22,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     """Add the ``serve-env`` command to the ``agentgym`` subcommands ``sub``."""
     p = sub.add_parser("serve-env", help="serve an env over HTTP/WebSocket with OpenEnv's protocol (one env per session)")
     p.add_argument("env_id", nargs="?", default=None,
-                   help="an id from 'agentgym list', e.g. agentgym/Calculator-v0 (default: $AGENTGYM_ENV_ID)")
+                   help="an id from 'agentgym list', e.g. agentgym/Calculator-v0, or an env id a suite YAML "
+                        "registers (default: $AGENTGYM_ENV_ID)")
+    p.add_argument("--suite", default=None, metavar="SUITE",
+                   help="load this suite (name or .yaml) first: registers an env its YAML defines (entry_point)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 to accept other machines)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (0 picks a free one; the URL is printed)")
     p.add_argument("--max-sessions", type=positive_int, default=64,
@@ -45,15 +48,18 @@ def run(args: argparse.Namespace) -> int:
     import gymnasium as gym
 
     import agentgym  # noqa: F401 - registers the ids
-    from agentgym.registration.catalogue import get_entry
 
     if args.env_id is None:
         args.env_id = os.environ.get("AGENTGYM_ENV_ID") or None
         if args.env_id is None:
             raise ConfigError("serve-env needs an env id: 'agentgym serve-env agentgym/Calculator-v0' (or set "
                               "AGENTGYM_ENV_ID, as the env-server images do); 'agentgym list' shows the ids.")
-    if args.env_id not in gym.registry:
-        get_entry(args.env_id)  # unknown id: RegistrationError with "did you mean"
+    if args.env_id not in gym.registry or args.suite is not None:
+        from agentgym.cli.env_lookup import register_env_id
+
+        # An id a suite YAML registers (found among the shipped and plugin suites, or --suite); unknown ids get a
+        # ConfigError with "did you mean".
+        register_env_id(args.env_id, getattr(args, "suite", None))
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be in 0..65535 (0 picks a free port), got {args.port}.")
     try:
