@@ -160,6 +160,8 @@ class RolloutSaver:
         if piece is None:
             try:
                 piece = self.tokenizer.decode([token_id]) if self.tokenizer is not None else f"<{token_id}>"
+                if "\ufffd" in piece:  # one byte of a multi-byte character: the byte-level name says which
+                    piece = str(self.tokenizer.convert_ids_to_tokens(token_id))
             except Exception:  # noqa: BLE001 - an id the tokenizer cannot decode is still shown
                 piece = f"<{token_id}>"
             self._pieces[token_id] = piece

@@ -18,6 +18,10 @@ h2{font-size:15px;margin:0 0 6px}
 #overview{display:flex;flex-wrap:wrap;gap:16px;align-items:flex-start;margin-bottom:12px}
 #overview>section,#overview>details{border:1px solid var(--line);border-radius:6px;padding:8px 12px;background:#fff}
 #overview summary{font-weight:600;cursor:pointer}
+#settings table.kv{display:block;columns:3 260px;column-gap:24px}
+#settings table.kv tbody{display:block}
+#settings table.kv tr{break-inside:avoid;display:table;width:100%}
+#settings table.kv th{width:55%}
 table.kv{border-collapse:collapse}
 table.kv td,table.kv th{padding:2px 10px 2px 0;vertical-align:top;text-align:left}
 table.kv th{font-weight:normal;color:var(--muted);white-space:nowrap}
@@ -40,13 +44,13 @@ figure.curve circle{fill:#1f5fbf}
 #filters select{flex:1 1 45%;min-width:0}
 #shown-count{color:var(--muted);flex:1 1 100%}
 #episode-list{list-style:none;margin:0;padding:0;max-height:calc(100vh - 190px);overflow:auto}
-.ep-row{display:flex;gap:6px;padding:5px 8px;border-bottom:1px solid #eef0f2;cursor:pointer;align-items:baseline}
+.ep-row{display:flex;flex-wrap:wrap;column-gap:6px;padding:5px 8px;border-bottom:1px solid #eef0f2;cursor:pointer;align-items:baseline}
 .ep-row:hover{background:var(--bg)}
 .ep-row.selected{background:#e2ecff}
 .ep-row .mark{font-weight:700;width:1em}
 .ep-row.ok .mark{color:var(--ok)} .ep-row.fail .mark{color:var(--fail)}
 .ep-row .what{flex:1;min-width:0;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
-.ep-row .extra{color:var(--muted);font-size:12px;white-space:nowrap}
+.ep-row .extra{color:var(--muted);font-size:12px;white-space:nowrap;flex:1 1 100%;padding-left:calc(1em + 6px);overflow:hidden;text-overflow:ellipsis}
 #pane{min-width:0}
 #pane-toolbar{display:flex;flex-wrap:wrap;gap:8px;align-items:center;margin-bottom:8px}
 #pane-toolbar button{padding:4px 12px;border:1px solid var(--line);background:#fff;border-radius:4px;cursor:pointer}

@@ -19,7 +19,7 @@ __all__ = ["curve_svg", "curves_html", "metric_series"]
 FIRST = ("eval/success_rate", "train/success_rate", "train/return_mean", "train/loss", "actor/loss", "critic/loss",
          "train/zero_signal_groups", "train/mean_turns", "train/entropy", "train/kl", "time/step_s")
 WIDTH, HEIGHT = 300, 150
-_PAD_LEFT, _PAD_RIGHT, _PAD_TOP, _PAD_BOTTOM = 44, 10, 22, 22
+_PAD_LEFT, _PAD_RIGHT, _PAD_TOP, _PAD_BOTTOM = 54, 10, 22, 22
 
 
 def metric_series(records: Sequence[Mapping[str, Any]]) -> dict[str, list[tuple[float, float]]]:

@@ -9,6 +9,8 @@ block with ``<``, ``>`` and ``&`` written as ``\\u`` escapes, so no text can clo
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 import json
 from collections.abc import Mapping, Sequence
@@ -21,11 +23,21 @@ from agentgym.viewer.curves import curves_html
 from agentgym.viewer.formatting import format_value, label
 from agentgym.viewer.run import Episode, ViewerRun
 
-__all__ = ["render_page"]
+__all__ = ["CSP", "render_page"]
+
+#: The page runs its own script (pinned by hash) and inline style, shows images from beside it, and loads nothing
+#: else: were some text ever to slip past escaping as markup, a script it brought would not run.
+CSP = ("default-src 'none'; img-src 'self' data: file:; style-src 'unsafe-inline'; "
+       f"script-src 'sha256-{base64.b64encode(hashlib.sha256(SCRIPT.encode('utf-8')).digest()).decode()}'")
+_CSP = html.escape(CSP, quote=True)
 
 #: Summary keys shown first, in this order (the rest follow as the file has them).
 _SUMMARY_FIRST = ("episodes", "success_rate", "mean_score", "mean_turns", "mean_tool_calls", "mean_action_tokens",
                   "errors", "end_reasons", "wall_s")
+
+
+#: Settings named on the folded settings line of a training run.
+_SETTINGS_HEADLINE = ("trainer", "suite", "model", "steps", "tasks_per_step", "group_size", "learning_rate", "advantage")
 
 
 def _e(value: Any) -> str:
@@ -39,7 +51,9 @@ def render_page(run: ViewerRun) -> str:
             "tokens": {str(i): ep.tokens for i, ep in enumerate(run.episodes) if ep.tokens is not None}}
     payload = json.dumps(data, ensure_ascii=True, allow_nan=False, default=str)
     payload = payload.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-    overview = _settings_html(run.settings) + _summary_html(run.summary)
+    # a trainer's summary repeats its config under "config": the settings panel already shows it
+    summary = {k: v for k, v in run.summary.items() if not (k == "config" and run.settings)}
+    overview = _settings_html(run.settings) + _summary_html(summary)
     if run.notes:
         overview += "<section class='notes'><h2>Not shown</h2>" + "".join(f"<p>{_e(n)}</p>" for n in run.notes) + "</section>"
     curves = curves_html(run.metrics) if run.metrics else ""
@@ -48,7 +62,8 @@ def render_page(run: ViewerRun) -> str:
     articles = "".join(_episode_html(i, ep) for i, ep in enumerate(run.episodes))
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{_e(run.title)}</title><style>{CSS}</style></head>
+<title>{_e(run.title)}</title><link rel="icon" href="data:,">
+<meta http-equiv="Content-Security-Policy" content="{_CSP}"><style>{CSS}</style></head>
 <body data-kind="{_e(run.kind)}">
 <h1 id="title">{_e(run.title)}</h1>
 <div id="overview">{overview}</div>
@@ -99,9 +114,14 @@ def _kv_rows(mapping: Mapping[str, Any], *, none: str = "n/a", order: Sequence[s
 
 
 def _settings_html(settings: Mapping[str, Any]) -> str:
+    """Every setting, in columns; a trainer's 80 fields start folded, with the ones that identify the run named in
+    the fold's line."""
     if not settings:
         return ""
-    return (f"<details id='settings' open><summary>Run settings</summary><table class='kv'>"
+    headline = ", ".join(f"{label(k)} {format_value(settings[k])}" for k in _SETTINGS_HEADLINE if settings.get(k) is not None)
+    folded = len(settings) > 16
+    return (f"<details id='settings'{'' if folded else ' open'}><summary>Run settings"
+            f"{': ' + _e(utf8_safe(headline)) if folded and headline else ''}</summary><table class='kv'>"
             f"{_kv_rows(settings, none='—')}</table></details>")
 
 

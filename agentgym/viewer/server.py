@@ -19,7 +19,7 @@ from pathlib import Path
 
 from agentgym.errors import AgentGymError, ConfigError
 from agentgym.utils.images import ImageRef
-from agentgym.viewer.page import render_page
+from agentgym.viewer.page import CSP, render_page
 from agentgym.viewer.run import ViewerRun, load_run
 
 __all__ = ["ViewerServer", "serve"]
@@ -133,9 +133,8 @@ def _handler(page: Callable[[], bytes], image: Callable[[str], bytes | None]) ->
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Cache-Control", "no-store")
             self.send_header("X-Content-Type-Options", "nosniff")
-            # the page's own inline script and style run; nothing else loads (no network, no injected sources)
-            self.send_header("Content-Security-Policy", "default-src 'none'; img-src 'self'; "
-                             "style-src 'unsafe-inline'; script-src 'unsafe-inline'")
+            # the page's own script (pinned by hash) and style run; nothing else loads
+            self.send_header("Content-Security-Policy", CSP)
             self.end_headers()
             self.wfile.write(body)
 
