@@ -30,8 +30,37 @@ system-deps:
 
 install-test: system-deps install
 
-quickstart: install
-	$(PYTHON) -m agentgym.cli.quickstart --out runs/quickstart
+# `make quickstart` installs nothing when what it imports is there (a find_spec check, well under a second), so a
+# second run starts at once. When something is missing it installs agentgym[train] (not [all]) with pip's own
+# output: into the active virtual environment, else into $(VENV), created with access to the system's packages (an
+# installed torch is reused, not downloaded again) so that the system or pyenv Python is never re-pointed at this
+# checkout. A later `make quickstart` uses $(VENV) when no other environment is active.
+VENV ?= .venv
+QUICKSTART_ARGS ?=
+QUICKSTART_CHECK := import importlib.util as u, os, sys; \
+	need = ("torch", "transformers", "tokenizers", "safetensors", "matplotlib", "rich", "yaml", "agentgym.trainers"); \
+	missing = [n for n in need if u.find_spec(n) is None]; t = u.find_spec("agentgym.trainers"); \
+	here = t is None or os.path.realpath(t.origin).startswith(os.path.realpath("trainers") + os.sep); \
+	missing += [] if here else ["agentgym installed from this checkout"]; \
+	print(", ".join(missing)); sys.exit(1 if missing else 0)
+
+quickstart:
+	@py="$(PYTHON)"; active="$${VIRTUAL_ENV:-$$CONDA_PREFIX}"; \
+	if [ -z "$$active" ] && [ -x "$(VENV)/bin/python" ]; then py="$(VENV)/bin/python"; fi; \
+	if missing=$$($$py -c '$(QUICKSTART_CHECK)' 2>&1); then \
+		echo "quickstart: everything it needs imports in $$py: nothing to install"; \
+	else \
+		echo "quickstart: $$py lacks: $$missing"; \
+		if [ -z "$$active" ] && [ "$$py" = "$(PYTHON)" ]; then \
+			echo "quickstart: no virtual environment is active: creating $(VENV) (it sees the system's packages; $(PYTHON) itself is left unchanged)"; \
+			$(PYTHON) -m venv --system-site-packages $(VENV) || exit 1; py="$(VENV)/bin/python"; \
+		fi; \
+		echo "quickstart: installing agentgym[train] into $$py (minutes the first time; pip's progress follows)"; \
+		$$py -c "import torch" 2>/dev/null || $$py -m pip install torch==2.13.0 || exit 1; \
+		$$py -m pip install -e ".[train]" || exit 1; \
+	fi; \
+	echo "quickstart: $$py -m agentgym.cli.quickstart --out runs/quickstart $(QUICKSTART_ARGS)"; \
+	$$py -m agentgym.cli.quickstart --out runs/quickstart $(QUICKSTART_ARGS)
 
 # The default run: everything but the `slow` tests (whole-suite validations, long learning and container runs),
 # three test files at a time (most tests wait on browsers, sandboxes, servers and subprocesses, not on the CPU; four

@@ -19,6 +19,8 @@ from pathlib import Path
 from agentgym.errors import ConfigError
 from agentgym.trainers.interrupt import TrainingInterrupted
 from agentgym.trainers.tiny_model import demonstration_texts
+from agentgym.utils.cpu_threads import apply_cpu_threads
+from agentgym.utils.log_setup import setup_logging
 
 __all__ = ["demonstration_texts", "main"]  # demonstration_texts: the tokenizer corpus, shared with ``model: tiny:``
 
@@ -27,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/quickstart", help="output directory")
     parser.add_argument("--config", default="configs/quickstart_calc.yaml", help="trainer config to run")
+    parser.add_argument("--force", action="store_true",
+                        help="resume the earlier run in --out even though its config differs (the change is recorded "
+                             "in its resume_changes.jsonl); without it such a resume is refused with the differences")
     args = parser.parse_args(argv)
     from rich.console import Console
     from rich.markup import escape
@@ -42,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if not Path(args.config).is_file():
         raise ConfigError(f"{args.config} not found: run the quickstart from the repository root (make quickstart).")
+    setup_logging(logging.WARNING, agentgym_level=logging.WARNING)
+    logging.getLogger("agentgym.trainers").setLevel(logging.INFO)
+    logging.getLogger("agentgym.utils.cpu_threads").setLevel(logging.INFO)  # says how many threads it chose, why
     console = Console()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -49,16 +57,17 @@ def main(argv: list[str] | None = None) -> int:
     config = load_config(args.config)
     config = GrpoConfig.from_dict({**config.to_dict(), "model": str(out / "model"), "output_dir": str(out / "grpo")})
 
+    # the thread count for this machine, chosen once before any torch work: building the model, the BC warm start,
+    # sampling, training and evaluation all run in this process with it (not only the training updates)
+    apply_cpu_threads(config.cpu_threads)
     console.print(f"[bold]1/3[/bold] building the tiny model in {out / 'model'} (tokenizer trained on {config.suite})")
     build_tiny_model(out / "model", texts=demonstration_texts(config.suite, 500), config=TinyModelConfig())
 
     console.print(f"[bold]2/3[/bold] training: BC warm start ({config.bc_demos} demonstrations, "
                   f"{config.bc_shortcut_fraction:.0%} of them skip the tool), then {config.steps} GRPO steps "
                   f"of {config.tasks_per_step} tasks x {config.group_size} rollouts")
-    logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("agentgym.trainers").setLevel(logging.INFO)
     try:
-        summary = GrpoTrainer(config).train()
+        summary = GrpoTrainer(config).train(force_resume=args.force)
     except TrainingInterrupted as stopped:
         console.print(f"{escape(str(stopped))}\nresume with: make quickstart (the run continues from its last "
                       f"checkpoint; delete {escape(str(out))} to start over)")
@@ -91,5 +100,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _cli() -> int:
+    """``python -m agentgym.cli.quickstart``: a refused setting (a changed config over an earlier run, a missing
+    config file) ends with its message and status 2, not a traceback."""
+    import sys
+
+    from agentgym.errors import AgentGymError
+
+    try:
+        return main()
+    except AgentGymError as exc:
+        sys.stderr.write(f"quickstart: error: {exc}\n")
+        return 2
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(_cli())
