@@ -58,7 +58,7 @@ figure.curve circle{fill:#1f5fbf}
 #pane-body{display:grid;grid-template-columns:minmax(0,1fr);gap:12px}
 #pane-body.split{grid-template-columns:minmax(0,1fr) minmax(0,1fr)}
 .col{min-width:0;border:1px solid var(--line);border-radius:6px;padding:8px;background:#fff}
-.episode .ep-head h3{margin:0 0 4px;font-size:15px;overflow-wrap:anywhere}
+.ep-head h3{margin:0 0 4px;font-size:15px;overflow-wrap:anywhere}
 .ep-meta{display:flex;flex-wrap:wrap;gap:4px 14px;margin:0 0 8px;color:var(--muted);font-size:12px}
 .ep-meta b{color:#1d2127;font-weight:600}
 .ep-meta .ok{color:var(--ok)} .ep-meta .fail{color:var(--fail)}
