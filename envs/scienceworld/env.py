@@ -5,6 +5,14 @@ ScienceWorld (Wang et al., 2022) is an interactive elementary-science simulator 
 divided by 100 and paid on the step that earns it (a failed task scores -100, so -1.0); the episode ends when the
 simulator says the task is complete. A truncated episode keeps the score it earned (ScienceWorld's usual metric).
 
+Two scoring protocols (:data:`PROTOCOLS`). ``"agentgym"`` (the default) keeps the simulator's -100 for a failed
+task, so a policy that blunders into a wrong ``focus`` is worse off than one that does nothing, and sizes the turn
+budget to the task (twice the gold path plus 20, up to 4 commands a turn). ``"upstream"`` reproduces the protocol of
+the published ReAct and SwiftSage evaluations (SwiftSage's ``eval_agent_react.py`` / ``eval_agent_fast_slow.py``
+run without ``--no_stop``; Lin et al., 2023): a failed task scores 0, one command per step, the episode ends after
+100 simulator moves (their ``--env_step_limit``, counted as the package counts it: "look around" and other free
+actions cost none) or 200 commands (their loop bound, twice the limit), and the ``"easy"`` simplifications.
+
 Variation splits are the package's own: each task type's variations ``0 .. n_train-1`` are train, the next
 ``n_dev`` dev and the rest test (:data:`VARIATIONS`, checked against the simulator by the tests). Starting a JVM
 takes seconds, so simulators are pooled per process: an env takes an idle one on its first reset and gives it back
@@ -27,12 +35,12 @@ import numpy as np
 
 from agentgym.env import AgentEnv, ReferenceSolver
 from agentgym.envs.games._common import games_parser
-from agentgym.errors import AgentGymError, DependencyNotInstalled, EnvCrashed, TaskError
+from agentgym.errors import AgentGymError, ConfigError, DependencyNotInstalled, EnvCrashed, TaskError
 from agentgym.parsers import ToolCallParser
 from agentgym.suite import Task
 from agentgym.toolset import ToolResult, ToolSet, tool
 
-__all__ = ["SPLITS", "VARIATIONS", "JavaNotFound", "ScienceWorldEnv", "generate_tasks", "task_for", "variations"]
+__all__ = ["PROTOCOLS", "SPLITS", "UPSTREAM", "UPSTREAM_STEP_LIMIT", "VARIATIONS", "JavaNotFound", "ScienceWorldEnv", "generate_tasks", "task_for", "variations"]
 
 #: (train, dev, test) variation counts per task type, as scienceworld 1.2 splits them (contiguous, in that order).
 VARIATIONS: dict[str, tuple[int, int, int]] = {
@@ -53,6 +61,14 @@ VARIATIONS: dict[str, tuple[int, int, int]] = {
 }
 SPLITS = ("train", "dev", "test")
 MAX_COMMAND_CHARS = 200
+#: Scoring protocols: ours (failure -1, budget sized to the task) and the published baselines' (failure 0, 100 steps).
+PROTOCOLS = ("agentgym", "upstream")
+#: What ``protocol="upstream"`` fixes: SwiftSage's evaluation scripts' defaults (``--env_step_limit 100``, a loop
+#: of at most twice that many model actions, ``--simplification_str easy``) and one action per model call.
+UPSTREAM = {"max_turns": 200, "max_calls_per_turn": 1, "simplifications": "easy"}
+UPSTREAM_STEP_LIMIT = 100
+#: The pooled simulators' own step limit under the default protocol: never reached, our turn budget ends episodes.
+_NO_STEP_LIMIT = 1_000_000
 _COMMAND_OK = re.compile(r"[ -~]+")
 
 
@@ -134,7 +150,7 @@ def _acquire() -> Any:
     if shutil.which("java") is None:
         raise JavaNotFound()
     try:
-        return Simulator("", envStepLimit=1_000_000)
+        return Simulator("", envStepLimit=_NO_STEP_LIMIT)
     except Exception as exc:  # noqa: BLE001 - the JVM did not come up
         raise EnvCrashed(f"ScienceWorld's JVM did not start: {type(exc).__name__}: {exc}") from exc
 
@@ -177,26 +193,40 @@ class ScienceWorldEnv(AgentEnv):
     scores -100, so -1.0. A truncated episode keeps the score it earned (ScienceWorld's usual metric). Success means
     a score of 100.
 
+    With `protocol="upstream"` a failed task scores 0 instead (the step that fails pays back what was earned), as
+    the published ReAct and SwiftSage evaluation scripts count it (SwiftSage's `eval_agent_react.py` and
+    `eval_agent_fast_slow.py` without `--no_stop`): use it to compare with published numbers. The default keeps
+    -1.0 because a wrong `focus` ends the task, and a policy that guesses should score below one that stops.
+
     ## Episode end
 
-    Terminated when the simulator says the task is over (complete or failed); truncated after `max_turns` turns.
+    Terminated when the simulator says the task is over (complete or failed; with `protocol="upstream"` also
+    after 100 simulator moves, end reason `step_limit`, keeping the score earned); truncated after `max_turns`
+    turns.
 
     ## Arguments
 
-    - `max_turns`: turns before truncation. `None` (default): twice the gold path plus 20.
+    - `protocol`: `"agentgym"` (default) or `"upstream"`. Upstream means what the published ReAct / SwiftSage
+      numbers use: failure scores 0, one command per turn, the episode ends after 100 simulator moves (free actions
+      such as `look around` cost none) or 200 turns, simplifications `"easy"`; giving a
+      different `max_turns`, `max_calls_per_turn` or `simplifications` with it is an error, since the numbers
+      would no longer be comparable.
+    - `max_turns`: turns before truncation. `None` (default): twice the gold path plus 20 (upstream: 200).
     - `tasks`: tasks to draw from (see `generate_tasks`).
     - `task_names`: task types of the default pool, drawn from when no tasks are given.
     - `pool_size`: the first `pool_size` train variations of each of `task_names` form the default pool.
     - `valid_actions`: append the simulator's valid actions to every observation (a long list; an easier variant).
     - `simplifications`: ScienceWorld's simplification string (`""`, `"easy"` or a comma list such as
-      `"teleportAction,openDoors"`).
+      `"teleportAction,openDoors"`). `None` (default): `""` (upstream: `"easy"`). The default is the full
+      simulator: `"easy"` teleports, opens every door and removes the electrical and self-watering actions, which
+      hides part of what the task types test.
     - `max_action_chars`: see `AgentEnv`.
-    - `max_calls_per_turn`: see `AgentEnv`.
+    - `max_calls_per_turn`: see `AgentEnv`. `None` (default): 4 (upstream: 1).
     - `render_mode`: `"ansi"` or `None`.
 
     ## Version history
 
-    - v0: the first version.
+    - v0: the first version; `protocol="upstream"` added later (the default protocol is unchanged).
     """
 
     description: ClassVar[str] = "ScienceWorld's 30 task types played with command(text); the simulator's score."
@@ -211,11 +241,29 @@ class ScienceWorldEnv(AgentEnv):
         task_names: Sequence[str] = ("find-non-living-thing",),
         pool_size: int = 1,
         valid_actions: bool = False,
-        simplifications: str = "",
+        simplifications: str | None = None,
         max_action_chars: int = 20_000,
-        max_calls_per_turn: int = 4,
+        max_calls_per_turn: int | None = None,
         render_mode: str | None = None,
+        protocol: str = "agentgym",
     ) -> None:
+        if protocol not in PROTOCOLS:
+            raise ConfigError(f"ScienceWorld protocol must be one of {PROTOCOLS}, got {protocol!r}: 'upstream' scores "
+                              "as the published ReAct/SwiftSage evaluations do, 'agentgym' is the default.")
+        given = {"max_turns": max_turns, "max_calls_per_turn": max_calls_per_turn, "simplifications": simplifications}
+        if protocol == "upstream":
+            clash = {k: v for k, v in given.items() if v is not None and v != UPSTREAM[k]}
+            if clash:
+                raise ConfigError(f"protocol='upstream' fixes {UPSTREAM} so that scores compare with published ones; "
+                                  f"it cannot be combined with {clash}. Drop those arguments, or use "
+                                  "protocol='agentgym' to choose them freely.")
+            max_turns = UPSTREAM["max_turns"]
+        self.protocol = protocol
+        defaults = UPSTREAM if protocol == "upstream" else {"max_calls_per_turn": 4, "simplifications": ""}
+        if max_calls_per_turn is None:
+            max_calls_per_turn = int(defaults["max_calls_per_turn"])
+        if simplifications is None:
+            simplifications = str(defaults["simplifications"])
         if pool_size < 1:
             raise ValueError(f"pool_size must be >= 1, got {pool_size}.")
         self._pool = [task_for(name, i, "train") for name in task_names for i in range(pool_size)]
@@ -264,7 +312,13 @@ class ScienceWorldEnv(AgentEnv):
             self._sim_score = score
         if done:
             success = score >= 100.0
-            self.finish(success=success, score=score / 100.0, reason="solved" if success else "failed")
+            final, reason = score / 100.0, "solved" if success else "failed"
+            if self.protocol == "upstream":
+                if score < 0:
+                    final = 0.0  # the published scripts count a failed task as 0, not the simulator's -100
+                elif not success:
+                    reason = "step_limit"  # the package ended it after UPSTREAM_STEP_LIMIT moves
+            self.finish(success=success, score=final, reason=reason)
         else:
             observation += self._hint()
         return ToolResult(str(observation), metadata={"score": score})
@@ -302,6 +356,8 @@ class ScienceWorldEnv(AgentEnv):
             raise TaskError(f"ScienceWorld task {task.id!r}: {name!r} variation {variation} does not exist.")
         if self._sim is None:
             self._sim = _acquire()
+        # The package's own move counter ends an upstream episode, as it does in the published scripts.
+        self._sim.envStepLimit = UPSTREAM_STEP_LIMIT if self.protocol == "upstream" else _NO_STEP_LIMIT
         # A world that no command has touched since its load is exactly a fresh load: skip the (slow) reload.
         if self._dirty or self._loaded != (name, variation):
             try:
