@@ -69,11 +69,18 @@ def save_step_rollouts(trainer: Any, step: int, trajectories: Sequence[Trajector
     return saver.save(step, trajectories, tokens)
 
 
+def _compact(value: float) -> float | int:
+    """``value`` rounded to :data:`DECIMALS`, and a whole number as an int (``0``, not ``0.0``: most tokens)."""
+    v = round(float(value), DECIMALS) + 0.0
+    return int(v) if v.is_integer() else v
+
+
 def run_length(values: Sequence[float], decimals: int = DECIMALS) -> list[list[float]]:
     """``[[value, count], ...]`` of ``values`` rounded to ``decimals`` (equal neighbours merged)."""
     runs: list[list[float]] = []
     for value in values:
-        v = round(float(value), decimals) + 0.0  # + 0.0: no "-0.0" in the file
+        v: float = round(float(value), decimals) + 0.0  # + 0.0: no "-0.0" in the file
+        v = int(v) if v.is_integer() else v
         if runs and runs[-1][0] == v:
             runs[-1][1] += 1
         else:
@@ -150,7 +157,7 @@ class RolloutSaver:
             mask = list(view.loss_mask) if row is None else tokens.loss_mask[row][:n]  # type: ignore[union-attr]
             advantage = [0.0] * n if row is None else tokens.advantages[row][:n]  # type: ignore[union-attr]
             records.append({"traj_id": t.traj_id, "train_step": step, "tokens": [self._piece(tid) for tid in view.input_ids],
-                            "mask": run_length(mask, 0), "logprob": [round(float(x), DECIMALS) + 0.0 for x in view.logprobs],
+                            "mask": run_length(mask, 0), "logprob": [_compact(x) for x in view.logprobs],
                             "advantage": run_length(advantage), "trained": row is not None})
         return records
 

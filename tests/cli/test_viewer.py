@@ -96,7 +96,7 @@ def test_saved_rollouts_load_with_their_steps_and_tokens(run_dir: Path) -> None:
     run = load_run(run_dir)
     assert run.kind == "train" and [e.train_step for e in run.episodes] == [1, 1, 1, 2, 2]
     assert all(e.tokens is not None for e in run.episodes)
-    assert run.episodes[0].tokens["mask"] == [[0.0, 10]] and run.episodes[1].tokens["advantage"] == [[1.0, 10]]
+    assert run.episodes[0].tokens["mask"] == [[0, 10]] and run.episodes[1].tokens["advantage"] == [[1, 10]]
     assert run.episodes[0].tokens["tokens"][:3] == ["<s>", "What", " is"]
     assert len(run.metrics) == 4 and run.settings["trainer"] == "grpo"
     assert (run_dir / "rollouts" / "images").is_dir(), "images beside the step files, as eval keeps them"

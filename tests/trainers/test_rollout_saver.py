@@ -33,8 +33,9 @@ def _config(model_dir: Path, out: Path, **overrides: object) -> GrpoConfig:
 
 
 def test_run_length_rounds_and_merges() -> None:
-    assert run_length([0, 0, 1, 1, 1, 0]) == [[0.0, 2], [1.0, 3], [0.0, 1]]
-    assert run_length([0.12344, 0.12341, -0.0]) == [[0.123, 2], [0.0, 1]]
+    assert run_length([0, 0, 1.0, 1, 1, 0]) == [[0, 2], [1, 3], [0, 1]]
+    assert run_length([0.12344, 0.12341, -0.0]) == [[0.123, 2], [0, 1]]
+    assert json.dumps(run_length([-0.0, 0.5])) == "[[0, 1], [0.5, 1]]"
 
 
 def test_save_rollouts_must_not_be_negative(tmp_path: Path) -> None:
