@@ -49,12 +49,12 @@ not ``RUN`` (there is no shell in the image at build time). Suite file::
 from __future__ import annotations
 
 import base64
-import io
 import json
 import logging
 import os
+import posixpath
 import secrets
-import tarfile
+import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -66,7 +66,14 @@ from agentgym.parsers import CompositeParser, FunctionCallParser, HermesParser, 
 from agentgym.suite import Task
 from agentgym.toolset import ToolResult, ToolSet, tool
 
-from agentgym.envs.swe.harbor_images import base_images, build_environment_image, image_config, run_docker
+from agentgym.envs.swe.harbor_images import (
+    base_images,
+    build_environment_image,
+    image_config,
+    python_reachable_image,
+    resolve_user,
+    run_docker,
+)
 from agentgym.envs.swe.harbor_tasks import (
     DEFAULT_BUILD_TIMEOUT_S,
     DEFAULT_VERIFIER_TIMEOUT_S,
@@ -79,12 +86,13 @@ from agentgym.envs.swe.harbor_tasks import (
 
 __all__ = [
     "base_images", "build_environment_image", "DEFAULT_BUILD_TIMEOUT_S", "DEFAULT_VERIFIER_TIMEOUT_S",
-    "harbor_tasks", "HarborEnv", "HarborTask", "load_harbor_task", "MAX_COMMAND_CHARS", "RESULT_MARK",
-    "suite_source", "task_to_agentgym", "trusted_runtime_mounts"
+    "harbor_tasks", "HarborEnv", "HarborTask", "load_harbor_task", "MAX_COMMAND_CHARS", "read_rewards", "RESULT_MARK",
+    "suite_source", "task_to_agentgym", "trusted_runtime_mounts", "VERIFIER_CHOICES"
 ]
 
 logger = logging.getLogger(__name__)
 RESULT_MARK = "@@agentgym-harbor@@"
+VERIFIER_CHOICES = ("task", "snapshot")
 MAX_COMMAND_CHARS = 200_000
 
 
@@ -105,59 +113,121 @@ print(_out.decode("utf-8", "replace"), end="")
 print("\\n[" + _status + "]")
 '''
 
-# Runs in a fresh container of the agent's final state; /tests is the task's own folder, mounted read-only.
-_VERIFY_CODE = '''
-import base64, json, os, shutil, signal, subprocess
-for _path in ("/logs/verifier", "/logs"):
-    if os.path.islink(_path):
-        os.unlink(_path)
-shutil.rmtree("/logs/verifier", ignore_errors=True)  # a reward file the agent planted must not count
-os.makedirs("/logs/verifier")
-_reply = {{"reward": None, "problem": ""}}
-if os.listdir("/logs/verifier"):
-    _reply["problem"] = "/logs/verifier could not be emptied"
-else:
-    _p = subprocess.Popen(["bash", "/tests/test.sh"], cwd={cwd!r}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          stdin=subprocess.DEVNULL, start_new_session=True)
+# Run as root (docker exec -u 0:0) before test.sh: /logs/verifier emptied (a reward file the agent planted must not
+# count) and left writable for whichever user the verifier runs as; /tests removed, so the copy of the task's own
+# tests/ that follows is all there is; the directories the artifacts go to made.
+_PREPARE_CODE = """
+import json, os, shutil, sys
+C = json.loads(sys.argv[1])
+def remove(path):
+    if os.path.islink(path) or os.path.isfile(path):
+        os.unlink(path)
+    elif os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+for path in ("/logs", "/logs/verifier"):
+    if os.path.islink(path) or (os.path.exists(path) and not os.path.isdir(path)):
+        os.unlink(path)
+os.makedirs("/logs/verifier", exist_ok=True)
+for name in os.listdir("/logs/verifier"):
+    remove(os.path.join("/logs/verifier", name))
+os.chmod("/logs", 0o755)
+os.chmod("/logs/verifier", 0o777)
+if C["tests"]:
+    remove("/tests")
+for folder in C["folders"]:
+    os.makedirs(folder, exist_ok=True)
+print("left:" + json.dumps(os.listdir("/logs/verifier")))
+"""
+
+# Run as the verifier's user after the tests are in place. test.sh's output goes to /logs/verifier/test-stdout.txt (as
+# Harbor keeps it), not to a pipe, so a process test.sh leaves running cannot hold the verifier open; once test.sh
+# returns, its process group is killed, then every other process this user may signal (nothing may write the reward
+# after test.sh is done), and the reward files are read back.
+_VERIFY_CODE = """
+import base64, json, os, signal, subprocess, sys
+C = json.loads(sys.argv[1])
+reply = {"problem": ""}
+env = dict(os.environ)
+env.update(C["env"])
+out = open("/logs/verifier/test-stdout.txt", "wb")
+cwd = C["cwd"] if os.path.isdir(C["cwd"]) else "/"
+proc = subprocess.Popen(["bash", "/tests/test.sh"], cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+try:
+    reply["exit_code"] = proc.wait(timeout=C["timeout"])
+except subprocess.TimeoutExpired:
+    reply["problem"] = "tests/test.sh timed out after %g s" % C["timeout"]
+try:
+    os.killpg(proc.pid, signal.SIGKILL)
+except OSError:
+    pass
+proc.wait()
+out.close()
+keep, pid = set(), os.getpid()
+while pid > 0 and pid not in keep:
+    keep.add(pid)
     try:
-        _out, _ = _p.communicate(timeout={timeout!r})
-        _reply["exit_code"] = _p.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(_p.pid, signal.SIGKILL)
-        _out, _ = _p.communicate()
-        _reply["problem"] = "tests/test.sh timed out after {timeout:g} s"
-    _reply["log"] = _out.decode("utf-8", "replace")[-3000:]
-    # Nothing test.sh left running may write the reward after this point: kill all but this process's ancestry.
-    _keep, _pid = set(), os.getpid()
-    while _pid > 0 and _pid not in _keep:
-        _keep.add(_pid)
+        pid = int(open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        break
+for name in os.listdir("/proc"):
+    if name.isdigit() and int(name) not in keep and int(name) != 1:
         try:
-            _pid = int(open("/proc/%d/stat" % _pid).read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            break
-    for _name in os.listdir("/proc"):
-        if _name.isdigit() and int(_name) not in _keep:
-            try:
-                os.kill(int(_name), signal.SIGKILL)
-            except OSError:
-                pass
-    if os.path.isfile("/logs/verifier/reward.txt"):
-        _text = open("/logs/verifier/reward.txt").read().strip()
+            os.kill(int(name), signal.SIGKILL)
+        except OSError:
+            pass
+def text(name, limit):
+    path = os.path.join("/logs/verifier", name)
+    if not os.path.isfile(path) or os.path.islink(path):
+        return None
+    with open(path, "rb") as fh:
+        return fh.read(limit).decode("utf-8", "replace")
+reply["reward_json"] = text("reward.json", 1 << 16)
+reply["reward_txt"] = text("reward.txt", 1 << 12)
+reply["log"] = (text("test-stdout.txt", 1 << 22) or "")[-3000:]
+print(C["mark"] + base64.b64encode(json.dumps(reply).encode()).decode())
+"""
+
+
+def read_rewards(reward_json: str | None, reward_txt: str | None,
+                 primary: str | None = None) -> tuple[float | None, dict[str, float], str]:
+    """The reward a verifier wrote: ``(primary reward, all named rewards, problem)``.
+
+    ``/logs/verifier/reward.json`` is read first: an object of named numeric rewards (any names). The primary
+    reward, the one the episode is paid, is ``primary`` when given, else the ``reward`` key, else the only key;
+    several keys without ``reward`` are a problem that says so (Harbor's own mean metric also refuses a reward
+    dictionary with more than one key). Without reward.json, ``reward.txt`` holds one number, named ``reward``.
+    """
+    if reward_json is not None:
         try:
-            _reply["reward"] = float(_text)
+            data = json.loads(reward_json)
+        except ValueError as exc:
+            return None, {}, f"reward.json is not JSON ({exc})"
+        if isinstance(data, (int, float)) and not isinstance(data, bool):
+            data = {"reward": data}
+        if not isinstance(data, dict) or not data:
+            return None, {}, f"reward.json must be an object of named numeric rewards, got {reward_json[:100]!r}"
+        bad = [k for k, v in data.items() if isinstance(v, bool) or not isinstance(v, (int, float))]
+        if bad:
+            return None, {}, f"reward.json: {bad[:5]} are not numbers"
+        rewards = {str(k): float(v) for k, v in data.items()}
+        if primary is not None:
+            if primary not in rewards:
+                return None, rewards, f"reward.json has no {primary!r} (the primary reward); it names {sorted(rewards)}"
+            return rewards[primary], rewards, ""
+        if "reward" in rewards:
+            return rewards["reward"], rewards, ""
+        if len(rewards) == 1:
+            return next(iter(rewards.values())), rewards, ""
+        return None, rewards, (f"reward.json names {sorted(rewards)} and none is 'reward'; say which is the primary "
+                               "reward with HarborEnv(primary_reward=NAME)")
+    if reward_txt is not None:
+        try:
+            value = float(reward_txt.strip())
         except ValueError:
-            _reply["problem"] = "reward.txt does not hold a number: " + repr(_text[:100])
-    elif os.path.isfile("/logs/verifier/reward.json"):
-        try:
-            _data = json.load(open("/logs/verifier/reward.json"))
-            _reply["reward"] = float(_data["reward"] if isinstance(_data, dict) else _data)
-            _reply["rewards"] = _data if isinstance(_data, dict) else {{}}
-        except (ValueError, KeyError, TypeError) as _exc:
-            _reply["problem"] = "reward.json has no numeric 'reward': " + str(_exc)[:100]
-    elif not _reply["problem"]:
-        _reply["problem"] = "tests/test.sh wrote no /logs/verifier/reward.txt or reward.json"
-print({mark!r} + base64.b64encode(json.dumps(_reply).encode()).decode())
-'''
+            return None, {}, "reward.txt does not hold a number: " + repr(reward_txt.strip()[:100])
+        return value, {"reward": value}, ""
+    return None, {}, "tests/test.sh wrote no /logs/verifier/reward.json or reward.txt"
 
 
 # Paths the dynamic loader reads before any program runs. The host's copies (or an empty preload list) are mounted
@@ -206,7 +276,18 @@ class HarborEnv(AgentEnv):
 
     def __init__(self, *, tasks: Sequence[Task] | None = None, path: str | None = None, max_turns: int = 30,
                  command_timeout_s: float = 120.0, memory_bytes: int = 2048 << 20, max_output_chars: int = 6000,
-                 max_action_chars: int = 400_000, render_mode: str | None = None) -> None:
+                 max_action_chars: int = 400_000, verifier: str = "task", primary_reward: str | None = None,
+                 allow_offline: bool = False, render_mode: str | None = None) -> None:
+        if verifier not in VERIFIER_CHOICES:
+            raise ConfigError(f"verifier must be one of {VERIFIER_CHOICES}, got {verifier!r}: 'task' runs each task "
+                              "the way Harbor does (its [verifier] environment_mode), 'snapshot' grades a snapshot "
+                              "of the agent's final state in a fresh, hardened container.")
+        if primary_reward is not None and (not isinstance(primary_reward, str) or not primary_reward):
+            raise ConfigError(f"primary_reward must be a reward name from reward.json, got {primary_reward!r}.")
+        self.verifier = verifier
+        self.primary_reward = primary_reward
+        self.allow_offline = bool(allow_offline)
+        self._image = ""
         if not isinstance(command_timeout_s, (int, float)) or command_timeout_s <= 0:
             raise ConfigError(f"command_timeout_s must be a positive number of seconds, got {command_timeout_s!r}.")
         if not isinstance(max_output_chars, int) or max_output_chars < 200:
@@ -224,7 +305,7 @@ class HarborEnv(AgentEnv):
                          render_mode=render_mode)
 
     # ---- sandbox ---------------------------------------------------------------------------------------------
-    def _config(self, image: str, mounts: tuple[tuple[str, str], ...] = ()) -> Any:
+    def _config(self, image: str, mounts: tuple[tuple[str, str], ...] = (), user: str = "0:0") -> Any:
         from agentgym.tools.sandbox import SandboxConfig, SandboxLimits
 
         task = self._harbor
@@ -235,7 +316,7 @@ class HarborEnv(AgentEnv):
                                file_size_bytes=1 << 30, pids=256, open_files=1024,
                                address_space_bytes=16 << 30, cpus=task.cpus or 1.0)
         return SandboxConfig(backend="docker", limits=limits, preload=(), max_workers=8, docker_image=image,
-                             mounts=mounts, docker_user="0:0", docker_writable_root=True, start_timeout_s=60.0)
+                             mounts=mounts, docker_user=user, docker_writable_root=True, start_timeout_s=60.0)
 
     def _run(self, code: str, timeout_s: float, session: Any = None) -> str:
         from agentgym.tools.sandbox import SandboxError
@@ -288,8 +369,53 @@ class HarborEnv(AgentEnv):
             message += f" Problem: {grading['problem']}."
         return ToolResult(message)
 
+    def _exec(self, container: str, user: str, code: str, config: Mapping[str, Any], timeout_s: float) -> str:
+        """Run ``code`` with the host's Python (mounted in every container) in ``container`` as ``user``."""
+        import sys
+
+        done = run_docker("exec", "-u", user, "-w", "/", container, sys.executable, "-I", "-c", code,
+                          json.dumps(dict(config)), timeout=timeout_s + 60)
+        if done.returncode != 0:
+            raise EnvCrashed(f"docker exec in the grading container failed: "
+                             f"{done.stderr.decode(errors='replace').strip()[-300:]}")
+        return done.stdout.decode(errors="replace")
+
+    def _run_tests(self, container: str, user: str, mark: str, *, copy_tests: bool,
+                   folders: Sequence[str] = ()) -> str:
+        """Prepare ``container`` (as root), put the task's tests/ at /tests, run test.sh as ``user``."""
+        task = self._harbor
+        assert task is not None
+        left = self._exec(container, "0:0", _PREPARE_CODE, {"tests": copy_tests, "folders": list(folders)}, 60)
+        if not left.strip().endswith("left:[]"):
+            return json.dumps({"problem": "/logs/verifier could not be emptied"})
+        if copy_tests:
+            copied = run_docker("cp", str(task.tests), f"{container}:/tests", timeout=300)
+            if copied.returncode != 0:
+                raise EnvCrashed(f"copying tests/ into the container failed: "
+                                 f"{copied.stderr.decode(errors='replace').strip()[-300:]}")
+        config = {"cwd": self._workdir, "timeout": task.verifier_timeout_s, "env": dict(task.verifier_env),
+                  "mark": mark}
+        return self._exec(container, user, _VERIFY_CODE, config, task.verifier_timeout_s)
+
+    def _copy_artifacts(self, source: str, target: str) -> list[str]:
+        """Harbor's separate verifier gets /logs/artifacts and the task's declared artifacts, nothing else."""
+        task = self._harbor
+        assert task is not None
+        missing = []
+        for path in ("/logs/artifacts", *task.artifacts):
+            packed = run_docker("cp", f"{source}:{path}", "-", timeout=300)
+            if packed.returncode != 0:
+                missing.append(path)
+                continue
+            unpacked = run_docker("cp", "-", f"{target}:{posixpath.dirname(path.rstrip('/')) or '/'}", timeout=300,
+                                  stdin=packed.stdout)
+            if unpacked.returncode != 0:
+                raise EnvCrashed(f"copying artifact {path} to the verifier failed: "
+                                 f"{unpacked.stderr.decode(errors='replace').strip()[-300:]}")
+        return missing
+
     def _verify(self) -> dict[str, Any]:
-        """Snapshot the container, run tests/test.sh in a fresh container of the snapshot, read the reward."""
+        """Run tests/test.sh the way the task asks (module docstring) and read the reward it wrote."""
         from agentgym.tools.sandbox import SandboxError, SandboxPool
 
         task = self._harbor
@@ -297,35 +423,56 @@ class HarborEnv(AgentEnv):
         container = self._session.container
         if container is None:
             raise EnvCrashed("the episode has no container to grade")
-        snapshot = f"agentgym-harbor-grade:{secrets.token_hex(8)}"
+        mode = "snapshot" if self.verifier == "snapshot" else task.verifier_mode
+        user = resolve_user(self._image, task.verifier_user, task.name)  # the task's image, not the agent's files
         mark = f"{RESULT_MARK}{secrets.token_hex(16)}@@"  # unguessable: a forged result line cannot match it
-        committed = run_docker("commit", container, snapshot, timeout=300)
-        if committed.returncode != 0:
-            raise EnvCrashed(f"docker commit failed: {committed.stderr.decode(errors='replace').strip()[-300:]}")
-        try:
-            mounts = ((str(task.tests), "/tests"), *trusted_runtime_mounts())
-            pool = SandboxPool(self._config(snapshot, mounts=mounts))
+        missing: list[str] = []
+        if mode == "shared":
+            stdout = self._run_tests(container, user, mark, copy_tests=True)
+        else:
+            image, mounts = self._image, ()
+            if mode == "snapshot":
+                image = f"agentgym-harbor-grade:{secrets.token_hex(8)}"
+                committed = run_docker("commit", container, image, timeout=300)
+                if committed.returncode != 0:
+                    raise EnvCrashed(f"docker commit failed: {committed.stderr.decode(errors='replace').strip()[-300:]}")
+                mounts = ((str(task.tests), "/tests"), *trusted_runtime_mounts())
             try:
-                with pool.session() as grader:
-                    code = _VERIFY_CODE.format(cwd=self._workdir, timeout=task.verifier_timeout_s, mark=mark)
-                    stdout = self._run(code, task.verifier_timeout_s, session=grader)
+                pool = SandboxPool(self._config(image, mounts=mounts, user=user))
+                try:
+                    with pool.session() as grader:
+                        self._run("print('ready')", 30, session=grader)
+                        if grader.container is None:
+                            raise EnvCrashed("the verifier's container did not start")
+                        folders = ["/logs", *(posixpath.dirname(p.rstrip("/")) or "/" for p in task.artifacts)]
+                        if mode == "separate":
+                            self._exec(grader.container, "0:0", _PREPARE_CODE, {"tests": False, "folders": folders},
+                                       60)
+                            missing = self._copy_artifacts(container, grader.container)
+                        stdout = self._run_tests(grader.container, user, mark, copy_tests=mode == "separate")
+                finally:
+                    pool.close()
+            except SandboxError as exc:
+                raise EnvCrashed(f"the grading container failed: {exc}") from exc
             finally:
-                pool.close()
-        except SandboxError as exc:
-            raise EnvCrashed(f"the grading container failed: {exc}") from exc
-        finally:
-            run_docker("rmi", "-f", snapshot, timeout=120)
+                if mode == "snapshot":
+                    run_docker("rmi", "-f", image, timeout=120)
         _, sep, tail = stdout.rpartition(mark)
         try:
             reply = json.loads(base64.b64decode(tail.strip(), validate=True)) if sep else None
         except ValueError:
             reply = None
         if not isinstance(reply, dict):
-            return {"reward": None, "problem": "the verifier printed no result", "log": stdout[-2000:]}
-        reward = reply.get("reward")
-        return {"reward": float(reward) if isinstance(reward, (int, float)) else None,
-                "problem": str(reply.get("problem") or ""), "exit_code": reply.get("exit_code"),
-                "rewards": reply.get("rewards") or {}, "log": str(reply.get("log") or "")}
+            problem = (json.loads(stdout).get("problem") if stdout.startswith("{") else None) or \
+                "the verifier printed no result"
+            return {"reward": None, "rewards": {}, "problem": problem, "log": stdout[-2000:], "mode": mode}
+        reward, rewards, problem = read_rewards(reply.get("reward_json"), reply.get("reward_txt"), self.primary_reward)
+        problem = str(reply.get("problem") or "") or problem
+        if reward is None and task.network != "none" and task.verifier_network != "none":
+            problem += (" (the task does not turn the network off, and these containers have none: a test.sh that "
+                        "downloads its tools cannot run here; install them in environment/Dockerfile)")
+        return {"reward": reward, "rewards": rewards, "problem": problem, "exit_code": reply.get("exit_code"),
+                "log": str(reply.get("log") or ""), "mode": mode, "missing_artifacts": missing}
 
     # ---- AgentEnv hooks --------------------------------------------------------------------------------------
     def _build_tools(self) -> ToolSet:
@@ -344,12 +491,24 @@ class HarborEnv(AgentEnv):
         data = task.metadata.get("harbor")
         if not isinstance(data, Mapping) or not isinstance(data.get("path"), str):
             raise TaskError(f"Harbor task {task.id!r} needs metadata['harbor']['path'] (see harbor_tasks()).")
-        self._harbor = load_harbor_task(data["path"])
-        image = build_environment_image(self._harbor)
-        self._workdir = image_config(image).get("WorkingDir") or "/"
+        self._harbor = task_ = load_harbor_task(data["path"])
+        wants = [f"[{w}]" for w, n in (("environment", task_.network), ("verifier", task_.verifier_network))
+                 if n == "internet"]
+        if wants and not self.allow_offline:
+            raise TaskError(f"Harbor task {task_.name!r} asks for internet access ({' and '.join(wants)} "
+                            "allow_internet = true or a network_mode other than \"no-network\"), but agentgym runs "
+                            "every container with --network none. Install what the task downloads in "
+                            "environment/Dockerfile and set network_mode = \"no-network\", or pass "
+                            "HarborEnv(allow_offline=True) to run it offline anyway.")
+        image = build_environment_image(task_)
+        if task_.agent_user is not None or task_.verifier_user is not None:
+            image = python_reachable_image(image)
+        self._image = image
+        self._workdir = task_.workdir or image_config(image).get("WorkingDir") or "/"
         if self._session is not None:
             self._session.close()
-        self._session = default_pool(self._config(image)).session()
+        user = resolve_user(image, task_.agent_user, task_.name)
+        self._session = default_pool(self._config(image, user=user)).session()
         self._grading = None
         self._run("print('ready')", 30)  # start the container now: a broken image fails at reset, not mid-episode
         return f"{self._harbor.instruction.strip()}\n\nYour working directory in the container is {self._workdir}."
@@ -370,12 +529,21 @@ class HarborEnv(AgentEnv):
         task = self._harbor
         if task is None or task.solution is None:
             raise TaskError(f"Harbor task {task.name if task else '?'!r} has no solution/solve.sh.")
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-            tar.add(task.solution, arcname=".")
-        payload = base64.b64encode(buffer.getvalue()).decode()
-        command = (f"mkdir -p /solution && echo {payload} | base64 -d | tar -xz -C /solution && "
-                   "bash /solution/solve.sh")
+        container = self._session.container if self._session is not None else None
+        if container is None:
+            raise EnvCrashed("the episode has no container: call reset() before reference_solver()")
+        # Put solution/ at /solution as Harbor's oracle does (owned by root, readable by the agent's user), then
+        # run solve.sh with [solution] env. Its output goes to a file: a server it starts in the background keeps
+        # running after solve.sh returns, as in Harbor, instead of holding the tool's output pipe open.
+        self._exec(container, "0:0", "import shutil; shutil.rmtree('/solution', ignore_errors=True)", {}, 60)
+        copied = run_docker("cp", str(task.solution), f"{container}:/solution", timeout=300)
+        if copied.returncode != 0:
+            raise EnvCrashed(f"copying solution/ into the container failed: "
+                             f"{copied.stderr.decode(errors='replace').strip()[-300:]}")
+        self._exec(container, "0:0", "import subprocess; subprocess.run(['chmod', '-R', 'a+rX', '/solution'])", {}, 60)
+        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in task.solution_env.items())
+        command = (f"out=$(mktemp) && {'env ' + exports + ' ' if exports else ''}bash /solution/solve.sh > \"$out\" "
+                   "2>&1; status=$?; cat \"$out\"; exit $status")
         steps = [_hermes("bash", {"command": command}), _hermes("submit", {})]
 
         def solve(observation: str) -> str:

@@ -41,6 +41,17 @@ class HarborTask:
         cpus: ``[environment] cpus`` (None: the sandbox default).
         memory_bytes: ``[environment] memory_mb`` or ``memory`` ("4G"), None when not given.
         config: The whole parsed task.toml / task.yaml (metadata included), for reference.
+        docker_image: ``[environment] docker_image``: a prebuilt image used instead of building ``environment/``.
+        workdir: ``[environment] workdir`` (else the image's ``WORKDIR``).
+        agent_user / verifier_user: ``[agent] user`` / ``[verifier] user`` (None: the image's default, root).
+        verifier_env / solution_env: ``[verifier] env`` / ``[solution] env``: variables test.sh / solve.sh see.
+        verifier_mode: ``"shared"`` (test.sh runs in the agent's live container, Harbor's default) or
+            ``"separate"`` (``[verifier] environment_mode = "separate"``: a fresh container of the task's
+            environment that gets only ``/logs/artifacts`` and the declared ``artifacts`` from the agent's).
+        network: ``"none"``, ``"internet"`` (asked for with ``allow_internet = true`` or a ``network_mode`` other
+            than ``"no-network"``) or ``"default"`` (not set: Harbor's default allows internet).
+        verifier_network: The same for the verifier: ``[verifier] network_mode`` where given, else ``network``.
+        artifacts: Absolute paths the separate verifier gets from the agent's container (besides /logs/artifacts).
     """
 
     name: str
@@ -51,6 +62,16 @@ class HarborTask:
     cpus: float | None = None
     memory_bytes: int | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
+    docker_image: str | None = None
+    workdir: str | None = None
+    agent_user: str | None = None
+    verifier_user: str | None = None
+    verifier_env: Mapping[str, str] = field(default_factory=dict)
+    solution_env: Mapping[str, str] = field(default_factory=dict)
+    verifier_mode: str = "shared"
+    network: str = "default"
+    verifier_network: str = "default"
+    artifacts: tuple[str, ...] = ()
 
     @property
     def environment(self) -> Path:
@@ -83,6 +104,65 @@ def _memory(value: Any, where: str) -> int:
     return int(_number(value, "[environment] memory_mb", where)) << 20
 
 
+def _env_table(value: Any, what: str, where: str) -> dict[str, str]:
+    """``env = { KEY = "value" }``: names and values as strings (numbers and booleans written as TOML prints them)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TaskError(f"{where}: {what} must be a table of NAME = \"value\", got {value!r:.100}.")
+    out = {}
+    for key, item in value.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(key)):
+            raise TaskError(f"{where}: {what} has the variable name {key!r}; names are letters, digits and _.")
+        if isinstance(item, bool):
+            item = "true" if item else "false"
+        if not isinstance(item, (str, int, float)):
+            raise TaskError(f"{where}: {what}.{key} must be a string or a number, got {item!r:.100}.")
+        out[str(key)] = str(item)
+    return out
+
+
+def _user(value: Any, what: str, where: str) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return str(value)
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?",
+                                                      value):
+        raise TaskError(f"{where}: {what} must be a user name or uid (optionally user:group), got {value!r:.100}.")
+    return value
+
+
+def _network(table: Mapping[str, Any], what: str, where: str) -> str | None:
+    """``network_mode`` ("no-network" / "public" / ...) or the older ``allow_internet``; None when neither is set."""
+    mode = table.get("network_mode")
+    if mode is not None:
+        if not isinstance(mode, str) or not mode.strip():
+            raise TaskError(f"{where}: {what} network_mode must be a string such as \"no-network\" or \"public\".")
+        return "none" if mode.strip().lower() in ("no-network", "none") else "internet"
+    allow = table.get("allow_internet")
+    if allow is not None:
+        if not isinstance(allow, bool):
+            raise TaskError(f"{where}: {what} allow_internet must be true or false, got {allow!r}.")
+        return "internet" if allow else "none"
+    return None
+
+
+def _artifacts(value: Any, where: str) -> tuple[str, ...]:
+    """``artifacts = ["/app/out.txt", { source = "/app/report" }]``: absolute paths."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise TaskError(f"{where}: artifacts must be a list of absolute paths (or tables with source = path).")
+    paths = []
+    for item in value:
+        path = item.get("source") if isinstance(item, Mapping) else item
+        if not isinstance(path, str) or not path.startswith("/") or "\x00" in path:
+            raise TaskError(f"{where}: artifact {item!r:.100} is not an absolute path (or a table with source = path).")
+        paths.append(path)
+    return tuple(paths)
+
+
 def load_harbor_task(path: Path | str) -> HarborTask:
     """Read and check one Harbor task folder; every problem names the file and the fix."""
     root = Path(path).resolve()
@@ -113,13 +193,10 @@ def load_harbor_task(path: Path | str) -> HarborTask:
         raise TaskError(f"{where}: no instruction.md (what the agent is asked to do).")
     if not instruction.strip():
         raise TaskError(f"{where}: instruction.md is empty.")
-    if not (root / "environment" / "Dockerfile").is_file():
-        raise TaskError(f"{where}: no environment/Dockerfile (the agent's container; docker-compose environments "
-                        "are not supported).")
     if not (root / "tests" / "test.sh").is_file():
         raise TaskError(f"{where}: no tests/test.sh (the verifier, which writes /logs/verifier/reward.txt).")
     sections = {}
-    for section in ("task", "verifier", "agent", "environment"):
+    for section in ("task", "verifier", "agent", "environment", "solution"):
         value = config.get(section, {})
         if not isinstance(value, Mapping):
             raise TaskError(f"{where}: [{section}] must be a table.")
@@ -129,6 +206,25 @@ def load_harbor_task(path: Path | str) -> HarborTask:
     name = sections["task"].get("name") or root.name
     if not isinstance(name, str) or not name.strip():
         raise TaskError(f"{where}: [task] name must be a non-empty string.")
+    mode = verifier.get("environment_mode")
+    if "environment" in verifier:
+        # Harbor builds such a verifier from tests/ or a verifier image that already holds /tests; nothing here
+        # would run it the way Harbor does, so the task is refused rather than graded some other way.
+        raise TaskError(f"{where}: [verifier.environment] (a verifier image of its own) is not supported; use "
+                        "environment_mode = \"separate\" without it (the verifier then starts from [environment]) "
+                        "or the shared mode.")
+    if mode not in (None, "shared", "separate"):
+        raise TaskError(f"{where}: [verifier] environment_mode must be \"shared\" or \"separate\", got {mode!r}.")
+    docker_image = env.get("docker_image")
+    if docker_image is not None and (not isinstance(docker_image, str) or not docker_image.strip()):
+        raise TaskError(f"{where}: [environment] docker_image must be an image name such as \"python:3.11-slim\".")
+    if docker_image is None and not (root / "environment" / "Dockerfile").is_file():
+        raise TaskError(f"{where}: no environment/Dockerfile and no [environment] docker_image (the agent's "
+                        "container; docker-compose environments are not supported).")
+    workdir = env.get("workdir")
+    if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")):
+        raise TaskError(f"{where}: [environment] workdir must be an absolute path, got {workdir!r}.")
+    network = _network(env, "[environment]", where) or "default"
     return HarborTask(
         name=name.strip(), path=str(root), instruction=instruction,
         verifier_timeout_s=_number(verifier.get("timeout_sec", DEFAULT_VERIFIER_TIMEOUT_S),
@@ -136,7 +232,15 @@ def load_harbor_task(path: Path | str) -> HarborTask:
         build_timeout_s=_number(env.get("build_timeout_sec", DEFAULT_BUILD_TIMEOUT_S),
                                 "[environment] build_timeout_sec", where),
         cpus=_number(env["cpus"], "[environment] cpus", where) if "cpus" in env else None,
-        memory_bytes=_memory(memory, where) if memory is not None else None, config=config)
+        memory_bytes=_memory(memory, where) if memory is not None else None, config=config,
+        docker_image=docker_image.strip() if docker_image else None, workdir=workdir,
+        agent_user=_user(sections["agent"].get("user"), "[agent] user", where),
+        verifier_user=_user(verifier.get("user"), "[verifier] user", where),
+        verifier_env=_env_table(verifier.get("env"), "[verifier] env", where),
+        solution_env=_env_table(sections["solution"].get("env"), "[solution] env", where),
+        verifier_mode=mode or "shared", network=network,
+        verifier_network=_network(verifier, "[verifier]", where) or network,
+        artifacts=_artifacts(config.get("artifacts"), where))
 
 
 def _task_folders(path: Path) -> list[Path]:
