@@ -1,10 +1,14 @@
 """Sokoban: push every box onto a target in a small text grid, one ``move(direction)`` per call.
 
 The puzzles are the RAGEN / GiGPO kind (6x6 rooms, outer walls included, with 1-2 boxes) and are generated
-here, as gym-sokoban does: carve a room by a random walk, put the boxes on their targets, then play the
-game *backwards* (the player pulls boxes) from that solved state. Every pull is the reverse of a legal push,
-so the result is solvable by construction; a breadth-first solver over (player, boxes) states then proves
-it and gives the shortest solution, and any puzzle it cannot solve within its state budget is rejected.
+here by reverse play: carve a room by a random walk, put the boxes on their targets, then play the game
+*backwards* (the player pulls boxes) from that solved state. Every pull is the reverse of a legal push, so the
+result is solvable by construction; a breadth-first solver over (player, boxes) states then proves it and gives
+the shortest solution, and any puzzle it cannot solve within its state budget is rejected. No box starts on a
+target (gym-sokoban's rooms never do, and its env would pay +1 for such a box on the first move).
+``generator="gym-sokoban"`` uses gym-sokoban's own generator instead (:mod:`.sokoban_gym`): its rooms are
+easier with 1 box and harder with 2 than this walk's, so only it gives success rates to set next to RAGEN's
+and GiGPO's.
 A task's metadata carries the puzzle's rows, so a task file is readable and every episode reproducible.
 
 Two rewards: ``reward="solved"`` (the default) pays 1 for a solved room and nothing else; ``reward="gym-sokoban"``
@@ -25,6 +29,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 from agentgym.envs.games._common import check_settings, games_parser, sample_one
+from agentgym.envs.games.sokoban_gym import draw_room
 
 from agentgym.env import AgentEnv, ReferenceSolver
 from agentgym.errors import TaskError
@@ -32,7 +37,8 @@ from agentgym.parsers import ToolCallParser
 from agentgym.suite import Task
 from agentgym.toolset import ToolResult, ToolSet, tool
 
-__all__ = ["Puzzle", "SokobanEnv", "generate_puzzle", "generate_tasks", "room_half", "solve"]
+__all__ = ["GENERATORS", "Puzzle", "SokobanEnv", "generate_puzzle", "generate_tasks", "room_half", "room_layout",
+           "solve"]
 
 Cell = tuple[int, int]
 Boxes = tuple[Cell, ...]
@@ -46,16 +52,28 @@ SEED_SPLITS = {"train": (0, 2**30), "test": (2**30, 2**31)}
 #: gym-sokoban's reward (``reward="gym-sokoban"``): per move, per box onto / off a target, for the solved room.
 STEP_PENALTY, BOX_ON_TARGET_REWARD, BOX_OFF_TARGET_PENALTY, SOLVED_BONUS = -0.1, 1.0, -1.0, 10.0
 REWARDS = ("solved", "gym-sokoban")
+#: Room generators: this package's random walk, and gym-sokoban's (for numbers next to RAGEN's and GiGPO's).
+GENERATORS = ("random-walk", "gym-sokoban")
+
+
+def room_layout(rows: Sequence[str]) -> tuple[str, ...]:
+    """The room without its player: walls, targets and boxes (the player's cell shown as plain floor or target).
+
+    Two puzzles with the same layout and the player elsewhere are nearly the same puzzle (the same boxes to push
+    to the same targets), so held-out splits are kept apart by layout, not by the full grid.
+    """
+    return tuple(row.replace(PLAYER_ON_TARGET, TARGET).replace(PLAYER, FLOOR) for row in rows)
 
 
 def room_half(rows: Sequence[str]) -> Literal["train", "test"]:
-    """Which half of all rooms a puzzle belongs to, from a hash of its rows.
+    """Which half of all rooms a puzzle belongs to, from a hash of its layout (:func:`room_layout`).
 
     Disjoint seeds are not enough to hold a room out: small rooms recur by chance (7 of the first 100 held-out
     6x6 puzzles drawn from the held-out seeds were training puzzles too). Each half of the seed space keeps only
-    the rooms of its own half, so no puzzle can be in both, whatever the sizes and counts.
+    the rooms of its own half, so no layout can be in both, whatever the sizes, counts and player cells.
     """
-    return "train" if hashlib.sha256("\n".join(rows).encode()).digest()[0] % 2 == 0 else "test"
+    digest = hashlib.sha256("\n".join(room_layout(rows)).encode()).digest()
+    return "train" if digest[0] % 2 == 0 else "test"
 
 
 @dataclass(frozen=True)
@@ -192,16 +210,46 @@ def _carve_room(rng: random.Random, width: int, height: int) -> set[Cell]:
     return floor
 
 
+def _gym_sokoban_room(rng: random.Random, width: int, height: int, boxes: int) -> Puzzle | None:
+    """One room from :mod:`.sokoban_gym` (gym-sokoban's generator), or ``None`` when that draw found none."""
+    drawn = draw_room(rng, width, height, boxes)
+    if drawn is None:
+        return None
+    floor, targets, player, placed = drawn
+    walls = frozenset((r, c) for r in range(height) for c in range(width) if (r, c) not in floor)
+    return Puzzle(walls, targets, player, placed, height, width)
+
+
 def generate_puzzle(rng: random.Random, width: int, height: int, boxes: int, *,
                     reverse_steps: int = 100, min_moves: int = 4, max_states: int = 200_000,
-                    attempts: int = 200) -> tuple[Puzzle, list[str]]:
+                    attempts: int = 200, generator: str = "random-walk",
+                    boxes_on_targets: bool = False) -> tuple[Puzzle, list[str]]:
     """A solvable puzzle and its shortest solution, by reverse play from the solved room.
+
+    Args:
+        generator: ``"random-walk"`` (this module's walk and pulls) or ``"gym-sokoban"`` (gym-sokoban's masked walk
+            and scored reverse search, :mod:`.sokoban_gym`; ``reverse_steps`` does not apply to it).
+        boxes_on_targets: Let some (not all) boxes start on a target (``"random-walk"`` only). Off by default:
+            gym-sokoban's rooms never start that way, and its env pays +1 on the first move of such a room (it
+            counts boxes on targets from 0), so returns would not compare.
 
     Raises:
         TaskError: No puzzle with ``min_moves`` or more moves was found in ``attempts`` rooms (the room is too
             small for that many boxes).
     """
+    if generator not in GENERATORS:
+        raise TaskError(f"generator must be one of {list(GENERATORS)}, got {generator!r}: 'gym-sokoban' draws rooms "
+                        "as gym-sokoban (RAGEN, GiGPO) does, 'random-walk' is this package's own walk.")
+    if boxes_on_targets and generator == "gym-sokoban":
+        raise TaskError("boxes_on_targets applies to generator='random-walk' only: gym-sokoban's reverse search "
+                        "keeps only rooms where every target is free.")
     for _ in range(attempts):
+        if generator == "gym-sokoban":
+            puzzle = _gym_sokoban_room(rng, width, height, boxes)
+            solution = None if puzzle is None else solve(puzzle, max_states)
+            if solution is not None and len(solution) >= min_moves:
+                return puzzle, solution  # type: ignore[return-value]
+            continue
         floor = _carve_room(rng, width, height)
         if len(floor) < boxes + 3:
             continue
@@ -221,7 +269,9 @@ def generate_puzzle(rng: random.Random, width: int, height: int, boxes: int, *,
                 box_list[box_list.index(behind)] = player
             player = nxt
             displacement = sum(abs(b[0] - t[0]) + abs(b[1] - t[1]) for b, t in zip(box_list, targets))
-            if not set(box_list) <= set(targets) and (best is None or displacement > best[0]):
+            on_target = set(box_list) & set(targets)
+            unsolved = not set(box_list) <= set(targets)
+            if (unsolved and (boxes_on_targets or not on_target)) and (best is None or displacement > best[0]):
                 best = (displacement, player, list(box_list))
         if best is None:
             continue
@@ -235,7 +285,8 @@ def generate_puzzle(rng: random.Random, width: int, height: int, boxes: int, *,
 
 def generate_tasks(rng: random.Random, count: int, *, width: int = 6, height: int = 6,
                    boxes: int | Sequence[int] = 1, seeds: Literal["train", "test"] = "train",
-                   min_moves: int = 4) -> list[Task]:
+                   min_moves: int | None = None, generator: Literal["random-walk", "gym-sokoban"] = "random-walk",
+                   boxes_on_targets: bool = False) -> list[Task]:
     """Draw ``count`` distinct solvable puzzles, each proven by :func:`solve`.
 
     Args:
@@ -245,9 +296,13 @@ def generate_tasks(rng: random.Random, count: int, *, width: int = 6, height: in
         height: Rows, outer walls included.
         boxes: Boxes per puzzle, or a list to draw from per puzzle (e.g. ``[1, 2]``).
         seeds: Which half of the puzzle-seed space to draw from, and which half of the rooms to keep
-            (:func:`room_half`): a ``"test"`` puzzle never occurs in ``"train"``, so a held-out split is held out
-            even at the training size.
-        min_moves: Reject puzzles solved in fewer moves.
+            (:func:`room_half`): a ``"test"`` room never occurs in ``"train"``, whatever the player's cell, so a
+            held-out split is held out even at the training size.
+        min_moves: Reject puzzles solved in fewer moves (default: 4 for ``"random-walk"``; 1 for ``"gym-sokoban"``,
+            which keeps every room its search picks, so its mix of easy and hard rooms is gym-sokoban's).
+        generator: ``"random-walk"`` or ``"gym-sokoban"`` (gym-sokoban's generator, for numbers comparable with
+            RAGEN and GiGPO; see :mod:`.sokoban_gym`).
+        boxes_on_targets: Let some boxes start on a target (``"random-walk"`` only; off by default).
     """
     if not (MIN_SIDE <= width <= MAX_SIDE and MIN_SIDE <= height <= MAX_SIDE):
         raise TaskError(f"Sokoban sides must lie in [{MIN_SIDE}, {MAX_SIDE}], got width={width}, height={height}.")
@@ -256,24 +311,33 @@ def generate_tasks(rng: random.Random, count: int, *, width: int = 6, height: in
         raise TaskError(f"Sokoban boxes must be 1 to 4 (or a list of such), got {boxes!r}.")
     if seeds not in SEED_SPLITS:
         raise TaskError(f"seeds must be one of {sorted(SEED_SPLITS)}, got {seeds!r}.")
+    if generator not in GENERATORS:
+        raise TaskError(f"generator must be one of {list(GENERATORS)}, got {generator!r}.")
+    if min_moves is None:
+        min_moves = 1 if generator == "gym-sokoban" else 4
+    if not isinstance(min_moves, int) or min_moves < 1:
+        raise TaskError(f"min_moves must be a positive integer, got {min_moves!r}.")
     low, high = SEED_SPLITS[seeds]
     tasks: list[Task] = []
     seen: set[tuple[str, ...]] = set()
+    suffix = "-gym" if generator == "gym-sokoban" else ""
     while len(tasks) < count:
         seed = rng.randrange(low, high)
         n_boxes = rng.choice(choices)
-        puzzle, solution = generate_puzzle(random.Random(seed), width, height, n_boxes, min_moves=min_moves)
+        puzzle, solution = generate_puzzle(random.Random(seed), width, height, n_boxes, min_moves=min_moves,
+                                           generator=generator, boxes_on_targets=boxes_on_targets)
         rows = puzzle.rows()
-        if tuple(rows) in seen or room_half(rows) != seeds:
+        layout = room_layout(rows)  # the player's cell apart, a repeat is the same puzzle
+        if layout in seen or room_half(rows) != seeds:
             continue
-        seen.add(tuple(rows))
+        seen.add(layout)
         tasks.append(Task(
-            id=f"sokoban-{width}x{height}-b{n_boxes}-{seed}",
+            id=f"sokoban-{width}x{height}-b{n_boxes}{suffix}-{seed}",
             prompt=f"Push the {'box' if n_boxes == 1 else f'{n_boxes} boxes'} onto the "
                    f"target{'' if n_boxes == 1 else 's'} in this {width}x{height} room.",
             answer=None,
             metadata={"width": width, "height": height, "boxes": n_boxes, "seed": seed, "rows": rows,
-                      "optimal_moves": len(solution)},
+                      "optimal_moves": len(solution), "generator": generator},
         ))
     return tasks
 
@@ -283,10 +347,13 @@ class SokobanEnv(AgentEnv):
 
     ## Description
 
-    The puzzles are the RAGEN / GiGPO kind (6x6 rooms, outer walls included, with 1-2 boxes), generated as
-    gym-sokoban does: a room carved by a random walk, the boxes put on their targets, then the game played
-    backwards (the player pulls boxes), so every puzzle is solvable; a breadth-first solver proves it and gives the
-    shortest solution. A task's metadata carries the puzzle's rows, so every episode is reproducible.
+    The puzzles are the RAGEN / GiGPO kind (6x6 rooms, outer walls included, with 1-2 boxes), generated by reverse
+    play: a room carved by a random walk, the boxes put on their targets, then the game played backwards (the player
+    pulls boxes), so every puzzle is solvable; a breadth-first solver proves it and gives the shortest solution. No
+    box starts on a target. `generator="gym-sokoban"` draws rooms with gym-sokoban's own generator (masked random
+    walk, scored reverse search), whose rooms RAGEN and GiGPO report on: on 6x6 rooms its shortest solutions average
+    3.4 moves with 1 box and 7.8 with 2, against 4.7 and 6.0 for the default `"random-walk"` generator. A task's
+    metadata carries the puzzle's rows, so every episode is reproducible.
 
     ## Tools
 
@@ -299,7 +366,9 @@ class SokobanEnv(AgentEnv):
     `reward="gym-sokoban"`: gym-sokoban's shaped reward that RAGEN and GiGPO train and report on, -0.1 per move
     (a bump into a wall, and a turn that moves nothing, included), +1 per box pushed onto a target, -1 per box
     pushed off one, +10 when the room is solved; the return is the sum, solved or not. Success means a solved room
-    under both.
+    under both. One difference from gym-sokoban's env: it counts boxes on targets from 0 at reset, so in a room that
+    starts with a box on a target its first move earns a spurious +1; here only boxes pushed on or off a target pay.
+    Generated rooms never start with a box on a target, so on them the two agree.
 
     ## Episode end
 
@@ -313,6 +382,8 @@ class SokobanEnv(AgentEnv):
     - `width`: width of generated puzzles (outer walls included).
     - `height`: height of generated puzzles.
     - `boxes`: boxes in generated puzzles (an int or a list to draw from).
+    - `generator`: `"random-walk"` (default) or `"gym-sokoban"` (gym-sokoban's room generator, for numbers next to
+      RAGEN's and GiGPO's).
     - `max_action_chars`: see `AgentEnv`.
     - `max_calls_per_turn`: see `AgentEnv`. Several moves in one reply all run.
     - `render_mode`: `"ansi"` or `None`.
@@ -320,7 +391,8 @@ class SokobanEnv(AgentEnv):
 
     ## Version history
 
-    - v0: the first version.
+    - v0: the first version; generated rooms no longer start with a box on a target (`boxes_on_targets=True` in
+      `generate_tasks` restores that), and `generator="gym-sokoban"` was added.
     """
 
     description: ClassVar[str] = "Push every box onto a target in a text-grid Sokoban room with move(direction)."
@@ -336,6 +408,7 @@ class SokobanEnv(AgentEnv):
         width: int = 6,
         height: int = 6,
         boxes: int | Sequence[int] = 1,
+        generator: Literal["random-walk", "gym-sokoban"] = "random-walk",
         max_action_chars: int = 20_000,
         max_calls_per_turn: int = 4,
         render_mode: str | None = None,
@@ -348,7 +421,8 @@ class SokobanEnv(AgentEnv):
         self._earned = 0.0  # gym-sokoban: the reward paid so far this episode
         self._moved_this_turn = False
         self._task_params: dict[str, Any] = {"width": width, "height": height,
-                                             "boxes": boxes if isinstance(boxes, int) else list(boxes)}
+                                             "boxes": boxes if isinstance(boxes, int) else list(boxes),
+                                             "generator": generator}
         check_settings(generate_tasks, self._task_params)  # fail fast on bad settings
         self._fixed_max_turns = max_turns
         self._puzzle: Puzzle | None = None
