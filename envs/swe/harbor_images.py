@@ -82,7 +82,7 @@ def ensure_image(image: str, task: HarborTask, what: str) -> None:
         return
     reason = pulled.stderr.decode(errors="replace").strip().splitlines()
     raise TaskError(
-        f"Harbor task {task.name!r}: {what} {image} is not in the local Docker image store and could not be pulled "
+        f"Harbor task {task.name!r}: {image} ({what}) is not in the local Docker image store and could not be pulled "
         f"({(reason or ['no reason given'])[-1][:300]}). Provide it locally, then run again: `docker load -i "
         f"image.tar` (an image saved elsewhere with `docker save {image} -o image.tar`), or `docker tag LOCAL_IMAGE "
         f"{image}` to stand a local image in for it (a mirror: `docker pull MIRROR/{image} && docker tag "
@@ -109,7 +109,7 @@ def build_environment_image(task: HarborTask) -> str:
         if base == BASE_IMAGE:
             ensure_docker_image(BASE_IMAGE)
         elif "$" not in base:
-            ensure_image(base, task, "environment/Dockerfile builds FROM")
+            ensure_image(base, task, "FROM in environment/Dockerfile")
     logger.info("Harbor: building %s from %s", image, task.environment)
     result = run_docker("build", "-q", "-t", image, str(task.environment), timeout=task.build_timeout_s)
     if result.returncode != 0:

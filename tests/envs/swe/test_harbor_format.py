@@ -1,6 +1,6 @@
 """Harbor-format task folders: parsing and validation (fast), and a task written for the test run end to end in
 the Docker backend with a private dockerd: image built locally, oracle 1, no-op 0, a planted reward file 0, a
-loader preload planted to forge the reward 0, and a reward.json read."""
+loader preload planted to forge the reward 0 under verifier="snapshot", and a reward.json read."""
 
 from __future__ import annotations
 
@@ -154,7 +154,7 @@ def test_harbor_task_runs_in_docker(docker_host, tmp_path):
         assert "answer.txt: No such file" in listing and "cannot access '/tests'" in listing, listing
         _, reward, terminated, _, info = env.step(call("submit"))
         assert terminated and reward == 0.0 and not info["outcome"]["success"], info["turn"]["grading"]
-        assert "wrote no /logs/verifier/reward.txt" in info["turn"]["grading"]["problem"]
+        assert "wrote no /logs/verifier/reward.json or reward.txt" in info["turn"]["grading"]["problem"]
 
         # The agent is root in its container: it plants a reward and its own /tests/test.sh. Grading empties
         # /logs/verifier and mounts the task's tests over /tests, so neither counts.
@@ -166,8 +166,13 @@ def test_harbor_task_runs_in_docker(docker_host, tmp_path):
         grading = info["turn"]["grading"]
         assert reward == 0.0 and grading["reward"] is None and "wrote no" in grading["problem"], grading
 
-        # A preloaded library planted to run inside the grader's own programs: the grading container gets the
-        # host's loader set-up (an empty ld.so.preload) read-only, so it never loads.
+    finally:
+        env.close()
+    # A preloaded library planted to run inside the grader's own programs. Harbor's shared mode runs test.sh in
+    # the agent's own container, where it is live; verifier="snapshot" grades a fresh container of the final state
+    # with the host's loader set-up (an empty ld.so.preload) mounted read-only, so it never loads.
+    env = HarborEnv(tasks=[task], command_timeout_s=30, verifier="snapshot")
+    try:
         env.reset(options={"task": task})
         planted = env.step(call("bash", command=FORGE_PRELOAD))[0]
         assert "planted-preload" in planted, planted
@@ -199,5 +204,6 @@ def test_reward_json_is_read_with_its_named_rewards(docker_host, tmp_path):
 
 def test_missing_base_image_is_a_clear_error(docker_host, tmp_path):
     task = load_harbor_task(write_task(tmp_path, base="python:3.11-slim"))
-    with pytest.raises(TaskError, match="not in the local Docker image store.*cannot be pulled"):
+    with pytest.raises(TaskError, match=r"python:3.11-slim \(FROM in environment/Dockerfile\) is not in the local "
+                                        r"Docker image store and could not be pulled.*docker load -i"):
         build_environment_image(task)

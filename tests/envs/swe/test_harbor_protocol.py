@@ -212,7 +212,7 @@ def test_a_child_left_running_does_not_hold_the_verifier(docker_host, tmp_path):
 def test_images_network_and_users_say_what_to_do(docker_host, tmp_path):
     missing = load_harbor_task(write_task(tmp_path, "old-base", test_sh=DIFF_TEST_SH, solve_sh="true\n"))
     (Path(missing.path) / "environment" / "Dockerfile").write_text("FROM ubuntu:22.04\nWORKDIR /app\n")
-    with pytest.raises(TaskError, match=r"ubuntu:22.04 is not in the local.*could not be pulled.*docker load -i.*"
+    with pytest.raises(TaskError, match=r"ubuntu:22.04 \(FROM in environment/Dockerfile\) is not in the local.*could not be pulled.*docker load -i.*"
                                         r"docker tag LOCAL_IMAGE ubuntu:22.04"):
         build_environment_image(load_harbor_task(missing.path))
     online = write_task(tmp_path, "online", test_sh=DIFF_TEST_SH, solve_sh="true\n")
