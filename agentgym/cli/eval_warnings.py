@@ -48,8 +48,8 @@ def run_warnings(trajectories: Sequence[Any], *, max_tokens: int, system_prompt:
         return []
     prompt = "each env's instructions" if system_prompt is None else repr(_short(system_prompt))
     trained = _trained_with(defaults, source)
-    unknown = "" if defaults else (" If the model was trained elsewhere, pass the system prompt and --max-tokens "
-                                   "it was trained with.")
+    unknown = "" if defaults else (" (No training settings are known for this model: it has no agentgym.json, or "
+                                   "its server publishes none.)")
     warnings: list[str] = []
     limited = sum(1 for t in trajectories if t.end_reason == "context_limit")
     if _most(limited, n):
