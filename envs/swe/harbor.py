@@ -1,35 +1,51 @@
-"""Harbor-format task directories, run in the Docker sandbox backend with images built locally.
+"""Harbor-format task directories, run the way Harbor runs them, in the Docker sandbox backend.
 
 A Harbor task (the format of Harbor / Terminal-Bench 2) is a folder::
 
     my-task/
-      task.toml            # [verifier] timeout_sec, [agent] timeout_sec, [environment] cpus / memory_mb / memory ...
+      task.toml            # [verifier] timeout_sec / env / user / environment_mode, [agent] user, [environment] ...
       instruction.md       # what the agent is asked to do
       environment/         # build context; environment/Dockerfile is the agent's container
-      tests/test.sh        # the verifier: writes the reward to /logs/verifier/reward.txt (or reward.json)
+      tests/test.sh        # the verifier: writes /logs/verifier/reward.json (named rewards) or reward.txt
       solution/solve.sh    # optional reference solution (the oracle)
 
-``HarborEnv`` builds ``environment/`` with ``docker build`` (once per content hash; nothing is pulled: every
-``FROM`` image must already be in the local image store, else a clear error says so), starts a container of it
-through the Docker sandbox backend (no network, capabilities dropped, the image's filesystem writable, a fresh
-container per episode) and gives the agent ``bash`` and ``submit``. Grading happens after ``submit``: the
-container is snapshotted (``docker commit``) and ``tests/test.sh`` runs in a *fresh* container of that snapshot,
-with ``tests/`` mounted read-only at ``/tests`` from the task folder (the agent never saw it and cannot have
-changed it) and ``/logs/verifier`` emptied first (a reward file the agent planted does not count). The reward is
-the number ``test.sh`` wrote; success is reward >= 1. The oracle (:meth:`HarborEnv.reference_solver`) copies
-``solution/`` to ``/solution`` and runs ``solve.sh``, as Harbor does.
+``HarborEnv`` builds ``environment/`` with ``docker build`` once per content hash (or uses ``[environment]
+docker_image``); a ``FROM`` image that is not local is pulled, and where that fails the error says how to provide
+it (``docker load -i``, ``docker tag``). The agent gets ``bash`` and ``submit`` in a fresh container of the image
+per episode, as ``[agent] user`` (default root), in ``[environment] workdir`` or the image's ``WORKDIR``; every
+container runs with ``--network none``, so a task that asks for internet access (``allow_internet = true`` or a
+``network_mode`` other than ``"no-network"``) is refused at reset with what to change (``allow_offline=True`` runs
+it offline anyway).
 
-The grading container also gets the host's dynamic loader set-up read-only over whatever the snapshot holds
-(``/lib``, ``/lib64``, ``/bin``, ``/sbin``, ``/etc/ld.so.cache``, ``/etc/ld.so.conf*``, and an empty
-``/etc/ld.so.preload``), as ``/usr`` and Python always are: a root agent that wrote an ``ld.so.preload`` or swapped a
-loader cannot run code inside the verifier's own processes (``bash``, the interpreter that reads the reward). When
-``test.sh`` returns, every other process in the container is killed before the reward file is read, and the
-result line carries a mark drawn afresh for each grading.
+Grading after ``submit`` follows ``[verifier] environment_mode``, as in Harbor:
 
-Honest limit: the tests check the state the agent left, so they run inside the agent's files as root; anything the
-agent wrote that ``test.sh`` executes (its program, a ``conftest.py`` pytest picks up in the agent's working
-directory) runs as root too and could write the reward file itself. Task authors should run the agent's program as
-an unprivileged user and point pytest at ``/tests`` (``pytest /tests --rootdir /tests -p no:cacheprovider``).
+* ``"shared"`` (the default): test.sh runs in the agent's *live* container, so processes the agent (or the
+  oracle) started are still running. ``/logs/verifier`` is emptied first (a planted reward file does not count)
+  and ``/tests`` is replaced by a copy of the task's ``tests/``;
+* ``"separate"``: a fresh container of the task's environment image, which gets only ``/logs/artifacts`` and the
+  task's top-level ``artifacts`` paths from the agent's container, and ``tests/`` at ``/tests``.
+
+test.sh runs as ``[verifier] user`` (default root) with ``[verifier] env`` added to its environment, from the working
+directory; its output goes to ``/logs/verifier/test-stdout.txt`` (``info["turn"]["grading"]["log"]`` shows its
+end). When it returns its process group is killed, so a child it left running cannot hold the verifier until the
+timeout, and so is every other process the verifier's user may signal before the reward files are read.
+``reward.json`` is read first (any named numeric rewards; the primary one is ``primary_reward``, else ``reward``,
+else the only one), then ``reward.txt``; success is primary reward >= 1. The oracle
+(:meth:`HarborEnv.reference_solver`) copies ``solution/`` to ``/solution`` and runs ``solve.sh`` with ``[solution]
+env``, as Harbor does.
+
+``verifier="snapshot"`` is agentgym's hardened alternative for training against a policy that may attack its
+grader: test.sh runs in a fresh container of the ``docker commit``-ed final state, with ``tests/`` mounted read-only
+at ``/tests`` and the host's dynamic loader set-up read-only over the snapshot's (``/lib``, ``/lib64``, ``/bin``,
+``/sbin``, ``/etc/ld.so.cache``, ``/etc/ld.so.conf*``, and an empty ``/etc/ld.so.preload``), as ``/usr`` and Python
+always are, so a root agent that wrote an ``ld.so.preload`` or swapped a loader cannot run code inside the verifier's
+own processes. Processes the agent started are gone there, so tasks that need one score lower than under Harbor.
+
+Honest limit: in Harbor's shared mode the agent's processes run next to test.sh and, as root, could write the reward
+file themselves while it runs; and in every mode the tests check the state the agent left, so anything of the
+agent's that test.sh executes (its program, a ``conftest.py`` pytest picks up in the agent's working directory) runs
+with the verifier's rights. Task authors should run the agent's program as an unprivileged user and point pytest at
+``/tests`` (``pytest /tests --rootdir /tests -p no:cacheprovider``).
 
 The Docker base image the repository builds, ``agentgym-sandbox:2``, is an empty root onto which the host's
 ``/usr`` and Python are mounted at run time; a Dockerfile ``FROM`` it can ``COPY``, ``ENV`` and ``WORKDIR`` but
@@ -268,6 +284,12 @@ class HarborEnv(AgentEnv):
         command_timeout_s: Wall-clock limit of one ``bash`` command.
         memory_bytes: Container memory when the task's task.toml names none.
         max_output_chars: Tool output beyond this is cut in the middle.
+        verifier: ``"task"``: grade as the task's ``[verifier] environment_mode`` says (Harbor's rules: results
+            comparable with Harbor's); ``"snapshot"``: grade a snapshot of the final state in a fresh, hardened
+            container (see the module docstring).
+        primary_reward: Which of reward.json's named rewards the episode is paid (default: ``reward``, or the
+            only one).
+        allow_offline: Run tasks that ask for internet access without it (default: refuse them at reset).
         render_mode: ``"ansi"`` or ``None``.
     """
 
