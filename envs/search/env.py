@@ -27,7 +27,8 @@ import numpy as np
 from agentgym.envs.search.corpus import Corpus, load_corpus
 from agentgym.envs.search.index import corpus_retriever
 from agentgym.envs.search.questions import ENTITY_GROUPS, generate_questions
-from agentgym.envs.search.scoring import AnswerScore, accepted_answers, grade_against, score_answer
+from agentgym.envs.search.candidates import context_for
+from agentgym.envs.search.scoring import AnswerScore, SentenceContext, accepted_answers, grade_against, score_answer
 from agentgym.tools.retrieval import Document, RetrievalError, Retriever, tokenize
 
 from agentgym.env import AgentEnv, ReferenceSolver
@@ -185,6 +186,7 @@ class SearchEnv(AgentEnv):
         self.retriever_name = getattr(self.retriever, "name", type(self.retriever).__name__)
         self._question = ""
         self._answers: tuple[str, ...] = ()
+        self._context: SentenceContext | None = None
         self._last_results: list[Document] = []
         self._seen: dict[str, Document] = {}
         self._opened: set[str] = set()  # ids of the documents read in full this episode
@@ -277,7 +279,7 @@ class SearchEnv(AgentEnv):
         """
         self.mark_answer()
         self._answer_score = score_answer(text, self._answers)  # reported only
-        self._correct = grade_against(text, self._answers)  # == grade_answer(task, text)
+        self._correct = grade_against(text, self._answers, self._context)  # == grade_answer(task, text)
         self.add_reward("answer", float(self._correct))
         self.finish(success=self._correct, score=float(self._correct), reason="answered")
         expected = self._answers[0] if self._answers else "(none)"
@@ -314,6 +316,7 @@ class SearchEnv(AgentEnv):
 
     def _begin_episode(self, task: Task) -> str:
         self._answers = accepted_answers(task)
+        self._context = context_for(task)
         if not self._answers:
             raise TaskError(f"Search task {task.id!r} has no answer and no metadata.aliases; give it at least one.")
         self._question = task.prompt

@@ -23,9 +23,14 @@ the generator balances whether the first- or the second-named option wins (``met
 and caps comparisons at :data:`COMPARISON_SHARE` of a draw, and the grader fails an answer that names both
 options (:func:`agentgym.envs.search.scoring.grade_answer`).
 
-Held-out entities: each country belongs to the ``train`` or ``test`` group by a hash of its ISO code (30 %
-test), a city to its country's group, and a question to a group only when *every* country it touches
-(named, bridged or answered) is in it, so no test question shares an entity with any train question.
+Held-out entities: each country belongs to the ``train`` or ``test`` group by a hash of its ISO code (45 %
+test, so a 500-question test split spans over 80 countries), a city to its country's group, and a question
+to a group only when *every* country it touches (named, bridged or answered) is in it, so no test question
+shares an entity with any train question.
+
+Premises with one answer: a city or capital is only named in a question when no other place in another
+country fits the name (:mod:`agentgym.envs.search.premises`: "Cuenca" is in Ecuador and in Spain, so
+neither is asked about).
 Phrasings vary by template, chosen by a hash of the question's content (stable across runs).
 """
 
@@ -39,7 +44,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from agentgym.envs.search.candidates import country_short_names
 from agentgym.envs.search.corpus import city_doc_id, country_doc_id, wiki_doc_ids
+from agentgym.envs.search.premises import ambiguous_capitals, ambiguous_cities
 from agentgym.envs.search.sources import (
     City,
     Country,
@@ -67,7 +74,7 @@ __all__ = [
 ]
 
 ENTITY_GROUPS = ("train", "test", "all")
-TEST_SHARE_PERCENT = 30
+TEST_SHARE_PERCENT = 45
 _NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
                  "twelve", "thirteen", "fourteen", "fifteen", "sixteen")
 #: Comparisons only between values this far apart. The Wikipedia summaries state populations up to 1.54x
@@ -133,7 +140,7 @@ class Question:
 
 
 def entity_group(code: str) -> str:
-    """``train`` or ``test`` for a country's ISO alpha-3 code (stable hash; 30 % test)."""
+    """``train`` or ``test`` for a country's ISO alpha-3 code (stable hash; 45 % test)."""
     value = int(hashlib.sha256(f"agentgym-search/{code}".encode()).hexdigest(), 16) % 100
     return "test" if value < TEST_SHARE_PERCENT else "train"
 
@@ -144,7 +151,9 @@ def _pick(templates: Sequence[str], key: str) -> str:
 
 # ---- answers and gold documents ------------------------------------------------------------------------
 def _country_answers(c: Country) -> tuple[str, ...]:
-    return (c.name, *c.aliases)
+    """The title, the records' aliases and abbreviations ("US", "USA") and the few common English names the
+    records lack ("America"; :data:`agentgym.envs.search.candidates.COMMON_COUNTRY_NAMES`)."""
+    return tuple(dict.fromkeys((c.name, *c.aliases, *country_short_names(c.code))))
 
 
 def _capital_answers(c: Country) -> tuple[str, ...]:
@@ -208,9 +217,11 @@ def _capital_ok(c: Country) -> bool:
     return c.capital_reliable
 
 
-def _capital_as_clue(c: Country) -> bool:
-    """A capital can name its country in a question only when it does not contain the country's name."""
-    return c.capital_reliable and plain(c.name) not in plain(c.capital) and plain(c.capital) not in plain(c.name)
+def _capital_as_clue(c: Country, world: World) -> bool:
+    """A capital can name its country in a question only when it does not contain the country's name and no
+    other country or territory has a capital of that name (:func:`ambiguous_capitals`)."""
+    return (c.capital_reliable and plain(c.name) not in plain(c.capital) and plain(c.capital) not in plain(c.name)
+            and c.code not in ambiguous_capitals(world))
 
 
 def _single_language(c: Country) -> bool:
@@ -263,13 +274,16 @@ def _single_hop(world: World, gold: _Gold) -> Iterable[Question]:
 
 
 def _question_cities(world: World) -> list[City]:
-    """Cities a question may name: not capitals, unambiguous names, not containing their country's name."""
+    """Cities a question may name: not capitals, not containing their country's name, and unambiguous: no
+    other place in another country fits the name (:func:`agentgym.envs.search.premises.ambiguous_cities`)."""
+    elsewhere = ambiguous_cities(world)
     taken = " | ".join(plain(n) for c in world.countries.values() for n in (c.name, c.capital, *c.capital_aliases))
     out = []
     for city in world.cities:
         country = world.countries[city.country]
         name = plain(city.name)
-        if city.is_capital or not name or name in world.ambiguous_city_names or plain(country.name) in name:
+        if (city.is_capital or not name or name in world.ambiguous_city_names or plain(country.name) in name
+                or city.geonameid in elsewhere):
             continue
         if re.search(rf"\b{re.escape(name)}\b", taken):  # "Salvador" would also find El Salvador, San Salvador
             continue
@@ -298,7 +312,7 @@ def _city_questions(world: World, gold: _Gold) -> Iterable[Question]:
 
 def _capital_clue_questions(world: World, gold: _Gold) -> Iterable[Question]:
     for c in world.countries.values():
-        if not _capital_as_clue(c):
+        if not _capital_as_clue(c, world):
             continue
         find = _hop_country_of_capital(c, gold)
         q = _pick(["What currency is used in the country whose capital is {x}?",
@@ -497,6 +511,9 @@ def generate_questions(
     :data:`COMPARISON_SHARE` of the draw (rounded down; at least one when only comparison kinds are allowed),
     and each comparison drawn has its answer in whichever position (first- or second-named option) has won
     less often so far, so always answering the first (or the second) option scores exactly or nearly 50 %.
+    Within a kind, the question drawn is one whose gold answer has been drawn least so far, so no answer
+    dominates a split (many cities of one large country would otherwise make "Dollar" a fifth of the
+    currency answers, and a constant guess would score far above chance).
 
     Args:
         rng: The only source of randomness (the suite seeds it per split).
@@ -529,6 +546,7 @@ def generate_questions(
     rng.shuffle(queues)
     drawn: list[Question] = []
     wins = {"first": 0, "second": 0}
+    answers: dict[str, int] = {}
     while len(drawn) < count:
         for queue in queues:
             if len(drawn) >= count or not queue:
@@ -536,10 +554,11 @@ def generate_questions(
             if queue.comparison:
                 if sum(wins.values()) >= comparison_cap:
                     continue
-                question = queue.pop(prefer=min(wins, key=lambda side: (wins[side], side)))
+                question = queue.pop(answers, prefer=min(wins, key=lambda side: (wins[side], side)))
                 wins[question.answer_position or "first"] += 1
             else:
-                question = queue.pop()
+                question = queue.pop(answers)
+            answers[_answer_key(question)] = answers.get(_answer_key(question), 0) + 1
             drawn.append(question)
     rng.shuffle(drawn)
     return [q.to_task() for q in drawn]
@@ -560,6 +579,13 @@ class _Queue:
     def __len__(self) -> int:
         return len(self.sides["first"]) + len(self.sides["second"])
 
-    def pop(self, prefer: str = "first") -> Question:
+    def pop(self, answers: dict[str, int], prefer: str = "first") -> Question:
+        """The question whose answer has been drawn least so far (the last such in shuffled order)."""
         other = "second" if prefer == "first" else "first"
-        return (self.sides[prefer] or self.sides[other]).pop()
+        side = self.sides[prefer] or self.sides[other]
+        best = min(range(len(side) - 1, -1, -1), key=lambda i: answers.get(_answer_key(side[i]), 0))
+        return side.pop(best)
+
+
+def _answer_key(question: Question) -> str:
+    return plain(question.answer)

@@ -8,7 +8,8 @@ whitespace, so "The Sol." matches "sol" and "Bogotá" matches "Bogota"; numbers 
 ``tests/data/grading/search.jsonl`` checks exactly this function). It accepts an answer only when every
 candidate it names is an accepted form of the gold answer: an alias, an alias wrapped in a stock phrase
 ("The answer is Astana."), a count with its noun ("3 countries"), or several aliases of the same entity
-("Astana (Nur-Sultan)", "Sol (PEN)"). So it fails hedges ("Astana or Almaty", both options of a comparison,
+("Astana (Nur-Sultan)", "Sol (PEN)", "yen (¥)"), or a short sentence that names the gold and no other
+candidate of its type ("The capital of Fiji is Suva.", "Suva, Fiji": Fiji is no capital). So it fails hedges ("Astana or Almaty", both options of a comparison,
 a list of capitals), whole passages, the question echoed back and gold tokens padded with others, which
 token F1 partly rewards: F1 is reported next to the verdict but is never the reward.
 """
@@ -28,12 +29,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AnswerScore",
+    "SentenceContext",
     "accepted_answers",
     "exact_match",
     "f1_score",
     "grade_answer",
     "grade_against",
     "normalize_answer",
+    "rival_names",
     "score_answer",
 ]
 
@@ -119,8 +122,82 @@ def _canonical(text: str) -> str:
     return text if any(ch.isdigit() for ch in text) else text.replace(" ", "")
 
 
-def grade_against(answer: str, answers: Iterable[str]) -> bool:
-    """True when ``answer`` names the gold entity and nothing else (see the module docstring)."""
+#: Words that turn a sentence naming the gold into a hedge or a denial ("not Astana", "maybe Astana"); a
+#: sentence with any of them is judged only by the strict paths above.
+_HEDGE_WORDS = re.compile(r"\b(?:or|not|no|never|nor|neither|either|isnt|wasnt|arent|cant|cannot|dont|doesnt|"
+                          r"maybe|perhaps|possibly|probably|likely|unlikely|unsure|unknown|guess|might|could|if|"
+                          r"unless|except|instead|but|than|between|versus|vs)\b")
+
+
+def _findable(name: str) -> str:
+    """The normalised form of ``name`` to look for inside a sentence, or "" when it cannot be looked for
+    safely: codes and abbreviations (written in capitals: "IN" India, "CAN" Canada, "PER" Peru, "US") are
+    English words once lower-cased, so they count only as a whole answer."""
+    norm = normalize_answer(name)
+    letters = [ch for ch in name if ch.isalpha()]
+    if letters and all(ch.isupper() for ch in letters) and len(norm.replace(" ", "")) <= 4:
+        return ""
+    return norm
+
+
+_MAX_NAME_WORDS = 8
+
+
+def _spans(words: list[str], names: frozenset[str] | set[str]) -> list[tuple[int, int]]:
+    """(start, end) word spans of every run of 1-8 words that is one of ``names``."""
+    return [(i, i + n) for i in range(len(words)) for n in range(1, _MAX_NAME_WORDS + 1)
+            if i + n <= len(words) and " ".join(words[i:i + n]) in names]
+
+
+@dataclass(frozen=True)
+class SentenceContext:
+    """What a sentence answer is judged against (built by :func:`agentgym.envs.search.candidates.context_for`).
+
+    ``rivals``: findable forms of every other candidate of the answer's type (a sentence naming one fails);
+    ``allowed``: the phrases that may stand around the gold: the question's own words, the words of stock
+    answer sentences, and names of things of other types ("Fiji" around a capital). A word that is none of
+    these (padding: "Harare city capital country town") fails the sentence.
+    """
+
+    rivals: frozenset[str]
+    allowed: frozenset[str]
+
+
+def _sentence_names_only_gold(text: str, answers: Iterable[str], context: SentenceContext) -> bool:
+    """A short sentence that names the gold (some alias), no other candidate of its type, and nothing else.
+
+    "The capital of Fiji is Suva." and "Suva, Fiji" name one capital: Suva (Fiji is no capital). Words
+    inside a gold mention are no rival, so "Congo" inside "Democratic Republic of the Congo" is no second
+    country. A hedge or denial word fails the sentence outright.
+    """
+    words = normalize_answer(text).split()
+    if _HEDGE_WORDS.search(" ".join(words)):
+        return False
+    golds = {f for f in (_findable(a) for a in answers) if f}
+    gold_spans = _spans(words, golds)
+    if not gold_spans:
+        return False
+    covered = {i for start, end in gold_spans for i in range(start, end)}
+    for start, end in _spans(words, context.rivals - golds):
+        if not set(range(start, end)) <= covered:
+            return False
+    covered |= {i for start, end in _spans(words, context.allowed) for i in range(start, end)}
+    return len(covered) == len(words)
+
+
+def rival_names(names: Iterable[str]) -> frozenset[str]:
+    """The findable normalised forms of candidate names (what :func:`grade_against` takes as ``rivals``)."""
+    return frozenset(f for f in (_findable(n) for n in names) if f)
+
+
+def grade_against(answer: str, answers: Iterable[str], context: SentenceContext | None = None) -> bool:
+    """True when ``answer`` names the gold entity and nothing else (see the module docstring).
+
+    ``context``: the other candidates of the answer's type and the words that may stand around the gold
+    (:class:`SentenceContext`). With it a short sentence that names the gold, none of the others and
+    nothing else passes; without it only the bare forms do.
+    """
+    answers = tuple(answers)
     golds = {_canonical(a) for a in answers} - {""}
     text = str(answer)
     if not golds or not normalize_answer(text) or len(normalize_answer(text).split()) > MAX_ANSWER_TOKENS:
@@ -129,8 +206,11 @@ def grade_against(answer: str, answers: Iterable[str]) -> bool:
         return True
     # Several names, each of which must be the gold entity: "Astana (Nur-Sultan)" passes, "Astana or Almaty"
     # does not. Split the raw text (normalisation would drop the brackets and commas that separate names).
-    parts = [p for p in _SEPARATORS.split(text.strip().rstrip(".")) if p and normalize_answer(p)]
-    return len(parts) > 1 and all(_canonical(p) in golds for p in parts)
+    # A part of symbols only ("yen (¥)", "Euro (€)") names nothing and is left out.
+    parts = [p for p in _SEPARATORS.split(text.strip().rstrip(".")) if any(ch.isalnum() for ch in normalize_answer(p))]
+    if parts and all(_canonical(p) in golds for p in parts):
+        return True
+    return context is not None and _sentence_names_only_gold(text, answers, context)
 
 
 def grade_answer(task: Task, answer: str) -> bool:
@@ -141,4 +221,6 @@ def grade_answer(task: Task, answer: str) -> bool:
     a list of aliases, invites stuffing; this accepts equivalent forms and nothing that names a second
     candidate.
     """
-    return grade_against(answer, accepted_answers(task))
+    from agentgym.envs.search.candidates import context_for
+
+    return grade_against(answer, accepted_answers(task), context_for(task))
