@@ -24,7 +24,6 @@ WITHOUT_RESULTS: dict[str, str] = {
     "credit_assignment": _NOT_RUN_YET,
     "gradient_noise": "needs a warm-start model from credit_assignment.py (--model); not yet run",
     "vlm_miniwob": _NOT_RUN_YET,
-    "sampler": "new; its first run on the shared machine is in progress",
 }
 
 
