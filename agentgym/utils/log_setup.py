@@ -12,12 +12,14 @@ from __future__ import annotations
 import logging
 import math
 import sys
+import warnings
 from collections.abc import Mapping
 from typing import IO, Any
 
 from agentgym.utils.terminal import TerminalSafeFormatter
 
-__all__ = ["LOG_FORMAT", "ShortNameFormatter", "format_metrics", "setup_logging"]
+__all__ = ["KNOWN_FOREIGN_WARNINGS", "LOG_FORMAT", "ShortNameFormatter", "format_metrics", "quiet_known_warnings",
+           "setup_logging"]
 
 #: time, level (padded so messages start in one column), logger short name, message
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(shortname)s: %(message)s"
@@ -26,6 +28,26 @@ _DATE_FORMAT = "%H:%M:%S"
 _MARK = "_agentgym_handler"
 #: Third-party loggers that narrate every request or file they touch at INFO; their warnings still show.
 _CHATTY = ("httpx", "httpcore", "urllib3", "filelock", "asyncio")
+
+
+#: Warnings other libraries raise about how agentgym calls them, which a user of agentgym cannot act on:
+#: (message regex, category, module regex of the line the warning is attributed to).
+#: * transformers 5.x renamed the forward argument ``past_key_values`` to ``cache`` and warns on each call with the
+#:   old name (once per process under Python's default filter; once per forward call, hundreds per rollout, under
+#:   ``-W always`` or pytest); the policies pass the old name because transformers before 5 knows no other.
+KNOWN_FOREIGN_WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
+    (r"`past_key_values` is deprecated and will be removed", FutureWarning, r"(torch|transformers)\b"),
+)
+
+
+def quiet_known_warnings() -> None:
+    """Ignore :data:`KNOWN_FOREIGN_WARNINGS`, and show any other FutureWarning or DeprecationWarning raised inside
+    torch or transformers once per process ("once": per message, wherever it is raised), so that no library warning
+    repeats every step."""
+    for category in (FutureWarning, DeprecationWarning):
+        warnings.filterwarnings("once", category=category, module=r"(torch|transformers)\b")
+    for message, category, module in KNOWN_FOREIGN_WARNINGS:  # inserted last, so matched first
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
 
 
 class ShortNameFormatter(TerminalSafeFormatter):
@@ -63,6 +85,7 @@ def setup_logging(level: int = logging.WARNING, *, agentgym_level: int | None = 
     for name in _CHATTY:
         logging.getLogger(name).setLevel(max(level, logging.WARNING))
     logging.captureWarnings(True)  # warnings.warn() output takes the same format (logger "py.warnings")
+    quiet_known_warnings()
     return handler
 
 
