@@ -19,8 +19,8 @@ import numpy as np
 
 from agentgym.env import AgentEnv, ReferenceSolver
 from agentgym.envs.games._common import games_parser
-from agentgym.envs.textworld.games import (KINDS, LEVELS, GameSpec, game_path, require_textworld, spec_from_task,
-                                           task_for)
+from agentgym.envs.textworld.games import (KINDS, LEVELS, GameSpec, check_content, game_content, game_path,
+                                           require_textworld, spec_from_task, task_for)
 from agentgym.errors import EnvCrashed, TaskError
 from agentgym.parsers import ToolCallParser
 from agentgym.suite import Task
@@ -55,10 +55,17 @@ class TextWorldEnv(AgentEnv):
 
     ## Description
 
-    Two kinds of TextWorld games: cooking (the First TextWorld Problems games) and household (an ALFWorld-like
-    house). The games are generated offline by TextWorld (`agentgym.envs.textworld.games`) at difficulty levels 1-3
-    and played through `textworld.start`; every game is generated once and cached, so seeded resets stay fast. With
-    `admissible_commands`, every observation also lists the commands the game accepts (an easier variant).
+    Two kinds of TextWorld games: cooking (the First TextWorld Problems games: houses of 1, 6 or 9 rooms drawn per
+    game) and household (TextWorld's `tw-simple`: one fixed six-room house with a few dozen quests, for training
+    only; it is not ALFWorld). The games are generated offline by TextWorld (`agentgym.envs.textworld.games`) at
+    difficulty levels 1-3 and played through `textworld.start`; every game is generated once and cached, so seeded
+    resets stay fast. With `admissible_commands`, every observation also lists the commands the game accepts (an
+    easier variant).
+
+    Held-out games are held out in content: a game's distribution (`train`, `valid`, `test`) fixes its recipe's
+    foods (disjoint lists) and its house layout (disjoint sets of layouts), so no validation or test recipe,
+    walkthrough or house equals a training one; every reset checks this (`check_content`) and refuses a game that
+    breaks it. Held-out games are cooking games of levels 2-3 (level 1 is one kitchen in every game).
 
     ## Tools
 
@@ -80,7 +87,7 @@ class TextWorldEnv(AgentEnv):
     - `max_turns`: turns before truncation. `None` (default): twice the game's walkthrough plus 10.
     - `tasks`: tasks to draw from (see `agentgym.envs.textworld.games.generate_tasks`).
     - `kinds`: game kinds of the default pool, drawn from when no tasks are given.
-    - `level`: difficulty level (1-3) of the default pool.
+    - `level`: difficulty level (1-3) of the default pool (training distribution).
     - `pool_size`: game seeds `0 .. pool_size - 1` per kind form the default pool. It is small on purpose: every
       game is generated once (seconds) and then cached.
     - `admissible_commands`: append the game's admissible commands to every observation (an easier variant).
@@ -90,7 +97,8 @@ class TextWorldEnv(AgentEnv):
 
     ## Version history
 
-    - v0: the first version.
+    - v0: the first version; held-out distributions made disjoint in foods and layouts later (games are
+      regenerated into a new cache directory, `games-v3`).
     """
 
     description: ClassVar[str] = "TextWorld cooking and household games played with command(text); the game's score."
@@ -179,9 +187,13 @@ class TextWorldEnv(AgentEnv):
         return task_for(self._pool[int(rng.integers(len(self._pool)))])
 
     def _begin_episode(self, task: Task) -> str:
-        path = str(game_path(spec_from_task(task)))
+        spec = spec_from_task(task)
+        path = str(game_path(spec))
         game = self._games.get(path)
         if game is None:
+            # A held-out game must not share foods or a house with training games; refusing one here makes every
+            # episode (and so a suite's validate()) fail loudly should the generator ever stop holding them out.
+            check_content(spec, game_content(spec))
             textworld = require_textworld()
             infos = textworld.EnvInfos(score=True, max_score=True, won=True, lost=True, facts=True,
                                        policy_commands=True, admissible_commands=self._admissible,

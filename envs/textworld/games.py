@@ -10,22 +10,36 @@ Two kinds of games, three levels each:
 * ``cooking``: TextWorld's ``tw-cooking`` challenge (the First TextWorld Problems games): find the kitchen, read
   the cookbook, fetch, cut and cook ingredients, prepare and eat the meal. Levels add ingredients, rooms,
   closed containers, cooking and cutting.
-* ``household``: TextWorld's ``tw-simple`` challenge (ALFWorld-like): a six-room house (bedroom, kitchen, living
-  room, bathroom, backyard, garden) where a key must be found to unlock a door and an object put in its place.
-  Levels make the rewards sparser and the goal text briefer.
+* ``household``: TextWorld's ``tw-simple`` challenge: one fixed, hand-made six-room house (bedroom, kitchen, living
+  room, bathroom, backyard, garden) where a key must be found to open a container, a food fetched and put on the
+  stove. Every game has the same house and there are only a few dozen distinct quests, so household games are for
+  training only (distribution ``train``): no household game can be held out in layout. It is not ALFWorld: that
+  benchmark builds on the 120 indoor scenes of ALFRED and has six task types.
 
-A task's ``distribution`` picks TextWorld's own train or test distribution of game content (the cooking game's
-held-out foods and preparations; the household game's test objects), so a test split can differ in what the agent
-sees, on top of held-out game seeds.
+Held out in content, not only in seed. A game's ``distribution`` (``train``, ``valid`` or ``test``) fixes both:
+
+* its foods: the recipe's ingredients come from TextWorld's train, valid or test food list only (TextWorld's own
+  valid/test distributions also allow every training food with unseen preparations; ours do not), so no held-out
+  recipe, walkthrough or quest can equal a training one;
+* its house layout (which rooms connect to which): a layout belongs to the distribution its digest picks
+  (:func:`layout_distribution`), and the map is redrawn until it belongs to the game's own. A level-1 cooking game
+  is a single kitchen, one layout shared by all, so held-out games start at level 2.
+
+Every generated game writes what the agent meets (ingredients, walkthrough, layout) to ``content.json`` beside
+it, and :func:`check_content` refuses a game whose content is not its distribution's; the env runs it on every
+reset, so a suite's ``validate()`` fails on a held-out game that could repeat a training one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
 import random
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,12 +48,15 @@ from agentgym.utils.cache import build_once, cache_root
 from agentgym.errors import DependencyNotInstalled, TaskError
 from agentgym.suite import Task
 
-__all__ = ["KINDS", "LEVELS", "GameSpec", "game_path", "generate_tasks", "require_textworld", "spec_from_task",
-           "task_for"]
+__all__ = ["DISTRIBUTIONS", "KINDS", "LEVELS", "GameSpec", "check_content", "game_content", "game_path",
+           "generate_tasks", "layout_distribution", "require_textworld", "spec_from_task", "task_for"]
 
 KINDS = ("cooking", "household")
 LEVELS = (1, 2, 3)
-DISTRIBUTIONS = ("train", "test")
+#: Content distributions: disjoint foods and disjoint house layouts (see the module docstring).
+DISTRIBUTIONS = ("train", "valid", "test")
+#: How many maps to draw for a game before giving up on finding one of its distribution's layouts.
+_MAX_MAP_DRAWS = 200
 
 #: tw-cooking settings per level: more ingredients, more rooms, then closed containers, cooking and cutting.
 _COOKING_LEVELS: dict[int, dict[str, Any]] = {
@@ -83,6 +100,12 @@ class GameSpec:
             raise TaskError(f"TextWorld distribution must be one of {DISTRIBUTIONS}, got {self.distribution!r}.")
         if not 0 <= self.seed < 2**31:
             raise TaskError(f"TextWorld game seed must lie in [0, 2**31), got {self.seed!r}.")
+        if self.kind == "household" and self.distribution != "train":
+            raise TaskError("Household games all share one fixed house, so none can be held out in layout: they "
+                            "exist in the 'train' distribution only. Hold out cooking games (levels 2-3) instead.")
+        if self.kind == "cooking" and self.distribution != "train" and self.level == 1:
+            raise TaskError("A level-1 cooking game is a single kitchen, the same layout in every game, so it cannot "
+                            "be held out in layout: use level 2 or 3 for the 'valid' and 'test' distributions.")
 
     @property
     def name(self) -> str:
@@ -106,12 +129,64 @@ def _challenge(spec: GameSpec) -> tuple[str, dict[str, Any]]:
     if spec.kind == "cooking":
         settings = dict(_COOKING_LEVELS[spec.level], drop=False, recipe_seed=spec.seed, split=spec.distribution)
         return "tw-cooking", settings
-    return "tw-simple", dict(_HOUSEHOLD_LEVELS[spec.level], test=spec.distribution == "test")
+    return "tw-simple", dict(_HOUSEHOLD_LEVELS[spec.level], test=False)
+
+
+def layout_distribution(rooms: Sequence[tuple[str, str]]) -> str:
+    """The distribution a house layout belongs to, from a digest of its room connections (name pairs).
+
+    Partitioning layouts by digest holds them out by construction: a layout is in exactly one distribution, so a
+    held-out game never shares its house with a training game, whichever training games were drawn. A single-room
+    house (no connections) is in ``train``.
+    """
+    pairs = sorted({tuple(sorted(pair)) for pair in rooms})
+    if not pairs:
+        return "train"
+    digest = hashlib.sha256(json.dumps(pairs).encode()).digest()
+    return DISTRIBUTIONS[digest[0] % len(DISTRIBUTIONS)]
+
+
+def food_lists() -> dict[str, frozenset[str]]:
+    """TextWorld's train / valid / test food lists (disjoint), the ingredients each distribution may use."""
+    from textworld.challenges.tw_cooking import cooking
+
+    return {name: frozenset(cooking.FOODS_SPLITS[name]) for name in DISTRIBUTIONS}
+
+
+def check_content(spec: GameSpec, content: Mapping[str, Any]) -> None:
+    """Refuse a game whose content is not its distribution's: a held-out game with a training food or a training
+    house layout could repeat a training game's recipe, walkthrough or house, so it would not be held out."""
+    foods = food_lists()
+    ingredients = set(content.get("ingredients") or ())
+    problems = []
+    if spec.kind == "cooking":
+        stray = sorted(ingredients - foods[spec.distribution])
+        if stray or not ingredients:
+            problems.append(f"its recipe uses {stray or 'no'} foods outside the {spec.distribution} food list")
+    where = layout_distribution([tuple(pair) for pair in content.get("rooms") or ()])
+    if spec.kind == "cooking" and where != spec.distribution:
+        problems.append(f"its house layout belongs to the {where} distribution")
+    if spec.distribution != "train" and not content.get("rooms"):
+        problems.append("it has a single room, a layout every training game can share")
+    if problems:
+        raise TaskError(f"TextWorld game {spec.name} is not held out as its distribution promises: "
+                        + "; ".join(problems) + ". The generator no longer matches this TextWorld version; delete "
+                        "the game's cache directory and report the TextWorld version.")
+
+
+def game_content(spec: GameSpec) -> dict[str, Any]:
+    """What the agent meets in ``spec``'s game (ingredients, walkthrough, quest, rooms), generating it if needed."""
+    path = game_path(spec).with_name("content.json")
+    try:
+        return dict(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError) as exc:
+        raise TaskError(f"Cannot read {path} ({exc}); delete {path.parent} to regenerate the game.") from exc
 
 
 def game_path(spec: GameSpec) -> Path:
-    """Path of the compiled game file (``.z8``, with its ``.json`` beside it), generating it on first use."""
-    target = cache_root() / "textworld" / "games-v2" / spec.name
+    """Path of the compiled game file (``.z8``, with its ``.json`` and ``content.json`` beside it), generating it
+    on first use."""
+    target = cache_root() / "textworld" / "games-v3" / spec.name
 
     def build(tmp: Path) -> None:
         require_textworld()  # a clear error here rather than a traceback from the child
@@ -141,8 +216,68 @@ def _generate(kind: str, level: int, distribution: str, seed: int, path: str) ->
     options.seeds = spec.seed
     options.path = path
     options.force_recompile = True
-    game = CHALLENGES[name][1](settings, options)
+    if spec.kind == "cooking":
+        options.seeds = {**options.seeds, "map": _map_seed(spec, options.seeds["map"])}
+    with _only_distribution_foods(spec.distribution):
+        game = CHALLENGES[name][1](settings, options)
     textworld.generator.compile_game(game, options)
+    Path(path).with_name("content.json").write_text(json.dumps(_content(game), indent=1), encoding="utf-8")
+
+
+def _map_seed(spec: GameSpec, first: int) -> int:
+    """The first map seed, from ``first`` on, whose house layout belongs to ``spec``'s distribution.
+
+    tw-cooking draws its house from the ``map`` seed alone (a random walk on a grid), so the layout can be drawn
+    here on its own, in milliseconds, before the game is built around it.
+    """
+    import numpy as np
+    from textworld.challenges.tw_cooking import cooking
+
+    rooms = cooking.ROOMS[:{1: 1, 6: 2, 9: 3, 12: 4}[_COOKING_LEVELS[spec.level]["go"]]]
+    for draw in range(_MAX_MAP_DRAWS):
+        seed = first if draw == 0 else (first * 1_000_003 + draw) % 2**32
+        graph = cooking.make_graph_world(np.random.RandomState(seed), rooms, cooking.NEIGHBORS, size=(5, 5))
+        if graph is None:
+            continue
+        pairs = [(graph.nodes[a]["name"], graph.nodes[b]["name"]) for a, b in graph.edges]
+        if layout_distribution(pairs) == spec.distribution:
+            return seed
+    raise TaskError(f"No house layout of the {spec.distribution} distribution in {_MAX_MAP_DRAWS} maps for {spec.name}.")
+
+
+@contextlib.contextmanager
+def _only_distribution_foods(distribution: str) -> Iterator[None]:
+    """Make tw-cooking draw a held-out recipe from its held-out foods only.
+
+    TextWorld's own valid/test distributions add every training food with unseen preparations (22 of the 30 test
+    foods are training foods), so a held-out recipe could be a training recipe; emptying the training list for a
+    held-out game leaves only the distribution's own foods (all their preparations). Runs in the generating child.
+    """
+    from textworld.challenges.tw_cooking import cooking
+
+    if distribution == "train":
+        yield
+        return
+    foods, preparations = cooking.FOODS_SPLITS, cooking.FOOD_PREPARATIONS_SPLITS
+    cooking.FOODS_SPLITS = {**foods, "train": []}
+    cooking.FOOD_PREPARATIONS_SPLITS = {**preparations, "valid": {}, "test": {}}
+    try:
+        yield
+    finally:
+        cooking.FOODS_SPLITS, cooking.FOOD_PREPARATIONS_SPLITS = foods, preparations
+
+
+def _content(game: Any) -> dict[str, Any]:
+    """What the agent meets in a generated game, for the held-out checks: ingredients, quest, walkthrough, rooms."""
+    names = {key: info.name for key, info in game.infos.items()}
+    rooms = sorted({tuple(sorted((names[f.arguments[0].name], names[f.arguments[1].name])))
+                    for f in game.world.facts if f.name in ("north_of", "south_of", "east_of", "west_of")})
+    directed = sorted({(names[f.arguments[0].name], f.name, names[f.arguments[1].name])
+                       for f in game.world.facts if f.name in ("north_of", "south_of", "east_of", "west_of")})
+    ingredients = [str(item[0]) for item in game.metadata.get("ingredients") or ()]
+    return {"ingredients": ingredients, "recipe": [list(map(str, item)) for item in game.metadata.get("ingredients") or ()],
+            "objective": str(game.objective), "walkthrough": [str(c) for c in game.walkthrough or ()],
+            "rooms": [list(pair) for pair in rooms], "layout": [list(edge) for edge in directed]}
 
 
 def generate_tasks(rng: random.Random, count: int, *, kinds: Sequence[str] = KINDS, levels: Sequence[int] = (1,),
@@ -154,7 +289,7 @@ def generate_tasks(rng: random.Random, count: int, *, kinds: Sequence[str] = KIN
         count: How many tasks.
         kinds: Game kinds to draw from (``cooking``, ``household``).
         levels: Difficulty levels to draw from (1-3).
-        distribution: TextWorld's content distribution, ``train`` or ``test`` (unseen foods and objects).
+        distribution: ``train``, ``valid`` or ``test``: disjoint foods and house layouts (held out in content).
         seed_range: ``[low, high)`` of game seeds; give splits disjoint ranges to hold game seeds out.
     """
     kinds, levels = list(kinds), [int(v) for v in levels]

@@ -110,6 +110,7 @@ def test_suite_splits_differ_and_hold_out_seeds() -> None:
     assert not train_seeds & {t.metadata["game_seed"] for t in test}
     assert {t.metadata["distribution"] for t in test} == {"test"} and max(t.metadata["level"] for t in test) == 3
     assert max(t.metadata["level"] for t in suite.train) == 2
+    assert {t.metadata["distribution"] for t in suite.split("validation")} == {"valid"}
 
 
 def test_smoke_suite_train_split_validates() -> None:
