@@ -124,3 +124,54 @@ def test_env_takes_the_protocol_and_refuses_a_misspelt_one():
         env.close()
     with pytest.raises(ConfigError, match="upstream"):
         gym.make("agentgym/WebShop-text-v1", protocol="Upstream")
+
+
+def _ref(observation: str, text: str) -> str:
+    line = next(line for line in observation.splitlines() if text in line and "[ref=" in line)
+    return line.split("[ref=", 1)[1].split("]", 1)[0]
+
+
+def _buy(protocol: str, task, choice: dict[str, str]) -> tuple[float, bool]:
+    """Shop with the reference solver but pick ``choice`` on the goal's product page; the episode's reward."""
+    env = gym.make("agentgym/WebShop-text-v1", max_turns=40, protocol=protocol)
+    try:
+        obs, _ = env.reset(options={"task": task})
+        solver = env.unwrapped.reference_solver()
+        goal = Goal.from_task(task)
+        picked = False
+        for _ in range(40):
+            if f"URL: /product/{goal.product_id}" in obs and not picked:
+                for kind, value in choice.items():
+                    ref = _ref(obs, 'combobox "' + kind.capitalize() + '"')
+                    obs, *_ = env.step(f'select("{ref}", "{value}")')
+                ref = _ref(obs, 'button "Add to cart"')
+                obs, *_ = env.step(f'click("{ref}")')
+                picked = True
+                continue
+            obs, reward, terminated, truncated, info = env.step(solver(obs))
+            if terminated or truncated:
+                return reward, bool(info["outcome"]["success"])
+        raise AssertionError("the episode did not end")
+    finally:
+        env.close()
+
+
+def test_an_episode_pays_the_chosen_protocols_score():
+    """A wrong pack that WebShop's fuzzy match accepts: the strict env pays less than full, the upstream one 1.0."""
+    catalogue = load_catalogue()
+    for task in generate_tasks(random.Random("protocol-episode"), 40):
+        goal = Goal.from_task(task)
+        product = catalogue.get(goal.product_id)
+        wrong = [p for p in product.options["pack"] if p != goal.options["pack"]
+                 and token_set_ratio(goal.options["pack"], p) > 85  # fuzzily "the same" pack
+                 and product.price({**goal.options, "pack": p}) <= goal.price_upper]  # and within the price limit
+        if wrong:
+            break
+    else:
+        pytest.fail("no task with a fuzzily matching wrong pack among 40")
+    choice = {**goal.options, "pack": wrong[0]}
+    strict, strict_success = _buy("strict", task, choice)
+    upstream, upstream_success = _buy("upstream", task, choice)
+    total = len(goal.features) + len(goal.options) + 1
+    assert not strict_success and strict == pytest.approx((total - 1) / total)
+    assert upstream_success and upstream == pytest.approx(1.0)
