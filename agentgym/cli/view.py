@@ -54,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
         # model and env text is neither rich markup, nor always valid UTF-8, nor free of terminal escape sequences
         return escape(terminal_safe(utf8_safe(text)))
 
+    from agentgym.viewer.run import check_trajectory_file
+
+    check_trajectory_file(path)  # a summary.json passed by mistake is one clear error, not a warning per line
     # a corrupt line (a crash or full disk under an older writer) is skipped with a warning naming it
     records = read_trajectories(path, skip_corrupt=True)
     viewed = []

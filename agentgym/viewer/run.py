@@ -24,7 +24,7 @@ from typing import Any
 from agentgym.errors import ConfigError
 from agentgym.trajectory import Trajectory
 
-__all__ = ["Episode", "ViewerRun", "load_run"]
+__all__ = ["Episode", "ViewerRun", "check_trajectory_file", "load_run"]
 
 _STEP_FILE = re.compile(r"step-(\d+)(?:-rank\d+)?\.jsonl$")
 
@@ -108,9 +108,30 @@ def _run_files(folder: Path) -> Iterator[Path]:
         yield from (p for _, _, p in sorted(steps))
 
 
+def check_trajectory_file(path: Path) -> None:
+    """Fail with the fix when the first line of ``path`` is not a trajectory record: a summary.json or a metrics
+    file passed by mistake is a wrong argument, not a file of corrupt lines to warn about one by one.
+
+    Raises:
+        ConfigError: The first non-empty line is not a trajectory.
+    """
+    from agentgym.storage import decode_line
+
+    with path.open("rb") as fh:
+        first = next((line for line in fh if line.strip()), None)
+    if first is None or not first.endswith(b"\n"):  # empty, or one torn line: the reader's own checks say so
+        return
+    try:
+        record = decode_line(first)
+        Trajectory.from_dict(record)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ConfigError(_not_a_trajectory_file(path, 1, exc)) from None
+
+
 def _read_trajectory_file(run: ViewerRun, path: Path, source: str, limit: int | None) -> None:
     from agentgym.storage import read_trajectories
 
+    check_trajectory_file(path)
     tokens = _read_tokens(run, path.with_name(path.name.removesuffix(".jsonl") + ".tokens.jsonl"))
     match = _STEP_FILE.match(path.name)
     file_step = int(match.group(1)) if match else None
