@@ -56,8 +56,9 @@ _SENTENCE_WORDS = frozenset(
 #: Words of stock answer sentences ("It is located in", "The official currency of X is the"), allowed around
 #: the gold in a sentence answer besides the question's own words.
 STOCK_WORDS = frozenset(
-    "a an and answer are as be called capital city country currency final for has have in is it its land "
-    "language lies located my named of official so spoken that the there this to used uses was which".split())
+    "a an and answer are as be border borders called capital city countries country currency final for has have "
+    "in is it its land language lies located my named neighbors neighbours of official other share shares so "
+    "spoken that the there this to used uses was which with".split())
 
 ANSWER_TYPES = ("capital", "country", "currency", "language", "count")
 _NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
@@ -112,8 +113,12 @@ def context_for(task: Task) -> SentenceContext | None:
     kind = str(task.metadata.get("kind") or "")
     if not kind or not re.fullmatch(r"[a-z_]+", kind):
         return None
-    kinds = _candidates()
     own = answer_type(kind)
-    others = frozenset().union(*(names for name, names in kinds.items() if name not in (own, "count")))
-    allowed = frozenset(normalize_answer(str(task.prompt)).split()) | STOCK_WORDS | others
-    return SentenceContext(rivals=kinds[own], allowed=allowed)
+    allowed = frozenset(normalize_answer(str(task.prompt)).split()) | STOCK_WORDS
+    return SentenceContext(rivals=_candidates()[own], allowed=allowed, others=_others(own))
+
+
+@lru_cache(maxsize=len(ANSWER_TYPES))
+def _others(own: str) -> frozenset[str]:
+    """Names of every type but ``own`` (and counts): they may stand next to the gold in a sentence."""
+    return frozenset().union(*(names for name, names in _candidates().items() if name not in (own, "count")))

@@ -161,6 +161,8 @@ class SentenceContext:
 
     rivals: frozenset[str]
     allowed: frozenset[str]
+    #: Names of other types, kept apart from ``allowed`` so the large shared set is not copied per task.
+    others: frozenset[str] = frozenset()
 
 
 def _sentence_names_only_gold(text: str, answers: Iterable[str], context: SentenceContext) -> bool:
@@ -181,7 +183,8 @@ def _sentence_names_only_gold(text: str, answers: Iterable[str], context: Senten
     for start, end in _spans(words, context.rivals - golds):
         if not set(range(start, end)) <= covered:
             return False
-    covered |= {i for start, end in _spans(words, context.allowed) for i in range(start, end)}
+    for names in (context.allowed, context.others):
+        covered |= {i for start, end in _spans(words, names) for i in range(start, end)}
     return len(covered) == len(words)
 
 
