@@ -159,6 +159,7 @@ def _read_tokens(run: ViewerRun, path: Path) -> dict[str, dict[str, Any]]:
     if not path.is_file():
         return {}
     found: dict[str, dict[str, Any]] = {}
+    skipped = 0
     try:
         lines = path.read_bytes().splitlines()
     except OSError as exc:
@@ -169,10 +170,37 @@ def _read_tokens(run: ViewerRun, path: Path) -> dict[str, dict[str, Any]]:
             record = decode_line(raw)
         except ValueError:
             continue  # a torn line of a file being written
-        if (isinstance(record, dict) and isinstance(record.get("traj_id"), str)
-                and isinstance(record.get("tokens"), list)):
+        if _is_token_record(record):
             found[record["traj_id"]] = record
+        elif raw.strip():
+            skipped += 1
+    if skipped:
+        run.notes.append(f"{path.name}: {skipped} line(s) are not token records and are not shown")
     return found
+
+
+def _is_token_record(record: Any) -> bool:
+    """Whether ``record`` has the shape the token view draws (so a hand-edited or foreign line cannot break the
+    page): token texts, per-token log-prob numbers, and ``[value, count]`` runs covering every token."""
+    if not (isinstance(record, dict) and isinstance(record.get("traj_id"), str)):
+        return False
+    tokens, logprob = record.get("tokens"), record.get("logprob")
+    if not (isinstance(tokens, list) and all(isinstance(t, str) for t in tokens)):
+        return False
+    if not (isinstance(logprob, list) and len(logprob) == len(tokens) and all(_is_number(x) for x in logprob)):
+        return False
+    for key in ("mask", "advantage"):
+        runs = record.get(key)
+        if not (isinstance(runs, list) and all(isinstance(r, list) and len(r) == 2 and _is_number(r[0])
+                                               and isinstance(r[1], int) and r[1] > 0 for r in runs)):
+            return False
+        if sum(r[1] for r in runs) != len(tokens):
+            return False
+    return True
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _read_side_files(run: ViewerRun, folder: Path) -> None:

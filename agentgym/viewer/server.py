@@ -111,6 +111,11 @@ def _handler(page: Callable[[], bytes], image: Callable[[str], bytes | None]) ->
         server_version = "agentgym-viewer"
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            if not _local_host(self.headers.get("Host", ""), self.server.server_address[1]):
+                # DNS rebinding: a web page the user visits can point its own name at 127.0.0.1 and read this
+                # port; such a request carries that name, not this address, in its Host header
+                self._send(403, b"this viewer answers only to 127.0.0.1 and localhost", "text/plain; charset=utf-8")
+                return
             route = self.path.split("?", 1)[0]
             if route in ("/", "/index.html"):
                 try:
@@ -142,6 +147,18 @@ def _handler(page: Callable[[], bytes], image: Callable[[str], bytes | None]) ->
             logger.debug("viewer: " + format, *args)
 
     return Handler
+
+
+def _local_host(host: str, port: int) -> bool:
+    """Whether a request's Host header names this server by a loopback name (``127.0.0.1``, ``localhost``,
+    ``[::1]``), with this port or none."""
+    name, given = host.lower(), ""
+    match = re.fullmatch(r"(.*?)(?::(\d+))?", name)
+    if match:
+        name, given = match.group(1), match.group(2) or ""
+    if given and given != str(port):
+        return False
+    return name in ("127.0.0.1", "localhost", "[::1]")
 
 
 def serve(path: str | Path, host: str = "127.0.0.1", port: int = 8765, limit: int | None = None) -> ViewerServer:

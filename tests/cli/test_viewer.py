@@ -153,6 +153,46 @@ def test_the_server_binds_loopback_rereads_the_run_and_serves_only_its_images(ru
         server.close()
 
 
+def test_the_server_refuses_requests_for_other_host_names(run_dir: Path) -> None:
+    """DNS rebinding: a page on evil.example points its name at 127.0.0.1; its requests say Host: evil.example."""
+    import http.client
+
+    from agentgym.viewer.server import serve
+
+    server = serve(run_dir, port=0)
+    try:
+        port = server.httpd.server_address[1]
+        for host, status in ((f"evil.example:{port}", 403), (f"127.0.0.1.evil.example:{port}", 403),
+                             (f"localhost:{port}", 200), (f"127.0.0.1:{port}", 200)):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conn.putrequest("GET", "/", skip_host=True)
+            conn.putheader("Host", host)
+            conn.endheaders()
+            response = conn.getresponse()
+            body = response.read()
+            assert response.status == status, host
+            assert (b"calc-1" in body) == (status == 200)
+            conn.close()
+    finally:
+        server.close()
+
+
+def test_token_records_of_the_wrong_shape_are_left_out_with_a_note(run_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    sidecar = copy / "rollouts" / "step-000002.tokens.jsonl"
+    good, other = sidecar.read_text().splitlines()
+    bad = json.loads(other)
+    bad["mask"] = [["x", 3]]
+    sidecar.write_text("\n".join([good, json.dumps(bad), '{"traj_id": "calc-2-5", "tokens": "abc"}']) + "\n")
+    run = load_run(copy)
+    step2 = [e for e in run.episodes if e.train_step == 2]
+    assert step2[0].tokens is not None and step2[1].tokens is None
+    assert any("2 line(s) are not token records" in note for note in run.notes)
+
+
 def test_cli_serve_prints_the_url(run_dir: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "agentgym.cli", "view", str(run_dir), "--serve", "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
