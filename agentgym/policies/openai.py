@@ -196,9 +196,18 @@ class OpenAIPolicy(OpenAIHTTPClient, Policy):
             The published defaults (also kept in :attr:`server_defaults`).
 
         Raises:
-            OpenAIServerError: The server cannot be reached (after the retries) or answers with an error.
+            OpenAIServerError: The server cannot be reached (after the retries) or refuses the request (a wrong
+                key); a server that has no ``/models`` route gives ``{}``.
         """
-        body = self._get_sync("/models")
+        try:
+            body = self._get_sync("/models")
+        except OpenAIServerError as exc:
+            if exc.status_code not in (404, 405, 501):
+                raise
+            # A server without GET /models (some proxies) publishes nothing; requests may still work.
+            self._warn_once("no-models", "%s/models is not served (%s); no published settings to apply.",
+                            self.base_url, exc)
+            return {}
         data = body.get("data") if isinstance(body, Mapping) else None
         cards = [c for c in data if isinstance(c, Mapping)] if isinstance(data, list) else []
         if self.model is None and cards and cards[0].get("id"):

@@ -164,3 +164,28 @@ def test_serve_prints_progress_then_a_banner_with_the_settings(trained_dir: Path
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(timeout=30)
+
+
+def test_fetching_settings_from_a_server_without_models_or_from_no_server() -> None:
+    """A proxy without ``GET /models`` publishes nothing (requests may still work); no server at all is the
+    error that says to start one."""
+    from fastapi import FastAPI
+
+    from agentgym.policies.openai_http import OpenAIServerError
+    from agentgym.serving.http import BackgroundServer
+
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    server = BackgroundServer(app, host="127.0.0.1", port=0, ready_path="/health", startup_timeout_s=60)
+    url = server.start()
+    try:
+        policy = OpenAIPolicy(url + "/v1", "model", max_retries=0)
+        assert policy.fetch_server_defaults() == {} and policy.default_system_prompt is None
+    finally:
+        server.stop()
+    with pytest.raises(OpenAIServerError, match="Check that the server is running"):
+        OpenAIPolicy(url + "/v1", "model", max_retries=0, timeout_s=5).fetch_server_defaults()
