@@ -71,6 +71,16 @@ def _shown_prompt(prompt: Any, width: int = 60) -> str:
     return repr(text if len(text) <= width else text[: width - 3] + "...")
 
 
+def _shown_limits(limits: Any) -> str:
+    """Per-request limits and the flags that raise them (a dataclass repr names neither)."""
+    fields = (("max_body_bytes", "body bytes"), ("max_prompt_chars", "prompt chars"), ("max_n", "n"),
+              ("max_request_tokens", "tokens per request"))
+    if not all(hasattr(limits, name) for name, _ in fields):
+        return str(limits)
+    flags = " ".join("--" + name.replace("_", "-") for name, _ in fields)
+    return ", ".join(f"{what} {getattr(limits, name)}" for name, what in fields) + f" (raise with {flags})"
+
+
 def format_banner(*, model_dir: str | Path, name: str, url: str, defaults: Mapping[str, Any], limits: Any,
                   api_key: bool, record_dir: str | Path | None = None, load_s: float | None = None) -> str:
     """The lines ``agentgym serve`` prints once it answers: what is served where, and how to prompt it."""
@@ -89,7 +99,7 @@ def format_banner(*, model_dir: str | Path, name: str, url: str, defaults: Mappi
                      "system prompt and max tokens")
     if defaults.get("max_model_len") is not None:
         lines.append(f"  context:        {defaults['max_model_len']} tokens")
-    lines.append(f"  limits:         {limits}")
+    lines.append(f"  limits:         {_shown_limits(limits)}")
     lines.append("  access:         " + ("API key required" if api_key
                                          else "no API key: anyone who reaches the port may use it"))
     if record_dir is not None:
