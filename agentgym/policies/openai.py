@@ -28,6 +28,11 @@ In both modes ``SamplingParams.top_logprobs = k`` asks the server for the k best
 log-prob appended when it is not among them, as HFPolicy and VLLMPolicy do: that is what ARPO's
 entropy-guided branching measures. A server that ignores the request is an error, not a silent guess.
 
+A model trained here was prompted in one way (its system prompt, often empty, and a per-turn token budget), and a
+client that prompts it otherwise measures nothing: :meth:`OpenAIPolicy.fetch_server_defaults` reads what
+``agentgym serve`` publishes about that and applies the system prompt; ``agentgym eval`` calls it and lets its own
+flags win.
+
 Requests of one :meth:`OpenAIPolicy.act` call are sent concurrently (the server batches them), bounded by
 ``max_concurrency``. How they travel (one client pool per event loop, retries with backoff for transient failures,
 errors that carry the server's message) is :mod:`agentgym.policies.openai_http`.
