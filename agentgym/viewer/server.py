@@ -29,6 +29,27 @@ logger = logging.getLogger(__name__)
 _IMAGE_PATH = re.compile(r"^/images/([0-9a-f]{64})\.png$")
 
 
+def _signature(path: Path) -> tuple[tuple[str, int, int], ...]:
+    """(name, size, mtime) of every file the page is made of: equal signatures, equal pages."""
+    if path.is_file():
+        candidates = [path, path.with_name(path.name.removesuffix(".jsonl") + ".tokens.jsonl")]
+        folder = path.parent
+    else:
+        folder = path
+        rollouts = path / "rollouts"
+        candidates = [path / "trajectories.jsonl", path / "metrics.jsonl"]
+        candidates += sorted(rollouts.glob("*.jsonl")) if rollouts.is_dir() else []
+    candidates += [folder / name for name in ("run.json", "config.json", "summary.json")]
+    found = []
+    for file in candidates:
+        try:
+            stat = file.stat()
+        except OSError:
+            continue
+        found.append((str(file), stat.st_size, stat.st_mtime_ns))
+    return tuple(found)
+
+
 def _run_images(run: ViewerRun) -> dict[str, ImageRef]:
     found: dict[str, ImageRef] = {}
     for ep in run.episodes:
@@ -51,9 +72,10 @@ class ViewerServer:
     def __init__(self, path: str | Path, host: str = "127.0.0.1", port: int = 8765, limit: int | None = None) -> None:
         self.path = Path(path)
         self.limit = limit
-        load_run(self.path, limit=limit)  # fail now, with the fix, rather than on the first page load
         self._images: dict[str, ImageRef] = {}
+        self._cached: tuple[tuple[tuple[str, int, int], ...], bytes] | None = None
         self._lock = threading.Lock()
+        self._page()  # fail now, with the fix, rather than on the first page load (and have that load ready)
         handler = _handler(self._page, self._image)
         try:
             self.httpd = http.server.ThreadingHTTPServer((host, port), handler)
@@ -69,10 +91,18 @@ class ViewerServer:
         return f"http://{host}:{port}/"
 
     def _page(self) -> bytes:
+        """The page of the run as it is on disk now; rendered again only when a file of the run changed (a page
+        of a few thousand saved episodes takes seconds to build)."""
+        signature = _signature(self.path)
+        with self._lock:
+            if self._cached is not None and self._cached[0] == signature:
+                return self._cached[1]
         run = load_run(self.path, limit=self.limit)
+        body = render_page(run).encode("utf-8")
         with self._lock:
             self._images = _run_images(run)
-        return render_page(run).encode("utf-8")
+            self._cached = (signature, body)
+        return body
 
     def _image(self, sha256: str) -> bytes | None:
         with self._lock:
