@@ -7,6 +7,10 @@ held-out game in a house a training game also has. Each is refused, by construct
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("textworld", reason="pip install 'agentgym[textworld]'")
@@ -109,6 +113,26 @@ def test_generated_held_out_games_repeat_no_training_game_quest_walkthrough_or_l
             assert value not in seen[name], f"held-out {task.id} repeats a training {name}"
 
 
+def test_validate_fails_on_a_held_out_game_with_training_content(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A held-out game whose recipe shares a training food (as TextWorld's own test distribution allows) makes the
+    suite's validate() fail instead of scoring it; the game here is a real one with its record altered."""
+    from agentgym.utils.cache import cache_root
+
+    suite = load_suite("textworld-smoke")
+    spec = games.spec_from_task(suite.test[0])
+    source = games.game_path(spec).parent
+    copy = tmp_path / source.relative_to(cache_root())
+    shutil.copytree(source, copy)
+    content = json.loads((copy / "content.json").read_text())
+    (copy / "content.json").write_text(json.dumps({**content, "ingredients": content["ingredients"] + ["carrot"]}))
+    monkeypatch.setenv("AGENTGYM_CACHE_DIR", str(tmp_path))
+    with pytest.raises(TaskError, match="not held out as its distribution promises"):
+        suite.validate("test", limit=1)
+    monkeypatch.undo()
+    assert suite.validate("test", limit=1).ok  # the real record passes
+
+
 def _replay(path: str, commands: list[str]) -> tuple[float, bool]:
     """The same commands played on TextWorld's own env: its score over its max score, and whether it was won."""
     import textworld
@@ -125,14 +149,17 @@ def _replay(path: str, commands: list[str]) -> tuple[float, bool]:
         env.close()
 
 
-@pytest.mark.parametrize(("task_index", "cut"), [(0, None), (1, 3)])
-def test_held_out_episode_scores_as_textworld_scores_it(task_index: int, cut: int | None) -> None:
-    """A won episode and a truncated one on the smoke suite's held-out games, each scored by TextWorld itself."""
+@pytest.mark.parametrize(("task_index", "short"), [(0, False), (1, True)])
+def test_held_out_episode_scores_as_textworld_scores_it(task_index: int, short: bool) -> None:
+    """A won episode and one truncated two commands before the win, on the smoke suite's held-out games, each
+    scored by TextWorld itself from the same commands."""
     task = load_suite("textworld-smoke").test[task_index]
-    if cut is not None:
-        task = Task(task.id, task.prompt, metadata={**task.metadata, "max_turns": cut})
     env = gym.make("agentgym/TextWorld-v0")
     try:
+        if short:
+            env.reset(seed=0, options={"task": task})
+            cut = len(env.unwrapped._state["policy_commands"]) - 2  # the winning policy, less its last two
+            task = Task(task.id, task.prompt, metadata={**task.metadata, "max_turns": cut})
         obs, _ = env.reset(seed=0, options={"task": task})
         solver, commands, total, done = env.unwrapped.reference_solver(), [], 0.0, False
         while not done:
@@ -144,4 +171,5 @@ def test_held_out_episode_scores_as_textworld_scores_it(task_index: int, cut: in
         env.close()
     score, won = _replay(str(games.game_path(games.spec_from_task(task))), commands)
     assert info["outcome"]["score"] == pytest.approx(score) == pytest.approx(total)
-    assert info["outcome"]["success"] is won is (cut is None)
+    assert info["outcome"]["success"] is won is (not short)
+    assert 0.0 < score < 1.0 if short else score == 1.0
