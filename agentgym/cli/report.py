@@ -68,7 +68,7 @@ def write_html_report(path: str | Path, summary: Mapping[str, Any], trajectories
     path = Path(path)
     if settings is None:
         settings = _read_settings(path.parent / "run.json")
-    run = ViewerRun(title=title, kind="eval", episodes=[Episode(t, path.name) for t in trajectories],
+    run = ViewerRun(title=title, kind="eval", episodes=[Episode(t, "") for t in trajectories],
                     settings=dict(settings), summary=dict(summary))
     return write_viewer_page(path, run)
 

@@ -15,19 +15,21 @@ CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;padding:12px 20px;color:#1d2127;font-size:14px}
 h1{font-size:20px;margin:4px 0 12px;overflow-wrap:break-word;word-break:normal}
 h2{font-size:15px;margin:0 0 6px}
-#overview{display:flex;flex-wrap:wrap;gap:16px;align-items:flex-start;margin-bottom:12px}
+#overview{display:flex;flex-direction:column;gap:12px;margin-bottom:12px}
 #overview>section,#overview>details{border:1px solid var(--line);border-radius:6px;padding:8px 12px;background:#fff}
 #overview summary{font-weight:600;cursor:pointer}
-#settings table.kv{display:block;columns:3 260px;column-gap:24px}
-#settings table.kv tbody{display:block}
-#settings table.kv tr{break-inside:avoid;display:table;width:100%}
-#settings table.kv th{width:55%}
+#settings>table.kv,#summary>table.kv{display:block;columns:3 280px;column-gap:28px}
+#settings>table.kv>tbody,#summary>table.kv>tbody{display:block}
+#settings>table.kv>tbody>tr,#summary>table.kv>tbody>tr{break-inside:avoid;display:table;width:100%}
+#settings>table.kv>tbody>tr>th,#summary>table.kv>tbody>tr>th{width:50%}
 table.kv{border-collapse:collapse}
 table.kv td,table.kv th{padding:2px 10px 2px 0;vertical-align:top;text-align:left}
 table.kv th{font-weight:normal;color:var(--muted);white-space:nowrap}
-table.kv td.num{text-align:right;font-variant-numeric:tabular-nums}
+table.kv td.num{font-variant-numeric:tabular-nums}
 table.kv table.kv{font-size:13px}
 .notes{color:var(--fail)}
+.subs{display:flex;flex-wrap:wrap;gap:8px 40px;margin-top:8px}
+.sub h3{font-size:13px;margin:0 0 2px}
 #curves{margin-bottom:12px}
 .curve-grid{display:flex;flex-wrap:wrap;gap:10px}
 figure.curve{margin:0;border:1px solid var(--line);border-radius:6px;background:#fff}

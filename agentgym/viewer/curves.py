@@ -65,13 +65,15 @@ def curve_svg(name: str, points: Sequence[tuple[float, float]]) -> str:
                    f"<title>step {format_value(x)}: {format_value(y)}</title></circle>" for x, y in points)
     name_e = html.escape(name)
     bottom = HEIGHT - _PAD_BOTTOM
+    flat = min(ys) == max(ys)
+    value_ticks = [(_PAD_TOP + inner_h / 2 + 4, max(ys))] if flat else [(_PAD_TOP + 8, max(ys)), (bottom, min(ys))]
+    ticks = "".join(f"<text x='{_PAD_LEFT - 4}' y='{y:.0f}' class='tick' text-anchor='end'>{format_value(v)}</text>"
+                    for y, v in value_ticks)
+    ticks += (f"<text x='{_PAD_LEFT}' y='{HEIGHT - 6}' class='tick'>step {format_value(min(xs))}</text>"
+              f"<text x='{WIDTH - _PAD_RIGHT}' y='{HEIGHT - 6}' class='tick' text-anchor='end'>{format_value(max(xs))}</text>")
     return (f"<figure class='curve' data-metric='{name_e}'><svg viewBox='0 0 {WIDTH} {HEIGHT}' width='{WIDTH}' "
             f"height='{HEIGHT}' role='img' aria-label='{name_e} by step'>"
             f"<text x='{_PAD_LEFT}' y='14' class='curve-title'>{name_e}</text>"
             f"<line x1='{_PAD_LEFT}' y1='{bottom}' x2='{WIDTH - _PAD_RIGHT}' y2='{bottom}' class='axis'/>"
             f"<line x1='{_PAD_LEFT}' y1='{_PAD_TOP}' x2='{_PAD_LEFT}' y2='{bottom}' class='axis'/>"
-            f"<text x='{_PAD_LEFT - 4}' y='{_PAD_TOP + 8}' class='tick' text-anchor='end'>{format_value(max(ys))}</text>"
-            f"<text x='{_PAD_LEFT - 4}' y='{bottom}' class='tick' text-anchor='end'>{format_value(min(ys))}</text>"
-            f"<text x='{_PAD_LEFT}' y='{HEIGHT - 6}' class='tick'>step {format_value(min(xs))}</text>"
-            f"<text x='{WIDTH - _PAD_RIGHT}' y='{HEIGHT - 6}' class='tick' text-anchor='end'>{format_value(max(xs))}</text>"
-            f"<polyline points='{line}' class='series'/>{dots}</svg></figure>")
+            f"{ticks}<polyline points='{line}' class='series'/>{dots}</svg></figure>")

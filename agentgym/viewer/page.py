@@ -126,10 +126,17 @@ def _settings_html(settings: Mapping[str, Any]) -> str:
 
 
 def _summary_html(summary: Mapping[str, Any]) -> str:
+    """The metrics in columns; a trainer's nested results (evaluation before and after, the warm start) each in a
+    block of its own beside them."""
     if not summary:
         return ""
-    return (f"<section id='summary'><h2>Summary</h2><table class='kv'>{_kv_rows(summary, order=_SUMMARY_FIRST)}"
-            f"</table></section>")
+    nested = {k: v for k, v in summary.items() if isinstance(v, Mapping) and v and k != "end_reasons"}
+    flat = {k: v for k, v in summary.items() if k not in nested}
+    blocks = "".join(f"<div class='sub'><h3>{_e(label(str(k)))}</h3><table class='kv'>"
+                     f"{_kv_rows(v, order=_SUMMARY_FIRST)}</table></div>" for k, v in nested.items())
+    table = f"<table class='kv'>{_kv_rows(flat, order=_SUMMARY_FIRST)}</table>" if flat else ""
+    return (f"<section id='summary'><h2>Summary</h2>{table}"
+            f"{f'<div class=subs>{blocks}</div>' if blocks else ''}</section>")
 
 
 def _images_html(images: Sequence[ImageRef]) -> str:
@@ -161,7 +168,7 @@ def _episode_html(i: int, ep: Episode) -> str:
     status = "ok" if t.success else "fail"
     meta = [("env", t.env_id), ("seed", t.seed), ("policy", t.policy or None), ("step", ep.train_step),
             ("end", t.end_reason), ("score", format_value(float(t.score))), ("turns", len(t.turns)),
-            ("group", t.group_id or None), ("file", ep.source)]
+            ("group", t.group_id or None), ("file", ep.source or None)]
     meta_html = "".join(f"<span>{_e(k)} <b>{_e(utf8_safe(str(v)))}</b></span>" for k, v in meta if v is not None)
     head = (f"<header class='ep-head'><h3>{_e(utf8_safe(t.task_id))}</h3><div class='ep-meta'>"
             f"<span class='{status}'><b>{'success' if t.success else 'failure'}</b></span>{meta_html}</div></header>")
