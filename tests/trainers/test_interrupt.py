@@ -75,9 +75,12 @@ def test_ctrl_c_during_bc_saves_its_steps_and_the_resume_continues_them(small_mo
     assert resume.startswith(f"agentgym train {CONFIG} ") and "bc_steps=100000" in resume
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "AGENTGYM_CPU_THREADS": "1"}
-    again = subprocess.run(_args(small_model, out, "--set", f"bc_steps={done + 3}", "--set", "steps=1"), cwd=REPO,
-                           env=env, capture_output=True, text=True, timeout=600)
+    # a shorter warm start and run is another config: refused without --force (the resume command keeps the flags)
+    again = subprocess.run(_args(small_model, out, "--set", f"bc_steps={done + 3}", "--set", "steps=1", "--force"),
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
+    changed = {c["field"] for c in json.loads((out / "resume_changes.jsonl").read_text())["changes"]}
+    assert changed == {"bc_steps"}, changed
     assert f"continuing the interrupted BC warm start at step {done}/{done + 3}" in again.stderr
     assert f"BC step {done + 3}/{done + 3}" in again.stderr  # the remaining steps ran, not the whole warm start
     summary = json.loads((out / "summary.json").read_text())
@@ -87,7 +90,7 @@ def test_ctrl_c_during_bc_saves_its_steps_and_the_resume_continues_them(small_mo
 def test_ctrl_c_during_rl_steps_saves_the_completed_steps(small_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     code, seconds, err = _interrupt_after(_args(small_model, out, "--warmstart", "none", "--set", "steps=1000"),
-                                          "agentgym.trainers.loop: step 1 {")
+                                          "trainers.loop: step    1/1000  train/success_rate=")
     assert code == 130 and "Traceback" not in err, err[-3000:]
     assert seconds < 5.0, f"took {seconds:.1f} s to stop"
     latest = (out / "checkpoints" / "latest").read_text().strip()
