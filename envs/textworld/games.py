@@ -121,7 +121,7 @@ def spec_from_task(task: Task) -> GameSpec:
     except (KeyError, TypeError, ValueError):
         raise TaskError(
             f"TextWorld task {task.id!r} needs metadata kind ({'/'.join(KINDS)}), level (1-3), game_seed (int) and "
-            "optionally distribution (train/test); make tasks with agentgym.envs.textworld.games.generate_tasks."
+            "optionally distribution (train/valid/test); make tasks with agentgym.envs.textworld.games.generate_tasks."
         ) from None
 
 
@@ -161,8 +161,10 @@ def check_content(spec: GameSpec, content: Mapping[str, Any]) -> None:
     problems = []
     if spec.kind == "cooking":
         stray = sorted(ingredients - foods[spec.distribution])
-        if stray or not ingredients:
-            problems.append(f"its recipe uses {stray or 'no'} foods outside the {spec.distribution} food list")
+        if stray:
+            problems.append(f"its recipe uses {stray}, outside the {spec.distribution} food list")
+        if not ingredients:
+            problems.append("its record names no recipe ingredients")
     where = layout_distribution([tuple(pair) for pair in content.get("rooms") or ()])
     if spec.kind == "cooking" and where != spec.distribution:
         problems.append(f"its house layout belongs to the {where} distribution")
