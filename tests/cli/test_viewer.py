@@ -92,6 +92,17 @@ def test_values_read_as_numbers_and_words() -> None:
     assert format_value({"answered": 3}) == "answered=3" and format_value(True) == "yes"
 
 
+def test_the_eval_table_title_does_not_wrap_mid_word() -> None:
+    from rich.console import Console
+
+    from agentgym.cli.report import render_summary_table
+
+    console = Console(width=100, record=True)
+    title = "games-calc [test] with hf:runs/grpo-calc/model"
+    console.print(render_summary_table({"episodes": 3, "success_rate": 1.0}, title=title))
+    assert title in console.export_text()
+
+
 def test_saved_rollouts_load_with_their_steps_and_tokens(run_dir: Path) -> None:
     run = load_run(run_dir)
     assert run.kind == "train" and [e.train_step for e in run.episodes] == [1, 1, 1, 2, 2]
