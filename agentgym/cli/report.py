@@ -76,13 +76,22 @@ def write_html_report(path: str | Path, summary: Mapping[str, Any], trajectories
 def write_viewer_page(path: str | Path, run: Any) -> Path:
     """Write ``run`` (a :class:`agentgym.viewer.ViewerRun`) as the static viewer page at ``path``, copying the
     images its episodes show into ``images/`` beside it."""
-    from agentgym.storage import save_images
+    from agentgym.errors import AgentGymError
     from agentgym.viewer.page import render_page
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    missing = set()
     for episode in run.episodes:
-        save_images(episode.trajectory, path.parent)
+        t = episode.trajectory
+        for image in [*t.prompt_images, *t.final_images]:
+            try:
+                image.save(path.parent)
+            except (OSError, AgentGymError):  # moved or damaged: the page still opens, and says which are gone
+                missing.add(image.sha256)
+    if missing:
+        run.notes.append(f"{len(missing)} image(s) could not be read from the run (moved or damaged) and are "
+                         f"not shown, e.g. images/{sorted(missing)[0]}.png")
     # atomic, so a full disk leaves the previous report rather than half of one
     atomic_write_text(path, render_page(run))
     return path

@@ -128,6 +128,17 @@ def test_the_page_shows_formatted_values_and_escapes_text(run_dir: Path, tmp_pat
     assert (tmp_path / "images").is_dir() and len(re.findall(r"<img src='images/[0-9a-f]{64}\.png'", page)) == 1
 
 
+def test_an_export_of_a_run_with_a_missing_image_still_opens(run_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    for png in (copy / "rollouts" / "images").iterdir():
+        png.unlink()
+    assert main(["view", str(copy), "--html", str(tmp_path / "out" / "r.html")]) == 0
+    assert "1 image(s) could not be read" in (tmp_path / "out" / "r.html").read_text()
+
+
 def test_view_of_a_run_directory_lists_episodes_and_a_bad_one_gets_the_fix(run_dir: Path, tmp_path: Path,
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["view", str(run_dir)]) == 0
