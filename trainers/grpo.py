@@ -145,7 +145,7 @@ class GrpoTrainer(OnlineTrainer):
         batch = build_batch(kept, torch.zeros(len(kept)), sample_mask[usable], pad_id=int(self.tokenizer.pad_token_id or 0))
         batch.advantages, estimate = self._token_advantages(trajectories, scores, stats_mask, usable, batch)
         batch = self._attribute(batch, kept)
-        self._learned_batch = (usable, batch)  # the saved rollouts' token data (save_rollouts)
+        self._learned_batch = (usable, batch) if self.config.save_rollouts else None  # saved rollouts' token data
         signal = self._zero_signal(step, kept, batch)
         update = self._update(batch, self.optimizer, self.scheduler, step)
         return {"train/score_mean": float(scores.mean()) if len(scores) else 0.0, **counts, **estimate, **signal,
