@@ -279,8 +279,11 @@ def generate_puzzle(rng: random.Random, width: int, height: int, boxes: int, *,
         solution = solve(puzzle, max_states)
         if solution is not None and len(solution) >= min_moves:
             return puzzle, solution
-    raise TaskError(f"Found no {width}x{height} Sokoban room with {boxes} box(es) needing >= {min_moves} moves "
-                    f"in {attempts} tries; use a larger room or fewer boxes.")
+    hint = "" if boxes_on_targets or generator == "gym-sokoban" else (
+        ", or generator='gym-sokoban' (its search finds such rooms more often), or boxes_on_targets=True")
+    raise TaskError(f"Found no {width}x{height} Sokoban room with {boxes} box(es) needing >= {min_moves} moves"
+                    f"{'' if boxes_on_targets else ' and no box on a target'} in {attempts} tries; use a larger "
+                    f"room or fewer boxes{hint}.")
 
 
 def generate_tasks(rng: random.Random, count: int, *, width: int = 6, height: int = 6,
@@ -337,7 +340,7 @@ def generate_tasks(rng: random.Random, count: int, *, width: int = 6, height: in
                    f"target{'' if n_boxes == 1 else 's'} in this {width}x{height} room.",
             answer=None,
             metadata={"width": width, "height": height, "boxes": n_boxes, "seed": seed, "rows": rows,
-                      "optimal_moves": len(solution), "generator": generator},
+                      "optimal_moves": len(solution)},  # the id's "-gym" says which generator
         ))
     return tasks
 
