@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from agentgym.storage import read_trajectories
     from agentgym.trajectory import utf8_safe
     from agentgym.utils.terminal import terminal_safe
+    from agentgym.viewer.run import check_trajectory_file
 
     path = Path(args.path)
     if not path.exists():
@@ -53,8 +54,6 @@ def run(args: argparse.Namespace) -> int:
     def shown(text: str) -> str:
         # model and env text is neither rich markup, nor always valid UTF-8, nor free of terminal escape sequences
         return escape(terminal_safe(utf8_safe(text)))
-
-    from agentgym.viewer.run import check_trajectory_file
 
     check_trajectory_file(path)  # a summary.json passed by mistake is one clear error, not a warning per line
     # a corrupt line (a crash or full disk under an older writer) is skipped with a warning naming it
@@ -117,7 +116,7 @@ def _view_run(path: Path, args: argparse.Namespace) -> int:
         console.print(shown(f"{ep.source}: {step}{t.task_id} seed={t.seed} success={t.success} ({t.end_reason}, "
                             f"{len(t.turns)} turns)"), markup=True, highlight=False)
     console.print(f"{len(run.episodes)} episodes, {len(run.metrics)} metrics records; browse them with: agentgym view "
-                  f"{shown(str(path))} --serve", markup=True, highlight=False)
+                  f"{shown(str(path))} --serve", markup=True, highlight=False, soft_wrap=True)
     if args.html:
         from agentgym.cli.report import write_viewer_page
 
