@@ -119,6 +119,75 @@ def evaluate(rows: Iterable[Mapping[str, Any]]) -> tuple[dict[tuple[str, str], K
     return dict(results), notes
 
 
+#: Env families whose answers are math, where math-verify is a meaningful baseline.
+BASELINE_FAMILIES = ("code", "games")
+
+
+def math_verify_grade(task: Task, answer: str) -> bool:
+    """math-verify's verdict on ``answer`` against the task's gold, as its README uses it (default extraction
+    of LaTeX and plain expressions, default timeouts); a side it extracts nothing from is parsed again
+    inside ``$...$`` (its LaTeX extraction wants delimiters: ``n(n-3)/2`` alone yields nothing); any error is
+    a rejection."""
+    from math_verify import parse, verify
+
+    def read(text: str) -> list[Any]:
+        return parse(text) or parse(f"${text}$")
+
+    try:
+        gold = read(str(task.answer))
+        predicted = read(str(answer))
+        return bool(gold and predicted and verify(gold, predicted))
+    except Exception:  # noqa: BLE001 - a baseline that crashes on a line rejects it
+        return False
+
+
+def evaluate_baseline(rows: Iterable[Mapping[str, Any]],
+                      grader: Callable[[Task, str], bool] | None = None) -> dict[tuple[str, str], KindResult]:
+    """The same cells as :func:`evaluate`, graded by math-verify (or ``grader``) on the math families only."""
+    grade = grader or math_verify_grade
+    results: dict[tuple[str, str], KindResult] = defaultdict(KindResult)
+    for row in rows:
+        if row["env"] not in BASELINE_FAMILIES:
+            continue
+        cell = results[(row["env"], row["kind"])]
+        start = time.perf_counter()
+        verdict = bool(grade(task_of(row), row["answer"]))
+        cell.seconds += time.perf_counter() - start
+        cell.n += 1
+        expected = bool(row["verdict"])
+        cell.positives += expected
+        cell.negatives += not expected
+        if verdict != expected:
+            cell.false_positives += verdict
+            cell.false_negatives += not verdict
+            cell.errors.append({"where": row["_where"], "answer": row["answer"], "gold": row["task"]["answer"],
+                                "label": expected, "why": row.get("why", "")})
+    return dict(results)
+
+
+def format_comparison(ours: Mapping[tuple[str, str], KindResult],
+                      baseline: Mapping[tuple[str, str], KindResult], name: str = "math-verify") -> str:
+    """Confusion tables side by side: TP/FP/FN/TN of our graders and of ``name`` per env and kind."""
+    header = (f"{'env':<8} {'kind':<26} {'n':>5} | {'ours TP':>7} {'FP':>4} {'FN':>4} {'TN':>4} | "
+              f"{name + ' TP':>14} {'FP':>4} {'FN':>4} {'TN':>4}")
+    lines = [header, "-" * len(header)]
+
+    def counts(cell: KindResult) -> str:
+        tp, tn = cell.positives - cell.false_negatives, cell.negatives - cell.false_positives
+        return f"{cell.false_positives:>4} {cell.false_negatives:>4} {tn:>4}", tp
+
+    def row(env: str, kind: str, mine: KindResult, theirs: KindResult) -> str:
+        (a, tp_a), (b, tp_b) = counts(mine), counts(theirs)
+        return f"{env:<8} {kind:<26} {mine.n:>5} | {tp_a:>7} {a} | {tp_b:>14} {b}"
+
+    for env in sorted({env for env, _ in baseline}):
+        for kind in sorted(kind for e, kind in baseline if e == env):
+            lines.append(row(env, kind, ours.get((env, kind), KindResult()), baseline[(env, kind)]))
+        lines.append(row(env, "(all)", total({k: v for k, v in ours.items() if k in baseline}, env),
+                         total(baseline, env)))
+    return "\n".join(lines)
+
+
 def total(results: Mapping[tuple[str, str], KindResult], family: str | None = None) -> KindResult:
     """The sum of the cells (of one family, or all)."""
     out = KindResult()
@@ -152,8 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, default=GRADING_DIR, help="folder of labelled *.jsonl files")
     parser.add_argument("--show-errors", action="store_true", help="print every misgraded line")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the math-verify comparison")
     args = parser.parse_args(argv)
-    results, notes = evaluate(load_rows(args.dir))
+    rows = load_rows(args.dir)
+    results, notes = evaluate(rows)
     for note in notes:
         print(f"NOTE: {note}")
     print(format_table(results))
@@ -162,16 +233,38 @@ def main(argv: list[str] | None = None) -> int:
         for error in overall.errors:
             print(f"{'FP' if not error['label'] else 'FN'} {error['where']}: {error['answer'][:80]!r} "
                   f"(gold {str(error['gold'])[:40]!r}; {error['why']})")
+    baseline: dict[tuple[str, str], KindResult] = {}
+    if not args.no_baseline:
+        try:
+            import math_verify  # noqa: F401
+        except ImportError:
+            print("NOTE: math-verify is not installed (pip install math-verify): no baseline comparison")
+        else:
+            baseline = evaluate_baseline(rows)
+            print("\nOur graders next to math-verify on the same labelled lines (math answers only):")
+            print(format_comparison(results, baseline))
+            if args.show_errors:
+                for error in total(baseline).errors:
+                    print(f"math-verify {'FP' if not error['label'] else 'FN'} {error['where']}: "
+                          f"{error['answer'][:80]!r} (gold {str(error['gold'])[:40]!r}; {error['why']})")
     if argv is None:  # a run from the command line records its figures; a test calling main() does not
-        record(results)
+        record(results, baseline)
     return 1 if overall.false_positives else 0
 
 
-def record(results: Mapping[tuple[str, str], KindResult]) -> None:
-    """Write the table's per-env totals to ``benchmarks/results/grader_accuracy.json`` (no baseline: rates)."""
+def record(results: Mapping[tuple[str, str], KindResult],
+           baseline: Mapping[tuple[str, str], KindResult] | None = None) -> None:
+    """Write the table's per-env totals to ``benchmarks/results/grader_accuracy.json``, and math-verify's on
+    the same lines where it ran."""
     from _results import figure, write_results
 
     figures = []
+    for env in sorted({env for env, _ in baseline or {}}):
+        cell = total(baseline or {}, env)
+        figures.append(figure(f"math-verify on {env}: false-positive rate ({cell.false_positives} of {cell.negatives} "
+                              "wrong answers accepted)", cell.fp_rate, unit="fraction"))
+        figures.append(figure(f"math-verify on {env}: false-negative rate ({cell.false_negatives} of {cell.positives} "
+                              "correct answers refused)", cell.fn_rate, unit="fraction"))
     for env in [*sorted({env for env, _ in results}), None]:
         cell = total(results, env)
         label = env or "all envs"

@@ -41,7 +41,7 @@ from sympy.parsing.sympy_parser import (
     parse_expr,
 )
 
-from agentgym.envs.code_interpreter.answer_text import MAX_NESTING, normalize_answer
+from agentgym.envs.code_interpreter.answer_text import MAX_NESTING, normalize_answer, unit_of
 
 __all__ = [
     "answers_equivalent", "is_hedged", "item_count", "MAX_ANSWER_CHARS", "MAX_LOG10", "REL_TOL", "split_top_level"
@@ -360,7 +360,8 @@ def answers_equivalent(predicted: str | None, gold: str, *, timeout_s: float = 2
     Accepts any spelling of the same value: numbers (integers exactly, others within a relative 1e-6),
     fractions, LaTeX, expressions (``simplify(a - b) == 0``), equations, tuples and intervals (ordered),
     sets and comma lists (unordered), percentages when the gold answer has ``%``, and text answers
-    case-insensitively (``Yes``/``True`` are booleans). A hedge (see :func:`is_hedged`) is never equivalent.
+    case-insensitively (``Yes``/``True`` are booleans). Two answers with different units (``5 m``, ``5 cm``)
+    differ whatever their numbers; a unit on one side only is notation. A hedge (see :func:`is_hedged`) is never equivalent.
     Anything undecided within ``timeout_s`` seconds, too large to evaluate safely, longer than
     MAX_ANSWER_CHARS or nested deeper than MAX_NESTING is False: a reward must never hang a rollout worker.
     Safe to call from any thread.
@@ -370,6 +371,9 @@ def answers_equivalent(predicted: str | None, gold: str, *, timeout_s: float = 2
             return False
         pred, ref = normalize_answer(predicted), normalize_answer(gold)
         if not pred or not ref:
+            return False
+        units = unit_of(predicted), unit_of(gold)
+        if None not in units and units[0] != units[1]:  # "5 m" is no "5 cm", though both normalise to "5"
             return False
         if pred.casefold() == ref.casefold():
             return True
@@ -392,7 +396,8 @@ _HEDGE_MARKS: tuple[re.Pattern[str], ...] = (
     re.compile(r"\bor\b|\\lor(?![A-Za-z])|\u2228|\|\|", re.IGNORECASE),  # "a or b"
     re.compile(r"\u00b1|\u2213|\\pm(?![A-Za-z])|\\mp(?![A-Za-z])|\+\s*/\s*-"),  # "\pm 3", "+/- 3"
     re.compile(r"[<>\u2264\u2265\u2260]|\\(?:le|ge|leq|geq|lt|gt|neq|ne)(?![A-Za-z])"),  # a bound, not a value
-    re.compile(r"\b(?:either|maybe|perhaps|possibly|approximately)\b", re.IGNORECASE),
+    re.compile(r"\b(?:either|maybe|perhaps|possibly|approximately|about|around|roughly)\b", re.IGNORECASE),
+    re.compile(r"\u2248|\\approx(?![A-Za-z])|\\sim(?![A-Za-z])"),  # "~12" (kept as \u2248), "\approx 12": not exact
 )
 
 
@@ -404,8 +409,8 @@ def item_count(text: str) -> int:
 def is_hedged(predicted: str, gold: str) -> bool:
     """Whether ``predicted`` offers several candidates where ``gold`` has one: always a wrong answer.
 
-    A hedge is a word or sign that names alternatives or a range (``or``, ``\\pm``, ``+/-``, ``<``, ``\\le``,
-    ``maybe``) that the gold answer does not itself contain, or more top-level list items (``,``, ``;``,
+    A hedge is a word or sign that names alternatives, a range or an approximation (``or``, ``\\pm``, ``+/-``,
+    ``<``, ``\\le``, ``maybe``, ``~12``, ``\\approx``) that the gold answer does not itself contain, or more top-level list items (``,``, ``;``,
     ``and``) than the gold answer has. Without this rule a policy learns to list every value it considers
     and a lenient parser picks the right one.
     """

@@ -42,6 +42,12 @@ CODEIO_REL_TOL = 1e-9  # CodeI/O floats: the same output up to float rounding (B
 _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d{1,2})?")
 _FRACTION = re.compile(r"([+-]?)\s*(?:\\frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}|\\frac(\d)(\d)|(\d+)\s*/\s*(\d+))")
 _ASSIGNMENT = re.compile(r"\s*([A-Za-z])\s*=\s*(.+)", re.DOTALL)
+#: A number followed by up to three words naming what it counts ("7 apples", "12 red marbles").
+_COUNTED = re.compile(r"([+-]?(?:\d+(?:\.\d*)?|\.\d+))\s+([A-Za-z]+(?:[ '-][A-Za-z]+){0,2})")
+#: Words after a number that make it something other than a count of things: an alternative, a range, an
+#: operation or an approximation ("7 or so", "7 to 8", "7 plus tax", "7 maybe").
+_NOT_A_NOUN = re.compile(r"\b(?:or|and|to|plus|minus|times|over|per|of|maybe|perhaps|approximately|about|around|"
+                         r"roughly|so|ish|more|less|percent|than|not)\b", re.IGNORECASE)
 
 
 def _reduced_fraction(text: str) -> tuple[int, int] | None:
@@ -58,13 +64,14 @@ def number_value(answer: str, *, variable: str | None = None) -> Fraction | None
 
     A number is an integer or decimal (``12271``, ``12271.0``, ``1.2271e4``, ``12,271``, ``-3``), or a
     fraction in lowest terms (``7/2``, ``\\frac{7}{2}``), optionally as ``v = 12271`` (with ``variable``,
-    only that variable), in ``$...$``/``\\text{}`` and with a known unit word. An expression (``27*42``,
+    only that variable), in ``$...$``/``\\text{}``, after "The answer is", with a known unit word or up
+    to three words naming what it counts (``7 apples``), or a mixed number (``1\\frac{1}{2}``). An expression (``27*42``,
     ``28/2``) is not a number: the task asks for the computed value, as "simplify" asks for the reduced
     form, and accepting the question's own expression would reward echoing it.
     """
     if not isinstance(answer, str) or len(answer) > MAX_LITERAL_CHARS:
         return None
-    answer = answer.replace("$", "")
+    answer = answer.replace("\\$", "").replace("$", "")  # "\boxed{\$12}": the escaped sign goes too
     assignment = _ASSIGNMENT.fullmatch(answer)
     if assignment:  # before normalize_answer, which drops any single-letter "x ="
         if variable is not None and assignment[1] != variable:
@@ -73,6 +80,8 @@ def number_value(answer: str, *, variable: str | None = None) -> Fraction | None
     if "=" in answer:  # "x_1 = 5", "a = b = 5": not one value of the unknown asked for
         return None
     text = normalize_answer(answer)
+    if (counted := _COUNTED.fullmatch(text)) and not _NOT_A_NOUN.search(counted[2]):
+        text = counted[1]  # "7 apples": the number of the things asked about
     if _NUMBER.fullmatch(text):
         try:
             return Fraction(Decimal(text))

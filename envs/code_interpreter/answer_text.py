@@ -12,7 +12,7 @@ import re
 
 __all__ = [
     "extract_final_answer", "final_answer_candidates", "has_final_answer", "HEDGE_JOINER", "MAX_HEDGE_SHOWN",
-    "MAX_NESTING", "normalize_answer"
+    "MAX_NESTING", "normalize_answer", "unit_of"
 ]
 
 MAX_NESTING = 30  # brackets deeper than this are only compared as text
@@ -130,6 +130,38 @@ _SINGLE_VARIABLE_EQUATION = re.compile(r"(?:[A-Za-z](?:_\{?\w+\}?)?|\\[A-Za-z]+)
 _NUMBER_WITH_UNITS = re.compile(r"([-+]?\d[\d,]*(?:\.\d+)?)\s*([A-Za-z][A-Za-z ]*?)(?:\^\{?[23]\}?)?")
 _UNITS = frozenset("mm cm m km meter meters inch inches ft feet mile miles mph kg g grams lb pounds sec seconds "
                    "minutes hours days weeks years dollars cents degrees units square sq cubic".split())
+#: Spellings of one unit, so that a unit dropped from both sides can still be compared ("5 meters" is
+#: "5 m", "5 m" is not "5 cm").
+_UNIT_NAMES = {"meter": "m", "meters": "m", "inch": "in", "inches": "in", "feet": "ft", "mile": "mi", "miles": "mi",
+               "grams": "g", "pounds": "lb", "sec": "s", "seconds": "s", "minutes": "min", "hours": "h", "days": "d",
+               "weeks": "wk", "years": "yr", "dollars": "$", "cents": "c", "degrees": "deg", "sq": "square"}
+#: A leading "the answer is" / "final answer:" changes nothing ("The answer is 7").
+_STOCK_PHRASE = re.compile(r"^(?:(?:so|thus|therefore|hence),?\s+)?(?:the\s+|my\s+)?(?:final\s+)?answer\s*(?:is\s*:?|:|=)\s*",
+                           re.IGNORECASE)
+#: A tilde that starts a number ("~12", "$~12$") means "about 12", not LaTeX's non-breaking space ("5~cm").
+_APPROXIMATELY = re.compile(r"(?:^|(?<=[\s(=]))~(?=\s*[-+.\d])")
+#: A mixed number ``1\frac{1}{2}`` (a whole number, then a proper fraction): school notation for 3/2.
+_MIXED = re.compile(r"([+-]?)(\d{1,18})\s*\\frac\s*\{\s*(\d{1,18})\s*\}\s*\{\s*(\d{1,18})\s*\}")
+
+
+def unit_of(text: str) -> str | None:
+    """The unit after a plain number (``5 cm`` -> ``cm``, ``5 meters`` -> ``m``), or None without one.
+
+    Only known units count (as in :func:`normalize_answer`), in one spelling per unit.
+    """
+    if not isinstance(text, str):
+        return None
+    s = _unwrap_answers(text.strip()).replace("\\$", "").replace("$", "")
+    for _ in range(MAX_NESTING):
+        s, count = _TEXT_MACRO.subn(r"\1", s)
+        if not count:
+            break
+    s = re.sub(r"\\[;:, !]|~", " ", s)
+    s = " ".join(_STOCK_PHRASE.sub("", s).split()).removesuffix(".").strip()
+    match = _NUMBER_WITH_UNITS.fullmatch(s)
+    if not match or not all(word.lower() in _UNITS for word in match[2].split()):
+        return None
+    return " ".join(_UNIT_NAMES.get(word.lower(), word.lower()) for word in match[2].split())
 
 
 def normalize_answer(text: str) -> str:
@@ -138,13 +170,17 @@ def normalize_answer(text: str) -> str:
     Unwraps ``\\boxed{}`` and ``<answer>`` tags, drops ``$``, ``\\text{}``-like wrappers, ``\\left``/``\\right``, LaTeX spacing, degree marks and a trailing
     period; spells ``\\dfrac``/``\\tfrac`` as ``\\frac`` and ``\\%`` as ``%``; turns ``1,000`` into ``1000``
     (a whole-string number only, so the tuple ``(1,2)`` is kept); drops unit words after a plain number
-    (``5 cm``, known units only: dropping words elsewhere could change the answer); and reduces ``x = 3`` to
-    ``3`` when the left side is a single variable (an equation like ``x + y = 3`` is kept).
+    (``5 cm``, known units only: dropping words elsewhere could change the answer; :func:`unit_of` keeps
+    the unit for comparison); reduces ``x = 3`` to ``3`` when the left side is a single variable (an equation
+    like ``x + y = 3`` is kept); drops a leading "The answer is"; writes a mixed number ``1\\frac{1}{2}`` as
+    ``\\frac{3}{2}``; and keeps a tilde before a number as ``\u2248`` ("about 12": a hedge), where elsewhere
+    it is LaTeX's non-breaking space.
     """
     if not isinstance(text, str):
         return ""
     s = _unwrap_answers(text.strip())
     s = s.replace("\\$", "").replace("$", "").replace("\\displaystyle", "").replace("\u2212", "-")
+    s = _APPROXIMATELY.sub("\u2248", _STOCK_PHRASE.sub("", s.strip()))
     s = re.sub(r"\\[()\[\]]", "", s)
     for _ in range(MAX_NESTING):  # innermost first: \text{\textbf{5}}
         s, count = _TEXT_MACRO.subn(r"\1", s)
@@ -162,4 +198,7 @@ def normalize_answer(text: str) -> str:
         s = match[1]
     if _THOUSANDS.fullmatch(s):
         s = s.replace(",", "")
+    if (mixed := _MIXED.fullmatch(s)) and 0 < int(mixed[3]) < int(mixed[4]):
+        whole, num, den = int(mixed[2]), int(mixed[3]), int(mixed[4])
+        s = f"{mixed[1]}\\frac{{{whole * den + num}}}{{{den}}}"
     return s

@@ -4,7 +4,7 @@ GuessNumber's ``guess``.
 One function, :func:`grade_answer`, is both the env's reward check and what the labelled grading set
 (``tests/data/grading/games.jsonl``) measures, so the measured false-positive rate is the one training sees.
 An answer is one integer in any spelling a JSON tool argument can take (``1134``, ``1134.0``, ``1.134e3``,
-``+1134``) or with thousands separators (``1,134``); an expression (``27*42``, the question echoed back),
+``+1134``), with thousands separators (``1,134``) or a currency sign (``$196``); an expression (``27*42``, the question echoed back),
 a hedge (``1134 or 1135``), a non-integer or a boolean is never correct. Maze has no free-form answer: its
 moves are checked by the maze itself.
 """
@@ -23,6 +23,8 @@ __all__ = ["expected_answer", "grade_answer", "integer_value"]
 MAX_DIGITS = 60  # the calculator's results have at most 60 digits; longer text is not a plausible answer
 _JSON_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d{1,2})?")
 _THOUSANDS = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+")
+#: One currency sign before the digits ("$196", "-$5", "\u20ac12"); the sign is notation, not a second value.
+_CURRENCY = re.compile(r"^([+-]?)\s*(?:\\?\$|\u20ac|\u00a3|\u00a5)\s*(?=\d)")
 
 
 def integer_value(answer: object) -> int | None:
@@ -35,6 +37,7 @@ def integer_value(answer: object) -> int | None:
     text = str(answer).strip()
     if len(text) > MAX_DIGITS + 10:
         return None
+    text = _CURRENCY.sub(r"\1", text)  # "$196" (a word problem about money) names 196
     if _THOUSANDS.fullmatch(text):
         text = text.replace(",", "")
     if not _JSON_NUMBER.fullmatch(text):

@@ -112,3 +112,36 @@ def test_a_family_without_a_grader_is_skipped_with_a_note(bench, rows) -> None:
     row = {**rows[0], "env": "no_such_env"}
     cells, notes = bench.evaluate([row])
     assert cells == {} and len(notes) == 1 and "no_such_env" in notes[0]
+
+
+def test_the_set_holds_the_cases_graders_once_misjudged(rows) -> None:
+    """Each once-misjudged form is a labelled line, right or wrong as constructed (and graded so above)."""
+    def has(env: str, verdict: bool, predicate) -> bool:
+        return any(r["env"] == env and r["verdict"] is verdict and predicate(r) for r in rows)
+
+    assert has("code", False, lambda r: r["answer"].startswith("~"))  # "about 12"
+    assert has("code", True, lambda r: r["answer"].startswith("The answer is "))
+    assert has("code", True, lambda r: r["answer"].endswith(" apples"))
+    assert has("code", True, lambda r: r["answer"].startswith("\\boxed{\\$"))
+    assert has("code", True, lambda r: r["answer"] == "1\\frac{1}{2}")
+    assert has("games", True, lambda r: r["kind"] == "calculator" and r["answer"].startswith("$"))
+    for answer in ("USA", "U.S.", "the US", "America", "Suva, Fiji", "The capital of Fiji is Suva.", "yen (¥)"):
+        assert has("search", True, lambda r, a=answer: r["answer"] == a), answer
+    assert has("search", False, lambda r: r["answer"] == "USA or Canada")
+
+
+def test_benchmark_prints_math_verify_next_to_ours(bench, rows, capsys) -> None:
+    """The comparison table: our confusion counts and math-verify's on the same lines (real math-verify)."""
+    pytest.importorskip("math_verify")
+    sample = [r for r in rows if r["env"] == "code" and r["kind"] == "gsm_symbolic"][:12]
+    sample += [r for r in rows if r["env"] == "code" and r["answer"].startswith("~")][:2]
+    ours, _ = bench.evaluate(sample)
+    theirs = bench.evaluate_baseline(sample)
+    assert set(theirs) == set(ours)
+    assert sum(cell.n for cell in theirs.values()) == len(sample)
+    assert bench.math_verify_grade(bench.task_of(sample[0]), "12345678") is False
+    table = bench.format_comparison(ours, theirs)
+    assert "math-verify TP" in table and "ours TP" in table and "gsm_symbolic" in table
+    for line in table.splitlines()[2:]:
+        numbers = [int(x) for x in line.replace("|", " ").split()[2:]]
+        assert numbers[0] == sum(numbers[1:5]) == sum(numbers[5:9]), line  # n = TP + FP + FN + TN, both sides

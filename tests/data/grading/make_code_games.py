@@ -84,6 +84,18 @@ for kind in ("basic_arithmetic", "gsm_symbolic", "simple_equations", "count_prim
             add("code", kind, t, f"{v.numerator}/{v.denominator}", True, "the same value as a reduced fraction")
             add("code", kind, t, str(math.floor(v)), False, "rounded down: not the value")
             add("code", kind, t, f"{math.floor(v)} or {math.ceil(v)}", False, "hedge")
+        if is_int:  # notation math-verify and our grader once misjudged
+            add("code", kind, t, f"The answer is {g}", True, "a stock phrase before the number")
+            add("code", kind, t, f"~{g}", False, "'about g': an approximation, not the value (the tilde is no LaTeX space here)")
+            add("code", kind, t, f"\\approx {g}", False, "an approximation, not the value")
+            noun = {"gsm_symbolic": "apples", "letter_counting": "letters", "count_primes": "primes"}.get(kind)
+            if noun:
+                add("code", kind, t, f"{g} {noun}", True, "the number with the noun it counts")
+                add("code", kind, t, f"{g + 1} {noun}", False, "off by one, with a noun")
+            if kind == "gsm_symbolic":
+                add("code", kind, t, f"\\boxed{{\\${g}}}", True, "a boxed amount of money with an escaped dollar sign")
+                add("code", kind, t, f"${g}", True, "a dollar sign")
+                add("code", kind, t, f"{g} dollars", True, "a unit word")
         if kind == "basic_arithmetic":
             add("code", kind, t, t.metadata["entry"]["metadata"]["expression"], False,
                 "the question's own expression echoed, not its value (numeric kinds want the computed number)")
@@ -109,6 +121,9 @@ for t in pick("fraction_simplification", 6):
     add("code", kind, t, f"{n / d:.6f}", False, "a decimal, not the simplified fraction asked for")
     add("code", kind, t, f"{n + 1}/{d}", False, "numerator off by one")
     add("code", kind, t, f"{n}/{d} or {N}/{D}", False, "hedge")
+    if n > d > 1:  # an improper fraction: its mixed number is the same reduced value
+        add("code", kind, t, f"{n // d}\\frac{{{n % d}}}{{{d}}}", True, "the mixed number of the reduced fraction")
+        add("code", kind, t, f"{n // d + 1}\\frac{{{n % d}}}{{{d}}}", False, "a mixed number one too large")
 
 # ---- prime factorization
 pf = pick("prime_factorization", 6)
@@ -276,6 +291,9 @@ C = [
                        (str(2 ** 997), True, "the number written out")]),
     ("P_Sequence_41", [("\\frac{1+\\sqrt{4a+1}}{2}", True, "gold in LaTeX"), ("\\frac{1-\\sqrt{4a+1}}{2}", False, "other root"),
                        ("\\frac{1\\pm\\sqrt{4a+1}}{2}", False, "hedge")]),
+    ("P_Inequality_16", [("3/2", True, "gold"), ("1\\frac{1}{2}", True, "the mixed number"),
+                         ("The answer is 3/2", True, "a stock phrase"), ("~1.5", False, "an approximation"),
+                         ("1\\frac{1}{3}", False, "a different mixed number"), ("1.5 or 2", False, "hedge")]),
     ("P_Inequality_11", [("2^n", True, "gold"), ("2^{n}", True, "braces"), ("2^{n+1}", False, "different"),
                          ("2^n, 2^{n+1}", False, "hedge list")]),
 ]
@@ -306,6 +324,8 @@ for t in calc:
     add("games", "calculator", t, f"{m['a']}{m['op']}{m['b']}", False, "the question echoed, not its value")
     add("games", "calculator", t, f"{g} or {g + 1}", False, "hedge")
     add("games", "calculator", t, f"{g}.5", False, "not an integer")
+    add("games", "calculator", t, f"${g}", True, "a dollar sign before the integer")
+    add("games", "calculator", t, f"${g + 1}", False, "off by one, with a dollar sign")
 for t in list(load_suite("games-guess").test)[:6] + list(load_suite("games-guess").train)[:4]:
     s = int(t.answer)
     add("games", "guess_number", t, str(s), True, "the secret")

@@ -233,3 +233,40 @@ def test_random_text_never_raises(predicted: str, gold: str) -> None:
     assert answers_equivalent(gold, gold) or not normalize_answer(gold)
     extract_final_answer(predicted)
     normalize_answer(predicted)
+
+
+# ---- notation once misjudged (the tilde, units, mixed numbers, stock phrases, an escaped dollar sign) ----
+@pytest.mark.parametrize(("predicted", "gold", "verdict"), [
+    ("~12", "12", False),  # "about 12": the tilde before a number is no LaTeX space
+    ("$~12$", "12", False),
+    ("\\approx 12", "12", False),
+    ("5~cm", "5 cm", True),  # between a number and its unit the tilde is LaTeX's non-breaking space
+    ("5 m", "5 cm", False),  # the unit words were dropped from both sides, leaving 5 = 5
+    ("5 meters", "5 m", True),
+    ("5", "5 cm", True),  # a unit on one side only is notation
+    ("1\\frac{1}{2}", "3/2", True),  # a mixed number, not 1 * 1/2
+    ("-2\\frac{1}{3}", "-7/3", True),
+    ("1\\frac{1}{3}", "3/2", False),
+    ("The answer is 7", "7", True),
+])
+def test_tilde_units_and_mixed_numbers(predicted: str, gold: str, verdict: bool) -> None:
+    assert answers_equivalent(predicted, gold) is verdict
+
+
+@pytest.mark.parametrize(("answer", "value"), [
+    ("The answer is 7", Fraction(7)), ("Final answer: 7", Fraction(7)), ("7 apples", Fraction(7)),
+    ("12 red marbles", Fraction(12)), ("\\boxed{\\$12}", Fraction(12)), ("$12", Fraction(12)),
+    ("12 dollars", Fraction(12)), ("1\\frac{1}{2}", Fraction(3, 2)),
+    ("~12", None), ("7 or so", None), ("7 to 8", None), ("7 or 8", None), ("about 7", None), ("7 apples 8", None),
+])
+def test_number_value_of_numeric_kinds(answer: str, value: Fraction | None) -> None:
+    from agentgym.envs.code_interpreter.answers import grade_answer, number_value
+    from agentgym.suite import Task
+
+    assert number_value(answer) == value
+    task = Task("g", "How many?", str(value if value is not None else 12),
+                {"source": "reasoning_gym", "dataset": "gsm_symbolic", "entry": {"metadata": {}}})
+    if value is not None and value.denominator == 1:
+        assert grade_answer(task, answer) is True
+    if answer == "~12":
+        assert grade_answer(task, answer) is False

@@ -75,6 +75,17 @@ def test_calculator_reference_flow_and_reward() -> None:
     assert obs.startswith("Correct")
 
 
+@pytest.mark.parametrize(("answer", "verdict"), [
+    ("$1134", True), ("-$1134", False), ("$ 1134", True), ("$1,134", True), ("$1135", False), ("$$1134", False),
+    ("1134$", False), ("$", False), ("$27*42", False),
+])
+def test_calculator_answer_check_reads_a_dollar_sign(answer: str, verdict: bool) -> None:
+    """A word problem about money gets "$196": the sign is notation, the integer is what is graded."""
+    from agentgym.envs.games.grading import grade_answer
+
+    assert grade_answer(CALC_TASK, answer) is verdict
+
+
 def test_calculator_wrong_answer_ends_without_reward() -> None:
     env = gym.make("agentgym/Calculator-v0")
     env.reset(seed=0, options={"task": CALC_TASK})
