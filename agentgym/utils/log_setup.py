@@ -70,12 +70,14 @@ def setup_logging(level: int = logging.WARNING, *, agentgym_level: int | None = 
 
     ``level`` applies to the root logger (other libraries), ``agentgym_level`` to agentgym's own loggers (e.g.
     INFO for a training run's progress while other libraries stay at WARNING). Calling it again (a command that
-    runs another, a test) replaces the handler rather than adding a second one. Handlers that other code attached
-    to the root logger are removed: two handlers print every line twice, in two formats.
+    runs another, a test) replaces the handler rather than adding a second one. Plain stream handlers that other
+    code attached to the root logger (``logging.basicConfig``) are removed too: two handlers print every line twice,
+    in two formats. Handlers of other kinds (files, a test runner's capture) stay.
     """
     root = logging.getLogger()
     for old in list(root.handlers):
-        root.removeHandler(old)
+        if getattr(old, _MARK, False) or type(old) is logging.StreamHandler:
+            root.removeHandler(old)
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(ShortNameFormatter())
     setattr(handler, _MARK, True)
