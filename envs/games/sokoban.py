@@ -340,7 +340,7 @@ def generate_tasks(rng: random.Random, count: int, *, width: int = 6, height: in
                    f"target{'' if n_boxes == 1 else 's'} in this {width}x{height} room.",
             answer=None,
             metadata={"width": width, "height": height, "boxes": n_boxes, "seed": seed, "rows": rows,
-                      "optimal_moves": len(solution)},  # the id's "-gym" says which generator
+                      "optimal_moves": len(solution)},  # the generator: "-gym" in the id, and the suite file
         ))
     return tasks
 

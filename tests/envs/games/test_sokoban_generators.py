@@ -95,6 +95,11 @@ def test_sokoban_suite_held_out_splits_repeat_no_room_or_seed_of_training() -> N
             assert not [t.id for t in held if room_layout(t.metadata["rows"]) in train_layouts], (name, split)
             assert not {t.metadata["seed"] for t in held} & train_seeds, (name, split)
             assert len(_layouts(held)) == len(held), (name, split)  # no room twice within a split either
+    gym_suite = load_suite("sokoban-gym")
+    assert gym_suite.env_kwargs == {"reward": "gym-sokoban"}
+    for split in gym_suite.splits:  # the reference solver solves them
+        report = gym_suite.validate(split=split, limit=5)
+        assert report.ok and report.checked == 5, str(report)
 
 
 def test_room_half_ignores_the_player() -> None:
