@@ -84,6 +84,9 @@ class Plan:
 #: The reduced training run the train and quickstart commands stand for: the same recipe and model, minutes less.
 SMALL = ("--set steps=1 --set bc_steps=200 --set bc_demos=200 --set tasks_per_step=4 --set group_size=2 "
          "--set eval_every=0 --set eval_tasks=8 --set checkpoint_every=0")
+#: The quickstart recipe's full BC warm start (a model with a non-zero success rate) and one small GRPO step.
+WARM_START_ONLY = ("--set steps=1 --set tasks_per_step=4 --set group_size=2 --set eval_every=0 --set eval_tasks=8 "
+                   "--set checkpoint_every=0")
 TRAIN_X = "agentgym train configs/quickstart_calc.yaml --set steps=50 --set mask_void_turns=true --output-dir runs/x"
 SERVED_EVAL = "agentgym eval --suite games-calc --policy openai:http://127.0.0.1:8000/v1#model --temperature 0"
 HF_EVAL = "agentgym eval --suite games-calc --policy hf:runs/quickstart/grpo/model --temperature 0"
@@ -92,9 +95,10 @@ COMPARED = 30
 
 PLAN: dict[str, Plan] = {
     "make quickstart": Plan(
-        reduced=f"agentgym train configs/quickstart_calc.yaml {SMALL}", slow=True,
-        why="the full run takes minutes and `make` pip-installs first; the same recipe, smaller, writes the "
-            "quickstart's model to runs/quickstart/grpo/model, which the eval and serve commands then use"),
+        reduced=f"agentgym train configs/quickstart_calc.yaml {WARM_START_ONLY}", slow=True,
+        why="the full run takes minutes and `make` pip-installs first; the same recipe with its whole BC warm start "
+            "and one GRPO step writes the quickstart's model to runs/quickstart/grpo/model, which the eval and serve "
+            "commands then use (it answers some questions right, so their success rates compare something)"),
     "make test": Plan(reduced="make -n test", why="it runs the whole suite, this test included: only its recipe "
                                                    "is checked (make -n)", cwd_repo=True),
     "agentgym train configs/quickstart_calc.yaml": Plan(
@@ -351,17 +355,21 @@ def test_the_served_quickstart_model_scores_as_in_process(workspace: Path, serve
     assert "using the server's defaults" in result.stderr and "max tokens 24" in result.stderr, result.stderr
     summaries = [json.loads((run / "summary.json").read_text()) for run in (in_process, through_server)]
     assert summaries[1]["end_reasons"].get("context_limit", 0) == 0, summaries[1]
-    assert summaries[1]["warnings"] == [], summaries[1]["warnings"]
-    assert summaries[1]["success_rate"] == summaries[0]["success_rate"], summaries
+    assert not any("context_limit" in w for w in summaries[1]["warnings"]), summaries[1]["warnings"]
 
-    def actions(run: Path) -> dict[str, list[str]]:
+    def episodes(run: Path) -> dict[str, tuple[list[str], bool]]:
         rows = [json.loads(line) for line in (run / "trajectories.jsonl").read_text().splitlines()]
-        return {row["task_id"]: [turn["action"] for turn in row["turns"]] for row in rows}
+        return {row["task_id"]: ([turn["action"] for turn in row["turns"]], bool(row["outcome"].get("success")))
+                for row in rows}
 
-    same = actions(in_process), actions(through_server)
-    assert same[0].keys() == same[1].keys()
-    agree = sum(same[0][k] == same[1][k] for k in same[0])
-    assert agree >= len(same[0]) - 1, f"{agree}/{len(same[0])} episodes replied alike"  # batch padding: last bits
+    here, there = episodes(in_process), episodes(through_server)
+    assert here.keys() == there.keys() and len(here) == COMPARED
+    # Greedy replies are the same when the prompts are; batches padded differently may flip a near-tie token
+    # (the last float bits of a logit), so one episode in the run may differ, and only it may score otherwise.
+    differing = [k for k in here if here[k][0] != there[k][0]]
+    assert len(differing) <= 1, f"{len(differing)}/{COMPARED} episodes replied otherwise through the server"
+    assert all(here[k][1] == there[k][1] for k in here if k not in differing)
+    assert abs(summaries[1]["success_rate"] - summaries[0]["success_rate"]) * COMPARED <= len(differing), summaries
     run_documented("agentgym eval --suite games-calc --policy openai:http://127.0.0.1:8000/v1#model", workspace,
                    port=server.port)
 
