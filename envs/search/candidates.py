@@ -17,15 +17,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from functools import lru_cache
-from typing import TYPE_CHECKING
 
-from agentgym.envs.search.scoring import SentenceContext, normalize_answer, rival_names
 from agentgym.envs.search.sources import LANGUAGE_NAMES, _countryinfo_records, _geonames_file, load_world, plain
 
-if TYPE_CHECKING:
-    from agentgym.suite import Task
-
-__all__ = ["ANSWER_TYPES", "COMMON_COUNTRY_NAMES", "STOCK_WORDS", "answer_type", "context_for", "country_short_names"]
+__all__ = ["ANSWER_TYPES", "COMMON_COUNTRY_NAMES", "STOCK_WORDS", "answer_type", "candidate_names",
+           "country_short_names", "is_search_kind"]
 
 #: Names of one country only, missing from countryinfo's altSpellings (alpha-3 -> names).
 COMMON_COUNTRY_NAMES: Mapping[str, tuple[str, ...]] = {
@@ -94,7 +90,8 @@ def country_short_names(code: str) -> tuple[str, ...]:
 
 
 @lru_cache(maxsize=1)
-def _candidates() -> dict[str, frozenset[str]]:
+def candidate_names() -> dict[str, tuple[str, ...]]:
+    """Every candidate answer of each type (:data:`ANSWER_TYPES`), from the reconciled records and GeoNames."""
     world = load_world()
     countries = world.countries.values()
     towns = [str(c["name"]) for c in _geonames_file("cities15000.json").values()  # "Suva, Nadi" names two
@@ -103,22 +100,10 @@ def _candidates() -> dict[str, frozenset[str]]:
     names = [n for c in countries for n in (c.name, *c.aliases, *country_short_names(c.code))]
     currencies = [n for c in countries for n in (c.currency, c.currency_code)] + ["Euro", "CFA franc"]
     counts = [str(n) for n in range(100)] + list(_NUMBER_WORDS)
-    return {"capital": rival_names(capitals), "country": rival_names(names), "currency": rival_names(currencies),
-            "language": rival_names(LANGUAGE_NAMES.values()), "count": rival_names(counts)}
+    return {"capital": tuple(capitals), "country": tuple(names), "currency": tuple(currencies),
+            "language": tuple(LANGUAGE_NAMES.values()), "count": tuple(counts)}
 
 
-def context_for(task: Task) -> SentenceContext | None:
-    """What a sentence answer to ``task`` is judged against, or None for a task of no known search kind
-    (then only bare answers pass)."""
-    kind = str(task.metadata.get("kind") or "")
-    if not kind or not re.fullmatch(r"[a-z_]+", kind):
-        return None
-    own = answer_type(kind)
-    allowed = frozenset(normalize_answer(str(task.prompt)).split()) | STOCK_WORDS
-    return SentenceContext(rivals=_candidates()[own], allowed=allowed, others=_others(own))
-
-
-@lru_cache(maxsize=len(ANSWER_TYPES))
-def _others(own: str) -> frozenset[str]:
-    """Names of every type but ``own`` (and counts): they may stand next to the gold in a sentence."""
-    return frozenset().union(*(names for name, names in _candidates().items() if name not in (own, "count")))
+def is_search_kind(kind: str) -> bool:
+    """Whether ``kind`` looks like a question kind (lower-case words joined by underscores)."""
+    return bool(kind) and re.fullmatch(r"[a-z_]+", kind) is not None

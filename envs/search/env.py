@@ -27,8 +27,14 @@ import numpy as np
 from agentgym.envs.search.corpus import Corpus, load_corpus
 from agentgym.envs.search.index import corpus_retriever
 from agentgym.envs.search.questions import ENTITY_GROUPS, generate_questions
-from agentgym.envs.search.candidates import context_for
-from agentgym.envs.search.scoring import AnswerScore, SentenceContext, accepted_answers, grade_against, score_answer
+from agentgym.envs.search.scoring import (
+    AnswerScore,
+    SentenceContext,
+    accepted_answers,
+    context_for,
+    grade_against,
+    score_answer,
+)
 from agentgym.tools.retrieval import Document, RetrievalError, Retriever, tokenize
 
 from agentgym.env import AgentEnv, ReferenceSolver

@@ -22,7 +22,10 @@ import unicodedata
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING
+
+from agentgym.envs.search.candidates import ANSWER_TYPES, STOCK_WORDS, answer_type, candidate_names, is_search_kind
 
 if TYPE_CHECKING:
     from agentgym.suite import Task
@@ -31,6 +34,7 @@ __all__ = [
     "AnswerScore",
     "SentenceContext",
     "accepted_answers",
+    "context_for",
     "exact_match",
     "f1_score",
     "grade_answer",
@@ -151,7 +155,7 @@ def _spans(words: list[str], names: frozenset[str] | set[str]) -> list[tuple[int
 
 @dataclass(frozen=True)
 class SentenceContext:
-    """What a sentence answer is judged against (built by :func:`agentgym.envs.search.candidates.context_for`).
+    """What a sentence answer is judged against (built by :func:`context_for`).
 
     ``rivals``: findable forms of every other candidate of the answer's type (a sentence naming one fails);
     ``allowed``: the phrases that may stand around the gold: the question's own words, the words of stock
@@ -224,6 +228,26 @@ def grade_answer(task: Task, answer: str) -> bool:
     a list of aliases, invites stuffing; this accepts equivalent forms and nothing that names a second
     candidate.
     """
-    from agentgym.envs.search.candidates import context_for
-
     return grade_against(answer, accepted_answers(task), context_for(task))
+
+
+@lru_cache(maxsize=8)
+def _rivals(answer_kind: str) -> frozenset[str]:
+    return rival_names(candidate_names()[answer_kind])
+
+
+@lru_cache(maxsize=8)
+def _others(answer_kind: str) -> frozenset[str]:
+    """Names of every type but ``answer_kind`` (and counts): they may stand next to the gold in a sentence."""
+    return frozenset().union(*(_rivals(name) for name in ANSWER_TYPES if name not in (answer_kind, "count")))
+
+
+def context_for(task: Task) -> SentenceContext | None:
+    """What a sentence answer to ``task`` is judged against, or None for a task of no known search kind
+    (then only bare answers pass)."""
+    kind = str(task.metadata.get("kind") or "")
+    if not is_search_kind(kind):
+        return None
+    own = answer_type(kind)
+    allowed = frozenset(normalize_answer(str(task.prompt)).split()) | STOCK_WORDS
+    return SentenceContext(rivals=_rivals(own), allowed=allowed, others=_others(own))
