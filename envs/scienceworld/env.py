@@ -40,7 +40,8 @@ from agentgym.parsers import ToolCallParser
 from agentgym.suite import Task
 from agentgym.toolset import ToolResult, ToolSet, tool
 
-__all__ = ["PROTOCOLS", "SPLITS", "UPSTREAM", "UPSTREAM_STEP_LIMIT", "VARIATIONS", "JavaNotFound", "ScienceWorldEnv", "generate_tasks", "task_for", "variations"]
+__all__ = ["PROTOCOLS", "SPLITS", "UPSTREAM", "UPSTREAM_STEP_LIMIT", "VARIATIONS", "JavaNotFound", "ScienceWorldEnv",
+           "generate_tasks", "task_for", "variations"]
 
 #: (train, dev, test) variation counts per task type, as scienceworld 1.2 splits them (contiguous, in that order).
 VARIATIONS: dict[str, tuple[int, int, int]] = {
@@ -61,7 +62,7 @@ VARIATIONS: dict[str, tuple[int, int, int]] = {
 }
 SPLITS = ("train", "dev", "test")
 MAX_COMMAND_CHARS = 200
-#: Scoring protocols: ours (failure -1, budget sized to the task) and the published baselines' (failure 0, 100 steps).
+#: Scoring protocols: ours (failure -1, budget sized to the task) and the published baselines' (failure 0, 100 moves).
 PROTOCOLS = ("agentgym", "upstream")
 #: What ``protocol="upstream"`` fixes: SwiftSage's evaluation scripts' defaults (``--env_step_limit 100``, a loop
 #: of at most twice that many model actions, ``--simplification_str easy``) and one action per model call.

@@ -244,7 +244,8 @@ def _map_seed(spec: GameSpec, first: int) -> int:
         pairs = [(graph.nodes[a]["name"], graph.nodes[b]["name"]) for a, b in graph.edges]
         if layout_distribution(pairs) == spec.distribution:
             return seed
-    raise TaskError(f"No house layout of the {spec.distribution} distribution in {_MAX_MAP_DRAWS} maps for {spec.name}.")
+    raise TaskError(f"No house layout of the {spec.distribution} distribution in {_MAX_MAP_DRAWS} maps for "
+                    f"{spec.name}; choose another game seed.")
 
 
 @contextlib.contextmanager
@@ -276,8 +277,8 @@ def _content(game: Any) -> dict[str, Any]:
                     for f in game.world.facts if f.name in ("north_of", "south_of", "east_of", "west_of")})
     directed = sorted({(names[f.arguments[0].name], f.name, names[f.arguments[1].name])
                        for f in game.world.facts if f.name in ("north_of", "south_of", "east_of", "west_of")})
-    ingredients = [str(item[0]) for item in game.metadata.get("ingredients") or ()]
-    return {"ingredients": ingredients, "recipe": [list(map(str, item)) for item in game.metadata.get("ingredients") or ()],
+    recipe = [[str(part) for part in item] for item in game.metadata.get("ingredients") or ()]
+    return {"ingredients": [item[0] for item in recipe], "recipe": recipe,
             "objective": str(game.objective), "walkthrough": [str(c) for c in game.walkthrough or ()],
             "rooms": [list(pair) for pair in rooms], "layout": [list(edge) for edge in directed]}
 

@@ -96,7 +96,8 @@ def test_upstream_fixes_its_settings_and_refuses_others() -> None:
     default = gym.make("agentgym/ScienceWorld-v0")
     try:
         default.reset(seed=0)
-        assert not default.unwrapped._sim.get_simplifications_used().strip() and default.unwrapped.max_calls_per_turn == 4
+        assert not default.unwrapped._sim.get_simplifications_used().strip()
+        assert default.unwrapped.max_calls_per_turn == 4
         assert default.unwrapped._sim.envStepLimit > 10_000  # a pooled JVM from an upstream env has no step limit
     finally:
         default.close()
