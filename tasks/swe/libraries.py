@@ -258,7 +258,7 @@ def fetch_library(name: str) -> Path:
     Built with :func:`agentgym.utils.cache.build_once`, so any number of processes may ask at once.
     """
     lib = get_library(name)
-    tree = cache_root() / "src" / lib.key
+    target = cache_root() / "src" / lib.key
 
     def extract(tmp: Path) -> None:
         sdist = _download_sdist(lib)
@@ -273,8 +273,38 @@ def fetch_library(name: str) -> Path:
                 shutil.move(str(item), tmp / item.name)
         if not (tmp / lib.package_dir).is_dir():
             raise TaskError(f"{lib.key}: package_dir {lib.package_dir!r} is not in the sdist; fix the declaration.")
+        _make_shareable(tmp)
 
-    return cache.build_once(tree, extract)
+    tree = cache.build_once(target, extract)
+    if not (tree / _SHAREABLE_MARK).is_file():  # a tree unpacked before the mark existed
+        with cache.file_lock(target.parent / f".{target.name}.lock"):
+            if not (tree / _SHAREABLE_MARK).is_file():
+                _make_shareable(tree)
+    return tree
+
+
+#: Written into a library tree once it holds no byte code and every sandbox user may read it.
+_SHAREABLE_MARK = ".agentgym-shareable"
+
+
+def _make_shareable(root: Path) -> None:
+    """Drop shipped byte code and make the tree readable by every user.
+
+    Sandboxes mount the tree read-only and run as a private, unprivileged uid, so a file the sdist packed with
+    mode 0600 (funcy 2.0 ships ``tests/__pycache__/*.pyc`` that way) would be unreadable there and break the
+    copy that sets up every episode. Byte code compiled by whoever built the sdist (PyPy 2.7, in funcy's case)
+    is never what the sandbox's Python would run anyway.
+    """
+    for cached in sorted(root.rglob("__pycache__"), reverse=True):
+        shutil.rmtree(cached, ignore_errors=True)
+    for path in [root, *root.rglob("*")]:
+        if path.is_symlink():
+            continue
+        mode = path.stat().st_mode
+        wanted = mode | 0o444 | (0o111 if path.is_dir() or mode & 0o100 else 0)
+        if wanted != mode:
+            path.chmod(wanted)
+    (root / _SHAREABLE_MARK).touch()
 
 
 def test_deps(name: str) -> Path | None:
