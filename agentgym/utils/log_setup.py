@@ -35,8 +35,11 @@ _CHATTY = ("httpx", "httpcore", "urllib3", "filelock", "asyncio")
 #: * transformers 5.x renamed the forward argument ``past_key_values`` to ``cache`` and warns on each call with the
 #:   old name (once per process under Python's default filter; once per forward call, hundreds per rollout, under
 #:   ``-W always`` or pytest); the policies pass the old name because transformers before 5 knows no other.
+#: * transformers 5.x renamed the model property ``is_gradient_checkpointing`` to ``is_activation_checkpointing``;
+#:   peft (wrapping a model for LoRA) and the model loader read the old name, which every release still answers.
 KNOWN_FOREIGN_WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
     (r"`past_key_values` is deprecated and will be removed", FutureWarning, r"(torch|transformers)\b"),
+    (r"`is_gradient_checkpointing` is deprecated", FutureWarning, r"transformers\b"),
 )
 
 
