@@ -38,10 +38,12 @@ install-test: system-deps install
 VENV ?= .venv
 QUICKSTART_ARGS ?=
 QUICKSTART_CHECK := import importlib.util as u, os, sys; \
-	need = ("torch", "transformers", "tokenizers", "safetensors", "matplotlib", "rich", "yaml", "agentgym.trainers"); \
-	missing = [n for n in need if u.find_spec(n) is None]; t = u.find_spec("agentgym.trainers"); \
-	here = t is None or os.path.realpath(t.origin).startswith(os.path.realpath("trainers") + os.sep); \
-	missing += [] if here else ["agentgym installed from this checkout"]; \
+	need = ("gymnasium", "numpy", "jsonschema", "yaml", "rich", "httpx", "torch", "transformers", "tokenizers", \
+	        "safetensors", "matplotlib"); \
+	missing = [n for n in need if u.find_spec(n) is None]; \
+	t = None if missing else u.find_spec("agentgym.trainers"); \
+	here = t is not None and os.path.realpath(t.origin).startswith(os.path.realpath("trainers") + os.sep); \
+	missing += [] if here or missing else ["agentgym installed from this checkout"]; \
 	print(", ".join(missing)); sys.exit(1 if missing else 0)
 
 quickstart:
