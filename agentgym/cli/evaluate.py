@@ -66,7 +66,6 @@ def run(args: argparse.Namespace) -> int:
 
     from agentgym.cli.report import render_summary_table, write_html_report
     from agentgym.policies import SamplingParams, make_policy
-    from agentgym.registration.suites import load_suite
     from agentgym.rollout import RolloutConfig, RolloutEngine, episodes_for_suite, summarize
     from agentgym.storage import TrajectoryWriter, errors_path
     from agentgym.utils.durable import SpaceReserve, atomic_write_text

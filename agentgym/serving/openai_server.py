@@ -83,7 +83,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentgym.serving.batcher import Batcher
 from agentgym.serving.limits import RequestLimits
-from agentgym.serving.http import BackgroundServer, bind_socket, check_port, import_uvicorn, serve, socket_url
+from agentgym.serving.http import BackgroundServer, bind_socket, check_port, import_uvicorn, serve
 from agentgym.serving.metrics import BatchStats
 from agentgym.serving.openai_app import create_app
 from agentgym.serving.openai_defaults import format_banner, served_defaults
