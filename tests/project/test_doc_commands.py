@@ -6,8 +6,9 @@ found in a fenced shell block must have an entry in :data:`PLAN`, which says how
 in a reduced form whose reason is written next to it (a smaller training run, a free port instead of a fixed one).
 A command added to the docs without an entry fails :func:`test_every_documented_command_has_a_plan`.
 
-Commands run from a fresh directory that links the repository's ``configs``, ``examples`` and ``benchmarks``,
-so relative paths resolve as in a checkout and everything they write stays in the test's directory. ``agentgym``
+Commands run from a fresh directory that links the repository's ``configs`` and ``examples`` and copies its
+``benchmarks`` (a benchmark writes its figures beside its script), so relative paths resolve as in a checkout and
+everything they write stays in the test's directory. ``agentgym``
 and ``python`` are this interpreter's. Servers are started, probed and stopped. The quick commands run by default;
 those that train, build or serve a model are ``slow`` (about 5 minutes on 2 CPU cores).
 """
@@ -213,9 +214,13 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh directory that resolves the docs' relative paths as a checkout does."""
+    import shutil
+
     root = tmp_path_factory.mktemp("copied")
-    for name in ("configs", "examples", "benchmarks"):
+    for name in ("configs", "examples"):
         (root / name).symlink_to(REPO / name)
+    # A copy, not a link: a benchmark writes its figures beside its script, which must not rewrite the checkout's.
+    shutil.copytree(REPO / "benchmarks", root / "benchmarks", ignore=shutil.ignore_patterns("results", "__pycache__"))
     return root
 
 
