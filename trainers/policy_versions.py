@@ -106,6 +106,12 @@ class _Versioned:
         self._mailbox, self._load_weights, self.loaded_version = mailbox, load, version
         self._stop_event = stop
         self._gate = threading.Lock()
+        # Weights are swapped, and each turn's version recorded, around one ``generate`` call per batch. The HF
+        # policy's continuous sampler decodes in its own thread outside that gate, so a rollout worker samples with
+        # the reference loop, where every batch is one ``generate`` call.
+        if getattr(self, "sampler", None) == "continuous":
+            self._sampler_before_mailbox = "continuous"
+            self.sampler = "reference"
 
     def detach_mailbox(self) -> None:
         """Load the newest published weights one last time, then sample as the plain policy again (a vLLM engine
@@ -113,6 +119,8 @@ class _Versioned:
         if self._mailbox is not None:
             self.refresh()
             self._mailbox = None
+            if getattr(self, "_sampler_before_mailbox", None):
+                self.sampler = self._sampler_before_mailbox
 
     def refresh(self) -> int:
         """Load the newest published weights if there are newer ones; returns the version now held."""

@@ -161,12 +161,15 @@ def test_a_disk_that_stays_full_stops_the_run_early(small_disk: Path) -> None:
         chat.close()
     run = small_disk / "run"
     assert result.returncode == 1, result.stderr
-    assert chat.requests == 5, "three failed writes in a row stop the run; episodes 6-10 never start"
+    # Writes trail their episodes (a writer thread), so the episode after the third lost one may already have
+    # sent its first request when the run stops; none after it does.
+    assert chat.requests in (5, 6), "three failed writes in a row stop the run; episodes 7-10 never start"
     assert "stopped early" in result.stderr and "--resume" in result.stderr and "Traceback" not in result.stderr
     assert result.stderr.count("was not written") == 3
     assert len(_lines(run / "trajectories.jsonl")) == 2
     summary = json.loads((run / "summary.json").read_text())  # written from the space reserved at the start
-    assert summary["episodes"] == 2 and summary["lost_episodes"] == 3 and summary["not_run"] == 5
+    assert summary["episodes"] == 2 and summary["lost_episodes"] == 3
+    assert summary["not_run"] == 10 - summary["episodes"] - summary["lost_episodes"]
 
 
 def _file_size_limit(limit: int) -> Callable[[], None]:

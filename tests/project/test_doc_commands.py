@@ -97,7 +97,7 @@ COMPARED = 30
 PLAN: dict[str, Plan] = {
     "make quickstart": Plan(
         reduced=f"agentgym train configs/quickstart_calc.yaml {WARM_START_ONLY}", slow=True,
-        why="the full run takes minutes and `make` pip-installs first; the same recipe with its whole BC warm start "
+        why="the full run takes minutes (and installs whatever is missing first); the same recipe with its whole BC warm start "
             "and one GRPO step writes the quickstart's model to runs/quickstart/grpo/model, which the eval and serve "
             "commands then use (it answers some questions right, so their success rates compare something)"),
     "make test": Plan(reduced="make -n test", why="it runs the whole suite, this test included: only its recipe "

@@ -336,7 +336,7 @@ def test_arpo_code_config_trains_a_step_on_the_code_interpreter(model_dir: Path,
     values = yaml.safe_load((repo / "configs" / "arpo_code.yaml").read_text())
     values.pop("trainer")
     values.update(SMOKE, model=str(model_dir), suite="code-smoke", eval_suite=None, output_dir=str(tmp_path / "run"),
-                  attribution="hard", hard_dedupe=True)
+                  attribution="hard", hard_dedupe=True, device="cpu")  # the shipped config is a GPU recipe
     summary = ArpoTrainer(ArpoConfig.from_dict(values)).train()
     assert summary["eval_after"]["episodes"] == 2
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
