@@ -114,11 +114,13 @@ def docker_host():
 
 
 # A background process the task needs at test time: solve.sh starts a heartbeat writer and returns.
-HEARTBEAT_SOLVE = ("nohup bash -c 'while sleep 0.2; do date +%s%N > /app/heartbeat; done' > /dev/null 2>&1 &\n"
+# The heartbeat is written to a temporary file and renamed, so test.sh never reads it half-written (empty).
+HEARTBEAT_SOLVE = ("nohup bash -c 'while sleep 0.2; do date +%s%N > /app/.beat && mv -f /app/.beat /app/heartbeat; "
+                   "done' > /dev/null 2>&1 &\n"
                    'echo "$GREETING" > /app/greeting.txt\n')
 HEARTBEAT_TEST = """#!/bin/bash
 echo "verifier running as uid $(id -u) in $(pwd)"
-a=$(cat /app/heartbeat 2>/dev/null); sleep 1; b=$(cat /app/heartbeat 2>/dev/null)
+a=$(cat /app/heartbeat 2>/dev/null); sleep 2; b=$(cat /app/heartbeat 2>/dev/null)
 alive=0; [ -n "$a" ] && [ "$a" != "$b" ] && alive=1
 greeting=0; [ "$(cat /app/greeting.txt 2>/dev/null)" = "$EXPECTED_GREETING" ] && greeting=1
 owner=$(stat -c %u /app/greeting.txt 2>/dev/null || echo none)
