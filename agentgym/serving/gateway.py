@@ -256,11 +256,7 @@ class Gateway:
             except APIError as exc:
                 if exc.code != "session_exists":
                     raise
-            with self._lock:
-                state = self._sessions.get(sid)
-            if state is None:  # recorded by an earlier gateway run: never append to another run's file
-                raise APIError(f"Session {sid!r} was recorded by an earlier run of this gateway; use a new id.",
-                               status=409, param="session", code="session_exists")
+            state = self._opened_elsewhere(sid)
         if state is None:
             raise APIError(f"No session {sid!r}: open it first (POST /v1/sessions) or make a model call in it.",
                            status=404, param="session", code="unknown_session")
@@ -285,6 +281,10 @@ class Gateway:
         except APIError as exc:
             if exc.code != "session_exists":
                 raise
+        return self._opened_elsewhere(sid)
+
+    def _opened_elsewhere(self, sid: str) -> _Session:
+        """The session another call opened first; 409 when it exists only as an earlier run's file."""
         with self._lock:
             state = self._sessions.get(sid)
         if state is None:  # recorded by an earlier gateway run: never append to another run's file
