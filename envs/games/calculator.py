@@ -199,11 +199,11 @@ class CalculatorEnv(AgentEnv):
         return f"{shown} = {value}"
 
     @tool
-    def answer(self, value: int) -> str:
+    def answer(self, value: int | str) -> str:
         """Submit your final answer; this ends the episode.
 
         Args:
-            value: The exact integer answer.
+            value: The exact integer answer; a money answer may keep its sign ("$1134", "$1,134").
         """
         self.mark_answer()
         correct = self.task is not None and grade_answer(self.task, value)  # what games.jsonl measures

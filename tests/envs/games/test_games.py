@@ -86,6 +86,18 @@ def test_calculator_answer_check_reads_a_dollar_sign(answer: str, verdict: bool)
     assert grade_answer(CALC_TASK, answer) is verdict
 
 
+@pytest.mark.parametrize(("action", "reward"), [
+    ('<tool_call>{"name": "answer", "arguments": {"value": "$1134"}}</tool_call>', 1.0),
+    ('answer("$1,134")', 1.0), ('answer("1134")', 1.0), ('answer(1134)', 1.0), ('answer("$1135")', 0.0),
+])
+def test_calculator_answer_tool_takes_a_money_answer_to_the_grader(action: str, reward: float) -> None:
+    """The tool's argument admits a string, so "$1134" reaches the grader instead of failing the integer type check."""
+    env = gym.make("agentgym/Calculator-v0")
+    env.reset(seed=0, options={"task": CALC_TASK})
+    _, got, terminated, _, info = env.step(action)
+    assert (got, terminated, info["outcome"]["end_reason"]) == (reward, True, "answered")
+
+
 def test_calculator_wrong_answer_ends_without_reward() -> None:
     env = gym.make("agentgym/Calculator-v0")
     env.reset(seed=0, options={"task": CALC_TASK})
@@ -98,8 +110,8 @@ def test_calculator_wrong_answer_ends_without_reward() -> None:
 def test_calculator_errors_are_observations() -> None:
     env = gym.make("agentgym/Calculator-v0")
     env.reset(seed=0, options={"task": CALC_TASK})
-    obs, reward, terminated, truncated, info = env.step('answer("1134")')
-    assert info["turn"]["kind"] == "invalid" and "value" in obs and "integer" in obs
+    obs, reward, terminated, truncated, info = env.step("answer([1134])")
+    assert info["turn"]["kind"] == "invalid" and "value" in obs and not terminated
     obs, *_, info = env.step("calc(1/0)")
     assert "use //" in obs and info["turn"]["kind"] == "invalid"
     obs, *_, info = env.step("calc(7)")  # an int literal still reaches calc as an expression
