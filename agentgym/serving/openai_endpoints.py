@@ -182,7 +182,8 @@ class OpenAIEndpoints(ServedModel):
         from agentgym.utils.images import image_parts
 
         processor = getattr(self.policy, "processor", None)
-        messages = parse_messages(body, vision=processor is not None)
+        template = getattr(processor, "chat_template", None) or getattr(self.tokenizer, "chat_template", None)
+        messages = parse_messages(body, vision=processor is not None, chat_template=template)
         images = [image for m in messages for image in image_parts(m.get("content"))]
         if not getattr(self.tokenizer, "chat_template", None):
             raise APIError("This model's tokenizer has no chat template; use /v1/completions with a raw prompt.",

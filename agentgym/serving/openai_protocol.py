@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentgym.errors import AgentGymError, DependencyNotInstalled, did_you_mean
+from agentgym.policies.chat_messages import MessageError, joined_text, normalize_messages
 
 try:
     from fastapi import Request
@@ -310,7 +311,8 @@ def parse_sampling(body: Mapping[str, Any], *, max_tokens_key: str = "max_tokens
 
 
 def _message_text(content: Any, index: int, vision: bool = False) -> str | list[dict[str, Any]] | None:
-    """Flatten OpenAI content (a string or a list of text parts) to the string chat templates expect; for a vision
+    """Flatten OpenAI content (a string or a list of text parts, joined with newlines as vLLM joins them) to the
+    string chat templates expect; for a vision
     model, content with ``image_url`` parts (data URIs) becomes agentgym content parts (text and
     ``{"type": "image", "image": ImageRef}``), which its processor's template renders."""
     if content is None or isinstance(content, str):
@@ -319,20 +321,15 @@ def _message_text(content: Any, index: int, vision: bool = False) -> str | list[
                                                     for p in content):
         return _vision_parts(content, index)
     if isinstance(content, list):
-        parts = []
         for part in content:
             if isinstance(part, Mapping) and part.get("type") == "image_url":
                 raise APIError(f"messages[{index}].content has an image, but this server's model reads text only; "
                                "serve a vision-language model (a directory with its processor) or send text.",
                                param=f"messages[{index}].content", code="images_unsupported")
-            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-                raise APIError(
-                    f"messages[{index}].content: only text parts ({{'type': 'text', 'text': ...}}) are supported, "
-                    f"got {kind!r}.", param=f"messages[{index}].content",
-                )
-            parts.append(part["text"])
-        return "".join(parts)
+        try:
+            return joined_text(content, f"messages[{index}].content")
+        except MessageError as exc:
+            raise APIError(str(exc), param=f"messages[{index}].content") from exc
     raise APIError(f"messages[{index}].content must be a string or a list of text parts, got {content!r}.",
                    param=f"messages[{index}].content")
 
@@ -359,8 +356,10 @@ def _vision_parts(content: list[Any], index: int) -> list[dict[str, Any]]:
     return parts
 
 
-def parse_messages(body: Mapping[str, Any], vision: bool = False) -> list[dict[str, Any]]:
-    """A chat request's ``messages`` with their content flattened for the chat template (see :func:`_message_text`)."""
+def parse_messages(body: Mapping[str, Any], vision: bool = False, chat_template: Any = None) -> list[dict[str, Any]]:
+    """A chat request's ``messages`` ready for ``chat_template``: content flattened (see :func:`_message_text`),
+    then normalised as vLLM does (tool-call arguments as objects, ``developer`` kept only where the template
+    knows it; :func:`agentgym.policies.chat_messages.normalize_messages`)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise APIError("'messages' must be a non-empty list of {'role', 'content'} objects.", param="messages")
@@ -377,10 +376,16 @@ def parse_messages(body: Mapping[str, Any], vision: bool = False) -> list[dict[s
             )
         clean = dict(msg)
         clean["content"] = _message_text(msg.get("content"), i, vision)
+        if msg.get("tool_calls") is not None and not isinstance(msg.get("tool_calls"), list):
+            raise APIError(f"messages[{i}].tool_calls must be a list of function calls, got {msg['tool_calls']!r}.",
+                           param=f"messages[{i}].tool_calls")
         if clean["content"] is None and not msg.get("tool_calls"):
             raise APIError(f"messages[{i}].content is missing.", param=f"messages[{i}].content")
         out.append(clean)
-    return out
+    try:
+        return normalize_messages(out, chat_template)
+    except MessageError as exc:
+        raise APIError(str(exc), param=exc.param) from exc
 
 
 def parse_tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
