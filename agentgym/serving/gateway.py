@@ -476,7 +476,13 @@ class _Proxy:
     def _local_prompt_ids(self, body: Mapping[str, Any], endpoint: str) -> list[int] | None:
         tok = self.gateway.tokenizer
         if endpoint == "chat":
-            text = tok.apply_chat_template(list(body.get("messages") or []), tools=body.get("tools"), tokenize=False,
+            from agentgym.policies.chat_messages import MessageError, normalize_messages
+
+            try:  # rendered as the server renders it (vLLM's normalisation), or the ids are not the model's
+                messages = normalize_messages(list(body.get("messages") or []), getattr(tok, "chat_template", None))
+            except MessageError:
+                return None
+            text = tok.apply_chat_template(messages, tools=body.get("tools"), tokenize=False,
                                            add_generation_prompt=True)
             return list(tok.encode(text, add_special_tokens=False))
         prompt = body.get("prompt")
