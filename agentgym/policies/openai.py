@@ -56,6 +56,7 @@ from agentgym.policies.base import (
     prompt_token_ids,
     refuse_choices,
 )
+from agentgym.policies.chat_messages import normalize_messages, wire_messages
 from agentgym.policies.openai_http import (
     OpenAIContextLengthError,
     OpenAIHTTPClient,
@@ -89,7 +90,9 @@ def _load_tokenizer(tokenizer: Any) -> Any:
 
 def _wire_message(message: Mapping[str, Any]) -> dict[str, Any]:
     """A message as OpenAI's API takes it: image parts (:class:`~agentgym.utils.images.ImageRef`) become ``image_url``
-    parts with a PNG data URI; text and plain-string content pass unchanged."""
+    parts with a PNG data URI; text and plain-string content pass unchanged; tool-call arguments held as objects
+    travel as JSON strings."""
+    (message,) = wire_messages([message])
     content = message.get("content")
     if isinstance(content, str) or not content:
         return dict(message)
@@ -100,6 +103,16 @@ def _wire_message(message: Mapping[str, Any]) -> dict[str, Any]:
         else:
             parts.append(dict(part))
     return {**message, "content": parts}
+
+
+def _local_prompt_ids(request: GenerationRequest, tokenizer: Any) -> list[int]:
+    """The request's prompt ids, or its messages rendered here as a vLLM-style server renders them (normalised
+    first: tool-call argument strings as objects, ``developer`` where the template lacks it as ``system``), so the
+    comparison with the server's ids and completions-mode prompts see the conversation the server sees."""
+    if request.prompt_token_ids is not None:
+        return prompt_token_ids(request, tokenizer)
+    messages = tuple(normalize_messages(request.messages, getattr(tokenizer, "chat_template", None)))
+    return prompt_token_ids(GenerationRequest(messages=messages, sampling=request.sampling), tokenizer)
 
 
 def _finish_reason(value: Any) -> str:
@@ -256,7 +269,7 @@ class OpenAIPolicy(OpenAIHTTPClient, Policy):
 
     async def _complete(self, state: _LoopState, model: str, request: GenerationRequest) -> Generation:
         payload: dict[str, Any] = {
-            "model": model, "prompt": prompt_token_ids(request, self.tokenizer), **self._sampling_fields(request.sampling),
+            "model": model, "prompt": _local_prompt_ids(request, self.tokenizer), **self._sampling_fields(request.sampling),
             "logprobs": max(1, request.sampling.top_logprobs), "return_token_ids": True, "return_tokens_as_token_ids": True,
         }
         if request.sampling.stop:
@@ -352,7 +365,7 @@ class OpenAIPolicy(OpenAIHTTPClient, Policy):
 
     def _check_prompt(self, request: GenerationRequest, server_prompt: tuple[int, ...]) -> None:
         """Count whether the server's rendering of the conversation is the agent's (the ids are trainable)."""
-        expected = prompt_token_ids(request, self.tokenizer)
+        expected = _local_prompt_ids(request, self.tokenizer)
         self.stats["prompt_checked"] += 1
         if tuple(expected) == server_prompt:
             return
