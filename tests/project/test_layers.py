@@ -8,7 +8,9 @@ The table, lowest first (see CONTRIBUTING.md):
 1. ``utils``: caches, progress, images, procfs, lazy attributes, deprecation; and ``errors``, the one exception
    hierarchy that every layer raises, utilities included.
 2. the contract: spaces, env, toolset, parsers, trajectory, policy (the interface every policy implements and its records),
-   agent, suite, reference (a task's reference solution played through its env), storage, testing.
+   agent, suite, reference (a task's reference solution played through its env), storage, testing, and ``rewards``
+   (rubrics and the judge interface: envs take ``reward=rubric``, so it must sit below them; what calls a judge
+   policy lives in ``rollout``).
 3. ``registration``: the catalogue, plugins, suites by name; and ``agentgym`` itself, whose ``__init__``
    registers every id.
 4. ``models`` and ``policies``.
@@ -34,7 +36,8 @@ REPO = Path(__file__).resolve().parents[2]
 FOLDERS = {"agentgym": "agentgym", "envs": "agentgym.envs", "tools": "agentgym.tools",
            "trainers": "agentgym.trainers", "tasks": "agentgym.tasks"}
 
-CONTRACT = ("spaces", "env", "toolset", "parsers", "trajectory", "policy", "agent", "suite", "reference", "storage", "testing")
+CONTRACT = ("spaces", "env", "toolset", "parsers", "trajectory", "policy", "agent", "suite", "reference", "storage", "testing",
+            "rewards")
 #: (layer number, name, module prefixes); a module belongs to the first row whose prefix matches it, a prefix
 #: with ``=`` matches that module alone.
 LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
