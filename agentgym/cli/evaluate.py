@@ -81,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
 
         defaults = load_rollout_defaults(args.policy.split(":", 1)[1])
         defaults_source = "its agentgym.json" if defaults else None
+    threads_note = _choose_cpu_threads(args.policy)
     # The policy loads first: a bad --policy must not leave a half-made run directory behind.
     policy = make_policy(args.policy)
     if args.policy.startswith("openai:"):
@@ -103,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
                              "system_prompt": system_prompt, "constrain_actions": constrain}}
     started = time.perf_counter()
     console = Console()
+    if threads_note is not None:
+        console.print(terminal_safe(threads_note), highlight=False)
     finished: list[Any] = []  # every episode that ended, written or not
     stopped: _WritesKeepFailing | None = None
     reserve: SpaceReserve | None = None
@@ -178,6 +181,20 @@ def run(args: argparse.Namespace) -> int:
     for problem in problems:
         sys.stderr.write(terminal_safe(f"agentgym eval: error: {problem}\n"))
     return 1 if problems else 0
+
+
+def _choose_cpu_threads(policy_spec: str) -> str | None:
+    """For a model sampled in this process on the CPU, set torch's thread count so that it does not fight the
+    machine's other work (:mod:`agentgym.utils.cpu_threads`); returns the line that says what was chosen."""
+    if not policy_spec.startswith("hf:"):
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    from agentgym.utils.cpu_threads import apply_cpu_threads
+
+    return f"CPU: {apply_cpu_threads().reason}"
 
 
 def _load_suite(name: str) -> Any:

@@ -68,12 +68,25 @@ def run(args: argparse.Namespace) -> int:
     from agentgym.serving.limits import RequestLimits
     from agentgym.serving.openai_server import run_server
 
+    _choose_cpu_threads()
     limits = RequestLimits(max_body_bytes=args.max_body_bytes, max_prompt_chars=args.max_prompt_chars,
                            max_n=args.max_n, max_request_tokens=args.max_request_tokens)
     run_server(args.model_dir, host=args.host, port=args.port, model_name=args.model_name,
                max_batch_size=args.max_batch_size, record_dir=args.record, limits=limits,
                api_key=resolve_api_key(args.api_key), announce=_announce)
     return 0
+
+
+def _choose_cpu_threads() -> None:
+    """On a CPU, set torch's thread count so that the server's decoding does not fight the machine's other work
+    (:mod:`agentgym.utils.cpu_threads`), and say what was chosen."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    from agentgym.utils.cpu_threads import apply_cpu_threads
+
+    _announce(f"CPU: {apply_cpu_threads().reason}")
 
 
 def _announce(line: str) -> None:

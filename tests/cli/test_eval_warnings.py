@@ -68,3 +68,17 @@ def test_mostly_void_episodes_point_at_the_prompt_and_a_minority_says_nothing() 
         "system prompt ''" in warning
     assert run_warnings(void[2:], max_tokens=24, system_prompt=None, defaults={}, source=None) == []
     assert run_warnings([], max_tokens=24, system_prompt=None, defaults={}, source=None) == []
+
+
+def test_a_local_cpu_model_runs_with_the_thread_count_chosen_for_the_machine(
+        short_context_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``eval`` with an ``hf:`` model on a CPU sets torch's threads as training does, and says what it chose."""
+    import torch
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    monkeypatch.setenv("AGENTGYM_CPU_THREADS", "1")
+    _eval(tmp_path, f"hf:{short_context_model}", "--system-prompt", "", "--max-tokens", "2")
+    assert torch.get_num_threads() == 1
+    assert "CPU: 1 torch thread (AGENTGYM_CPU_THREADS=1)" in " ".join(capsys.readouterr().out.split())
