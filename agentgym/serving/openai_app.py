@@ -178,6 +178,10 @@ def create_app(
     async def models() -> JSONResponse:
         return JSONResponse(server.models())
 
+    @app.get("/v1/models/{model_id:path}")  # ids may hold a slash (org/name), as hub names do
+    async def model(model_id: str) -> JSONResponse:
+        return JSONResponse(server.model(model_id))  # an unknown id: APIError, a 404 in OpenAI's shape
+
     @app.get(DEFAULTS_PATH)
     async def published_defaults() -> JSONResponse:
         return JSONResponse({"model": model_name, "defaults": server.defaults})

@@ -378,7 +378,16 @@ class OpenAIEndpoints(ServedModel):
             self.check_prompt_ids(tokens, "tokens")
         return {"prompt": await self.off_loop(self.tokenizer.decode, tokens)}
 
+    def model(self, model_id: str) -> dict[str, Any]:
+        """``GET /v1/models/{id}`` (``client.models.retrieve``): the model object, or a 404 in OpenAI's error shape
+        (``code: model_not_found``) for an id this server does not serve."""
+        self.check_model({"model": model_id})
+        return self._card()
+
     def models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [self._card()]}
+
+    def _card(self) -> dict[str, Any]:
         card: dict[str, Any] = {"id": self.model_name, "object": "model", "created": self.created,
                                 "owned_by": "agentgym", "root": self.model_name, "parent": None}
         if self.max_model_len is not None:
@@ -386,4 +395,4 @@ class OpenAIEndpoints(ServedModel):
         if self.defaults:
             # An extra field on the model object, as vLLM adds max_model_len: OpenAI clients ignore it.
             card["agentgym"] = dict(self.defaults)
-        return {"object": "list", "data": [card]}
+        return card

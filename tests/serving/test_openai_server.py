@@ -200,7 +200,7 @@ def test_chat_completions(http: Any, hf_policy: Any) -> None:
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
-    flat = [messages[0], {"role": "user", "content": "What is 2+2?"}]
+    flat = [messages[0], {"role": "user", "content": "What is \n2+2?"}]  # text parts joined as vLLM joins them
     rendered = tok.apply_chat_template(flat, tokenize=False, add_generation_prompt=True)
     assert body["prompt_token_ids"] == list(tok.encode(rendered, add_special_tokens=False))
     choice = body["choices"][0]
