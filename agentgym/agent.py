@@ -265,6 +265,37 @@ class ChatAgent:
                 self._render(self.messages, add_generation_prompt=True), self.all_images()):
             self.template_forks += 1
 
+    def restart(self, messages: Sequence[Mapping[str, Any]]) -> None:
+        """Continue from a rewritten conversation (a context strategy's window or summary): ``messages`` become the
+        conversation and its prompt ids are one fresh render of them, which is exactly what the model sees next.
+
+        The linear ids of the old history end here; a trainer keeps them as an earlier segment.
+        """
+        if not messages or messages[-1].get("role") == "assistant":
+            raise AgentGymError("ChatAgent.restart() needs a conversation that ends with a user or tool message "
+                                "(the model answers it next).")
+        self.messages = [m if isinstance(m, Message) else Message(m) for m in messages]
+        self._last_action_ids = ()
+        if self.tokenizer is not None:
+            self.pending_prompt_ids = self._encode_images(self._render(self.messages, add_generation_prompt=True),
+                                                          self.all_images())
+            self.token_ids = list(self.pending_prompt_ids)
+
+    def amend_observation(self, text: str) -> None:
+        """Replace the latest observation (not yet answered) by ``text``: a summary request appended to it, say.
+
+        Its ids are taken off the end and the new text is encoded with the same glue, so the sequence stays the
+        linear one the model samples from.
+        """
+        if len(self.messages) < 2 or self.messages[-1].get("role") != self.observation_role \
+                or self.messages[-2].get("role") != "assistant":
+            raise AgentGymError("ChatAgent.amend_observation() needs an observation that follows an action and has "
+                                "not been answered yet.")
+        if self.tokenizer is not None:
+            del self.token_ids[len(self.token_ids) - len(self.pending_prompt_ids):]
+        self.messages.pop()
+        self.add_observation(text, images=self.observation_images)
+
     def fork(self) -> ChatAgent:
         """An independent copy of this conversation (same messages and token ids; the tokenizer is shared).
 

@@ -19,11 +19,51 @@ import numpy as np
 from agentgym.utils.fast_records import quick_init
 from agentgym.utils.images import ImageRef
 
-__all__ = ["END_REASONS", "SCHEMA_VERSION", "TURN_KINDS", "TokenView", "Trajectory", "Turn", "jsonable", "utf8_safe"]
+__all__ = ["BUDGET_END_REASONS", "END_REASONS", "SCHEMA_VERSION", "TERMINATION", "TRUNCATING_END_REASONS",
+           "TURN_KINDS", "Termination", "TokenView", "Trajectory", "Turn", "jsonable", "utf8_safe"]
 
 SCHEMA_VERSION = 1
-TURN_KINDS = ("tool_call", "answer", "void", "invalid")
-END_REASONS = ("answered", "solved", "failed", "max_turns", "context_limit", "error")
+#: ``summary``: the turn in which the policy wrote a summary of the episode so far (context strategy
+#: ``summarize``); the env never saw it, but it is a sampled action and trains with the episode's credit.
+TURN_KINDS = ("tool_call", "answer", "void", "invalid", "summary")
+
+
+@dataclass(frozen=True)
+class Termination:
+    """How an episode that ended for one reason is treated in training.
+
+    Attributes:
+        truncated: Stopped from outside (a limit), not by reaching an end state: critics bootstrap through it.
+        budget: A budget ran out (turns, context or tokens): Mini-o3's over-turn mask leaves such episodes out of
+            the loss when they were still calling tools (neither rewarded nor punished for running out).
+        trains: Whether the episode is evidence about the policy at all (an infrastructure error is not).
+        meaning: One line for people reading a run's end reasons.
+    """
+
+    truncated: bool
+    budget: bool
+    trains: bool
+    meaning: str
+
+
+#: The one table of episode end reasons: every engine ends episodes with one of these, every trainer masks and
+#: bootstraps by it (``docs/concepts/rollout-engine.md`` shows it).
+TERMINATION: Mapping[str, Termination] = {
+    "answered": Termination(False, False, True, "the agent gave its final answer (graded by the env)"),
+    "solved": Termination(False, False, True, "the env reached its goal state"),
+    "failed": Termination(False, False, True, "the env reached a losing end state"),
+    "max_turns": Termination(True, True, True, "the env's turn limit"),
+    "context_limit": Termination(True, True, True, "the next turn would not fit in max_context_tokens (per "
+                                                   "segment), or the model refused the prompt as too long"),
+    "turn_token_limit": Termination(True, True, True, "an action used all of max_turn_tokens (cut, not sent to the "
+                                                      "env)"),
+    "episode_token_limit": Termination(True, True, True, "the episode sampled max_episode_tokens in all its "
+                                                         "segments"),
+    "error": Termination(False, False, False, "an env, policy or infrastructure failure (never trained on)"),
+}
+END_REASONS = tuple(TERMINATION)
+TRUNCATING_END_REASONS = tuple(r for r, t in TERMINATION.items() if t.truncated)
+BUDGET_END_REASONS = tuple(r for r, t in TERMINATION.items() if t.budget)
 
 
 def utf8_safe(text: str) -> str:
@@ -106,6 +146,10 @@ class Turn:
         images: The images of ``observation`` (GUI screenshots), in order; stored by reference as
             ``images/<sha256>.png`` next to the JSONL (see :mod:`agentgym.utils.images`). A vision policy saw them
             (their placeholder tokens are in ``prompt_token_ids``); a text-only policy saw ``observation`` only.
+        segment_index: Which segment of the episode the turn belongs to. A context strategy that rewrites the
+            history (a window, dropped tool outputs, a summary) starts a new segment: its first turn's
+            ``prompt_token_ids`` are the whole rewritten prompt as the model saw it, so each segment is one
+            token-exact sequence. 0 for every turn of an episode whose history was never rewritten.
     """
 
     observation: str
@@ -120,6 +164,7 @@ class Turn:
     finish_reason: str | None = None
     state_key: str | None = None
     images: tuple[ImageRef, ...] = ()
+    segment_index: int = 0
 
     @property
     def kind(self) -> str:
@@ -130,6 +175,8 @@ class Turn:
         extra = {"images": [image.to_dict() for image in self.images]} if self.images else {}
         if self.action_forced is not None:  # likewise "action_forced": only for constrained turns
             extra["action_forced"] = [bool(f) for f in self.action_forced]
+        if self.segment_index:  # and "segment_index" only past the first segment: old readers see old records
+            extra["segment_index"] = self.segment_index
         return {
             "observation": self.observation,
             "action": self.action,
@@ -158,24 +205,30 @@ class Turn:
             finish_reason=d.get("finish_reason"),
             state_key=None if d.get("state_key") is None else str(d["state_key"]),
             images=tuple(ImageRef.from_dict(i, image_root) for i in d.get("images") or ()),
+            segment_index=int(d.get("segment_index") or 0),
         )
 
 
 @dataclass(frozen=True)
 class TokenView:
-    """One training sequence for a trajectory (one sequence per trajectory, not one per turn).
+    """One training sequence: a whole trajectory, or one segment of it (one sequence per segment, not per turn).
 
     Attributes:
         input_ids: ``[L]`` prompt, action and observation tokens in order.
         loss_mask: ``[L]`` 1 exactly on sampled action tokens (0 on tokens constrained decoding forced).
         logprobs: ``[L]`` sampling log-probs on action tokens, 0.0 elsewhere.
-        turn_index: ``[L]`` index of the turn a token belongs to (the prompt before turn t belongs to t).
+        turn_index: ``[L]`` index of the turn a token belongs to (the prompt before turn t belongs to t), counted
+            over the whole episode, so a step-level advantage finds its turn in any segment.
+        segment_index: Which segment of its episode this sequence is (0 for an unsegmented episode).
+        episode_id: The episode's ``traj_id``: the segments of one episode share it (and its return).
     """
 
     input_ids: tuple[int, ...]
     loss_mask: tuple[int, ...]
     logprobs: tuple[float, ...]
     turn_index: tuple[int, ...]
+    segment_index: int = 0
+    episode_id: str = ""
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -242,8 +295,49 @@ class Trajectory:
             t.action_token_ids is not None and t.prompt_token_ids is not None for t in self.turns
         )
 
+    @property
+    def num_segments(self) -> int:
+        """How many token-exact sequences the episode is (1 unless a context strategy rewrote its history)."""
+        return len(self.segment_bounds())
+
+    def segment_bounds(self) -> list[tuple[int, int]]:
+        """``(first, stop)`` turn ranges of each segment, in order (one range for an unsegmented episode).
+
+        Raises:
+            ValueError: Turns whose ``segment_index`` goes down or skips a segment (a hand-edited record).
+        """
+        bounds: list[tuple[int, int]] = []
+        start = 0
+        for i in range(1, len(self.turns) + 1):
+            if i == len(self.turns) or self.turns[i].segment_index != self.turns[start].segment_index:
+                expected = len(bounds)
+                if self.turns[start].segment_index != expected:
+                    raise ValueError(f"Trajectory {self.traj_id or self.task_id}: turn {start} is in segment "
+                                     f"{self.turns[start].segment_index}, expected {expected} (segments count up "
+                                     "from 0 without gaps).")
+                bounds.append((start, i))
+                start = i
+        return bounds or [(0, 0)]
+
     def token_view(self) -> TokenView:
         """Concatenate stored ids into one sequence with a loss mask (no re-tokenisation).
+
+        Raises:
+            ValueError: when the trajectory was produced by a policy that did not record token ids, or when its
+                history was rewritten (several segments: no one sequence holds what the model saw; use
+                :meth:`token_views`).
+        """
+        views = self.token_views()
+        if len(views) > 1:
+            raise ValueError(f"Trajectory {self.traj_id or self.task_id} has {len(views)} segments (a context strategy "
+                             "rewrote its history), so no single sequence is what the model saw; use token_views(), "
+                             "one sequence per segment.")
+        return views[0]
+
+    def token_views(self) -> list[TokenView]:
+        """One token-exact sequence per segment, in order: the ids the model conditioned on (prompts, rendered
+        once per segment) and the ids it sampled (loss mask 1). A trainer treats each as a row; all of them carry
+        the episode's ``traj_id`` (``episode_id``), by which they share its return and advantage.
 
         Raises:
             ValueError: when the trajectory was produced by a policy that did not record token ids.
@@ -253,11 +347,15 @@ class Trajectory:
                 f"Trajectory {self.traj_id or self.task_id} has no token ids; record it with a token-level "
                 "policy (HFPolicy, VLLMPolicy, or OpenAIPolicy in completions mode) to train on it."
             )
+        return [self._segment_view(k, first, stop) for k, (first, stop) in enumerate(self.segment_bounds())]
+
+    def _segment_view(self, segment: int, first: int, stop: int) -> TokenView:
         ids: list[int] = []
         mask: list[int] = []
         logps: list[float] = []
         turn_idx: list[int] = []
-        for i, turn in enumerate(self.turns):
+        for i in range(first, stop):
+            turn = self.turns[i]
             prompt = turn.prompt_token_ids or ()
             action = turn.action_token_ids or ()
             lp: Sequence[float] = turn.action_logprobs or (0.0,) * len(action)
@@ -272,7 +370,7 @@ class Trajectory:
             mask += [0 if f else 1 for f in forced] if forced is not None else [1] * len(action)
             logps += list(lp)
             turn_idx += [i] * (len(prompt) + len(action))
-        return TokenView(tuple(ids), tuple(mask), tuple(logps), tuple(turn_idx))
+        return TokenView(tuple(ids), tuple(mask), tuple(logps), tuple(turn_idx), segment, self.traj_id)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -48,6 +48,7 @@ FAMILIES: dict[str, str] = {
     "web": "Web",
     "gui": "GUI",
     "multi_agent": "Multi-agent games",
+    "quest": "Long-horizon quests",
 }
 
 

@@ -12,6 +12,7 @@ that docstring's summary line (:attr:`CatalogueEntry.summary`).
 from __future__ import annotations
 
 import gymnasium as gym
+from gymnasium.envs.registration import WrapperSpec
 
 from agentgym.errors import RegistrationError, did_you_mean
 from agentgym.registration.entry import CatalogueEntry
@@ -48,6 +49,7 @@ CATALOGUE: tuple[CatalogueEntry, ...] = (
     CatalogueEntry("agentgym/Search-v1", "agentgym.envs.search.env:SearchEnv", family="search"),
     CatalogueEntry("agentgym/TextWorld-v0", "agentgym.envs.textworld.env:TextWorldEnv", family="textworld"),
     CatalogueEntry("agentgym/ScienceWorld-v0", "agentgym.envs.scienceworld.env:ScienceWorldEnv", family="scienceworld"),
+    CatalogueEntry("agentgym/LongQuest-v0", "agentgym.envs.quest.env:LongQuestEnv", family="quest"),
 )
 
 
@@ -74,12 +76,18 @@ def get_entry(env_id: str) -> CatalogueEntry:
     )
 
 
+# A TimeLimit from ``gym.make(id, max_episode_steps=N)`` truncates without telling the env; this wrapper hands the
+# limit to the env so the last step still carries ``info["outcome"]`` (a string entry point: nothing imported here).
+_OUTCOME_ON_TIME_LIMIT = WrapperSpec(name="OutcomeOnTimeLimit", entry_point="agentgym.env:OutcomeOnTimeLimit", kwargs={})
+
+
 def register_all() -> None:
     """Register every catalogue entry with Gymnasium, then the env ids of installed plugins (idempotent)."""
     for entry in CATALOGUE + CLIENT_CATALOGUE:
         if entry.id in gym.registry:
             continue
-        gym.register(id=entry.id, entry_point=entry.entry_point, kwargs=dict(entry.kwargs), disable_env_checker=False)
+        gym.register(id=entry.id, entry_point=entry.entry_point, kwargs=dict(entry.kwargs), disable_env_checker=False,
+                     additional_wrappers=(_OUTCOME_ON_TIME_LIMIT,))
     from agentgym.registration.plugins import load_plugins
 
     load_plugins()

@@ -33,6 +33,7 @@ from agentgym.policies.base import Policy, SamplingParams
 from agentgym.rollout.batching import PolicyBatcher
 from agentgym.rollout.env_reuse import EnvPool
 from agentgym.rollout.executor import EnvExecutor, call_env, run_coroutine
+from agentgym.rollout.segments import EpisodeContext, limit_outcome
 from agentgym.rollout.specs import EpisodeSpec, RolloutConfig
 from agentgym.rollout.summaries import EpisodeProgress, error_reason
 from agentgym.rollout.turns import (
@@ -44,7 +45,10 @@ from agentgym.rollout.turns import (
     error_outcome,
     final_state,
     log_context_refusal,
+    make_turn,
     open_conversation,
+    read_state_key,
+    record_action,
     text_of,
     turn_sampling,
 )
@@ -82,11 +86,15 @@ class RolloutEngine:
     Args:
         policy: Any :class:`Policy`. When it has a tokenizer, trajectories carry exact token ids.
         config: Engine settings.
+        summarizer: For ``context: summarize``, another policy that writes the summaries (``None``: the acting
+            policy writes them itself, in sampled turns that train with the episode's credit).
     """
 
-    def __init__(self, policy: Policy, config: RolloutConfig | None = None) -> None:
+    def __init__(self, policy: Policy, config: RolloutConfig | None = None, *,
+                 summarizer: Policy | None = None) -> None:
         self.policy = policy
         self.config = config or RolloutConfig()
+        self.summarizer = summarizer
         self.stats: dict[str, Any] = {}
         self._run_id = ""
 
@@ -194,6 +202,7 @@ class RolloutEngine:
         outcome: dict[str, Any] = {}
         error: str | None = None
         env: Any = None
+        keeper: EpisodeContext | None = None
         healthy = False
         task_id = spec.task.id if spec.task is not None else ""
         try:
@@ -213,12 +222,30 @@ class RolloutEngine:
             # seed every turn samples with the config's own parameters
             limited = cfg.max_context_tokens is not None and self.policy.tokenizer is not None
             fixed_sampling = cfg.sampling if cfg.sampling.seed is None else None
+            # context strategy and token budgets: only episodes that have one pay for it
+            keeper = EpisodeContext(cfg, self.policy, self.summarizer) if (
+                cfg.context.rewrites or cfg.max_turn_tokens is not None or cfg.max_episode_tokens is not None) else None
             while True:
+                if keeper is not None:
+                    base = fixed_sampling if fixed_sampling is not None else self._sampling_for(spec, index, len(turns))
+                    tp = time.perf_counter()
+                    summary = await keeper.compact(
+                        agent, observation, base, episode_id, lambda request: batcher.submit(request, index),
+                        lambda: self._call_env(executor, read_state_key, env, inline=inline))
+                    policy_s += time.perf_counter() - tp
+                    if summary is not None:
+                        turns.append(summary)
+                    if keeper.spent():
+                        outcome = limit_outcome("episode_token_limit")
+                        healthy = True
+                        break
                 if limited and context_limit_reached(agent, self.policy, cfg):
                     outcome = context_limit_outcome()
                     healthy = True
                     break
                 sampling = fixed_sampling if fixed_sampling is not None else self._sampling_for(spec, index, len(turns))
+                if keeper is not None:
+                    sampling = keeper.capped(sampling)
                 if cfg.constrain_actions:  # an env call like any other: a Ray env answers from its actor
                     choices = await self._call_env(executor, action_choices_of, env, inline=inline)
                     sampling = dataclasses.replace(sampling, choices=choices)
@@ -231,15 +258,29 @@ class RolloutEngine:
                     healthy = True
                     break
                 policy_s += time.perf_counter() - tp
+                if keeper is not None:
+                    keeper.count(generation)
+                    if keeper.cut(generation):  # the action ran out of max_turn_tokens: recorded, never stepped
+                        prompt_ids, images, action_ids = record_action(self.policy, agent, generation)
+                        turns.append(keeper.stamp(make_turn(observation, generation, 0.0,
+                                                            {"turn": {"kind": "invalid", "calls": []}},
+                                                            prompt_ids, action_ids, None, images)))
+                        outcome = limit_outcome("turn_token_limit")
+                        healthy = True
+                        break
                 step = apply_action_inline(self.policy, agent, env, observation, generation) if inline else \
                     await apply_action(self.policy, agent, env, observation, generation, executor, cfg.step_timeout_s,
                                        inline=False)
                 env_s += step.env_s
-                turns.append(step.turn)
+                turns.append(step.turn if keeper is None else keeper.stamp(step.turn))
                 observation = step.observation
                 if step.outcome is not None:
                     outcome = step.outcome
                     healthy = outcome.get("end_reason") != "error"
+                    break
+                if keeper is not None and keeper.spent():
+                    outcome = limit_outcome("episode_token_limit")
+                    healthy = True
                     break
         except TimeoutError:
             error = (f"env call exceeded step_timeout_s={cfg.step_timeout_s} (counted from when it started running; "
@@ -256,6 +297,8 @@ class RolloutEngine:
             outcome = error_outcome()
         elif turns:
             metadata = final_state(agent, observation)
+            if keeper is not None:
+                metadata.update(keeper.metadata())
         timing = {"policy_s": policy_s, "env_s": env_s, "wall_s": time.perf_counter() - t0}
         return Trajectory(
             env_id=spec.env_id, task_id=task_id, seed=spec.seed, turns=tuple(turns), outcome=outcome,

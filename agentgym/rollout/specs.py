@@ -8,6 +8,7 @@ from typing import Any
 
 from agentgym.errors import ConfigError
 from agentgym.policies.base import SamplingParams
+from agentgym.rollout.context import ContextConfig
 from agentgym.suite import Task, TaskSuite
 
 __all__ = ["EpisodeSpec", "RolloutConfig", "episodes_for_suite"]
@@ -24,7 +25,17 @@ class RolloutConfig:
             counts from when the call starts running, not from when it was queued for a worker).
         env_workers: Threads that run env ``reset``/``step`` calls (daemon threads, see :class:`EnvExecutor`).
         max_context_tokens: When the prompt plus ``sampling.max_tokens`` would exceed this, the episode ends
-            with ``context_limit`` (token-level policies only).
+            with ``context_limit`` (token-level policies only). With a context strategy that rewrites the history
+            this bounds each segment: the strategy compacts the context before it is reached.
+        max_turn_tokens: The most tokens one action may sample (the turn's ``max_tokens`` is capped to it); an
+            action that uses all of them is cut, is not sent to the env, and ends the episode with
+            ``turn_token_limit``. ``None``: only ``sampling.max_tokens`` applies (a cut action is then stepped).
+        max_episode_tokens: The most tokens the whole episode may sample, over all its segments (summaries
+            included); each turn's ``max_tokens`` is capped to what is left, and the episode ends with
+            ``episode_token_limit`` once it is spent. ``None``: no limit.
+        context: How the conversation is kept when it grows (:class:`~agentgym.rollout.context.ContextConfig`; a
+            strategy name or mapping in YAML): ``full`` (default), ``window``, ``drop_tool_outputs``,
+            ``summarize`` or your own ``package.module:function``.
         system_prompt: Replaces the env's instructions as the system prompt. ``None`` uses the policy's
             ``default_system_prompt`` (the prompt a trained model was trained with), else the env's instructions.
         observation_role: Chat role of observations after the first (``user`` or ``tool``).
@@ -74,8 +85,16 @@ class RolloutConfig:
     ray_actor_options: Mapping[str, Any] | None = None
     constrain_actions: bool = False
     gc_threshold: int | None = 20_000
+    max_turn_tokens: int | None = None
+    max_episode_tokens: int | None = None
+    context: ContextConfig = field(default_factory=ContextConfig)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "context", ContextConfig.coerce(self.context))
+        for name in ("max_turn_tokens", "max_episode_tokens"):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int or value < 1):
+                raise ConfigError(f"{name} must be a positive number of tokens or None (no limit), got {value!r}.")
         if self.gc_threshold is not None and (type(self.gc_threshold) is not int or self.gc_threshold < 1):
             raise ConfigError(f"gc_threshold must be a positive number of allocations (20000: the default) or None "
                               f"(leave the garbage collector alone), got {self.gc_threshold!r}.")

@@ -1,0 +1,167 @@
+"""One episode's context keeping and token budgets, shared by the samplers: when to rewrite the history, how a
+summary turn is sampled, and how much each turn may still sample.
+
+Why one place: a rewritten history is not what the model sampled from, so the episode must go on in a new
+*segment* whose prompt is one fresh render of the rewritten conversation (:meth:`ChatAgent.restart`); every turn
+after the rewrite records that segment's index, and :meth:`Trajectory.token_views` gives one token-exact
+sequence per segment. The strategies themselves are plain functions (:mod:`agentgym.rollout.context`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from agentgym.agent import ChatAgent
+from agentgym.errors import ConfigError
+from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams
+from agentgym.rollout.context import ContextConfig, resolve_strategy, summary_history
+from agentgym.rollout.specs import RolloutConfig
+from agentgym.rollout.turns import make_turn, record_action
+from agentgym.trajectory import Turn
+
+__all__ = ["EpisodeContext", "limit_outcome"]
+
+Generate = Callable[[GenerationRequest], Awaitable[Generation]]
+
+#: Room left for the summary request's own text and template glue when ``summarize`` derives its trigger.
+_SUMMARY_GLUE_TOKENS = 32
+
+
+def limit_outcome(reason: str) -> dict[str, Any]:
+    """The outcome of an episode a budget stopped: a truncation that failed, score 0."""
+    return {"success": False, "score": 0.0, "end_reason": reason}
+
+
+class EpisodeContext:
+    """Context strategy and budgets of one episode (built per episode by the engine).
+
+    Args:
+        config: The engine's settings (``context``, ``max_context_tokens``, ``max_turn_tokens``,
+            ``max_episode_tokens``).
+        policy: The policy that acts (and, without a ``summarizer``, writes summaries).
+        summarizer: Another policy that writes the summaries; its text enters the next segment's prompt (mask 0),
+            and no turn of the trained policy records it.
+    """
+
+    def __init__(self, config: RolloutConfig, policy: Policy, summarizer: Policy | None = None) -> None:
+        self.config = config
+        self.context: ContextConfig = config.context
+        self.policy = policy
+        self.summarizer = summarizer
+        self.rewrite = resolve_strategy(self.context)
+        self.tokenized = policy.tokenizer is not None
+        self.segment = 0
+        self.turns_in_segment = 0
+        self.sampled = 0
+        self.summaries: list[str] = []
+        self.trigger = self._trigger_tokens()
+        if self.context.rewrites and self.trigger is None and self.context.trigger_turns is None:
+            raise ConfigError(f"context strategy {self.context.strategy!r} has nothing to trigger it: set "
+                              "max_context_tokens (with a token-level policy), context.trigger_tokens or "
+                              "context.trigger_turns.")
+
+    def _summary_tokens(self) -> int:
+        return self.context.summary_max_tokens or self.config.sampling.max_tokens
+
+    def _trigger_tokens(self) -> int | None:
+        if not self.tokenized:
+            return None
+        if self.context.trigger_tokens is not None:
+            return self.context.trigger_tokens
+        limit = self.config.max_context_tokens
+        if limit is None:
+            return None
+        if self.context.strategy == "summarize":  # the request and the summary must still fit
+            prompt = len(self.policy.tokenizer.encode(self.context.summary_prompt, add_special_tokens=False))
+            return max(1, limit - self._summary_tokens() - prompt - _SUMMARY_GLUE_TOKENS)
+        return limit
+
+    # ---- budgets ----------------------------------------------------------------------------------
+    def left(self) -> int | None:
+        """Tokens the episode may still sample (``None``: no episode budget, or a policy that counts none)."""
+        if self.config.max_episode_tokens is None or not self.tokenized:
+            return None
+        return self.config.max_episode_tokens - self.sampled
+
+    def spent(self) -> bool:
+        left = self.left()
+        return left is not None and left <= 0
+
+    def capped(self, sampling: SamplingParams, *, budget: int | None = None) -> SamplingParams:
+        """``sampling`` with ``max_tokens`` capped by the turn and episode budgets (``budget``: the turn's own)."""
+        cap = sampling.max_tokens if budget is None else min(sampling.max_tokens, budget)
+        if self.config.max_turn_tokens is not None:
+            cap = min(cap, self.config.max_turn_tokens)
+        left = self.left()
+        if left is not None:
+            cap = min(cap, left)
+        return sampling if cap == sampling.max_tokens else dataclasses.replace(sampling, max_tokens=max(1, cap))
+
+    def count(self, generation: Generation) -> None:
+        self.sampled += len(generation.token_ids or ())
+
+    def cut(self, generation: Generation) -> bool:
+        """Whether this action used all of ``max_turn_tokens`` (it is not stepped; the episode ends)."""
+        limit = self.config.max_turn_tokens
+        return (limit is not None and generation.token_ids is not None and len(generation.token_ids) >= limit
+                and generation.finish_reason != "stop")
+
+    def stamp(self, turn: Turn) -> Turn:
+        """The turn with this segment's index (a new field only past the first segment)."""
+        self.turns_in_segment += 1
+        return turn if self.segment == 0 else dataclasses.replace(turn, segment_index=self.segment)
+
+    # ---- rewrites ---------------------------------------------------------------------------------
+    def due(self, agent: ChatAgent) -> bool:
+        """Whether the history should be rewritten before the next action (never in a segment without a turn)."""
+        if not self.context.rewrites or self.turns_in_segment == 0:
+            return False
+        if self.context.trigger_turns is not None and self.turns_in_segment >= self.context.trigger_turns:
+            return True
+        return self.trigger is not None and agent.num_tokens + self.config.sampling.max_tokens > self.trigger
+
+    def _new_segment(self, agent: ChatAgent, messages: list[dict[str, Any]]) -> None:
+        agent.restart(messages)
+        self.segment += 1
+        self.turns_in_segment = 0
+
+    async def compact(self, agent: ChatAgent, observation: str, sampling: SamplingParams, episode_id: str,
+                      generate: Generate, state_key: Callable[[], Awaitable[str | None]]) -> Turn | None:
+        """Rewrite the history when it is due; returns the summary turn the policy sampled (``summarize`` with the
+        policy as its own summarizer), which the episode records like any action, else ``None``."""
+        if not self.due(agent):
+            return None
+        if self.context.strategy != "summarize":
+            rewritten = self.rewrite(agent.conversation(), self.context) if self.rewrite is not None else None
+            if rewritten is not None:
+                self._new_segment(agent, [dict(m) for m in rewritten])
+            return None
+        before = agent.conversation()
+        request_text = f"{observation}\n\n{self.context.summary_prompt}"
+        summary_sampling = self.capped(sampling, budget=self._summary_tokens())
+        if self.summarizer is not None:
+            messages = [*before[:-1], {**before[-1], "content": request_text}]
+            request = GenerationRequest(tuple(messages), None, summary_sampling, episode_id)
+            generation = (await self.summarizer.act([request]))[0]
+            self.summaries.append(generation.text)
+            self._new_segment(agent, summary_history(before, generation.text))
+            return None
+        key = await state_key()
+        agent.amend_observation(request_text)
+        generation = await generate(agent.request(summary_sampling, episode_id))
+        self.count(generation)
+        prompt_ids, images, action_ids = record_action(self.policy, agent, generation)
+        turn = self.stamp(make_turn(request_text, generation, 0.0, {"turn": {"kind": "summary", "calls": []}},
+                                    prompt_ids, action_ids, f"summary:{key}", images))
+        self.summaries.append(generation.text)
+        self._new_segment(agent, summary_history(before, generation.text))
+        return turn
+
+    def metadata(self) -> dict[str, Any]:
+        """Trajectory metadata of the strategy (only when it rewrote something)."""
+        if not self.segment:
+            return {}
+        return {"segments": self.segment + 1, "context_strategy": self.context.strategy,
+                "summaries": list(self.summaries), "sampled_tokens": self.sampled}
