@@ -38,6 +38,18 @@ class SamplingParams:
             Tokens with a single continuation are forced; the policy marks them
             (``Generation.forced``) so trainers leave them out of the loss. Set per turn by the rollout engine
             from the env's :meth:`~agentgym.env.AgentEnv.action_choices` when ``RolloutConfig.constrain_actions``.
+        top_k: Sample among the k most likely tokens (ties kept); 0 or -1 disables it.
+        min_p: Drop tokens less likely than ``min_p`` times the most likely one (0 disables it).
+        repetition_penalty: Divides the positive logits and multiplies the negative ones of every token already in
+            the prompt or the output (1 disables it).
+        presence_penalty: Subtracted once from the logit of every token the output already holds.
+        frequency_penalty: Subtracted from a token's logit once per time the output holds it.
+        min_tokens: End-of-turn ids and ``stop_token_ids`` are masked (and stop strings ignored) until this many
+            tokens are generated.
+        stop_token_ids: Extra ids that end the turn (kept as the last of ``Generation.token_ids``).
+        logit_bias: ``(token id, bias)`` pairs added to the raw logits (a mapping is accepted and stored sorted).
+        The eight fields above follow vLLM's sampler, in its order; :mod:`agentgym.policies.sampling_rules` says
+        how. Recorded log-probs stay the model's temperature-scaled distribution, whatever they change.
     """
 
     max_tokens: int = 256
@@ -47,8 +59,17 @@ class SamplingParams:
     seed: int | None = None
     top_logprobs: int = 0
     choices: tuple[str, ...] = ()
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
+        self._check_rules()
         if isinstance(self.choices, str) or not all(isinstance(c, str) and c for c in self.choices):
             raise ConfigError("choices must be a tuple of non-empty strings (the whole replies allowed), e.g. "
                               f"('forward()', 'turn_left()'), or () for free text; got {self.choices!r}.")
@@ -62,6 +83,28 @@ class SamplingParams:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}.")
         if not isinstance(self.top_logprobs, int) or isinstance(self.top_logprobs, bool) or self.top_logprobs < 0:
             raise ConfigError(f"top_logprobs must be an integer >= 0 (0 = none; ARPO uses 10), got {self.top_logprobs!r}.")
+
+    def _check_rules(self) -> None:
+        """Validate (and normalise) the vLLM-style processing fields; every message names the fix."""
+        if isinstance(self.logit_bias, Mapping):
+            object.__setattr__(self, "logit_bias", tuple(sorted((int(k), float(v)) for k, v in self.logit_bias.items())))
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < -1:
+            raise ConfigError(f"top_k must be an integer >= 1, or 0 / -1 to disable it; got {self.top_k!r}.")
+        if not 0 <= self.min_p <= 1:
+            raise ConfigError(f"min_p must be in [0, 1] (0 disables it), got {self.min_p}.")
+        if not self.repetition_penalty > 0:
+            raise ConfigError(f"repetition_penalty must be > 0 (1 disables it), got {self.repetition_penalty}.")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ConfigError(f"{name} must be in [-2, 2] (0 disables it), got {getattr(self, name)}.")
+        if not isinstance(self.min_tokens, int) or isinstance(self.min_tokens, bool) or self.min_tokens < 0:
+            raise ConfigError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}.")
+        if self.min_tokens > self.max_tokens:
+            raise ConfigError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens}).")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
+            raise ConfigError(f"stop_token_ids must be token ids (integers >= 0), got {self.stop_token_ids!r}.")
+        if not all(len(pair) == 2 for pair in self.logit_bias):
+            raise ConfigError(f"logit_bias must be (token id, bias) pairs or a mapping, got {self.logit_bias!r}.")
 
 
 @quick_init

@@ -33,6 +33,7 @@ from agentgym.policies.base import Generation, SamplingParams
 from agentgym.policies.choices import ChoiceTrees
 from agentgym.policies.decode_outputs import top_logprobs
 from agentgym.policies.kv_cache import EpisodeKVCache, common_prefix_length
+from agentgym.policies.sampling_rules import SamplingRules
 from agentgym.policies.seeding import row_uniforms
 from agentgym.policies.slot_model import SlotModel
 from agentgym.policies.token_tables import ChoiceAutomaton, StopCandidates
@@ -57,6 +58,12 @@ class _Request:
     node: int = 0
     stops: tuple[str, ...] = ()
     stop_ids: list[int] = field(default_factory=list)
+    #: Called from the decode thread with each new token: ``(token id, log-prob, top (log-probs, ids) or None)``.
+    on_token: Callable[[int, float, tuple[tuple[float, ...], tuple[int, ...]] | None], None] | None = None
+    #: Set by the caller when nobody waits any more; the row leaves the batch at the next step (``abort``).
+    cancel: threading.Event | None = None
+    #: Without an episode: keep the slot's keys and values after the request, for a later prompt that extends it.
+    keep: bool = False
 
 
 class ContinuousSampler:
@@ -107,6 +114,9 @@ class ContinuousSampler:
         self._ended: set[str] = set()  # episodes ended while their request was running
         self._bound: dict[int, int] = {}  # live slot -> one past the last column it can write
         self._steps_cap = 0
+        self.rules = SamplingRules(slots, self.vocab, list(stop_ids), self.device)
+        #: Tokens sampled so far, over all rows (what a caller measures cancellation by).
+        self.tokens_sampled = 0
         self._alloc_state(16)
 
     # ---- state tensors ------------------------------------------------------------------------------------------
@@ -163,11 +173,22 @@ class ContinuousSampler:
 
     # ---- the caller's side --------------------------------------------------------------------------------------
     def submit(self, prompts: Sequence[list[int]], params: Sequence[SamplingParams], episodes: Sequence[str],
-               streams: Sequence[int | None]) -> list[concurrent.futures.Future[Generation]]:
-        """Queue requests; each future resolves with its :class:`Generation` (or the error that ended it)."""
+               streams: Sequence[int | None], *, on_token: Sequence[Callable[..., None] | None] | None = None,
+               cancel: Sequence[threading.Event | None] | None = None,
+               keep: bool = False) -> list[concurrent.futures.Future[Generation]]:
+        """Queue requests; each future resolves with its :class:`Generation` (or the error that ended it).
+
+        ``on_token`` (one callback or ``None`` per request) is called from the decode thread with every token as it
+        is sampled, so a server streams per decode step; ``cancel`` events stop their rows at the next step with
+        ``finish_reason="abort"``. ``keep``: rows without an episode leave their keys and values in their slot
+        (least recently used evicted first), and a later prompt that extends one reuses them (prefix caching).
+        """
         requests = []
-        for prompt, p, episode, stream in zip(prompts, params, episodes, streams):
-            request = _Request(prompt, p, episode, stream, concurrent.futures.Future())
+        hooks = list(on_token) if on_token is not None else [None] * len(prompts)
+        events = list(cancel) if cancel is not None else [None] * len(prompts)
+        for prompt, p, episode, stream, hook, event in zip(prompts, params, episodes, streams, hooks, events):
+            request = _Request(prompt, p, episode, stream, concurrent.futures.Future(), on_token=hook, cancel=event,
+                               keep=keep and not episode)
             if p.choices:  # checked here, so a bad choice set fails its own call before it is queued
                 request.node = -1
                 self.choice_trees.get(p.choices, p.max_tokens)
@@ -222,6 +243,7 @@ class ContinuousSampler:
                     break
                 admitted = self._admit()
             try:
+                self._drop_cancelled()
                 with torch.inference_mode():
                     if admitted:
                         self._prefill(admitted)
@@ -244,6 +266,23 @@ class ContinuousSampler:
             if not request.future.done():
                 request.future.set_exception(RuntimeError("the sampler was closed"))
 
+    def _drop_cancelled(self) -> None:
+        """Rows whose caller went away leave the batch now, with what they generated (``abort``)."""
+        gone = [slot for slot, r in enumerate(self._busy)
+                if r is not None and r.cancel is not None and r.cancel.is_set() and slot in self._bound]
+        if gone:
+            self._finish(gone, set(), aborted=set(gone))
+
+    def _prefix_slot(self, prompt: list[int]) -> int:
+        """The idle anonymous slot whose cached ids share the longest prefix with ``prompt`` (-1: none shares)."""
+        best, best_len = -1, 0
+        for slot in self._idle:
+            if self._owner[slot] == "":
+                n = common_prefix_length(self._ids[slot], prompt)
+                if n > best_len:
+                    best, best_len = slot, n
+        return best
+
     def _admit(self) -> list[_Request]:
         """Give pending requests slots (their episode's own, a free one, or an idle episode's), lowest first."""
         if not self._pending:
@@ -257,7 +296,15 @@ class ContinuousSampler:
         free.reverse()  # pop() takes the lowest, keeping live rows packed at the front of the decode batch
         admitted, waiting = [], []
         for request in self._pending:
+            if request.cancel is not None and request.cancel.is_set():
+                request.future.set_result(Generation(text="", token_ids=(), logprobs=(), entropies=(),
+                                                     finish_reason="abort"))
+                continue
             slot = self._of_episode.get(request.episode, -1) if request.episode else -1
+            if slot < 0 and request.keep:
+                slot = self._prefix_slot(request.prompt)
+                if slot >= 0:
+                    self._idle.pop(slot, None)
             if slot >= 0 and self._busy[slot] is not None:
                 waiting.append(request)  # one turn per episode at a time; this one waits for the running one
                 continue
@@ -319,6 +366,7 @@ class ContinuousSampler:
         if max(wanted) > self.top_cap:
             self._top_buffers(max(wanted))
         self.want_top[index] = torch.tensor(wanted, dtype=torch.long, device=self.device)
+        self.rules.set_rows(slots, [r.params for r in requests], [r.prompt for r in requests])
         # Chunks of rows of similar context length, so padded attention columns and the scores stay bounded; each
         # chunk in slot order, so that the rows of a chunk that holds a run of slots are read as a view.
         order = sorted(requests, key=lambda r: len(r.prompt))
@@ -356,9 +404,14 @@ class ContinuousSampler:
         logits = logits.float()
         scale = self.scale[rows]
         step = self.count[rows]
+        # Recorded: the model's own distribution at the row's temperature (what a trainer recomputes).
         logp = torch.log_softmax(logits / scale[:, None], dim=-1)
         probs = logp.exp()
         entropy = -torch.where(probs > 0, probs * logp, torch.zeros_like(probs)).sum(-1)
+        ruled = self.rules.any()
+        if ruled:  # min_tokens, logit_bias, penalties; then min_p and top_k (sampling_rules, vLLM's order)
+            logits = self.rules.process(rows, logits, step)
+            probs = torch.softmax(self.rules.truncate(rows, logits / scale[:, None]), dim=-1)
         node = self.node[rows]
         constrained = bool(node.any())
         if constrained:  # sample inside the trees: renormalised over the allowed ids (recorded logp: the model's)
@@ -384,6 +437,7 @@ class ContinuousSampler:
         self.out_tokens[rows, step] = token
         self.out_logprobs[rows, step] = logp.gather(-1, token[:, None]).squeeze(-1)
         self.out_entropy[rows, step] = entropy
+        self.tokens_sampled += int(rows.shape[0])
         if self.top_cap and bool(self.want_top[rows].any()):
             values, ids = logp.topk(self.top_cap, dim=-1)
             self.out_top[rows, step] = values
@@ -395,13 +449,23 @@ class ContinuousSampler:
         self.count[rows] = count
         self.last[rows] = token
         hit_stop = torch.isin(token, self.stop_tensor)
+        may_stop = None
+        if ruled:
+            self.rules.record(rows, token)
+            extra = self.rules.stopped(rows, token)
+            if extra is not None:
+                hit_stop = hit_stop | extra
+            may_stop = self.rules.may_stop(rows, count)
         done = hit_stop | (count >= self.max_tokens[rows])
         string_rows: list[int] = []
         if self.stop_table is not None:
             maybe = self.has_stops[rows] & self.stop_table.table[token] & ~hit_stop
+            if may_stop is not None:
+                maybe &= may_stop
             if bool(maybe.any()):
                 string_rows = rows[maybe].tolist()
         finished = rows[done].tolist()  # the one host sync of a step
+        self._notify(rows, step, token)
         stopped = set(rows[hit_stop].tolist()) if finished else set()
         for slot in string_rows:
             request = self._busy[slot]
@@ -416,7 +480,37 @@ class ContinuousSampler:
         if finished:
             self._finish(finished, stopped)
 
-    def _finish(self, slots: list[int], stopped: set[int]) -> None:
+    def _notify(self, rows: Any, step: Any, token: Any) -> None:
+        """Hand this step's tokens to the rows that stream them (one host copy, only when a row streams)."""
+        hooked = [(i, r) for i, r in enumerate(self._busy) if r is not None and r.on_token is not None]
+        if not hooked:
+            return
+        row_list = rows.tolist()
+        where = {slot: pos for pos, slot in enumerate(row_list)}
+        hooked = [(slot, r) for slot, r in hooked if slot in where]
+        if not hooked:
+            return
+        tokens = token.tolist()
+        logprobs = self.out_logprobs[rows, step].tolist()
+        steps = step.tolist()
+        for slot, request in hooked:
+            pos = where[slot]
+            top = None
+            k = min(request.params.top_logprobs, self.vocab)
+            if k:
+                values = self.out_top[slot, steps[pos], :k].tolist()
+                ids = self.out_top_ids[slot, steps[pos], :k].tolist()
+                if tokens[pos] not in ids:  # vLLM's convention: the sampled token follows when not among the k
+                    values, ids = values + [logprobs[pos]], ids + [tokens[pos]]
+                top = (tuple(values), tuple(ids))
+            try:
+                request.on_token(tokens[pos], logprobs[pos], top)
+            except Exception:  # noqa: BLE001 - a broken consumer must not stop the other rows
+                logger.exception("a token callback failed; its row is cancelled")
+                request.cancel = request.cancel or threading.Event()
+                request.cancel.set()
+
+    def _finish(self, slots: list[int], stopped: set[int], aborted: set[int] = frozenset()) -> None:  # type: ignore[assignment]
         """Resolve the finished rows' futures; their episodes keep the slots (prompt and fed tokens cached)."""
         torch = self.torch
         index = torch.tensor(slots, dtype=torch.long, device=self.device)
@@ -435,7 +529,8 @@ class ContinuousSampler:
                 self._busy[slot] = None
                 self._bound.pop(slot, None)
                 self._ids[slot] = request.prompt + ids[: n - 1]  # the last sampled token was never fed
-                if not request.episode or request.episode in self._ended:
+                self.rules.clear(slot)
+                if request.episode in self._ended or not (request.episode or request.keep):
                     self._release(slot)
                 else:
                     self._idle[slot] = None
@@ -457,7 +552,7 @@ class ContinuousSampler:
                 token_ids=tuple(ids),
                 logprobs=tuple(logprobs[i][:n]),
                 entropies=tuple(entropies[i][:n]),
-                finish_reason="stop" if is_stop else "length",
+                finish_reason="abort" if slot in aborted else "stop" if is_stop else "length",
                 forced=tuple(bool(f) for f in forced[i][:n]) if request.params.choices else None,
                 top_logprobs=None if top is None else tuple(v for v, _ in top),
                 top_token_ids=None if top is None else tuple(t for _, t in top),

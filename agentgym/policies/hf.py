@@ -52,6 +52,7 @@ from agentgym.policies.continuous import ContinuousSampler
 from agentgym.policies.decode_outputs import collect_generations, hit_stop_strings, top_logprobs
 from agentgym.policies.kv_batch import batch_cache, plain_dynamic_layers, store_rows
 from agentgym.policies.kv_cache import DEFAULT_KV_CACHE_TOKENS, EpisodeKVCache
+from agentgym.policies.sampling_rules import SamplingRules
 from agentgym.policies.seeding import row_seeds, row_uniforms
 from agentgym.policies.slot_model import slot_model_support
 from agentgym.utils.images import ImageRef, image_parts
@@ -499,6 +500,10 @@ class HFPolicy(InProcessTokenPolicy):
         nodes: dict[int, Any] = {i: tree.root for i, tree in trees.items()}
         out_forced = torch.zeros((batch, max_new), dtype=torch.bool, device=device) if trees else None
 
+        # vLLM's processing fields (penalties, bias, top_k, min_p, min_tokens, stop_token_ids), by original row.
+        rules = SamplingRules(batch, vocab_size(self.model), self._stop_ids, device)
+        rules.set_rows(range(batch), params, prompts)
+        ruled = rules.any()
         # Stop strings are checked on decoded text, only for rows that have them.
         stop_strings = {i: p.stop for i, p in enumerate(params) if p.stop}
         stop_ids_so_far: dict[int, list[int]] = {i: [] for i in stop_strings}
@@ -530,6 +535,10 @@ class HFPolicy(InProcessTokenPolicy):
                 logp = torch.log_softmax(logits / scale[:, None], dim=-1)
                 probs = logp.exp()
                 entropy = -torch.where(probs > 0, probs * logp, torch.zeros_like(probs)).sum(-1)
+                if ruled:  # recorded logp/entropy stay the model's; sampling uses the processed distribution
+                    steps = torch.full_like(rows, t)
+                    logits = rules.process(rows, logits, steps)
+                    probs = torch.softmax(rules.truncate(rows, logits / scale[:, None]), dim=-1)
                 # A VLM never draws its <image> token (it would be an image with no pixels); the recorded log-probs
                 # stay the model's own, so the trainer's scoring reproduces them.
                 image_token = getattr(self, "_image_token_id", None)
@@ -577,9 +586,16 @@ class HFPolicy(InProcessTokenPolicy):
                 num_generated[rows] += alive.long()
                 hit_stop = torch.isin(token, stop_ids) & alive
                 hit_len = (t + 1 >= max_tokens) & alive
+                may_stop = alive
+                if ruled:
+                    rules.record(rows, token)
+                    extra = rules.stopped(rows, token)
+                    if extra is not None:
+                        hit_stop |= extra & alive
+                    may_stop = alive & rules.may_stop(rows, torch.full_like(rows, t + 1))
                 if stop_strings:
                     hit_stop |= hit_stop_strings(self.tokenizer, token, rows, alive & ~hit_stop, stop_strings,
-                                                 stop_ids_so_far)
+                                                 stop_ids_so_far) & may_stop
                 stopped[rows[hit_stop]] = True
                 done = done | hit_stop | hit_len
                 if watched:
