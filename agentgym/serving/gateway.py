@@ -69,6 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym.errors import AgentGymError, ConfigError, did_you_mean
+from agentgym.serving import anthropic_messages
 from agentgym.serving.auth import ApiKeyMiddleware, resolve_api_key
 from agentgym.serving.limits import BodySizeLimitMiddleware, RequestLimits
 from agentgym.serving.http import bind_socket, import_uvicorn, serve, socket_url
@@ -86,7 +87,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
     raise DependencyNotInstalled("fastapi", "serve", "the recording gateway") from exc
 
-__all__ = ["SESSION_HEADER", "TOKEN_HEADER", "Gateway", "RecordedSessions", "create_gateway_app", "read_session",
+__all__ = ["PARENT_HEADER", "PARENT_TOKEN_HEADER", "SESSION_HEADER", "TOKEN_HEADER", "Gateway", "RecordedSessions", "create_gateway_app", "read_session",
            "run_gateway", "sessions_to_trajectories"]
 
 logger = logging.getLogger(__name__)
@@ -95,6 +96,10 @@ logger = logging.getLogger(__name__)
 SESSION_HEADER = "X-Agentgym-Session"
 #: The header that carries a session's token (when the base URL does not).
 TOKEN_HEADER = "X-Agentgym-Session-Token"
+#: The header that makes a call's session a sub-agent of another session (its parent).
+PARENT_HEADER = "X-Agentgym-Parent-Session"
+#: The parent's token, when the call's own token (base URL or :data:`TOKEN_HEADER`) is not the parent's.
+PARENT_TOKEN_HEADER = "X-Agentgym-Parent-Token"
 _SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 #: A token a client picks for a session it creates: URL-safe, at least 128 bits as token_urlsafe writes them.
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{22,256}$")
@@ -159,6 +164,7 @@ class _Session:
     seed: int | None = None
     group_id: str = ""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
+    parent: str | None = None
     env: Any = None
     calls: int = 0
     steps: int = 0
@@ -187,12 +193,15 @@ class Gateway:
     # -- opening and recording --
     def open_session(self, session: str | None = None, *, env_id: str | None = None, task: Task | None = None,
                      seed: int | None = None, group_id: str = "", env_kwargs: Mapping[str, Any] | None = None,
-                     metadata: Mapping[str, Any] | None = None, token: str | None = None) -> str:
+                     metadata: Mapping[str, Any] | None = None, token: str | None = None,
+                     parent: str | None = None) -> str:
         """Open a session (an env episode when ``env_id`` is given; the env is built at the agent's reset).
 
         Args:
             token: The session's token (22-256 URL-safe characters); ``None`` issues a new unguessable one. Read
                 it with :meth:`token` or hand the agent :meth:`session_base_url`.
+            parent: Make this session a sub-agent of ``parent`` (an open session of this gateway): its head record
+                names the parent, and the parent's file records where the sub-agent began.
 
         Returns:
             The session id (a new random one when ``session`` is ``None``).
@@ -213,11 +222,17 @@ class Gateway:
             if sid in self._sessions or self.path(sid).exists():
                 raise APIError(f"Session {sid!r} already exists; open each session once (pick a new id).",
                                status=409, param="session", code="session_exists")
+            if parent is not None and parent not in self._sessions:
+                raise APIError(f"No parent session {parent!r}: a sub-agent's parent must be an open session of this "
+                               "gateway run.", status=404, param="parent", code="unknown_session")
             self._sessions[sid] = _Session(sid, token or secrets.token_urlsafe(32), env_id, task, seed,
-                                           group_id or sid, dict(env_kwargs or {}))
+                                           group_id or sid, dict(env_kwargs or {}), parent)
         self._append(sid, {"type": "session", "session": sid, "env_id": env_id,
                            "task_id": task.id if task is not None else None, "seed": seed, "group_id": group_id or sid,
-                           "created": time.time(), "metadata": jsonable(dict(metadata or {}))})
+                           "created": time.time(), "metadata": jsonable(dict(metadata or {})),
+                           **({"parent": parent} if parent is not None else {})})
+        if parent is not None:  # where in the parent's episode the sub-agent began, and how to find it
+            self._append(parent, {"type": "subagent", "session": sid, "time": time.time()})
         return sid
 
     def path(self, session: str) -> Path:
@@ -266,6 +281,51 @@ class Gateway:
                            "token is given only to the client that created it.", status=403, param="token",
                            code="invalid_session_token", type="permission_error")
         return None
+
+    def authorize_child(self, session: str, presented: str | None, parent: str, parent_token: str | None) -> str | None:
+        """Check a sub-agent call: ``parent_token`` must be ``parent``'s token; a new ``session`` is created as
+        ``parent``'s child (with the token the call presented, else the parent's); an existing one must already be
+        ``parent``'s child and present its own token.
+
+        Returns:
+            The token when this call created the session, else ``None``.
+
+        Raises:
+            APIError: 403 for a wrong parent token, 404 for an unknown parent, 409 when the parent has ended or the
+                session exists with another parent.
+        """
+        sid, parent = _check_session_id(session), _check_session_id(parent)
+        if sid == parent:
+            raise APIError(f"Session {sid!r} names itself as its parent in {PARENT_HEADER}; a sub-agent needs a "
+                           "session id of its own.", param="session", code="bad_session")
+        with self._lock:
+            parent_state, state = self._sessions.get(parent), self._sessions.get(sid)
+        if parent_state is None:
+            raise APIError(f"No parent session {parent!r} ({PARENT_HEADER}): the parent must be an open session of "
+                           "this gateway.", status=404, param="parent", code="unknown_session")
+        if parent_token is None or not hmac.compare_digest(parent_token.encode(), parent_state.token.encode()):
+            raise APIError(f"The parent session {parent!r} needs its token: send it in {PARENT_TOKEN_HEADER} (or use "
+                           "the parent's token as this call's session token).", status=403, param="parent",
+                           code="invalid_session_token", type="permission_error")
+        if state is None:
+            if parent_state.ended:
+                raise APIError(f"The parent session {parent!r} has ended; start sub-agents before the episode's "
+                               "reward is in.", status=409, param="parent", code="session_ended")
+            if presented is not None and not _TOKEN_RE.match(presented):
+                raise APIError("A session token must be 22-256 URL-safe characters (letters, digits, '-', '_').",
+                               status=403, param="token", code="invalid_session_token")
+            try:
+                self.open_session(sid, token=presented or parent_state.token, parent=parent,
+                                  group_id=parent_state.group_id)
+                return self.token(sid)
+            except APIError as exc:
+                if exc.code != "session_exists":
+                    raise
+            state = self._opened_elsewhere(sid)
+        if state.parent != parent:
+            raise APIError(f"Session {sid!r} exists and is not a sub-agent of {parent!r}; give the sub-agent a new "
+                           "session id.", status=409, param="session", code="session_exists")
+        return self.authorize(sid, presented)
 
     def _session(self, sid: str, *, create: bool) -> _Session:
         sid = _check_session_id(sid)
@@ -414,6 +474,14 @@ def _completion_choice_record(choice: Mapping[str, Any]) -> dict[str, Any]:
             "prompt_token_ids": _int_list(choice.get("prompt_token_ids"))}
 
 
+class _UpstreamError(Exception):
+    """The upstream server refused a call: its answer, for the client in the API it spoke."""
+
+    def __init__(self, status: int, content: bytes, media_type: str) -> None:
+        super().__init__(status)
+        self.status, self.content, self.media_type = status, content, media_type
+
+
 class _Proxy:
     """Forwards calls upstream, records them, and answers the client with what it asked for."""
 
@@ -490,7 +558,8 @@ class _Proxy:
             return list(tok.encode(prompt))
         return _int_list(prompt)
 
-    def record(self, sid: str, body: Mapping[str, Any], endpoint: str, data: Mapping[str, Any]) -> None:
+    def record(self, sid: str, body: Mapping[str, Any], endpoint: str, data: Mapping[str, Any], *,
+               api: str = "openai") -> None:
         top_prompt = _int_list(data.get("prompt_token_ids"))
         for choice in data.get("choices") or ():
             if not isinstance(choice, Mapping):
@@ -502,35 +571,43 @@ class _Proxy:
                 prompt_ids = rec.pop("prompt_token_ids") or top_prompt
             rec = self._fill_ids(body, endpoint, prompt_ids, rec)
             self.gateway.record_call(sid, {
-                "endpoint": endpoint, "choice": choice.get("index", 0), "model": body.get("model"),
+                "endpoint": endpoint, "api": api, "choice": choice.get("index", 0), "model": body.get("model"),
                 "observation": _observation_of(body), "temperature": body.get("temperature", 1.0),
                 "top_p": body.get("top_p", 1.0), **rec, "time": time.time()})
 
-    async def generate(self, body: Mapping[str, Any], endpoint: str, sid: str) -> Response:
-        path = "/chat/completions" if endpoint == "chat" else "/completions"
-        seed = self.gateway.next_call_seed(sid)
-        upstream = self.upstream_body(body, endpoint, seed)
-        if body.get("stream"):
-            return await self._stream(body, upstream, endpoint, path, sid)
-        response = await self.client.post(path, json=upstream)
-        if response.status_code != 200:
-            return Response(response.content, status_code=response.status_code,
-                            media_type=response.headers.get("content-type", "application/json"))
-        data = response.json()
-        self.record(sid, upstream, endpoint, data)
-        return JSONResponse(self.for_client(data, body, endpoint))
+    def prepare(self, body: Mapping[str, Any], endpoint: str, sid: str) -> dict[str, Any]:
+        """The body sent upstream for ``body`` (ids and log-probs asked for, the session's per-call seed)."""
+        return self.upstream_body(body, endpoint, self.gateway.next_call_seed(sid))
 
-    async def _stream(self, body: Mapping[str, Any], upstream: dict[str, Any], endpoint: str, path: str,
-                      sid: str) -> Response:
-        request = self.client.build_request("POST", path, json=upstream)
-        response = await self.client.send(request, stream=True)
+    async def complete(self, upstream: dict[str, Any], endpoint: str, sid: str, *, api: str = "openai") -> dict[str, Any]:
+        """One non-streamed call, recorded; the upstream's answer as JSON.
+
+        Raises:
+            _UpstreamError: the upstream refused the call (nothing is recorded).
+        """
+        response = await self.client.post("/chat/completions" if endpoint == "chat" else "/completions", json=upstream)
+        if response.status_code != 200:
+            raise _UpstreamError(response.status_code, response.content,
+                                 response.headers.get("content-type", "application/json"))
+        data = response.json()
+        self.record(sid, upstream, endpoint, data, api=api)
+        return data
+
+    async def chunks(self, upstream: dict[str, Any], endpoint: str, sid: str, *,
+                     api: str = "openai") -> AsyncIterator[dict[str, Any] | str]:
+        """A streamed call: the upstream's parsed chunks (and ``"[DONE]"``), the whole call recorded at its end.
+
+        Raises:
+            _UpstreamError: before the first chunk, when the upstream refused the call.
+        """
+        path = "/chat/completions" if endpoint == "chat" else "/completions"
+        response = await self.client.send(self.client.build_request("POST", path, json=upstream), stream=True)
         if response.status_code != 200:
             content = await response.aread()
             await response.aclose()
-            return Response(content, status_code=response.status_code,
-                            media_type=response.headers.get("content-type", "application/json"))
+            raise _UpstreamError(response.status_code, content, response.headers.get("content-type", "application/json"))
 
-        async def relay() -> AsyncIterator[str]:
+        async def relay() -> AsyncIterator[dict[str, Any] | str]:
             merged: dict[str, Any] = {"choices": {}}
             try:
                 async for line in response.aiter_lines():
@@ -538,16 +615,60 @@ class _Proxy:
                         continue
                     payload = line[len("data: "):]
                     if payload.strip() == "[DONE]":
-                        yield "data: [DONE]\n\n"
+                        yield "[DONE]"
                         continue
                     chunk = json.loads(payload)
                     self._accumulate(merged, chunk, endpoint)
-                    yield f"data: {json.dumps(self.for_client(chunk, body, endpoint), ensure_ascii=False)}\n\n"
+                    yield chunk
             finally:
                 await response.aclose()
-            self.record(sid, upstream, endpoint, self._as_response(merged, endpoint))
+            self.record(sid, upstream, endpoint, self._as_response(merged, endpoint), api=api)
+
+        return relay()
+
+    async def generate(self, body: Mapping[str, Any], endpoint: str, sid: str) -> Response:
+        upstream = self.prepare(body, endpoint, sid)
+        try:
+            if body.get("stream"):
+                return await self._stream(body, upstream, endpoint, sid)
+            data = await self.complete(upstream, endpoint, sid)
+        except _UpstreamError as exc:
+            return Response(exc.content, status_code=exc.status, media_type=exc.media_type)
+        return JSONResponse(self.for_client(data, body, endpoint))
+
+    async def _stream(self, body: Mapping[str, Any], upstream: dict[str, Any], endpoint: str, sid: str) -> Response:
+        chunks = await self.chunks(upstream, endpoint, sid)
+
+        async def relay() -> AsyncIterator[str]:
+            async for chunk in chunks:
+                if chunk == "[DONE]":
+                    yield "data: [DONE]\n\n"
+                else:
+                    yield f"data: {json.dumps(self.for_client(chunk, body, endpoint), ensure_ascii=False)}\n\n"
 
         return StreamingResponse(relay(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    async def messages(self, body: Mapping[str, Any], sid: str) -> Response:
+        """An Anthropic Messages call (``body`` already converted to the chat form), answered in that API's shape."""
+        upstream = self.prepare(body, "chat", sid)
+        try:
+            if not body.get("stream"):
+                data = await self.complete(upstream, "chat", sid, api="anthropic")
+                return JSONResponse(anthropic_messages.to_message(data, body))
+            chunks = await self.chunks(upstream, "chat", sid, api="anthropic")
+        except _UpstreamError as exc:
+            return anthropic_messages.error_response(anthropic_messages.upstream_error(exc.status, exc.content))
+
+        async def events() -> AsyncIterator[str]:
+            stream = anthropic_messages.MessageStream(body)
+            async for chunk in chunks:
+                if isinstance(chunk, dict):
+                    for event in stream.feed(chunk):
+                        yield event
+            for event in stream.finish():
+                yield event
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     @staticmethod
     def _accumulate(merged: dict[str, Any], chunk: Mapping[str, Any], endpoint: str) -> None:
@@ -669,6 +790,10 @@ def create_gateway_app(upstream: str | FastAPI, record_dir: str | Path, *, token
         """The call's session, checked against the token it presents; and the token if this call created it."""
         sid = session_name(request, body)
         presented = request.path_params.get("token") or request.headers.get(TOKEN_HEADER)
+        parent = request.headers.get(PARENT_HEADER)
+        if parent and create:  # a sub-agent's model call: linked to its parent, which its token must prove
+            return sid, gateway.authorize_child(sid, presented, parent,
+                                                request.headers.get(PARENT_TOKEN_HEADER) or presented)
         return sid, gateway.authorize(sid, presented, create=create)
 
     async def generation(request: Request, endpoint: str) -> Response:
@@ -684,6 +809,19 @@ def create_gateway_app(upstream: str | FastAPI, record_dir: str | Path, *, token
 
     async def completions(request: Request) -> Response:
         return await generation(request, "completions")
+
+    async def messages(request: Request) -> Response:
+        """Anthropic's Messages API: converted to the chat form, recorded as chat calls, answered in its shape."""
+        try:
+            body = await json_body(request)
+            chat_body = anthropic_messages.to_chat_request(body)
+            sid, issued = session_of(request, chat_body, create=True)
+            response = await proxy.messages(chat_body, sid)
+        except APIError as exc:
+            return anthropic_messages.error_response(exc)
+        if issued is not None:
+            response.headers[TOKEN_HEADER] = issued
+        return response
 
     async def env_reset(request: Request) -> JSONResponse:
         sid, _ = session_of(request)
@@ -729,6 +867,7 @@ def create_gateway_app(upstream: str | FastAPI, record_dir: str | Path, *, token
     for prefix in ("/v1", "/s/{session}/v1", "/s/{session}/{token}/v1"):
         app.add_api_route(prefix + "/chat/completions", chat, methods=["POST"])
         app.add_api_route(prefix + "/completions", completions, methods=["POST"])
+        app.add_api_route(prefix + "/messages", messages, methods=["POST"])
         app.add_api_route(prefix + "/env/reset", env_reset, methods=["POST"])
         app.add_api_route(prefix + "/env/step", env_step, methods=["POST"])
         app.add_api_route(prefix + "/session/reward", reward, methods=["POST"])

@@ -10,6 +10,17 @@ starts exactly with an earlier call's prompt plus its sampled ids (the tokens in
 template glue: loss mask 0). A call whose prompt extends no open sequence (the agent rewrote or truncated its
 history, or the server re-rendered an earlier turn differently) starts a new sequence (a *segment*) and counts as
 a mismatch; every segment becomes its own trajectory, carrying the session's outcome and group.
+
+Sub-agents. A session opened as another's sub-agent (the gateway's ``X-Agentgym-Parent-Session`` header) names its
+parent in its head record, and the parent's file holds a ``subagent`` record for it. Its calls are read with its
+root session (the top of the parent chain), never on their own, in one of two ways (``subagents``):
+
+* ``merge`` (the default): the sub-agent's turns are part of the root's episode. Its segments are trajectories with
+  the root's outcome, group and ``episode`` id (``metadata["episode"]``), so a trainer gives them the episode's one
+  return; a reward the sub-agent reported itself is ignored.
+* ``separate``: each sub-agent session is an episode of its own (``episode`` is its session id), in the group
+  ``<root group>/sub`` (sub-agents of one task's rollouts compare with each other), with the reward it reported
+  itself, or else the root's outcome.
 """
 
 from __future__ import annotations
@@ -23,7 +34,10 @@ from typing import Any
 from agentgym.errors import AgentGymError, ConfigError
 from agentgym.trajectory import Trajectory, Turn
 
-__all__ = ["RecordedSessions", "read_session", "sessions_to_trajectories"]
+__all__ = ["SUBAGENT_MODES", "RecordedSessions", "read_session", "sessions_to_trajectories"]
+
+#: How sub-agent sessions become trajectories (see the module docstring).
+SUBAGENT_MODES = ("merge", "separate")
 
 
 def read_session(path: str | Path) -> list[dict[str, Any]]:
@@ -52,6 +66,7 @@ class RecordedSessions:
         mismatches: Calls whose prompt extended no earlier call of their session (each began a segment).
         untrainable_calls: Calls recorded without token ids (skipped).
         tokenized_calls: Calls whose ids the gateway tokenised itself (not token-exact).
+        subagent_sessions: Sub-agent sessions read with their root sessions.
     """
 
     trajectories: list[Trajectory]
@@ -62,10 +77,12 @@ class RecordedSessions:
     mismatches: int = 0
     untrainable_calls: int = 0
     tokenized_calls: int = 0
+    subagent_sessions: int = 0
 
     def stats(self) -> dict[str, float]:
         return {f"gateway/{k}": float(getattr(self, k)) for k in (
-            "sessions", "open_sessions", "calls", "segments", "mismatches", "untrainable_calls", "tokenized_calls")}
+            "sessions", "open_sessions", "calls", "segments", "mismatches", "untrainable_calls", "tokenized_calls",
+            "subagent_sessions")}
 
 
 def _segments(calls: Sequence[Mapping[str, Any]]) -> tuple[list[list[tuple[Mapping[str, Any], list[int]]]], int]:
@@ -91,17 +108,87 @@ def _segments(calls: Sequence[Mapping[str, Any]]) -> tuple[list[list[tuple[Mappi
     return segments, mismatches
 
 
-def sessions_to_trajectories(record_dir: str | Path, sessions: Iterable[str] | None = None) -> RecordedSessions:
+def _descendants(root: Path, records: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The sub-agent sessions under a session (depth first, in the order they began) and their records."""
+    out: list[tuple[str, list[dict[str, Any]]]] = []
+    seen: set[str] = set()
+    stack = [str(r.get("session")) for r in reversed(records) if r.get("type") == "subagent"]
+    while stack:
+        child = stack.pop()
+        path = root / f"{child}.jsonl"
+        if child in seen or not path.is_file():
+            continue
+        seen.add(child)
+        child_records = read_session(path)
+        out.append((child, child_records))
+        stack += [str(r.get("session")) for r in reversed(child_records) if r.get("type") == "subagent"]
+    return out
+
+
+def _session_trajectories(sid: str, records: Sequence[Mapping[str, Any]], head: Mapping[str, Any],
+                          end: Mapping[str, Any], group_id: str, episode: str,
+                          counts: dict[str, int]) -> list[Trajectory]:
+    """One trajectory per segment of one session's calls, with ``end``'s outcome, in ``group_id``."""
+    calls: list[Mapping[str, Any]] = []
+    step_of: dict[int, Mapping[str, Any]] = {}  # call position -> the env step it was the action of
+    for r in records:
+        if r.get("type") == "call":
+            counts["calls"] += 1
+            if r.get("prompt_token_ids") is None or r.get("token_ids") is None:
+                counts["untrainable_calls"] += 1
+                continue
+            counts["tokenized_calls"] += r.get("ids_source") == "tokenized"
+            calls.append(r)
+        elif r.get("type") == "step" and calls and id(calls[-1]) not in step_of:
+            step_of[id(calls[-1])] = r
+    segments, mismatches = _segments(calls)
+    counts["mismatches"] += mismatches
+    outcome = dict(end.get("outcome") or {})
+    own_head = next((r for r in records if r.get("type") == "session"), {})
+    out = []
+    for k, segment in enumerate(segments):
+        turns = []
+        for call, prompt_ids in segment:
+            step = step_of.get(id(call), {})
+            lps = call.get("logprobs")
+            turns.append(Turn(
+                observation=str(call.get("observation") or ""), action=str(call.get("text") or ""),
+                reward=float(step.get("reward", 0.0)), info=step.get("turn") or {},
+                prompt_token_ids=tuple(prompt_ids), action_token_ids=tuple(call["token_ids"]),
+                action_logprobs=None if lps is None else tuple(float(v) for v in lps),
+                finish_reason=call.get("finish_reason")))
+        out.append(Trajectory(
+            env_id=str(head.get("env_id") or "gateway"), task_id=str(head.get("task_id") or head.get("session") or sid),
+            seed=head.get("seed"), turns=tuple(turns), outcome=outcome,
+            end_reason=str(end.get("end_reason") or outcome.get("end_reason") or "answered"),
+            policy="gateway", traj_id=f"{sid}#{k}", group_id=group_id,
+            metadata={"session": sid, "segment": k, "segments": len(segments), "mismatches": mismatches,
+                      "episode": episode, "parent": own_head.get("parent"),
+                      "reward_source": end.get("source"),
+                      "temperature": segment[0][0].get("temperature"),
+                      **({"final_observation": records[-2].get("observation")}
+                         if len(records) > 1 and records[-2].get("type") == "step" else {})}))
+        counts["segments"] += 1
+    return out
+
+
+def sessions_to_trajectories(record_dir: str | Path, sessions: Iterable[str] | None = None, *,
+                             subagents: str = "merge") -> RecordedSessions:
     """Turn recorded sessions into trajectories (see the module docstring for how calls merge).
 
     Args:
         record_dir: The gateway's ``record_dir``.
         sessions: Session ids to read, in this order; ``None`` reads every ``*.jsonl`` in the directory (by name).
+            The sub-agent sessions of each are read with it.
+        subagents: ``merge`` (a sub-agent's turns belong to its root session's episode) or ``separate`` (each
+            sub-agent session is an episode of its own); see the module docstring.
 
     Returns:
         The trajectories and counts. A session's turns carry the env's step reward and turn info (a call is the
         action of the env step that follows it); its outcome is the env's or the reported one.
     """
+    if subagents not in SUBAGENT_MODES:
+        raise ConfigError(f"subagents must be one of {', '.join(SUBAGENT_MODES)}, got {subagents!r}.")
     root = Path(record_dir)
     if not root.is_dir():
         raise ConfigError(f"{root} is not a directory of recorded sessions (the gateway's --record DIR).")
@@ -112,51 +199,25 @@ def sessions_to_trajectories(record_dir: str | Path, sessions: Iterable[str] | N
                           "on this gateway with this record_dir?")
     out: list[Trajectory] = []
     counts = dict(sessions=0, open_sessions=0, calls=0, segments=0, mismatches=0, untrainable_calls=0,
-                  tokenized_calls=0)
+                  tokenized_calls=0, subagent_sessions=0)
     for path in paths:
         records = read_session(path)
+        head = next((r for r in records if r.get("type") == "session"), {})
+        if head.get("parent") is not None and sessions is None:
+            continue  # read with its root session
         end = next((r for r in records if r.get("type") == "end"), None)
         if end is None:
             counts["open_sessions"] += 1
             continue
-        head = next((r for r in records if r.get("type") == "session"), {})
         counts["sessions"] += 1
-        calls: list[dict[str, Any]] = []
-        step_of: dict[int, Mapping[str, Any]] = {}  # call position -> the env step it was the action of
-        for r in records:
-            if r.get("type") == "call":
-                counts["calls"] += 1
-                if r.get("prompt_token_ids") is None or r.get("token_ids") is None:
-                    counts["untrainable_calls"] += 1
-                    continue
-                counts["tokenized_calls"] += r.get("ids_source") == "tokenized"
-                calls.append(r)
-            elif r.get("type") == "step" and calls and id(calls[-1]) not in step_of:
-                step_of[id(calls[-1])] = r
-        segments, mismatches = _segments(calls)
-        counts["mismatches"] += mismatches
-        outcome = dict(end.get("outcome") or {})
         sid = path.stem
-        for k, segment in enumerate(segments):
-            turns = []
-            for call, prompt_ids in segment:
-                step = step_of.get(id(call), {})
-                lps = call.get("logprobs")
-                turns.append(Turn(
-                    observation=str(call.get("observation") or ""), action=str(call.get("text") or ""),
-                    reward=float(step.get("reward", 0.0)), info=step.get("turn") or {},
-                    prompt_token_ids=tuple(prompt_ids), action_token_ids=tuple(call["token_ids"]),
-                    action_logprobs=None if lps is None else tuple(float(v) for v in lps),
-                    finish_reason=call.get("finish_reason")))
-            out.append(Trajectory(
-                env_id=str(head.get("env_id") or "gateway"), task_id=str(head.get("task_id") or sid),
-                seed=head.get("seed"), turns=tuple(turns), outcome=outcome,
-                end_reason=str(end.get("end_reason") or outcome.get("end_reason") or "answered"),
-                policy="gateway", traj_id=f"{sid}#{k}", group_id=str(head.get("group_id") or sid),
-                metadata={"session": sid, "segment": k, "segments": len(segments), "mismatches": mismatches,
-                          "reward_source": end.get("source"),
-                          "temperature": segment[0][0].get("temperature"),
-                          **({"final_observation": records[-2].get("observation")}
-                             if len(records) > 1 and records[-2].get("type") == "step" else {})}))
-            counts["segments"] += 1
+        group = str(head.get("group_id") or sid)
+        out += _session_trajectories(sid, records, head, end, group, sid, counts)
+        for child, child_records in _descendants(root, records):
+            counts["subagent_sessions"] += 1
+            if subagents == "merge":
+                out += _session_trajectories(child, child_records, head, end, group, sid, counts)
+            else:
+                own_end = next((r for r in child_records if r.get("type") == "end"), None)
+                out += _session_trajectories(child, child_records, head, own_end or end, f"{group}/sub", child, counts)
     return RecordedSessions(out, **counts)
