@@ -26,20 +26,51 @@ copy towards identical online weights.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from agentgym.trainers.algorithms import archer as alg
+from agentgym.errors import ConfigError
 from agentgym.trainers.archer_config import ArcherConfig
 from agentgym.trainers.distributed import data_parallel
 from agentgym.trainers.replay_actor import ReplayActorTrainer, gather_rows, sync_on_last
+from agentgym.trainers.replay import Transition
 from agentgym.trainers.seeding import mix_seed
 from agentgym.trajectory import Trajectory
 
-__all__ = ["ArcherConfig", "ArcherTrainer"]
+__all__ = ["ArcherConfig", "ArcherTrainer", "critic_views"]
+
+
+def critic_views(trajectory: Trajectory, critic_input: str) -> list[tuple[str, str]]:
+    """Per turn, the ``(state, next_state)`` texts the critic reads under ``critic_input`` (``observation`` or
+    ``state_key``; ``history`` is the replay buffer's own text). The last turn's next state is the final
+    observation (``observation``), or, since no key is recorded after the last action, the last key followed by
+    the action (``state_key``): a terminated turn's target never reads it, a truncated one bootstraps from it.
+
+    Raises:
+        ConfigError: ``state_key`` on a trajectory whose env records no ``state_key()``, or an unknown mode.
+    """
+    turns = trajectory.turns
+    if critic_input == "observation":
+        states = [turn.observation for turn in turns]
+        final = trajectory.final_observation
+        last = final if final is not None else (f"{states[-1]} {turns[-1].action}" if turns else "")
+    elif critic_input == "state_key":
+        missing = [i for i, turn in enumerate(turns) if turn.state_key is None]
+        if missing:
+            raise ConfigError(f"critic_input: state_key, but {trajectory.env_id} recorded no state_key() on turn "
+                              f"{missing[0]} of task {trajectory.task_id!r}; use critic_input: observation (or "
+                              "history), or give the env a state_key() method.")
+        states = [str(turn.state_key) for turn in turns]
+        last = f"{states[-1]} {turns[-1].action}" if turns else ""
+    else:
+        raise ConfigError(f"critic_input {critic_input!r} has no per-turn view; use observation or state_key.")
+    return [(states[i], states[i + 1] if i + 1 < len(states) else last) for i in range(len(states))]
 
 
 # ---- ArCHer -------------------------------------------------------------------------------------------
@@ -47,6 +78,22 @@ class ArcherTrainer(ReplayActorTrainer):
     """``ArcherTrainer(config).train()``; see the module docstring for the order of work."""
 
     config: ArcherConfig
+
+    def _transitions(self, step: int, trajectories: list[Trajectory], gamma: float) -> list[Transition]:
+        """The buffer's turns with the critic's view of each state (``critic_input``); the actor keeps reading
+        ``state_ids``, the full prompt. Views are gathered in the same rank order as the turns, whose episode
+        name ``step:k`` gives each turn's episode ``k``."""
+        transitions = super()._transitions(step, trajectories, gamma)
+        mode = self.config.critic_input
+        if mode == "history":
+            return transitions
+        local = [critic_views(t, mode) if t.turns and t.error is None else [] for t in trajectories]
+        views: Sequence[list[tuple[str, str]]] = [v for part in self.world.gather_objects(local) for v in part]
+        out = []
+        for t in transitions:
+            state, next_state = views[int(t.episode.rsplit(":", 1)[1])][t.turn]
+            out.append(dataclasses.replace(t, state=state, next_state=next_state))
+        return out
 
     def _build_critic(self) -> Any:
         from agentgym.trainers.critic import UtteranceCritic

@@ -41,6 +41,12 @@ class ArcherConfig(ReplayActorConfig):
     critic_pooling: Literal["mean", "last"] = "mean"
     """How the critic turns token states into one vector: their mean, or the last real token (the only
     position where a causal backbone such as ``critic_encoder: policy`` has read the whole text)."""
+    critic_input: Literal["history", "observation", "state_key"] = "history"
+    """What the critic reads as the state: the whole conversation so far (the reference code), the last
+    observation alone, or the env's ``state_key()`` recorded on each turn. Where the observation (or the key)
+    defines the state, as in a maze whose observation is the grid, the history only adds tokens the critic must
+    learn to ignore (hundreds per state against tens) and splits one state into many texts, so its value is fit
+    from far fewer samples. The actor always reads the full prompt."""
 
     trainer_name: ClassVar[str] = "archer"
     display_name: ClassVar[str] = "ArCHer"
@@ -61,5 +67,7 @@ class ArcherConfig(ReplayActorConfig):
             raise self._fail("critic_hidden_size", "must be >= 1 or null.")
         if self.critic_max_tokens < 8:
             raise self._fail("critic_max_tokens", f"must be >= 8, got {self.critic_max_tokens}.")
+        if self.critic_input not in ("history", "observation", "state_key"):
+            raise self._fail("critic_input", f"must be history, observation or state_key, got {self.critic_input!r}.")
         if self.critic_pooling not in ("mean", "last"):
             raise self._fail("critic_pooling", f"must be mean or last, got {self.critic_pooling!r}.")

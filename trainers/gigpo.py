@@ -20,10 +20,12 @@ from collections.abc import Sequence
 import torch
 
 from agentgym.trainers import algorithms as alg
+from agentgym.trainers.algorithms.advantages import group_advantages, match_mean_abs
+from agentgym.trainers.algorithms.gigpo import advantage_agreement
 from agentgym.trainers.batch import TrainingBatch
 from agentgym.trainers.gigpo_config import GigpoConfig
 from agentgym.trainers.grpo import GrpoTrainer
-from agentgym.trainers.returns import step_rewards
+from agentgym.trainers.returns import episode_return, step_rewards
 from agentgym.trajectory import Trajectory
 
 UNPARSED_KINDS = frozenset({"invalid", "void"})
@@ -31,7 +33,7 @@ UNPARSED_KINDS = frozenset({"invalid", "void"})
 (no tool call found) as well as ``invalid`` (a call that could not be read or run). The reference code's
 ``is_action_valid`` is false for both; penalising only ``invalid`` let a policy drift into void turns unpunished."""
 
-__all__ = ["GigpoConfig", "GigpoTrainer", "anchor_keys", "step_advantages"]
+__all__ = ["GigpoConfig", "GigpoTrainer", "anchor_keys", "compare_with_grpo", "step_advantages"]
 
 
 class GigpoTrainer(GrpoTrainer):
@@ -50,7 +52,13 @@ class GigpoTrainer(GrpoTrainer):
         stats = dict(result.stats) if result is not None else {}
         steps = [per_step.get(i, torch.zeros(len(trajectories[i].turns))) for i in usable]
         turn_index = batch.turn_index if batch.turn_index is not None else torch.zeros_like(batch.input_ids) - 1
-        return alg.broadcast_steps_to_tokens(steps, turn_index), stats
+        rows = alg.broadcast_steps_to_tokens(steps, turn_index)
+        if self.config.advantage_scale == "grpo":  # GRPO's scale on this very batch (see GigpoConfig.advantage_scale)
+            reference, _ = super()._token_advantages(trajectories, scores, stats_mask, usable, batch)
+            trained = (batch.loss_mask > 0) & (turn_index >= 0)
+            rows, factor = match_mean_abs(rows, reference.to(rows.dtype), trained)
+            stats["gigpo/scale_factor"] = factor
+        return rows, stats
 
 
 def step_advantages(trajectories: Sequence[Trajectory], config: GigpoConfig) -> alg.GigpoAdvantages | None:
@@ -73,3 +81,25 @@ def anchor_keys(trajectory: Trajectory) -> list[str]:
     would ever match, and GiGPO would reduce to GRPO)."""
     return [turn.state_key if turn.state_key is not None else f"observation:{turn.observation}"
             for turn in trajectory.turns]
+
+
+def compare_with_grpo(trajectories: Sequence[Trajectory], config: GigpoConfig) -> dict[str, float | None]:
+    """:func:`~agentgym.trainers.algorithms.gigpo.advantage_agreement` of GRPO's and GiGPO's advantages on recorded
+    trajectories, each computed as its trainer would (GRPO: the ``advantage`` estimator on episode returns per task
+    group; GiGPO: ``config``'s settings), weighted by each step's sampled tokens. Trajectories that errored or have
+    no turns are left out, as both trainers leave them out of their statistics. Also returns GiGPO's
+    ``steps_in_shared_anchor`` (0: every state is visited once, and GiGPO is GRPO on this batch)."""
+    kept = [t for t in trajectories if t.turns and t.error is None and t.end_reason != "error"]
+    result = step_advantages(kept, config)
+    if result is None:
+        return {**advantage_agreement([], alg.GigpoAdvantages([], [], [], [], [], [], []), []),
+                "steps_in_shared_anchor": None, "trajectories": 0.0}
+    scores = torch.tensor([episode_return(t) for t in kept], dtype=torch.float32)
+    grpo = group_advantages(scores, [t.group_id for t in kept], mode=config.advantage,
+                            singleton=config.singleton_advantage)
+    episode_level = [torch.full((len(t.turns),), float(grpo[i])) for i, t in enumerate(kept)]
+    tokens = [[len(turn.action_token_ids) if turn.action_token_ids is not None else max(1, len(turn.action.split()))
+               for turn in t.turns] for t in kept]
+    return {**advantage_agreement(episode_level, result, tokens),
+            "steps_in_shared_anchor": result.stats.get("gigpo/steps_in_shared_anchor"),
+            "trajectories": float(len(kept))}

@@ -33,6 +33,12 @@ class GigpoConfig(GrpoConfig):
     ``invalid`` turn (0 disables it)."""
     similarity_thresh: float | None = None
     """None: anchors match exactly. A ratio in (0, 1]: text states at least this similar share a group (greedy)."""
+    advantage_scale: Literal["native", "grpo"] = "native"
+    """native: ``A^E + omega * A^S`` as the paper computes it. grpo: that sum rescaled, per batch, to the mean
+    ``|A|`` over trained tokens that GRPO's estimator (the ``advantage`` field) gives the same batch. GiGPO's
+    ``mean_norm`` statistics leave advantages about half GRPO's size (no division by the std), which at one
+    learning rate is a hidden step-size change; one scalar per batch keeps every sign and ratio, so a comparison
+    at equal scale compares only the credit."""
 
     trainer_name: ClassVar[str] = "gigpo"
     display_name: ClassVar[str] = "GiGPO"
@@ -49,6 +55,9 @@ class GigpoConfig(GrpoConfig):
         if self.similarity_thresh is not None and not 0 < self.similarity_thresh <= 1:
             raise self._fail("similarity_thresh", f"must be in (0, 1] (0.9 for search) or null for exact matching, "
                                                   f"got {self.similarity_thresh}.")
+        if self.advantage_scale not in ("native", "grpo"):
+            raise self._fail("advantage_scale", f"must be native (the paper's) or grpo (rescaled to GRPO's mean "
+                                                f"|advantage| on the batch), got {self.advantage_scale!r}.")
         if self.reward != "outcome":
             raise self._fail("reward", f"is {self.reward!r}, but GiGPO compares the env's per-step rewards, which "
                                        "already sum to the outcome; use reward: outcome (shape invalid turns with "

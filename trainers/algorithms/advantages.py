@@ -19,7 +19,7 @@ from agentgym.errors import ConfigError
 
 from ._common import check_choice, check_finite, check_mask, check_vector, group_index, group_moments
 
-__all__ = ["broadcast_to_tokens", "discounted_returns", "group_advantages"]
+__all__ = ["broadcast_to_tokens", "discounted_returns", "group_advantages", "match_mean_abs"]
 
 AdvantageMode = Literal["grpo", "mean_norm", "rloo"]
 SingletonPolicy = Literal["zero", "raw"]
@@ -176,3 +176,36 @@ def discounted_returns(rewards: Tensor, gamma: float, mask: Tensor | None = None
     if m is not None:
         returns = returns * (m != 0)
     return returns
+
+
+def match_mean_abs(advantages: Tensor, reference: Tensor, mask: Tensor) -> tuple[Tensor, float]:
+    """``advantages`` rescaled so that its mean ``|A|`` over the ``mask``-ed tokens equals ``reference``'s.
+
+    Adam moves each weight by about the learning rate whatever the gradient's size, but the clipped policy loss
+    and the balance between the advantage and the KL term see the advantage's scale: two methods compared at
+    one learning rate with advantages of different size are compared at different effective step sizes. One
+    scalar per batch keeps every sign and every ratio between tokens, so the method's credit is unchanged.
+
+    Args:
+        advantages: ``[N, L]`` per-token advantages to rescale.
+        reference: ``[N, L]`` per-token advantages whose scale to match (e.g. GRPO's on the same batch).
+        mask: ``[N, L]`` tokens that train (nonzero = counted).
+
+    Returns:
+        ``(rescaled, factor)``; ``factor`` is 1.0 (nothing rescaled) when either side has no signal on the mask.
+
+    Raises:
+        ConfigError: shapes differ.
+    """
+    if advantages.shape != reference.shape or advantages.shape != mask.shape:
+        raise ConfigError(f"advantages {tuple(advantages.shape)}, reference {tuple(reference.shape)} and mask "
+                          f"{tuple(mask.shape)} must have one shape ([N, L]: one value per token of the batch).")
+    counted = mask.to(torch.bool)
+    if not bool(counted.any()):
+        return advantages, 1.0
+    ours = float(advantages[counted].abs().double().mean())
+    theirs = float(reference[counted].abs().double().mean())
+    if ours == 0.0 or theirs == 0.0 or not (math.isfinite(ours) and math.isfinite(theirs)):
+        return advantages, 1.0
+    factor = theirs / ours
+    return advantages * factor, factor

@@ -27,7 +27,7 @@ from agentgym.errors import ConfigError
 from ._common import check_choice
 from .advantages import discounted_returns, group_advantages
 
-__all__ = ["GigpoAdvantages", "anchor_groups", "broadcast_steps_to_tokens", "gigpo_advantages"]
+__all__ = ["GigpoAdvantages", "advantage_agreement", "anchor_groups", "broadcast_steps_to_tokens", "gigpo_advantages"]
 
 GigpoMode = Literal["mean_norm", "mean_std_norm"]
 EpisodeStats = Literal["trajectories", "all_steps"]
@@ -274,3 +274,75 @@ def broadcast_steps_to_tokens(step_advantages: Sequence[Tensor], turn_index: Ten
                 raise ConfigError(f"row {i} refers to step {int(idx.max())} but trajectory {i} has {adv.shape[0]}.")
             out[i, used] = adv.to(torch.float32)[idx[used]]
     return out
+
+
+def _weighted_correlation(x: Tensor, y: Tensor, w: Tensor) -> float | None:
+    """Pearson correlation of ``x`` and ``y`` with sample weights ``w``; ``None`` when either side is constant."""
+    total = w.sum()
+    if float(total) <= 0:
+        return None
+    mx, my = (w * x).sum() / total, (w * y).sum() / total
+    cov = (w * (x - mx) * (y - my)).sum()
+    vx, vy = (w * (x - mx) ** 2).sum(), (w * (y - my) ** 2).sum()
+    if float(vx) <= 1e-18 or float(vy) <= 1e-18:
+        return None
+    return float(cov / torch.sqrt(vx * vy))
+
+
+def advantage_agreement(episode_level: Sequence[Tensor], gigpo: GigpoAdvantages,
+                        tokens: Sequence[Sequence[int]]) -> dict[str, float | None]:
+    """How far GiGPO's credit differs from an episode-level method's (GRPO's) on the same trajectories.
+
+    Step credit can only separate the methods where it says something the episode credit does not: a detour
+    inside a solved episode, a good move inside a failed one. When the two methods' per-token advantages
+    correlate near 1 and their signs almost never differ, no training budget can tell them apart on that task,
+    so a study that compares them should show these numbers before it trains.
+
+    Args:
+        episode_level: Per trajectory, the episode-level method's advantage per step (GRPO: one value repeated).
+        gigpo: GiGPO's advantages of the same trajectories, in the same order.
+        tokens: Per trajectory, per step, how many sampled tokens the step has (each token gets its step's value).
+
+    Returns:
+        ``token_correlation`` (token-weighted Pearson correlation of the two advantages),
+        ``sign_disagreement`` (share of tokens whose advantages have opposite nonzero signs),
+        ``zero_disagreement`` (share of tokens where exactly one of the two is 0: credit only one method gives),
+        ``step_episode_correlation`` (token-weighted correlation of GiGPO's step part with its episode part),
+        ``mean_abs_episode_level`` and ``mean_abs_gigpo`` (token-weighted mean ``|A|``: their scales), and
+        ``tokens``. A correlation is ``None`` when one side is constant on the batch.
+
+    Raises:
+        ConfigError: the three inputs do not have one entry per trajectory and step.
+    """
+    n = len(gigpo.advantages)
+    if len(episode_level) != n or len(tokens) != n:
+        raise ConfigError(f"episode_level ({len(episode_level)}), gigpo ({n}) and tokens ({len(tokens)}) must have "
+                          "one entry per trajectory, in the same order.")
+    for i in range(n):
+        steps = gigpo.advantages[i].shape[0]
+        if episode_level[i].shape[0] != steps or len(tokens[i]) != steps:
+            raise ConfigError(f"trajectory {i}: GiGPO has {steps} steps, the episode-level advantages "
+                              f"{episode_level[i].shape[0]} and the token counts {len(tokens[i])}; one per step.")
+    if n == 0 or sum(len(t) for t in tokens) == 0:
+        return {"token_correlation": None, "sign_disagreement": None, "zero_disagreement": None,
+                "step_episode_correlation": None, "mean_abs_episode_level": None, "mean_abs_gigpo": None,
+                "tokens": 0.0}
+    a = torch.cat([e.double() for e in episode_level])
+    b = torch.cat([g.double() for g in gigpo.advantages])
+    w = torch.tensor([float(c) for t in tokens for c in t], dtype=torch.float64)
+    if bool((w < 0).any()):
+        raise ConfigError("token counts must be >= 0.")
+    total = float(w.sum())
+    if total == 0:
+        return advantage_agreement([], GigpoAdvantages([], [], [], [], [], [], []), [])
+    sa, sb = torch.sign(a), torch.sign(b)
+    return {
+        "token_correlation": _weighted_correlation(a, b, w),
+        "sign_disagreement": float(w[(sa * sb) < 0].sum()) / total,
+        "zero_disagreement": float(w[(sa == 0) != (sb == 0)].sum()) / total,
+        "step_episode_correlation": _weighted_correlation(torch.cat([s.double() for s in gigpo.step]),
+                                                          torch.cat([e.double() for e in gigpo.episode]), w),
+        "mean_abs_episode_level": float((w * a.abs()).sum()) / total,
+        "mean_abs_gigpo": float((w * b.abs()).sum()) / total,
+        "tokens": total,
+    }

@@ -1,0 +1,242 @@
+"""The studies: what each compares, on which task, with which control, and how big its goal scale must be.
+
+A study is only worth its compute if a real difference could show. Two numbers size it:
+
+* **rollouts per step** from the gradient noise scale ``B_noise = tr(S) / |G|^2`` measured by
+  ``benchmarks/gradient_noise.py`` (McCandlish et al., 2018): below it a step is mostly noise, and Adam, which moves
+  every weight by about the learning rate whatever the gradient's size, takes mostly random steps;
+* **held-out tasks** so that one evaluation's standard error ``sqrt(p (1 - p) / n)`` is at most 0.025 at the worst
+  case ``p = 0.5``: ``n >= 400``. A 10-point goal then stands 4 standard errors above one evaluation's noise.
+
+Where a suite's held-out split is smaller than that, or the task's noise scale was never measured, the study
+says so (``--list``) instead of pretending.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BENCHMARKS = Path(__file__).resolve().parent.parent
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))
+import credit_assignment as credit  # noqa: E402 - the tasks, warm start and run configs every study reuses
+
+SE_TARGET = 0.025
+"""Largest standard error one held-out evaluation may have at the goal scale."""
+
+GROUP_SIZE = 8
+"""Rollouts per task for the group methods at the goal scale (GRPO's usual G; ArCHer/filtered BC take as many
+tasks of one episode each, so every method sees the same episodes)."""
+
+SAMPLER_ROLLOUTS_PER_S_PER_CORE = 1.38
+"""Rollouts a second on one core of today's reference sampler for the tiny model on Sokoban (the baseline row of
+``benchmarks/results/sampler.json``: 512 rollouts, 2 torch threads); the hour estimates of ``--list`` use it."""
+
+# Noise scales measured with benchmarks/gradient_noise.py (6 independent batches of 128 Sokoban rollouts at the
+# Sokoban BC warm start): (task, variant) -> rollouts a step for half signal. A committed
+# benchmarks/results/gradient_noise.json for the task replaces these (see noise_scale).
+MEASURED_NOISE: dict[tuple[str, str], float] = {("sokoban", "grpo"): 1000.0, ("sokoban", "gigpo_seq_mean"): 555.0}
+
+# TextWorld is not one of the credit-assignment benchmark's tasks; commands are longer than a maze move, so a turn
+# may hold 24 tokens.
+EXTRA_TASKS = {"textworld": credit.CreditTask("textworld", "textworld", "test", max_tokens_per_turn=24,
+                                              max_context_tokens=1536)}
+SMOKE_SUITES = {"textworld": "textworld-smoke"}
+"""A smaller suite the smoke scale uses instead (no game generation: its training games are the env's default)."""
+
+
+def task_of(name: str) -> Any:
+    """The :class:`credit_assignment.CreditTask` of a study task (the benchmark's own, or :data:`EXTRA_TASKS`)."""
+    return credit.TASKS.get(name) or EXTRA_TASKS[name]
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How big one run of a study is. ``tasks_per_step x group_size`` episodes a step for every method."""
+
+    tasks_per_step: int
+    group_size: int
+    steps: int
+    eval_tasks: int
+    eval_every: int
+    warm_start: str
+    """``bc``: the benchmark's BC warm start to ``bc_target`` training success (checked on 64 greedy training
+    episodes per chunk); ``smoke``: a small tiny model cloned for ``bc_steps`` steps with no check (seconds)."""
+    bc_steps: int = 400
+    bc_target: float = 0.25
+
+    @property
+    def rollouts_per_step(self) -> int:
+        return self.tasks_per_step * self.group_size
+
+
+@dataclass(frozen=True)
+class Study:
+    """One comparison: methods against a baseline, each with a control, on one task."""
+
+    name: str
+    task: str
+    methods: tuple[str, ...]
+    """Method names of :data:`METHODS`; the first is the one the goal is about."""
+    baseline: str
+    control: str
+    goal: str
+    """The goal in words, as the research page states it."""
+    question: str
+    """Why this study, in one sentence."""
+    noise_variant: str = "grpo"
+    """Which measured noise scale sizes the goal scale (the noisier method of the comparison)."""
+    steps: int = 20
+    eval_every: int = 5
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# Methods a study can run: name -> (credit_assignment method, trainer config overrides).
+METHODS: dict[str, tuple[str, dict[str, Any]]] = {
+    "grpo": ("grpo", {}),
+    "grpo_shuffled": ("grpo_shuffled", {}),
+    "gigpo": ("gigpo", {}),
+    # GiGPO at GRPO's advantage scale: the same learning rate then means the same step size
+    "gigpo_equal_scale": ("gigpo", {"advantage_scale": "grpo"}),
+    "arpo": ("arpo", {}),
+    "archer": ("archer", {}),
+    "archer_observation": ("archer", {"critic_input": "observation"}),
+    "filtered_bc": ("filtered_bc", {}),
+}
+
+STUDIES: dict[str, Study] = {s.name: s for s in (
+    Study("grpo_sokoban", "sokoban", ("grpo",), baseline="grpo_start", control="grpo_shuffled",
+          goal="GRPO beats its shuffled control and improves held-out success by >= 10 points",
+          question="Does GRPO learn on Sokoban at the rollouts a step its gradient noise asks for?"),
+    Study("grpo_babyai", "babyai", ("grpo",), baseline="grpo_start", control="grpo_shuffled",
+          goal="GRPO beats its shuffled control and improves held-out success by >= 10 points",
+          question="Does GRPO learn BabyAI GoToLocal (held-out rooms) from a BC warm start?"),
+    Study("grpo_textworld", "textworld", ("grpo",), baseline="grpo_start", control="grpo_shuffled",
+          goal="GRPO beats its shuffled control and improves held-out success by >= 10 points",
+          question="Does GRPO learn TextWorld cooking games with unseen foods and house layouts?"),
+    Study("gigpo_vs_grpo", "sokoban", ("gigpo_equal_scale", "grpo"), baseline="grpo", control="grpo_shuffled",
+          goal="GiGPO beats GRPO by >= 10 points (difference > 2 se) at equal rollouts and equal advantage scale",
+          question="Does step credit from recurring Sokoban states beat episode credit once the scale is equal?"),
+    Study("archer_vs_filtered_bc", "maze", ("archer_observation", "archer", "filtered_bc"), baseline="filtered_bc",
+          control="grpo_shuffled",
+          goal="ArCHer's critic explains >= 50% of the return variance and ArCHer beats filtered BC at equal episodes",
+          question="Does a critic that reads the maze state (not the whole history) make ArCHer beat filtered BC?"),
+    Study("arpo_vs_grpo", "guess", ("arpo", "grpo"), baseline="grpo", control="grpo_shuffled",
+          goal="ARPO reaches GRPO's held-out success with <= 0.8x its tool calls",
+          question="On a task where the number of calls is free, does ARPO's branching spend fewer of them?"),
+)}
+
+
+def suite_of(study: Study, scale_name: str) -> str:
+    """The suite a study's runs use at a scale (the smoke scale may use a smaller one)."""
+    task = task_of(study.task)
+    return SMOKE_SUITES.get(study.task, task.suite) if scale_name == "smoke" else task.suite
+
+
+def eval_split_of(study: Study, scale_name: str = "goal") -> str:
+    """Held-out split: Sokoban's ``validation`` (400 rooms from held-out seeds, the training room size: enough for
+    se <= 0.025; its ``test`` split holds 100 bigger rooms), the task's own otherwise."""
+    if study.task == "sokoban":
+        return "validation"
+    return task_of(study.task).eval_split
+
+
+def split_size(suite: str, split: str) -> int | None:
+    """Tasks in a suite's split, read from its YAML's ``count`` (no task generation); ``None`` when unknown."""
+    import yaml
+
+    path = BENCHMARKS.parent / "tasks" / "suites" / f"{suite}.yaml"
+    if not path.is_file():
+        return None
+    spec = yaml.safe_load(path.read_text()) or {}
+    entry = (spec.get("splits") or {}).get(split)
+    if isinstance(entry, dict) and isinstance(entry.get("count"), int):
+        return int(entry["count"])
+    if isinstance(entry, list):
+        return len(entry)
+    return None
+
+
+def held_out_needed(se: float = SE_TARGET, p: float = 0.5) -> int:
+    """Held-out tasks for one evaluation's standard error ``sqrt(p (1 - p) / n)`` to be at most ``se``."""
+    if not 0 < se < 1 or not 0 <= p <= 1:
+        raise ValueError(f"se must be in (0, 1) and p in [0, 1], got se={se}, p={p}")
+    return math.ceil(p * (1 - p) / se ** 2 - 1e-9)
+
+
+def binomial_se(p: float, n: int) -> float:
+    """Standard error of a success rate ``p`` measured on ``n`` independent tasks."""
+    return math.sqrt(max(p * (1 - p), 0.0) / n) if n > 0 else float("nan")
+
+
+def noise_scale(task: str, variant: str, results_dir: Path | None = None) -> tuple[float | None, str]:
+    """``(rollouts a step for half signal, where the number comes from)`` for a task and gradient_noise variant:
+    a committed ``gradient_noise.json`` of that task first, then :data:`MEASURED_NOISE`; ``(None, why)`` if
+    neither has it."""
+    path = (results_dir or BENCHMARKS / "results") / "gradient_noise.json"
+    if path.is_file():
+        details = json.loads(path.read_text()).get("details") or {}
+        value = ((details.get("variants") or {}).get(variant) or {}).get("noise_scale")
+        if details.get("task") == task and value:
+            return float(value), f"benchmarks/results/gradient_noise.json ({details.get('batches')} batches)"
+    if (task, variant) in MEASURED_NOISE:
+        return MEASURED_NOISE[(task, variant)], "benchmarks/gradient_noise.py at the Sokoban BC warm start"
+    return None, (f"not measured: run python benchmarks/gradient_noise.py --task {task} --model <its warm start> "
+                  "--variants grpo,gigpo")
+
+
+def goal_scale(study: Study) -> tuple[Scale, dict[str, Any]]:
+    """The goal scale of a study and how it was sized (noise scale, held-out size and whether each bound holds).
+
+    Rollouts a step: the measured noise scale rounded up to whole groups of :data:`GROUP_SIZE`; a task never
+    measured borrows the largest measured figure (Sokoban's GRPO), and says so."""
+    task = task_of(study.task)
+    noise, source = noise_scale(study.task, study.noise_variant)
+    measured = noise is not None
+    if noise is None:
+        noise = max(MEASURED_NOISE.values())
+        source += f"; sized with the largest measured scale ({noise:.0f}, Sokoban GRPO) meanwhile"
+    tasks_per_step = math.ceil(noise / GROUP_SIZE)
+    needed = held_out_needed()
+    available = split_size(task.suite, eval_split_of(study))
+    eval_tasks = needed if available is None else min(needed, available)
+    scale = Scale(tasks_per_step=tasks_per_step, group_size=GROUP_SIZE, steps=study.steps, eval_tasks=eval_tasks,
+                  eval_every=study.eval_every, warm_start="bc")
+    sizing = {"noise_scale": noise, "noise_measured": measured, "noise_source": source,
+              "held_out_needed": needed, "held_out_available": available, "held_out_used": eval_tasks,
+              "held_out_se_at_p_0.5": binomial_se(0.5, eval_tasks), "se_target": SE_TARGET,
+              "se_bound_met": binomial_se(0.5, eval_tasks) <= SE_TARGET + 1e-12}
+    return scale, sizing
+
+
+SMOKE = Scale(tasks_per_step=2, group_size=4, steps=1, eval_tasks=2, eval_every=1, warm_start="smoke", bc_steps=2)
+"""Seconds: the whole code path (warm start, every method and the control, evaluation, result file, plot)."""
+
+
+def scale_of(study: Study, name: str) -> tuple[Scale, dict[str, Any]]:
+    """``(scale, sizing)`` for ``smoke`` or ``goal``."""
+    if name == "smoke":
+        return SMOKE, {"note": "smoke scale: checks the code path, measures nothing"}
+    if name == "goal":
+        return goal_scale(study)
+    raise ValueError(f"unknown scale {name!r}; use smoke or goal")
+
+
+def runs_of(study: Study) -> tuple[str, ...]:
+    """Every method a study trains: its methods, then its control."""
+    return tuple(dict.fromkeys((*study.methods, study.control)))
+
+
+def expected_hours(study: Study, scale: Scale, seeds: int, cores: int = 2) -> float:
+    """Hours on ``cores`` idle cores at today's sampler rate: rollouts sampled (training plus greedy held-out
+    evaluations, which dominate nothing at the goal scale but are counted) over the measured rollouts a second.
+    Training the tiny model costs a fraction of sampling and is left out, so this is a lower bound."""
+    runs = len(runs_of(study)) * seeds
+    evaluations = scale.steps // scale.eval_every + 1
+    rollouts = runs * (scale.steps * scale.rollouts_per_step + evaluations * scale.eval_tasks)
+    return rollouts / (SAMPLER_ROLLOUTS_PER_S_PER_CORE * cores) / 3600

@@ -1,0 +1,434 @@
+"""Run one learning study: a shared warm start, every method and the control for each seed, held-out curves with
+standard errors, the goal stated as met or not, a result file and a plot.
+
+    python benchmarks/studies/run.py --list                       # the studies, their goal scale and hours
+    python benchmarks/studies/run.py grpo_sokoban --scale smoke   # the whole code path in seconds
+    python benchmarks/studies/run.py gigpo_vs_grpo --agreement    # GRPO vs GiGPO advantages on its rollouts
+    python benchmarks/studies/run.py gigpo_vs_grpo --seeds 3 --device cuda
+
+(``agentgym study ...`` runs this script with the same arguments.) Before training, every study measures on its
+task's rollouts how far GRPO's and GiGPO's advantages disagree (:func:`agentgym.trainers.gigpo.compare_with_grpo`):
+credit that two methods share cannot separate them. Training is the trainers' own loop; the task definitions,
+warm start, run config and shuffled-advantage control are ``benchmarks/credit_assignment.py``'s. Runs live in
+``WORKDIR/NAME-SCALE/METHOD/seedN`` and are reused when finished with the same settings (an interrupted study
+resumes). Writes ``OUT/study_NAME.json`` (config, git commit, machine with load average, per-seed curves, the
+control, the goal) and ``OUT/study_NAME.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from studies import catalogue as cat  # noqa: E402
+from studies.catalogue import Scale, Study, credit  # noqa: E402
+
+SMOKE_MODEL = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=64)
+"""The smoke scale's model: the smallest tiny model that runs every code path."""
+
+
+# ---- setup -------------------------------------------------------------------------------------------------
+def task_for(study: Study, scale_name: str) -> Any:
+    """The study's task at a scale (its suite swapped for the smoke suite where there is one)."""
+    task = cat.task_of(study.task)
+    return dataclasses.replace(task, suite=cat.suite_of(study, scale_name))
+
+
+eval_split = cat.eval_split_of
+
+
+def run_args(study: Study, scale: Scale, scale_name: str, device: str, jobs: int) -> argparse.Namespace:
+    """The credit-assignment benchmark's settings for this study (its checks apply), with packing on."""
+    credit_task = study.task if study.task in credit.TASKS else "maze"  # parse_args knows only its own tasks
+    args = credit.parse_args(["--tasks", credit_task, "--methods", "grpo", "--seeds", "1", "--steps", str(scale.steps),
+                              "--tasks-per-step", str(scale.tasks_per_step), "--group-size", str(scale.group_size),
+                              "--eval-every", str(scale.eval_every), "--eval-tasks", str(scale.eval_tasks),
+                              "--device", device, "--jobs", str(jobs)])
+    args.eval_split = eval_split(study, scale_name)
+    args.packing = True  # the same loss, about 3x faster updates for the tiny model (benchmarks/train_step.py)
+    return args
+
+
+def start_model(study: Study, scale: Scale, scale_name: str, workdir: Path, device: str) -> tuple[Path, dict[str, Any]]:
+    """Every method's and seed's shared starting checkpoint: the benchmark's BC warm start, or at the smoke scale
+    a small tiny model cloned for a few steps (seconds; no success check)."""
+    task = task_for(study, scale_name)
+    if scale.warm_start == "bc":
+        return credit.warm_start(task, workdir, target=scale.bc_target, max_bc_steps=scale.bc_steps, device=device)
+    from agentgym.cli.quickstart import demonstration_texts
+    from agentgym.models.tiny import TinyModelConfig, build_tiny_model, load_tiny_model
+    from agentgym.registration.suites import load_suite
+    from agentgym.trainers.bc import behaviour_clone, collect_demonstrations
+
+    out = workdir / f"smoke-start-{task.name}"
+    info_path = out / "warm_start.json"
+    if info_path.is_file():
+        return out, json.loads(info_path.read_text())
+    suite = load_suite(task.suite)
+    demos = min(4, len(suite.split("train")))
+    base = build_tiny_model(workdir / f"smoke-base-{task.name}", texts=demonstration_texts(task.suite, demos),
+                            config=TinyModelConfig(**SMOKE_MODEL))
+    model, tokenizer = load_tiny_model(base)
+    demonstrations = collect_demonstrations(suite, "train", demos, tokenizer, system_prompt="")
+    behaviour_clone(model, tokenizer, demonstrations, steps=scale.bc_steps, learning_rate=1e-3, batch_size=2, seed=0,
+                    device="cpu", progress=False)
+    info = {"bc_steps": scale.bc_steps, "demonstrations": len(demonstrations), "model": SMOKE_MODEL}
+    credit._save_warm_start(model, tokenizer, out, info)
+    return out, info
+
+
+# ---- before training: do the methods' advantages disagree on this task? -------------------------------------
+def agreement(study: Study, scale: Scale, scale_name: str, model: Path, args: argparse.Namespace,
+              workdir: Path) -> dict[str, Any]:
+    """GRPO vs GiGPO advantages on one batch of the task's rollouts at the starting policy (at most 32 tasks of
+    the scale's group size): per-token correlation, sign disagreement, step-vs-episode correlation."""
+    from agentgym.trainers import make_trainer
+    from agentgym.trainers.config import config_from_dict
+    from agentgym.trainers.gigpo import compare_with_grpo
+
+    task = task_for(study, scale_name)
+    small = argparse.Namespace(**{**vars(args), "tasks_per_step": min(args.tasks_per_step, 32)})
+    config = credit.run_config(task, "gigpo", 0, model, workdir / "agreement", small)
+    trainer = make_trainer(config_from_dict(config))
+    trainer.model, trainer.tokenizer = trainer._load(model)
+    trainer.policy = trainer._generation_policy(trainer.model_dir)
+    started = time.perf_counter()
+    trajectories = trainer._sample(10_000)  # a step no run reaches: tasks and seeds no training step uses
+    report = compare_with_grpo(trajectories, trainer.config)
+    report.update(rollouts=len(trajectories), success=statistics.mean(float(t.success) for t in trajectories)
+                  if trajectories else None, seconds=time.perf_counter() - started)
+    return report
+
+
+def format_agreement(report: dict[str, Any]) -> str:
+    def f(key: str, spec: str = ".3f") -> str:
+        value = report.get(key)
+        return "-" if value is None else format(value, spec)
+
+    return (f"GRPO vs GiGPO on {report.get('rollouts')} rollouts (success {f('success', '.2f')}): per-token "
+            f"correlation {f('token_correlation')}, opposite signs on {f('sign_disagreement', '.2%')} of tokens, "
+            f"credit only one gives on {f('zero_disagreement', '.2%')}, step-vs-episode correlation "
+            f"{f('step_episode_correlation')}, steps in a shared anchor {f('steps_in_shared_anchor', '.2f')}, "
+            f"mean |A| GRPO {f('mean_abs_episode_level')} vs GiGPO {f('mean_abs_gigpo')}")
+
+
+# ---- one run -----------------------------------------------------------------------------------------------
+def train_one(study_name: str, scale_name: str, method: str, seed: int, model: str, args: argparse.Namespace,
+              workdir: str) -> dict[str, Any]:
+    """Train one (method, seed) with the trainer's own loop, or reuse its finished directory."""
+    import torch
+
+    from agentgym.trainers import make_trainer
+    from agentgym.trainers.config import config_from_dict
+
+    torch.set_num_threads(credit._threads_per_run(args.jobs))
+    logging.basicConfig(level=logging.WARNING)
+    study = cat.STUDIES[study_name]
+    base, overrides = cat.METHODS[method]
+    out = Path(workdir) / method / f"seed{seed}"
+    config = {**credit.run_config(task_for(study, scale_name), base, seed, Path(model), out, args), **overrides}
+    if base == "arpo":  # ARPO's own ratio (8 fresh rollouts of 16): half the group fresh, the rest branched
+        config.setdefault("initial_rollouts", max(1, config["group_size"] // 2))
+    fingerprint = hashlib.sha256(json.dumps([config, method], sort_keys=True).encode()).hexdigest()[:16]
+    marker = out / "study.json"
+    previous = json.loads(marker.read_text()) if marker.is_file() else {}
+    if previous.get("fingerprint") == fingerprint and "seconds" in previous and (out / "summary.json").is_file():
+        seconds, reused = float(previous["seconds"]), True
+    else:
+        if previous.get("fingerprint") != fingerprint:
+            shutil.rmtree(out, ignore_errors=True)  # other settings: start over (same settings resume)
+        out.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps({"fingerprint": fingerprint, "config": config}))
+        started = time.perf_counter()
+        trainer = make_trainer(config_from_dict(config))
+        if base == "grpo_shuffled":
+            credit.shuffle_advantages(trainer, seed)
+        trainer.train()
+        seconds, reused = time.perf_counter() - started, False
+        marker.write_text(json.dumps({"fingerprint": fingerprint, "config": config, "seconds": seconds}))
+    return {"method": method, "seed": seed, "seconds": seconds, "reused": reused,
+            **credit.read_metrics(out / "metrics.jsonl", config)}
+
+
+# ---- summary and goals -------------------------------------------------------------------------------------
+def mean_se(values: list[float], eval_tasks: int) -> tuple[float, float]:
+    """Mean over seeds and its standard error: between seeds when there are several (it holds the evaluation's
+    own noise too), else one evaluation's binomial error."""
+    mean = statistics.mean(values)
+    if len(values) > 1:
+        return mean, statistics.stdev(values) / len(values) ** 0.5
+    return mean, cat.binomial_se(mean, eval_tasks)
+
+
+def summarize(runs: list[dict[str, Any]], eval_tasks: int) -> dict[str, dict[str, Any]]:
+    """Per method: start and final held-out success per seed, mean ± se, and the diagnostics the goals read."""
+    out: dict[str, dict[str, Any]] = {}
+    for method in dict.fromkeys(r["method"] for r in runs):
+        own = sorted((r for r in runs if r["method"] == method), key=lambda r: r["seed"])
+        finals = [r["curve"][-1][1] for r in own]
+        starts = [r["curve"][0][1] for r in own]
+        mean, se = mean_se(finals, eval_tasks)
+        start, start_se = mean_se(starts, eval_tasks)
+        ev = [r["critic_explained_variance"] for r in own if r.get("critic_explained_variance") is not None]
+        calls = [r["eval_mean_tool_calls"] for r in own if r.get("eval_mean_tool_calls") is not None]
+        out[method] = {"seeds": [r["seed"] for r in own], "final": finals, "start": starts, "final_mean": mean,
+                       "final_se": se, "start_mean": start, "start_se": start_se,
+                       "critic_explained_variance": statistics.mean(ev) if ev else None,
+                       "eval_tool_calls": statistics.mean(calls) if calls else None}
+    return out
+
+
+def _gap(summary: dict[str, dict[str, Any]], a: str, b: str) -> tuple[float, float]:
+    """Difference of two methods' final means and its standard error."""
+    return (summary[a]["final_mean"] - summary[b]["final_mean"],
+            (summary[a]["final_se"] ** 2 + summary[b]["final_se"] ** 2) ** 0.5)
+
+
+def goals(study: Study, summary: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each goal of the study as ``{goal, value, se, met, note}``; ``met`` needs the difference to exceed 2 se
+    where the goal says one method beats another. Never a lowered bar: a goal whose numbers are missing is
+    not met."""
+    lead = study.methods[0]
+    rows: list[dict[str, Any]] = []
+
+    def row(goal: str, value: float | None, se: float | None, met: bool, note: str) -> None:
+        rows.append({"goal": goal, "value": value, "se": se, "met": bool(met), "note": note})
+
+    if study.control in summary:
+        gap, se = _gap(summary, lead, study.control)
+        row(f"{lead} beats the shuffled-advantage control (difference > 2 se)", gap, se, gap > 2 * se,
+            f"{lead} {summary[lead]['final_mean']:.3f} vs control {summary[study.control]['final_mean']:.3f}")
+    if study.baseline == "grpo_start":
+        s = summary[lead]
+        gain = s["final_mean"] - s["start_mean"]
+        se = (s["final_se"] ** 2 + s["start_se"] ** 2) ** 0.5
+        row("held-out success improves by >= 10 points", gain, se, gain >= 0.10 - 1e-9 and gain > 2 * se,
+            f"start {s['start_mean']:.3f} -> final {s['final_mean']:.3f}")
+    elif study.name == "arpo_vs_grpo":
+        gap, se = _gap(summary, "arpo", "grpo")
+        calls_a, calls_g = summary["arpo"]["eval_tool_calls"], summary["grpo"]["eval_tool_calls"]
+        ratio = calls_a / calls_g if calls_a is not None and calls_g else None
+        row("ARPO's held-out success is not below GRPO's by more than 2 se", gap, se, gap >= -2 * se,
+            f"ARPO {summary['arpo']['final_mean']:.3f} vs GRPO {summary['grpo']['final_mean']:.3f}")
+        row("ARPO's held-out tool calls <= 0.8x GRPO's", ratio, None, ratio is not None and ratio <= 0.8,
+            f"tool calls per episode: ARPO {calls_a}, GRPO {calls_g}")
+    else:
+        gap, se = _gap(summary, lead, study.baseline)
+        need = 0.10 if study.name == "gigpo_vs_grpo" else 0.0
+        row(f"{lead} beats {study.baseline}" + (" by >= 10 points" if need else "") + " (difference > 2 se)",
+            gap, se, gap >= need - 1e-9 and gap > 2 * se,
+            f"{lead} {summary[lead]['final_mean']:.3f} vs {study.baseline} {summary[study.baseline]['final_mean']:.3f}")
+    if study.name == "archer_vs_filtered_bc":
+        ev = summary[lead]["critic_explained_variance"]
+        row(f"{lead}'s critic explains >= 50% of the return variance", ev, None, ev is not None and ev >= 0.5,
+            "explained variance of Monte-Carlo returns by min(Q1, Q2) on the replay batches of its last step")
+    return rows
+
+
+# ---- output ------------------------------------------------------------------------------------------------
+def plot(study: Study, runs: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Held-out success against training episodes: each seed faint, the mean bold, the control grey."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    palette = ["tab:red", "tab:green", "tab:blue", "tab:orange", "tab:purple"]
+    for k, method in enumerate(cat.runs_of(study)):
+        own = [r for r in runs if r["method"] == method]
+        if not own:
+            continue
+        color = "tab:gray" if method == study.control else palette[k % len(palette)]
+        for r in own:
+            xs, ys = zip(*r["curve"])
+            ax.plot(xs, ys, color=color, alpha=0.25, linewidth=1)
+        xs = [x for x, _ in own[0]["curve"]]
+        mean = [statistics.mean(dict(r["curve"]).get(x, float("nan")) for r in own) for x in xs]
+        ax.plot(xs, mean, color=color, marker="o", linewidth=2, label=f"{method} ({len(own)} seeds)")
+    ax.set_xlabel("training episodes")
+    ax.set_ylabel("held-out success (greedy)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+@contextlib.contextmanager
+def _results_into(directory: Path) -> Any:
+    """Point ``_results.write_results`` at ``directory`` (``--out``) for one call: the same schema, git commit and
+    machine record as every benchmark, in a folder the caller chose."""
+    import _results
+
+    saved = _results.RESULTS_DIR
+    _results.RESULTS_DIR = directory
+    try:
+        yield _results
+    finally:
+        _results.RESULTS_DIR = saved
+
+
+def write(study: Study, scale_name: str, scale: Scale, sizing: dict[str, Any], seeds: list[int], device: str,
+          warm: dict[str, Any], agreed: dict[str, Any] | None, runs: list[dict[str, Any]], failed: list[str],
+          out: Path, wall: float) -> Path:
+    """``OUT/study_NAME.json`` and ``OUT/study_NAME.png``."""
+    summary = summarize(runs, scale.eval_tasks)
+    checked = goals(study, summary) if not failed else []
+    title = (f"{study.name} ({scale_name}): {scale.rollouts_per_step} rollouts a step x {scale.steps} steps, "
+             f"{len(seeds)} seed(s), {scale.eval_tasks} held-out tasks ({eval_split(study, scale_name)})")
+    plot(study, runs, out / f"study_{study.name}.png", title)
+    with _results_into(out) as results:
+        figures = [results.figure(f"{study.name} ({scale_name} scale, {len(seeds)} seed(s)): {g['goal']}", g["value"],
+                                  None, unit="difference" if g["se"] is not None else "", goal=g["goal"], met=g["met"],
+                                  note=g["note"] + (f"; se {g['se']:.3f}" if g["se"] is not None else ""))
+                   for g in checked]
+        if not figures:
+            figures = [results.figure(f"{study.name}: no goal checked ({len(failed)} run(s) failed)", None)]
+        details = {
+            "study": dataclasses.asdict(study), "scale_name": scale_name, "scale": dataclasses.asdict(scale),
+            "rollouts_per_step": scale.rollouts_per_step, "sizing": sizing, "seeds": seeds, "device": device,
+            "eval_split": eval_split(study, scale_name), "suite": cat.suite_of(study, scale_name),
+            "expected_hours_2_cores": cat.expected_hours(study, scale, len(seeds)), "warm_start": warm,
+            "agreement": agreed, "control": study.control, "summary": summary, "goals": checked, "runs": runs,
+            "failed": failed, "wall_s": wall,
+        }
+        note = "smoke scale: checks the code path, measures nothing" if scale_name == "smoke" else None
+        return results.write_results(f"study_{study.name}", figures, details=details, note=note)
+
+
+# ---- command line ------------------------------------------------------------------------------------------
+def list_text() -> str:
+    """One line per study: task, methods, control, goal scale (rollouts a step, held-out size and se), hours."""
+    lines = ["study                   task       methods (control)                                   goal scale"]
+    for study in cat.STUDIES.values():
+        scale, sizing = cat.goal_scale(study)
+        hours = cat.expected_hours(study, scale, 3)
+        se = sizing["held_out_se_at_p_0.5"]
+        flags = []
+        if not sizing["noise_measured"]:
+            flags.append("noise scale not measured on this task")
+        if not sizing["se_bound_met"]:
+            flags.append(f"held-out split has {sizing['held_out_available']} tasks: se {se:.3f} > {cat.SE_TARGET}")
+        methods = f"{','.join(study.methods)} ({study.control})"
+        lines.append(f"{study.name:23s} {study.task:10s} {methods:51s} {scale.rollouts_per_step} rollouts/step x "
+                     f"{scale.steps} steps, {scale.eval_tasks} held-out (se {se:.3f}), 3 seeds: ~{hours:.0f} h on 2 "
+                     f"cores (~{hours / 10:.1f} h at 10x)" + (f" [{'; '.join(flags)}]" if flags else ""))
+    lines.append(f"hours: rollouts sampled / ({cat.SAMPLER_ROLLOUTS_PER_S_PER_CORE} rollouts/s a core x 2 cores), "
+                 "today's sampler on Sokoban (10x: the sampler goal); training time comes on top")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="agentgym study", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", nargs="?", help="the study (--list shows them)")
+    p.add_argument("--list", action="store_true", help="list the studies with their goal scale and expected hours")
+    p.add_argument("--scale", default="goal", choices=["smoke", "goal"],
+                   help="smoke: the whole code path in seconds; goal: sized by gradient noise and held-out error")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per method (0..N-1)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N): where BC, rollouts and training run")
+    p.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "results"),
+                   help="folder of study_NAME.json and study_NAME.png (default benchmarks/results)")
+    p.add_argument("--workdir", default="runs/studies", help="models and runs (reused when the settings match)")
+    p.add_argument("--jobs", type=int, default=1, help="runs in parallel, the CPU cores shared evenly among them")
+    p.add_argument("--agreement", action="store_true",
+                   help="only measure GRPO vs GiGPO advantage agreement on the study's rollouts, then exit")
+    args = p.parse_args(argv)
+    if args.list:
+        return args
+    if args.name is None:
+        p.error("name a study (one of: " + ", ".join(cat.STUDIES) + "), or pass --list")
+    if args.name not in cat.STUDIES:
+        from difflib import get_close_matches
+
+        close = get_close_matches(args.name, list(cat.STUDIES), n=1)
+        p.error(f"unknown study {args.name!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+                + " (studies: " + ", ".join(cat.STUDIES) + ")")
+    if args.seeds < 1:
+        p.error(f"--seeds must be >= 1, got {args.seeds}")
+    if args.jobs < 1:
+        p.error(f"--jobs must be >= 1, got {args.jobs}")
+    if args.device != "cpu" and not args.device.startswith("cuda"):
+        p.error(f"--device must be cpu or cuda (cuda:N for one GPU of several), got {args.device!r}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.list:
+        print(list_text())
+        return 0
+    import torch
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print(f"--device {args.device}: torch sees no CUDA device here; use --device cpu", file=sys.stderr)
+        return 2
+    torch.set_num_threads(credit._threads_per_run(args.jobs))
+    logging.basicConfig(level=logging.WARNING)
+    study = cat.STUDIES[args.name]
+    scale, sizing = cat.scale_of(study, args.scale)
+    workdir = Path(args.workdir) / f"{study.name}-{args.scale}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    model, warm = start_model(study, scale, args.scale, Path(args.workdir), args.device)
+    settings = run_args(study, scale, args.scale, args.device, args.jobs)
+    agreed = agreement(study, scale, args.scale, model, settings, workdir)
+    print(f"{study.name}: {format_agreement(agreed)}", flush=True)
+    if args.agreement:
+        return 0
+    seeds = list(range(args.seeds))
+    jobs = [(m, s) for s in seeds for m in cat.runs_of(study)]
+    runs: list[dict[str, Any]] = []
+    failed: list[str] = []
+
+    def keep(job: tuple[str, int], result: Any) -> None:
+        try:
+            run = result()
+        except Exception as exc:  # noqa: BLE001 - one broken run must not lose the others'; it resumes next time
+            failed.append(f"{job[0]} seed {job[1]}: {type(exc).__name__}: {exc}")
+            print(f"{job[0]} seed {job[1]}: FAILED ({type(exc).__name__}: {exc})", flush=True)
+            return
+        runs.append(run)
+        print(f"{run['method']} seed {run['seed']}: {run['curve']} ({run['seconds']:.0f} s"
+              f"{', reused' if run['reused'] else ''})", flush=True)
+
+    call = (study.name, args.scale)
+    if args.jobs == 1:
+        for job in jobs:
+            keep(job, lambda job=job: train_one(*call, *job, str(model), settings, str(workdir)))
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"),
+                                 max_tasks_per_child=1) as pool:
+            futures = {pool.submit(train_one, *call, *job, str(model), settings, str(workdir)): job for job in jobs}
+            for future in as_completed(futures):
+                keep(futures[future], future.result)
+    order = {job: i for i, job in enumerate(jobs)}
+    runs.sort(key=lambda r: order[(r["method"], r["seed"])])
+    path = write(study, args.scale, scale, sizing, seeds, args.device, warm, agreed, runs, failed, Path(args.out),
+                 time.perf_counter() - t0)
+    for g in goals(study, summarize(runs, scale.eval_tasks)) if runs and not failed else []:
+        print(f"goal: {g['goal']}: {'MET' if g['met'] else 'NOT met'} ({g['note']})")
+    print(f"result: {path}; plot: {path.with_suffix('.png')}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
