@@ -8,6 +8,13 @@ the session's ``http://127.0.0.1:PORT/s/<session>/<token>/v1``), and learns with
 the ``openai``-only loop in ``examples/gateway_agent.py``; it never sees agentgym. Held-out evaluation runs the
 same program on the eval split's tasks with fixed seeds, so "success" is the agent program's success.
 
+Sub-agents. An agent program may spawn sub-agents that call the model under their own gateway sessions, linked
+to the episode's session (the ``X-Agentgym-Parent-Session`` header). ``subagents`` says how their turns train:
+``merge`` (the default) makes them part of the parent episode: every row of the episode (its segments and its
+sub-agents' segments) gets the one advantage of the episode's return, and only the episode counts once in its
+group's statistics; ``separate`` makes each sub-agent session an episode of its own, in a group of the sub-agents
+of the same task's rollouts.
+
 The recorded log-probs are not needed for the update (GRPO recomputes the old policy's log-probs at
 ``temperature``), but the sampling temperature must be the config's: a session sampled at another temperature is
 refused with a message saying so.
@@ -23,19 +30,38 @@ from pathlib import Path
 from typing import Any
 
 from agentgym.errors import ConfigError
+import torch
+
 from agentgym.rollout import summarize
 from agentgym.suite import Task
 from agentgym.trainers.grpo_config import GrpoConfig
+from agentgym.trainers import algorithms as alg
+from agentgym.trainers.batch import TrainingBatch
 from agentgym.trainers.grpo import GrpoTrainer
 from agentgym.trainers.seeding import mix_seed
 from agentgym.trajectory import Trajectory
 
-__all__ = ["AgentProgram", "GatewayGrpoTrainer"]
+__all__ = ["AgentProgram", "GatewayGrpoTrainer", "episode_leaders"]
 
 logger = logging.getLogger(__name__)
 
 #: The agent program: plays one session given its base URL (the session is in the URL); its return is ignored.
 AgentProgram = Callable[[str], Any]
+
+
+def episode_leaders(trajectories: list[Trajectory]) -> torch.Tensor:
+    """``[N]`` bool: the first row of each episode (``metadata["episode"]``, else the trajectory itself).
+
+    Why: a merged episode is many rows (its segments, its sub-agents' segments) with one return; counting each row
+    in the group's mean and std would weigh an episode by how many rows it split into.
+    """
+    seen: set[str] = set()
+    out = []
+    for t in trajectories:
+        episode = str(t.metadata.get("episode") or t.traj_id)
+        out.append(episode not in seen)
+        seen.add(episode)
+    return torch.tensor(out, dtype=torch.bool)
 
 
 class GatewayGrpoTrainer(GrpoTrainer):
@@ -44,11 +70,17 @@ class GatewayGrpoTrainer(GrpoTrainer):
     Args:
         config: A GRPO config (``max_in_flight`` bounds how many sessions run at once).
         agent: The agent program, called as ``agent(base_url)`` once per session, from worker threads.
+        subagents: ``merge`` or ``separate``: how the turns of sub-agent sessions train (see the module docstring).
     """
 
     supports_distributed = False
 
-    def __init__(self, config: GrpoConfig, agent: AgentProgram) -> None:
+    def __init__(self, config: GrpoConfig, agent: AgentProgram, *, subagents: str = "merge") -> None:
+        from agentgym.serving.sessions import SUBAGENT_MODES
+
+        if subagents not in SUBAGENT_MODES:
+            raise ConfigError(f"subagents must be 'merge' (a sub-agent's turns are part of its parent's episode) or "
+                              f"'separate' (each sub-agent session is an episode of its own), got {subagents!r}.")
         if not callable(agent):
             raise ConfigError(f"agent must be a callable agent(base_url) that plays one session, got {agent!r}.")
         if getattr(config, "constrain_actions", False):
@@ -56,6 +88,7 @@ class GatewayGrpoTrainer(GrpoTrainer):
                               "own requests (and its own action format); set constrain_actions: false.")
         super().__init__(config)
         self.agent = agent
+        self.subagents = subagents
         self.record_dir = Path(config.output_dir) / "sessions"
         self._server: Any = None
         self.session_stats: dict[str, float] = {}
@@ -100,7 +133,7 @@ class GatewayGrpoTrainer(GrpoTrainer):
                     for i, (task, seed, group) in enumerate(plan)]
         self.model.eval()
         self._play(sessions)
-        recorded = sessions_to_trajectories(self.record_dir, sessions)
+        recorded = sessions_to_trajectories(self.record_dir, sessions, subagents=self.subagents)
         for t in recorded.trajectories:
             temperature = t.metadata.get("temperature")
             if temperature is not None and abs(float(temperature) - self.config.temperature) > 1e-6:
@@ -116,6 +149,16 @@ class GatewayGrpoTrainer(GrpoTrainer):
         trajectories, self.session_stats = self._run_sessions(f"s{step}", plan, self.suite)
         return trajectories
 
+    def _token_advantages(self, trajectories: list[Trajectory], scores: torch.Tensor, stats_mask: torch.Tensor,
+                          usable: list[int], batch: TrainingBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """GRPO's group advantage, with each episode counted once in its group's statistics (its rows share the
+        episode's return, so they all get the same advantage)."""
+        leaders = episode_leaders(trajectories)
+        advantages = alg.group_advantages(scores, [t.group_id for t in trajectories], mode=self.config.advantage,
+                                          singleton=self.config.singleton_advantage, stats_mask=stats_mask & leaders)
+        rows = advantages[usable] if usable else torch.zeros(0)
+        return rows[:, None].expand(-1, batch.input_ids.shape[1]).clone(), {}
+
     def _rollout_metrics(self, trajectories: list[Trajectory]) -> dict[str, float]:
         return dict(self.session_stats)
 
@@ -125,8 +168,8 @@ class GatewayGrpoTrainer(GrpoTrainer):
         trajectories, stats = self._run_sessions(f"e{step}", [(t, i, f"eval/{step}/{i}")
                                                               for i, t in enumerate(self.eval_tasks)],
                                                   self.eval_suite)
-        # one trajectory per session: a session that split into segments counts once
-        firsts = [t for t in trajectories if t.metadata.get("segment") == 0]
+        # one trajectory per session: a session that split into segments, or spawned sub-agents, counts once
+        firsts = [t for t in trajectories if t.metadata.get("segment") == 0 and t.metadata.get("parent") is None]
         result: dict[str, Any] = summarize(firsts)
         result["success_rate"] = sum(t.success for t in firsts) / max(len(self.eval_tasks), 1)
         result["sessions_ended"] = stats["gateway/sessions"]
