@@ -197,13 +197,27 @@ def get_stop(body: Mapping[str, Any]) -> tuple[str, ...]:
 
 def reject_unsupported(body: Mapping[str, Any]) -> None:
     """Refuse features this server does not implement, instead of returning something subtly different."""
-    for key in ("presence_penalty", "frequency_penalty"):
-        if get_float(body, key, 0.0) != 0.0:
-            raise APIError(f"{key!r} is not supported by this server; omit it or set it to 0.", param=key,
-                           code="unsupported")
-    if body.get("logit_bias"):
-        raise APIError("'logit_bias' is not supported by this server; omit it.", param="logit_bias", code="unsupported")
     _check_ignored(body)
+
+
+def _logit_bias(body: Mapping[str, Any]) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias``: ``{"token id": bias}`` with biases in [-100, 100]."""
+    bias = body.get("logit_bias")
+    if bias is None:
+        return ()
+    if not isinstance(bias, Mapping):
+        raise APIError(f"'logit_bias' must be an object of token id -> bias, got {bias!r}.", param="logit_bias")
+    out = []
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise APIError(f"'logit_bias' keys must be token ids, got {key!r}.", param="logit_bias") from None
+        if token < 0 or isinstance(value, bool) or not isinstance(value, int | float) or not -100 <= value <= 100:
+            raise APIError(f"'logit_bias' maps token ids >= 0 to biases in [-100, 100]; got {key!r}: {value!r}.",
+                           param="logit_bias")
+        out.append((token, float(value)))
+    return tuple(sorted(out))
 
 
 def _check_ignored(body: Mapping[str, Any]) -> None:
@@ -214,12 +228,6 @@ def _check_ignored(body: Mapping[str, Any]) -> None:
         value = body.get(key)
         if value is not None and not isinstance(value, kind):
             raise APIError(f"{key!r} must be {name}, got {value!r} (it is accepted and ignored; omit it).", param=key)
-
-
-def _neutral_only(body: Mapping[str, Any], key: str, value: float, neutral: Sequence[float], fix: str) -> None:
-    if value not in neutral:
-        raise APIError(f"{key!r} = {value!r} is not supported by this server: its sampler has no {key} (HFPolicy "
-                       f"samples with temperature and top_p only). {fix}", param=key, code="unsupported")
 
 
 @dataclass(frozen=True)
@@ -241,6 +249,13 @@ class Sampling:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 def _parse_stream(body: Mapping[str, Any]) -> tuple[bool, bool, bool]:
@@ -285,20 +300,20 @@ def parse_sampling(body: Mapping[str, Any], *, max_tokens_key: str = "max_tokens
         raise APIError(f"'stop_token_ids' must be a list of token ids (integers >= 0), got {stop_token_ids!r}.",
                        param="stop_token_ids")
     top_k = get_int(body, "top_k", -1, minimum=-1)
-    _neutral_only(body, "top_k", top_k, (-1, 0), "Omit it or send -1 (disabled); use top_p to truncate.")
     min_p = get_float(body, "min_p", 0.0)
     if not 0 <= min_p <= 1:
         raise APIError(f"'min_p' must be in [0, 1], got {min_p}.", param="min_p")
-    _neutral_only(body, "min_p", min_p, (0.0,), "Omit it or send 0; use top_p to truncate.")
     repetition_penalty = get_float(body, "repetition_penalty", 1.0)
     if repetition_penalty <= 0:
         raise APIError(f"'repetition_penalty' must be > 0, got {repetition_penalty}.", param="repetition_penalty")
-    _neutral_only(body, "repetition_penalty", repetition_penalty, (1.0,), "Omit it or send 1.")
+    penalties = {key: get_float(body, key, 0.0) for key in ("presence_penalty", "frequency_penalty")}
+    for key, value in penalties.items():
+        if not -2 <= value <= 2:
+            raise APIError(f"{key!r} must be in [-2, 2], got {value}.", param=key)
     min_tokens = get_int(body, "min_tokens", 0, minimum=0)
-    if min_tokens:
-        raise APIError(f"'min_tokens' = {min_tokens} is not supported by this server: it needs the sampler to mask "
-                       "end-of-turn tokens, which HFPolicy does not do. Omit it (or send 0); for fixed-length "
-                       "outputs send 'ignore_eos': true with max_tokens.", param="min_tokens", code="unsupported")
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise APIError(f"'min_tokens' ({min_tokens}) must be <= {max_tokens_key!r} ({max_tokens}).",
+                       param="min_tokens")
     return Sampling(
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=get_stop(body), seed=seed,
         include_stop=get_bool(body, "include_stop_str_in_output", False),
@@ -307,6 +322,8 @@ def parse_sampling(body: Mapping[str, Any], *, max_tokens_key: str = "max_tokens
         n=n, stream=stream, include_usage=include_usage, continuous_usage=continuous,
         stop_token_ids=tuple(dict.fromkeys(stop_token_ids)), ignore_eos=get_bool(body, "ignore_eos", False),
         skip_special_tokens=get_bool(body, "skip_special_tokens", True),
+        top_k=max(top_k, 0), min_p=min_p, repetition_penalty=repetition_penalty, min_tokens=min_tokens,
+        logit_bias=_logit_bias(body), **penalties,
     )
 
 
