@@ -39,6 +39,8 @@ from agentgym.parsers import (
     TagParser,
     ToolCallParser,
 )
+from agentgym.rewards.env_reward import score_episode, with_reward_kwarg
+from agentgym.rewards.rubric import Rubric
 from agentgym.spaces import UnicodeText
 from agentgym.suite import Task
 from agentgym.toolset import ToolCall, ToolResult, ToolSet
@@ -83,6 +85,17 @@ class AgentEnv(gym.Env[str, str]):
     #: duplicates (no subprocess, socket, browser page or sandbox handle). Branching samplers (ARPO) copy
     #: such envs mid-episode; others are rebuilt by replaying the episode's actions from the same seed.
     forkable: ClassVar[bool] = False
+    #: The rubric that scores episodes instead of the checker alone (``gym.make(id, reward=rubric)``); ``None``
+    #: keeps the checker's score. See :mod:`agentgym.rewards.env_reward`.
+    reward_rubric: Rubric | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every family takes ``reward=`` (a rubric or ``"module:name"``) without declaring it in its own
+        ``__init__``, so a rubric can score any env, ours or a user's."""
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is not None and not getattr(init, "_takes_reward", False):
+            cls.__init__ = with_reward_kwarg(init)  # type: ignore[method-assign]
 
     def __init__(
         self,
@@ -260,14 +273,18 @@ class AgentEnv(gym.Env[str, str]):
         truncated = not terminated and self._turn >= self.max_turns
         if truncated:
             self._end_reason = "max_turns"
+        rubric_outcome: dict[str, Any] = {}
         if terminated or truncated:
+            if self.reward_rubric is not None:
+                rubric_outcome = score_episode(self, action, observation, turn_info["calls"])
             self._pay_outcome()
         turn_info["rewards"] = dict(self._step_rewards)
         reward = float(sum(self._step_rewards.values()))
         self._paid += reward
         info: dict[str, Any] = {"turn": turn_info}
         if terminated or truncated:
-            info["outcome"] = {"success": self._success, "score": self._score, "end_reason": self._end_reason}
+            info["outcome"] = {"success": self._success, "score": self._score, "end_reason": self._end_reason,
+                               **rubric_outcome}
         self._transcript.append(("action", action if isinstance(action, str) else repr(action)))
         self._transcript.append(("observation", observation))
         return observation, reward, terminated, truncated, info
