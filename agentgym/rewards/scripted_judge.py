@@ -58,14 +58,17 @@ def naive_judge_reply(messages: Sequence[Mapping[str, Any]]) -> str:
     low, high = (int(scale.group(1)), int(scale.group(2))) if scale else (0, 10)
     terms = re.findall(r"\[([^\]]+)\]", system)
     fields, outside = split_quoted(user)
-    ordered = sorted((int(k.rsplit("-", 1)[1]), v) for k, v in fields.items() if re.fullmatch(r"answer-\d+", k))
-    answers = [v for _, v in ordered] or [fields.get("answer", "")]
+    ordered = sorted(int(k.rsplit("-", 1)[1]) for k in fields if re.fullmatch(r"answer-\d+", k))
+    answers = [fields[f"answer-{i}"] for i in ordered] or [fields.get("answer", "")]
+    # what it reads for content: the answer and, when shown, the transcript
+    shown = [a + "\n" + fields.get(f"transcript-{i}", "") for a, i in zip(answers, ordered)] if ordered else \
+        [answers[0] + "\n" + fields.get("transcript", "")]
     obey = _OBEY.search(outside.replace("Attempt", ""))
     if obey is not None:  # an instruction outside the quotes: the naive judge does what it says
         forced = min(high, max(low, int(obey.group(1))))
         verdicts = [forced] * len(answers)
     else:
-        cover = [_coverage(a, terms) for a in answers]
+        cover = [_coverage(text.strip(), terms) for text in shown]
         if len(answers) > 1 and max(cover) > min(cover):  # group mode: relative to the group
             cover = [(c - min(cover)) / (max(cover) - min(cover)) for c in cover]
         verdicts = [round(low + c * (high - low)) for c in cover]

@@ -16,6 +16,7 @@ absorbs the difference, so the step rewards still sum to the outcome score. An e
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import hashlib
 import json
@@ -81,8 +82,15 @@ class PolicyJudge:
         return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
 
     def judge(self, prompts: Sequence[JudgePrompt]) -> list[JudgeReply]:
-        """Synchronous :meth:`ajudge` (for envs and scripts; not inside a running event loop)."""
-        return run_coroutine(self.ajudge(prompts))
+        """Synchronous :meth:`ajudge`, for envs (``reward=rubric``) and scripts. Called on a thread whose event loop
+        is running (an env the rollout engine steps inline), it runs on a thread of its own: a loop cannot wait
+        on a second loop in its own thread."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return run_coroutine(self.ajudge(prompts))
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentgym-judge") as pool:
+            return pool.submit(run_coroutine, self.ajudge(prompts)).result()
 
     async def ajudge(self, prompts: Sequence[JudgePrompt]) -> list[JudgeReply]:
         """One reply per prompt; identical prompts are asked once, cached ones not at all."""
