@@ -12,10 +12,14 @@ A Harbor task (the format of Harbor / Terminal-Bench 2) is a folder::
 ``HarborEnv`` builds ``environment/`` with ``docker build`` once per content hash (or uses ``[environment]
 docker_image``); a ``FROM`` image that is not local is pulled, and where that fails the error says how to provide
 it (``docker load -i``, ``docker tag``). The agent gets ``bash`` and ``submit`` in a fresh container of the image
-per episode, as ``[agent] user`` (default root), in ``[environment] workdir`` or the image's ``WORKDIR``; every
-container runs with ``--network none``, so a task that asks for internet access (``allow_internet = true`` or a
-``network_mode`` other than ``"no-network"``) is refused at reset with what to change (``allow_offline=True`` runs
-it offline anyway).
+per episode, as ``[agent] user`` (default root), in ``[environment] workdir`` or the image's ``WORKDIR``. Containers
+run with ``--network none`` unless ``internet_network`` names a Docker network (``"bridge"``: Docker's default, the
+host's internet through NAT): then tasks that ask for internet access (``allow_internet = true`` or a
+``network_mode`` other than ``"no-network"``), and tasks that leave it unset (Harbor's default allows internet),
+get that network for the agent's container and, in ``"separate"`` mode, the verifier's, each as the task's settings
+say. Without it a task that asks for internet access is refused at reset with what to change
+(``allow_offline=True`` runs it offline anyway), and a daemon without the named network (``dockerd --bridge=none``
+has no ``bridge``) gets an error naming the network and how to create one.
 
 Grading after ``submit`` follows ``[verifier] environment_mode``, as in Harbor:
 
@@ -69,6 +73,7 @@ import json
 import logging
 import os
 import posixpath
+import re
 import secrets
 import shlex
 from collections.abc import Mapping, Sequence
@@ -87,6 +92,7 @@ from agentgym.envs.swe.harbor_images import (
     build_environment_image,
     image_config,
     python_reachable_image,
+    require_docker_network,
     resolve_user,
     run_docker,
 )
@@ -290,6 +296,8 @@ class HarborEnv(AgentEnv):
         primary_reward: Which of reward.json's named rewards the episode is paid (default: ``reward``, or the
             only one).
         allow_offline: Run tasks that ask for internet access without it (default: refuse them at reset).
+        internet_network: The Docker network given to containers whose task allows internet access (``"bridge"``
+            for Docker's default network); ``None`` (the default) keeps every container off the network.
         render_mode: ``"ansi"`` or ``None``.
     """
 
@@ -299,7 +307,8 @@ class HarborEnv(AgentEnv):
     def __init__(self, *, tasks: Sequence[Task] | None = None, path: str | None = None, max_turns: int = 30,
                  command_timeout_s: float = 120.0, memory_bytes: int = 2048 << 20, max_output_chars: int = 6000,
                  max_action_chars: int = 400_000, verifier: str = "task", primary_reward: str | None = None,
-                 allow_offline: bool = False, render_mode: str | None = None) -> None:
+                 allow_offline: bool = False, internet_network: str | None = None,
+                 render_mode: str | None = None) -> None:
         if verifier not in VERIFIER_CHOICES:
             raise ConfigError(f"verifier must be one of {VERIFIER_CHOICES}, got {verifier!r}: 'task' runs each task "
                               "the way Harbor does (its [verifier] environment_mode), 'snapshot' grades a snapshot "
@@ -309,6 +318,14 @@ class HarborEnv(AgentEnv):
         self.verifier = verifier
         self.primary_reward = primary_reward
         self.allow_offline = bool(allow_offline)
+        if internet_network is not None and (not isinstance(internet_network, str) or internet_network == "none"
+                                             or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", internet_network)):
+            raise ConfigError(f"internet_network must be a Docker network name such as 'bridge' (or None for no "
+                              f"network), got {internet_network!r}.")
+        if internet_network is not None and allow_offline:
+            raise ConfigError("Pass internet_network (give tasks that ask for it the network) or allow_offline (run "
+                              "them without), not both.")
+        self.internet_network = internet_network
         self._image = ""
         if not isinstance(command_timeout_s, (int, float)) or command_timeout_s <= 0:
             raise ConfigError(f"command_timeout_s must be a positive number of seconds, got {command_timeout_s!r}.")
@@ -327,7 +344,12 @@ class HarborEnv(AgentEnv):
                          render_mode=render_mode)
 
     # ---- sandbox ---------------------------------------------------------------------------------------------
-    def _config(self, image: str, mounts: tuple[tuple[str, str], ...] = (), user: str = "0:0") -> Any:
+    def _network(self, setting: str) -> str:
+        """The Docker network for a container whose task's network setting is ``setting`` (module docstring)."""
+        return self.internet_network if self.internet_network is not None and setting != "none" else "none"
+
+    def _config(self, image: str, mounts: tuple[tuple[str, str], ...] = (), user: str = "0:0",
+                network: str = "none") -> Any:
         from agentgym.tools.sandbox import SandboxConfig, SandboxLimits
 
         task = self._harbor
@@ -338,7 +360,8 @@ class HarborEnv(AgentEnv):
                                file_size_bytes=1 << 30, pids=256, open_files=1024,
                                address_space_bytes=16 << 30, cpus=task.cpus or 1.0)
         return SandboxConfig(backend="docker", limits=limits, preload=(), max_workers=8, docker_image=image,
-                             mounts=mounts, docker_user=user, docker_writable_root=True, start_timeout_s=60.0)
+                             mounts=mounts, docker_user=user, docker_writable_root=True, start_timeout_s=60.0,
+                             docker_network=network)
 
     def _run(self, code: str, timeout_s: float, session: Any = None) -> str:
         from agentgym.tools.sandbox import SandboxError
@@ -460,7 +483,8 @@ class HarborEnv(AgentEnv):
                     raise EnvCrashed(f"docker commit failed: {committed.stderr.decode(errors='replace').strip()[-300:]}")
                 mounts = ((str(task.tests), "/tests"), *trusted_runtime_mounts())
             try:
-                pool = SandboxPool(self._config(image, mounts=mounts, user=user))
+                network = self._network(task.verifier_network) if mode == "separate" else "none"
+                pool = SandboxPool(self._config(image, mounts=mounts, user=user, network=network))
                 try:
                     with pool.session() as grader:
                         self._run("print('ready')", 30, session=grader)
@@ -490,7 +514,8 @@ class HarborEnv(AgentEnv):
             return {"reward": None, "rewards": {}, "problem": problem, "log": stdout[-2000:], "mode": mode}
         reward, rewards, problem = read_rewards(reply.get("reward_json"), reply.get("reward_txt"), self.primary_reward)
         problem = str(reply.get("problem") or "") or problem
-        if reward is None and task.network != "none" and task.verifier_network != "none":
+        if reward is None and task.network != "none" and task.verifier_network != "none" and \
+                self.internet_network is None:
             problem += (" (the task does not turn the network off, and these containers have none: a test.sh that "
                         "downloads its tools cannot run here; install them in environment/Dockerfile)")
         return {"reward": reward, "rewards": rewards, "problem": problem, "exit_code": reply.get("exit_code"),
@@ -516,12 +541,15 @@ class HarborEnv(AgentEnv):
         self._harbor = task_ = load_harbor_task(data["path"])
         wants = [f"[{w}]" for w, n in (("environment", task_.network), ("verifier", task_.verifier_network))
                  if n == "internet"]
-        if wants and not self.allow_offline:
+        if wants and self.internet_network is None and not self.allow_offline:
             raise TaskError(f"Harbor task {task_.name!r} asks for internet access ({' and '.join(wants)} "
-                            "allow_internet = true or a network_mode other than \"no-network\"), but agentgym runs "
-                            "every container with --network none. Install what the task downloads in "
+                            "allow_internet = true or a network_mode other than \"no-network\"), but this env runs "
+                            "every container with --network none. Pass HarborEnv(internet_network=\"bridge\") to "
+                            "give it Docker's default network, or install what the task downloads in "
                             "environment/Dockerfile and set network_mode = \"no-network\", or pass "
                             "HarborEnv(allow_offline=True) to run it offline anyway.")
+        if self.internet_network is not None and (task_.network, task_.verifier_network) != ("none", "none"):
+            require_docker_network(self.internet_network)
         image = build_environment_image(task_)
         if task_.agent_user is not None or task_.verifier_user is not None:
             image = python_reachable_image(image)
@@ -530,7 +558,7 @@ class HarborEnv(AgentEnv):
         if self._session is not None:
             self._session.close()
         user = resolve_user(image, task_.agent_user, task_.name)
-        self._session = default_pool(self._config(image, user=user)).session()
+        self._session = default_pool(self._config(image, user=user, network=self._network(task_.network))).session()
         self._grading = None
         self._run("print('ready')", 30)  # start the container now: a broken image fails at reset, not mid-episode
         return f"{self._harbor.instruction.strip()}\n\nYour working directory in the container is {self._workdir}."

@@ -22,7 +22,7 @@ from agentgym.errors import EnvCrashed, TaskError
 from agentgym.envs.swe.harbor_tasks import HarborTask
 
 __all__ = ["base_images", "build_environment_image", "ensure_image", "image_config", "python_reachable_image",
-           "resolve_user", "run_docker"]
+           "require_docker_network", "resolve_user", "run_docker"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +39,16 @@ def run_docker(*args: str, timeout: float, stdin: bytes | None = None) -> subpro
         raise EnvCrashed("the docker CLI is not installed (apt-get install docker.io)") from exc
     except subprocess.TimeoutExpired as exc:
         raise EnvCrashed(f"docker {args[0]} took longer than {timeout:g} s") from exc
+
+
+def require_docker_network(name: str) -> None:
+    """Fail with what to do when the Docker daemon has no network ``name`` (a container asked to join a missing
+    network fails only at ``docker run``, with a message that does not say why the task wanted it)."""
+    probe = run_docker("network", "inspect", "--format", "{{.Driver}}", name, timeout=60)
+    if probe.returncode != 0:
+        raise TaskError(f"The Docker daemon has no network {name!r}, which internet_network names for tasks that ask "
+                        f"for internet access (a daemon started with --bridge=none has no 'bridge'). Create one "
+                        f"(docker network create {name}) or name an existing one (docker network ls).")
 
 
 def base_images(dockerfile: str) -> list[str]:

@@ -444,7 +444,8 @@ def _bwrap_unavailable(allow_no_cgroups: bool) -> str | None:
 
 
 class DockerBackend(Backend):
-    """A container per sandbox: ``--network none``, memory/pids/CPU limits, read-only root, uid 65534."""
+    """A container per sandbox: ``--network none`` (unless ``SandboxConfig.docker_network`` names one),
+    memory/pids/CPU limits, read-only root, uid 65534."""
 
     name = "docker"
 
@@ -459,7 +460,7 @@ class DockerBackend(Backend):
     def command(self, worker_id: str, ipc_dir: str, config: SandboxConfig) -> list[str]:
         lim = config.limits
         tmpfs_size = f"size={lim.workdir_bytes}"
-        cmd = [shutil.which("docker") or "docker", "run", "--rm", "-i", "--name", worker_id, "--network", "none",
+        cmd = [shutil.which("docker") or "docker", "run", "--rm", "-i", "--name", worker_id, "--network", config.docker_network,
                "--memory", str(lim.memory_bytes), "--memory-swap", str(lim.memory_bytes),
                "--pids-limit", str(lim.pids), "--cpus", str(lim.cpus), "--user", config.docker_user,
                "--cap-drop", "ALL", "--security-opt", "no-new-privileges",

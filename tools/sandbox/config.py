@@ -88,6 +88,10 @@ class SandboxConfig:
         docker_writable_root: Let the Docker sandbox write anywhere in its image's filesystem (not only the work
             dir, ``/tmp`` and ``/dev/shm``), as a task environment built from a Dockerfile expects. The host cannot
             empty such a root, so these containers are never reused: every session gets a fresh one.
+        docker_network: The Docker network of the Docker backend's containers: ``"none"`` (the default: no network
+            at all) or the name of a network on the daemon (``"bridge"`` is Docker's default, with the host's
+            internet through NAT). Only for tasks that ask for a network (Harbor's ``allow_internet``); the bwrap
+            backend always runs without one.
         bwrap_private_uid: Run each bwrap sandbox as its own otherwise unused host uid (bwrap then builds an
             unprivileged user namespace), so per-user kernel quotas and file ownership are never host root's.
             Needs a root host that allows unprivileged user namespaces; elsewhere the sandbox runs as the
@@ -107,8 +111,16 @@ class SandboxConfig:
     docker_user: str = "65534:65534"
     docker_writable_root: bool = False
     bwrap_private_uid: bool = True
+    docker_network: str = "none"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.docker_network, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}",
+                                                                        self.docker_network):
+            raise ConfigError(f"SandboxConfig.docker_network must be 'none' or a Docker network name such as "
+                              f"'bridge', got {self.docker_network!r}.")
+        if self.docker_network != "none" and self.backend != "docker":
+            raise ConfigError(f"SandboxConfig.docker_network={self.docker_network!r} needs backend='docker': bwrap "
+                              "sandboxes never have a network.")
         if not isinstance(self.bwrap_private_uid, bool):
             raise ConfigError(f"SandboxConfig.bwrap_private_uid must be True or False, got {self.bwrap_private_uid!r}.")
         if not isinstance(self.docker_user, str) or not re.fullmatch(r"\d+:\d+", self.docker_user):

@@ -222,7 +222,7 @@ def test_images_network_and_users_say_what_to_do(docker_host, tmp_path):
     (task,) = harbor_tasks(online)
     env = HarborEnv(tasks=[task], command_timeout_s=30)
     try:
-        with pytest.raises(TaskError, match="asks for internet access.*allow_offline=True"):
+        with pytest.raises(TaskError, match="asks for internet access.*internet_network=.*allow_offline=True"):
             env.reset(options={"task": task})
     finally:
         env.close()
@@ -234,3 +234,53 @@ def test_images_network_and_users_say_what_to_do(docker_host, tmp_path):
             env.reset(options={"task": task})
     finally:
         env.close()
+
+
+# Whether the container has a network interface besides loopback, as the agent's solve.sh and the verifier see it.
+NETWORK_SOLVE = "n=0; [ -e /sys/class/net/eth0 ] && n=1; echo $n > /app/agent_net.txt\n"
+NETWORK_TEST = """#!/bin/bash
+v=0; [ -e /sys/class/net/eth0 ] && v=1
+a=$(cat /app/agent_net.txt 2>/dev/null || echo 0)
+echo "{\\"reward\\": $a, \\"agent_net\\": $a, \\"verifier_net\\": $v}" > /logs/verifier/reward.json
+"""
+
+
+def test_tasks_that_ask_for_the_internet_get_the_named_network_and_the_others_none(docker_host, tmp_path):
+    """``internet_network`` gives a task's containers a network exactly where its task.toml allows one."""
+    import subprocess
+
+    # An internal network: containers get an interface, the host's routes and firewall stay as they are.
+    subprocess.run(["docker", "network", "create", "--internal", "agentgym-test-net"], check=True, capture_output=True)
+    online = write_task(tmp_path, "online", test_sh=NETWORK_TEST, solve_sh=NETWORK_SOLVE)
+    (online / "task.toml").write_text((online / "task.toml").read_text().replace('"no-network"', '"public"'))
+    separate = write_task(tmp_path, "online-separate", test_sh=NETWORK_TEST, solve_sh=NETWORK_SOLVE,
+                          verifier='environment_mode = "separate"\n')
+    (separate / "task.toml").write_text('artifacts = ["/app/agent_net.txt"]\n' + (separate / "task.toml").read_text()
+                                        .replace('"no-network"', '"public"'))
+    offline = write_task(tmp_path, "offline", test_sh=NETWORK_TEST, solve_sh=NETWORK_SOLVE)
+    env = HarborEnv(command_timeout_s=30, internet_network="agentgym-test-net")
+    try:
+        rewards = {}
+        for folder in (online, separate, offline):
+            (task,) = harbor_tasks(folder)
+            grading = run_reference_episode(env, task, seed=0).turns[-1].info["grading"]
+            rewards[folder.name] = grading["rewards"]
+    finally:
+        env.close()
+    assert rewards == {"online": {"reward": 1.0, "agent_net": 1.0, "verifier_net": 1.0},
+                       "online-separate": {"reward": 1.0, "agent_net": 1.0, "verifier_net": 1.0},
+                       "offline": {"reward": 0.0, "agent_net": 0.0, "verifier_net": 0.0}}, rewards
+
+    (task,) = harbor_tasks(online)
+    missing = HarborEnv(tasks=[task], command_timeout_s=30, internet_network="bridge")  # --bridge=none: no 'bridge'
+    try:
+        with pytest.raises(TaskError, match="has no network 'bridge'.*docker network create bridge"):
+            missing.reset(options={"task": task})
+    finally:
+        missing.close()
+    from agentgym.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="not both"):
+        HarborEnv(tasks=[task], internet_network="bridge", allow_offline=True)
+    with pytest.raises(ConfigError, match="Docker network name"):
+        HarborEnv(tasks=[task], internet_network="none")

@@ -616,6 +616,11 @@ def test_bad_configuration_says_how_to_fix():
     with pytest.raises(ConfigError, match="Unknown sandbox option"):
         SandboxConfig.from_kwargs(wall_timeout=3)
     assert SandboxConfig.from_kwargs(wall_timeout_s=3, backend="bwrap").limits.wall_timeout_s == 3
+    with pytest.raises(ConfigError, match="needs backend='docker'"):  # auto could pick bwrap: no silent offline
+        SandboxConfig(docker_network="bridge")
+    with pytest.raises(ConfigError, match="Docker network name"):
+        SandboxConfig(backend="docker", docker_network="--privileged")
+    assert SandboxConfig(backend="docker", docker_network="bridge").docker_network == "bridge"
 
 
 def test_no_isolation_means_refusal_not_fallback(monkeypatch):
