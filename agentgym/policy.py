@@ -11,12 +11,29 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from agentgym.errors import ConfigError
 from agentgym.utils.fast_records import quick_init
 
-__all__ = ["Generation", "GenerationRequest", "Policy", "SamplingParams"]
+__all__ = ["Generation", "GenerationRequest", "Policy", "SamplingParams", "TokenConstraint"]
+
+
+@runtime_checkable
+class TokenConstraint(Protocol):
+    """A per-row constraint on which tokens may be sampled (``SamplingParams.constraint``), built for one tokenizer.
+
+    The sampler keeps one state per row: :meth:`start` when the row starts, :meth:`allowed` before each draw (the
+    ids that may come next, and whether the reply may end here: then the policy's end-of-turn ids are allowed too),
+    :meth:`advance` with the sampled id. Structured output (a JSON schema) is one
+    (:class:`agentgym.policies.json_constraint.JsonConstraint`).
+    """
+
+    def start(self, max_tokens: int) -> Any: ...
+
+    def allowed(self, state: Any) -> tuple[Sequence[int], bool]: ...
+
+    def advance(self, state: Any, token: int) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -50,6 +67,9 @@ class SamplingParams:
         logit_bias: ``(token id, bias)`` pairs added to the raw logits (a mapping is accepted and stored sorted).
         The eight fields above follow vLLM's sampler, in its order; :mod:`agentgym.policies.sampling_rules` says
         how. Recorded log-probs stay the model's temperature-scaled distribution, whatever they change.
+        constraint: A :class:`TokenConstraint` each step's draw is restricted to (renormalised over its allowed
+            ids, like ``choices``; the recorded log-probs stay the model's); ``None`` for free text. Not with
+            ``choices``.
     """
 
     max_tokens: int = 256
@@ -67,9 +87,15 @@ class SamplingParams:
     min_tokens: int = 0
     stop_token_ids: tuple[int, ...] = ()
     logit_bias: tuple[tuple[int, float], ...] = ()
+    constraint: TokenConstraint | None = None
 
     def __post_init__(self) -> None:
         self._check_rules()
+        if self.constraint is not None and not isinstance(self.constraint, TokenConstraint):
+            raise ConfigError(f"constraint must have start(), allowed() and advance() (a TokenConstraint such as "
+                              f"JsonConstraint), got {self.constraint!r}.")
+        if self.constraint is not None and self.choices:
+            raise ConfigError("Give either choices or constraint, not both: each restricts every token on its own.")
         if isinstance(self.choices, str) or not all(isinstance(c, str) and c for c in self.choices):
             raise ConfigError("choices must be a tuple of non-empty strings (the whole replies allowed), e.g. "
                               f"('forward()', 'turn_left()'), or () for free text; got {self.choices!r}.")
