@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -180,8 +181,11 @@ def load_rubric(spec: Rubric | str) -> Rubric:
     except ImportError as exc:
         raise ConfigError(f"Cannot import the rubric module {where!r}: {exc}.") from exc
     value = getattr(module, name, None)
-    if callable(value) and not isinstance(value, Rubric):
-        value = value()
+    if inspect.isfunction(value):
+        try:
+            value = value()
+        except Exception as exc:  # noqa: BLE001 - the user's builder failed: say which one and why
+            raise ConfigError(f"Building the rubric with {spec!r}() failed: {type(exc).__name__}: {exc}") from exc
     if not isinstance(value, Rubric):
         raise ConfigError(f"{spec!r} is not a Rubric (got {type(value).__name__}); name a Rubric or a function "
                           "that returns one.")
