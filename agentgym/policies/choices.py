@@ -21,7 +21,7 @@ from typing import Any
 
 from agentgym.errors import ConfigError
 
-__all__ = ["ChoiceTree", "ChoiceTrees", "allowed_mask"]
+__all__ = ["ChoiceTree", "ChoiceTrees", "allowed_mask", "constraint_row"]
 
 
 @dataclass
@@ -110,9 +110,11 @@ class ChoiceTrees:
         return tree
 
 
-def allowed_mask(rows: Any, nodes: dict[int, Any], trees: dict[int, ChoiceTree], vocab: int, device: Any) -> Any:
+def allowed_mask(rows: Any, nodes: dict[int, Any], trees: dict[int, ChoiceTree], vocab: int, device: Any,
+                 constraints: dict[int, list[Any]] | None = None, stop_ids: Sequence[int] = ()) -> Any:
     """``[len(rows), vocab]`` bool: the ids each live row (``rows``: their original row indices) may sample next,
-    given its tree and node; every id for unconstrained or finished rows."""
+    given its tree and node, or its ``[TokenConstraint, state]`` in ``constraints`` (plus ``stop_ids`` where the
+    constraint lets the reply end); every id for unconstrained or finished rows."""
     import torch
 
     allow = torch.ones((len(rows), vocab), dtype=torch.bool, device=device)
@@ -122,4 +124,21 @@ def allowed_mask(rows: Any, nodes: dict[int, Any], trees: dict[int, ChoiceTree],
             if ids:
                 allow[position] = False
                 allow[position, list(ids)] = True
+        elif constraints and row in constraints:
+            constraint, state = constraints[row]
+            constraint_row(allow[position], constraint.allowed(state), stop_ids)
     return allow
+
+
+def constraint_row(allow: Any, allowed: tuple[Any, bool], stop_ids: Sequence[int]) -> None:
+    """Restrict one row of an allow mask (in place) to a constraint's ``(ids, may_end)``. A state that allows
+    nothing and may not end (a tokenizer lacking a character the grammar needs) ends the reply rather than
+    sampling from an empty distribution."""
+    import torch
+
+    ids, may_end = allowed
+    allow[:] = False
+    if len(ids):
+        allow[torch.as_tensor(ids, dtype=torch.long).to(allow.device)] = True
+    if may_end or not len(ids):
+        allow[list(stop_ids)] = True

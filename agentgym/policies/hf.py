@@ -499,6 +499,9 @@ class HFPolicy(InProcessTokenPolicy):
         trees = {i: self._choice_trees.get(p.choices, p.max_tokens) for i, p in enumerate(params) if p.choices}
         nodes: dict[int, Any] = {i: tree.root for i, tree in trees.items()}
         out_forced = torch.zeros((batch, max_new), dtype=torch.bool, device=device) if trees else None
+        # Rows under a TokenConstraint (structured output) keep [constraint, its state].
+        constraints = {i: [p.constraint, p.constraint.start(p.max_tokens)] for i, p in enumerate(params)
+                       if p.constraint is not None}
 
         # vLLM's processing fields (penalties, bias, top_k, min_p, min_tokens, stop_token_ids), by original row.
         rules = SamplingRules(batch, vocab_size(self.model), self._stop_ids, device)
@@ -548,8 +551,8 @@ class HFPolicy(InProcessTokenPolicy):
                     probs = probs.clone()
                     probs[:, image_token] = 0.0
                 forced = None
-                if trees:  # sample inside the tree: renormalise over the allowed ids (the recorded logp stays the model's)
-                    allow = allowed_mask(rows, nodes, trees, logits.shape[-1], device)
+                if trees or constraints:  # renormalise over the allowed ids (the recorded logp stays the model's)
+                    allow = allowed_mask(rows, nodes, trees, logits.shape[-1], device, constraints, self._stop_ids)
                     logits = logits.masked_fill(~allow, float("-inf"))
                     constrained = torch.log_softmax(logits / scale[:, None], dim=-1)
                     probs = constrained.exp()
@@ -575,10 +578,13 @@ class HFPolicy(InProcessTokenPolicy):
                 out_logprobs[rows, t] = token_logp
                 out_entropy[rows, t] = entropy
                 if forced is not None:
-                    out_forced[rows, t] = forced & alive
+                    if out_forced is not None:
+                        out_forced[rows, t] = forced & alive
                     for row, tok in zip(rows.tolist(), token.tolist()):
                         if row in nodes:
                             nodes[row] = trees[row].advance(nodes[row], tok)
+                        elif row in constraints:
+                            constraints[row][1] = constraints[row][0].advance(constraints[row][1], tok)
                 if top_k:
                     top_values, top_index = logp.topk(top_k, dim=-1)
                     out_top[rows, t] = top_values
