@@ -135,6 +135,8 @@ class RolloutEngine:
         if self.config.constrain_actions and not getattr(self.policy, "supports_choices", False):
             raise ConfigError(f"constrain_actions needs a policy that decodes under SamplingParams.choices; "
                               f"{type(self.policy).__name__} does not (HFPolicy does). Turn constrain_actions off.")
+        if self.config.context.rewrites:  # bad strategy settings fail the run now, not every episode
+            EpisodeContext(self.config, self.policy, self.summarizer)
         self._run_id = uuid.uuid4().hex[:8]
         results: list[Trajectory | None] = [None] * len(episodes)
         batcher = PolicyBatcher(self.policy, self.config.batch_window_s, self.config.deterministic)

@@ -105,8 +105,10 @@ class EpisodeContext:
     def cut(self, generation: Generation) -> bool:
         """Whether this action used all of ``max_turn_tokens`` (it is not stepped; the episode ends)."""
         limit = self.config.max_turn_tokens
-        return (limit is not None and generation.token_ids is not None and len(generation.token_ids) >= limit
-                and generation.finish_reason != "stop")
+        if limit is None or generation.token_ids is None:
+            return False
+        used = len(generation.token_ids)  # a policy that ignored the cap is cut too
+        return used > limit or (used == limit and generation.finish_reason != "stop")
 
     def stamp(self, turn: Turn) -> Turn:
         """The turn with this segment's index (a new field only past the first segment)."""
