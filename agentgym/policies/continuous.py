@@ -203,6 +203,10 @@ class ContinuousSampler:
             self._cond.notify()
         return [r.future for r in requests]
 
+    def load(self) -> tuple[int, int]:
+        """``(requests waiting for a slot, rows decoding)`` right now (read without the lock: a gauge)."""
+        return len(self._pending), len(self._bound)
+
     def end_episode(self, episode: str) -> None:
         """Free the episode's slot (at the end of its running request, if one is running)."""
         with self._cond:

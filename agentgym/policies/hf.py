@@ -30,10 +30,11 @@ position, as the model's own ``generate`` does (:mod:`agentgym.models.geometry`)
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -302,12 +303,45 @@ class HFPolicy(InProcessTokenPolicy):
 
     def _continuous_fits(self, prompts: list[list[int]], requests: Sequence[GenerationRequest]) -> bool:
         """Whether this ``act`` call goes to the continuous sampler (see ``sampler`` in the class docs)."""
-        if self.sampler != "continuous" or self._continuous_unsupported is not None:
+        return all(self._fits_slot(p, r.sampling) for p, r in zip(prompts, requests))
+
+    def _fits_slot(self, prompt: Sequence[int], sampling: SamplingParams) -> bool:
+        """Whether one sequence can run in the continuous sampler (its reply fits a slot of the cache)."""
+        if self.sampler != "continuous" or self._continuous_unsupported is not None or not prompt:
             return False
         limit = int(getattr(getattr(self.model, "config", None), "max_position_embeddings", 0) or 1 << 20)
         limit = min(limit, self._slot_tokens() // self.max_batch_size)  # the slot cache's memory bound
-        return all(len(p) + r.sampling.max_tokens <= limit and p
-                   for p, r in zip(prompts, requests))
+        return len(prompt) + sampling.max_tokens <= limit
+
+    def continuous_submit(self, prompt: Sequence[int], sampling: SamplingParams, *,
+                          on_token: Callable[[int, float, Any], None] | None = None,
+                          cancel: threading.Event | None = None,
+                          reuse_prefix: bool = True) -> concurrent.futures.Future[Generation] | None:
+        """Queue one sequence in the continuous sampler (it joins the running batch at the next decode step).
+
+        What a server needs beyond :meth:`act`: ``on_token(token id, log-prob, top or None)`` is called from the
+        decode thread with each token as it is sampled (streaming per step), ``cancel`` stops the row at the
+        next step (``finish_reason="abort"``), and ``reuse_prefix`` keeps the sequence's keys and values after it
+        ends (bounded by the slots, least recently used evicted first) so that a later prompt extending it, such
+        as the next turn of a chat, computes only its new tokens.
+
+        Returns:
+            The future of the :class:`Generation`, or ``None`` when the sequence cannot run there (the reference
+            sampler was chosen, a vision-language model, or prompt plus ``max_tokens`` exceed a slot); the caller
+            then uses :meth:`generate`.
+        """
+        if self.model is None:
+            raise AgentGymError("This HFPolicy was closed; create a new one (HFPolicy.from_pretrained(path)).")
+        if not self._fits_slot(prompt, sampling):
+            return None
+        sampler = self._continuous_sampler()
+        return sampler.submit([list(prompt)], [sampling], [""], row_seeds([sampling.seed]), on_token=[on_token],
+                              cancel=[cancel], keep=reuse_prefix and self.kv_cache.enabled)[0]
+
+    def continuous_load(self) -> tuple[int, int]:
+        """``(sequences waiting for a slot, rows decoding)`` of the continuous sampler (0, 0 before it starts)."""
+        sampler = self._continuous
+        return (0, 0) if sampler is None else sampler.load()
 
     def _slot_tokens(self) -> int:
         """Most tokens the continuous sampler's slot cache may hold: the KV-cache budget (``kv_cache_tokens``, at

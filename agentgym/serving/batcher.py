@@ -1,6 +1,13 @@
-"""The batcher of the OpenAI-compatible server: requests share ``policy.generate`` calls, one batch at a time.
+"""The batcher of the OpenAI-compatible server: every request's sequences join the policy's running batch.
 
-A bounded queue takes every request's sequences; a worker thread runs up to ``max_batch_size`` of them in a
+With an :class:`~agentgym.policies.hf.HFPolicy` on its continuous sampler (the default), each sequence is handed to
+:meth:`~agentgym.policies.hf.HFPolicy.continuous_submit`: it joins the running decode batch at the next step
+(continuous batching), its tokens come back one decode step at a time (live streaming), a disconnect stops its row
+at the next step, and its keys and values stay cached for a later prompt that extends it (prefix reuse). The number
+of sequences waiting for a slot is bounded: past ``max_queue_size`` the server answers 503.
+
+Otherwise (a scripted stand-in, a vision-language model, a sequence longer than a slot) a bounded queue takes the
+sequences and a worker thread runs up to ``max_batch_size`` of them in a
 single :meth:`~agentgym.policies.hf.HFPolicy.generate` call. Throughput therefore grows with concurrency while
 memory and CPU use stay bounded, and the event loop stays free to accept and validate requests while a batch
 runs. A full queue answers 503 so an overloaded server sheds load instead of growing without bound, and a client
@@ -16,7 +23,8 @@ import contextlib
 import inspect
 import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -59,8 +67,11 @@ class Batcher:
     would only compete for them, while one bigger batch amortises each forward pass over more sequences.
     """
 
-    def __init__(self, policy: HFPolicy, *, max_batch_size: int, window_s: float, max_queue_size: int) -> None:
+    def __init__(self, policy: HFPolicy, *, max_batch_size: int, window_s: float, max_queue_size: int,
+                 prefix_reuse: bool = True) -> None:
         self.policy = policy
+        self.prefix_reuse = prefix_reuse
+        self._continuous = callable(getattr(policy, "continuous_submit", None))
         self.max_batch_size = max_batch_size
         self.window_s = window_s
         self.max_queue_size = max_queue_size
@@ -90,23 +101,100 @@ class Batcher:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
 
+    def refresh(self) -> None:
+        """Update the queue-length and running-rows gauges from the continuous sampler (before they are read)."""
+        if self._continuous:
+            waiting, running = self.policy.continuous_load()
+            self.stats.queued = waiting + (self._queue.qsize() if self._queue is not None else 0)
+            self.stats.running = running
+
     async def submit(self, prompts: Sequence[list[int]],
                      sampling: SamplingParams | Sequence[SamplingParams],
-                     images: Sequence[list[Any]] | None = None) -> list[Generation]:
+                     images: Sequence[list[Any]] | None = None,
+                     on_token: Callable[[int, int, float, Any], None] | None = None) -> list[Generation]:
         """Queue one request's sequences (one sampling for all, or one per sequence) and wait for them, in order.
 
+        ``on_token(sequence index, token id, log-prob, top)`` is called on the event loop with each token as the
+        policy samples it (only on the continuous path; otherwise nothing streams before the result).
         If the caller is cancelled (its client disconnected), queued sequences are skipped and running ones
         are stopped at the policy's next decoding step.
         """
         if self._queue is None:
             raise APIError("The server is not running (the batcher was not started).", status=503, type="server_error")
-        if self._queue.qsize() + len(prompts) > self.max_queue_size:
+        samplings = [sampling] * len(prompts) if isinstance(sampling, SamplingParams) else list(sampling)
+        if self._continuous and not images:
+            return await self._submit_continuous(list(prompts), samplings, on_token)
+        return await self._submit_batched(prompts, samplings, images)
+
+    def _overloaded(self, queued: int, adding: int) -> None:
+        if queued + adding > self.max_queue_size:
             raise APIError(
-                f"The server is overloaded ({self._queue.qsize()} sequences queued, limit {self.max_queue_size}); "
+                f"The server is overloaded ({queued} sequences queued, limit {self.max_queue_size}); "
                 "retry later.", status=503, type="server_error", code="overloaded",
             )
+
+    async def _submit_continuous(self, prompts: list[list[int]], samplings: list[SamplingParams],
+                                 on_token: Callable[[int, int, float, Any], None] | None) -> list[Generation]:
+        """Each sequence into the continuous sampler; the ones that cannot go there take the batched path."""
+        waiting, _ = self.policy.continuous_load()
+        assert self._queue is not None
+        self._overloaded(waiting + self._queue.qsize(), len(prompts))
         loop = asyncio.get_running_loop()
-        samplings = [sampling] * len(prompts) if isinstance(sampling, SamplingParams) else list(sampling)
+        cancels = [threading.Event() for _ in prompts]
+        futures: list[Any] = []
+        fallback: list[int] = []
+        for i, (prompt, sp) in enumerate(zip(prompts, samplings, strict=True)):
+            future = self.policy.continuous_submit(prompt, sp, on_token=self._hook(i, loop, on_token),
+                                                   cancel=cancels[i], reuse_prefix=self.prefix_reuse)
+            if future is None:
+                fallback.append(i)
+            futures.append(future)
+        waits = [asyncio.wrap_future(f) for f in futures if f is not None]
+        try:
+            done = list(await asyncio.gather(*waits))
+            extra = await self._submit_batched([prompts[i] for i in fallback], [samplings[i] for i in fallback],
+                                               None) if fallback else []
+        finally:
+            for event, future in zip(cancels, futures):  # a client that went away: its rows leave the batch
+                if future is None or not future.done():
+                    event.set()
+        out: list[Generation] = []
+        it_done, it_extra = iter(done), iter(extra)
+        for i, (prompt, future) in enumerate(zip(prompts, futures)):
+            gen = next(it_extra) if future is None else next(it_done)
+            if future is not None:
+                self.stats.requests += 1
+                self.stats.prompt_tokens += len(prompt)
+                self.stats.tokens_generated += len(gen.token_ids or ())
+                self.stats.aborted += gen.finish_reason == "abort"
+            out.append(gen)
+        return out
+
+    def _hook(self, index: int, loop: asyncio.AbstractEventLoop,
+              on_token: Callable[[int, int, float, Any], None] | None) -> Callable[[int, float, Any], None]:
+        """The decode thread's per-token callback of one sequence: latency metrics, then ``on_token`` on the loop."""
+        start = time.perf_counter()
+        last = [0.0]
+        stats = self.stats
+
+        def hook(token: int, logprob: float, top: Any) -> None:
+            now = time.perf_counter()
+            if last[0]:
+                stats.inter_token_latency.observe(now - last[0])
+            else:
+                stats.time_to_first_token.observe(now - start)
+            last[0] = now
+            stats.token_rate.add(now)
+            if on_token is not None:
+                loop.call_soon_threadsafe(on_token, index, token, logprob, top)
+
+        return hook
+
+    async def _submit_batched(self, prompts: Sequence[list[int]], samplings: list[SamplingParams],
+                              images: Sequence[list[Any]] | None) -> list[Generation]:
+        assert self._queue is not None
+        self._overloaded(self._queue.qsize(), len(prompts))
+        loop = asyncio.get_running_loop()
         jobs = [_Job(list(p), sp, loop.create_future(), images=list(images[i]) if images else [])
                 for i, (p, sp) in enumerate(zip(prompts, samplings, strict=True))]
         for job in jobs:

@@ -6,10 +6,69 @@ Names follow vLLM's ``vllm:`` metrics with an ``agentgym:`` prefix where one exi
 
 from __future__ import annotations
 
+import bisect
+import threading
+import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["BatchStats", "prometheus_text"]
+__all__ = ["BatchStats", "Histogram", "TokenRate", "prometheus_text"]
+
+# vLLM's buckets for time to first token and inter-token latency (seconds), so the same dashboards read them.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+               80.0)
+
+
+class Histogram:
+    """A Prometheus histogram (cumulative buckets, sum, count); observed from the decode thread, read by /metrics."""
+
+    def __init__(self, buckets: Sequence[float]) -> None:
+        self.buckets = tuple(buckets)
+        self.counts = [0] * (len(self.buckets) + 1)
+        self.sum = 0.0
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def observe(self, value: float) -> None:
+        with self._lock:
+            self.counts[bisect.bisect_left(self.buckets, value)] += 1
+            self.sum += value
+            self.count += 1
+
+    def samples(self) -> tuple[list[tuple[str, int]], float, int]:
+        """``([(le, cumulative count)], sum, count)``, the last ``le`` being ``+Inf``."""
+        with self._lock:
+            counts, total, n = list(self.counts), self.sum, self.count
+        out, running = [], 0
+        for bound, c in zip([*map(str, self.buckets), "+Inf"], counts):
+            running += c
+            out.append((bound, running))
+        return out, total, n
+
+
+class TokenRate:
+    """Tokens generated per second over the last ``window_s`` seconds (per-second bins, so memory stays fixed)."""
+
+    def __init__(self, window_s: int = 10) -> None:
+        self.window_s = window_s
+        self._bins: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def add(self, now: float, tokens: int = 1) -> None:
+        second = int(now)
+        with self._lock:
+            self._bins[second] = self._bins.get(second, 0) + tokens
+            if len(self._bins) > 2 * self.window_s:
+                for old in [s for s in self._bins if s <= second - self.window_s]:
+                    del self._bins[old]
+
+    def per_second(self, now: float | None = None) -> float:
+        now = time.perf_counter() if now is None else now
+        with self._lock:
+            total = sum(c for s, c in self._bins.items() if now - self.window_s < s + 1 <= now + 1)
+        return total / self.window_s
 
 
 @dataclass
@@ -35,6 +94,10 @@ class BatchStats:
     queued: int = 0
     running: int = 0
     aborted: int = 0
+    #: Seconds from a sequence's submission to its first token, and between its successive tokens (streamed path).
+    time_to_first_token: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS), repr=False)
+    inter_token_latency: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS), repr=False)
+    token_rate: TokenRate = field(default_factory=TokenRate, repr=False)
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -82,4 +145,15 @@ def prometheus_text(model_name: str, stats: BatchStats, finished: Mapping[str, i
     metric("num_requests_waiting", "gauge", "Sequences queued for the next batch.", [("", stats.queued)])
     metric("num_requests_running", "gauge", "Sequences in the running batch.", [("", stats.running)])
     metric("max_batch_size_seen", "gauge", "Largest batch run so far.", [("", stats.max_batch_seen)])
+    metric("generation_tokens_per_second", "gauge", "Tokens generated per second over the last 10 s.",
+           [("", round(stats.token_rate.per_second(), 3))])
+    for name, hist, help_text in (
+            ("time_to_first_token_seconds", stats.time_to_first_token, "Time from submission to the first token."),
+            ("inter_token_latency_seconds", stats.inter_token_latency, "Time between successive tokens of a sequence.")):
+        buckets, total, count = hist.samples()
+        metric(name, "histogram", help_text, [])
+        for le, c in buckets:
+            lines.append(f'agentgym:{name}_bucket{{model_name="{model}",le="{le}"}} {c}')
+        lines.append(f'agentgym:{name}_sum{{model_name="{model}"}} {total}')
+        lines.append(f'agentgym:{name}_count{{model_name="{model}"}} {count}')
     return "\n".join(lines) + "\n"

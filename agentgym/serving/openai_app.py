@@ -51,6 +51,7 @@ def create_app(
     limits: RequestLimits | None = None,
     api_key: str | None = None,
     defaults: Mapping[str, Any] | None = None,
+    prefix_reuse: bool = True,
 ) -> FastAPI:
     """Build the FastAPI app that serves ``policy`` under the OpenAI API.
 
@@ -73,6 +74,9 @@ def create_app(
         defaults: How the model was trained to be prompted (system prompt, max tokens, ...;
             :func:`~agentgym.serving.openai_defaults.served_defaults`), published as the ``agentgym`` field of the
             ``/v1/models`` model object and on ``GET /agentgym/defaults``; ``None`` or empty publishes nothing there.
+        prefix_reuse: Keep each finished sequence's keys and values (least recently used evicted first) so that a
+            request whose prompt extends an earlier one (the next turn of a chat) computes only its new tokens, as
+            vLLM's prefix caching does; results equal recomputing up to float rounding.
 
     Returns:
         The app: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both with ``stream``), ``GET /v1/models``,
@@ -94,7 +98,8 @@ def create_app(
     if api_key is not None and key is None:
         raise ConfigError("api_key is empty; pass None to serve without a key.")
 
-    batcher = Batcher(policy, max_batch_size=max_batch_size, window_s=batch_window_s, max_queue_size=max_queue_size)
+    batcher = Batcher(policy, max_batch_size=max_batch_size, window_s=batch_window_s, max_queue_size=max_queue_size,
+                      prefix_reuse=prefix_reuse)
     server = OpenAIEndpoints(policy, model_name, batcher, limits)
     if defaults is not None and not isinstance(defaults, Mapping):
         raise ConfigError(f"defaults must be a dict (the model's agentgym.json settings), got {type(defaults).__name__}.")
@@ -188,10 +193,12 @@ def create_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
+        batcher.refresh()
         return JSONResponse({"status": "ok", "model": model_name, **batcher.stats.as_dict()})
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
+        batcher.refresh()
         return PlainTextResponse(prometheus_text(model_name, batcher.stats, server.finished, server.responses),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 

@@ -25,7 +25,6 @@ from agentgym.serving.openai_protocol import (
     COMPLETION_FIELDS,
     DETOKENIZE_FIELDS,
     MAX_LOGPROBS,
-    SSE_DONE,
     TOKENIZE_FIELDS,
     APIError,
     Sampling,
@@ -37,8 +36,8 @@ from agentgym.serving.openai_protocol import (
     parse_tool_choice,
     parse_tools,
     reject_unsupported,
-    sse,
 )
+from agentgym.serving.openai_streaming import stream_chat, stream_completions
 
 if TYPE_CHECKING:
     from agentgym.policies.hf import HFPolicy
@@ -138,42 +137,9 @@ class OpenAIEndpoints(ServedModel):
         return {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
                 "choices": choices, "usage": self.usage(prompts, outs)}
 
-    async def _stream_completions(self, prompts: list[list[int]], s: Sampling, max_tokens: list[int],
-                                  logprobs: int | None, rid: str, created: int) -> AsyncIterator[str]:
-        head = {"id": rid, "object": "text_completion", "created": created, "model": self.model_name}
-        try:
-            outs = await self.generate(prompts, s, max_tokens, top_logprobs=logprobs or 0)
-        except APIError as exc:
-            yield sse({"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}})
-            yield SSE_DONE
-            return
-        sent = 0
-        prompt_tokens = sum(len(p) for p in prompts)
-        for c, out in enumerate(outs):
-            pieces = self.text_pieces(out, s.skip_special_tokens) or [out.text]
-            lp = self.completion_logprobs(out, logprobs, s.tokens_as_ids) if logprobs is not None else None
-            last = len(pieces) - 1
-            for i, piece in enumerate(pieces):
-                choice: dict[str, Any] = {"index": c, "text": piece, "logprobs": None,
-                                          "finish_reason": out.finish_reason if i == last else None,
-                                          "stop_reason": out.stop_reason if i == last else None}
-                if lp is not None and out.ids:
-                    choice["logprobs"] = {key: (None if v is None else v[i:i + 1]) for key, v in lp.items()}
-                if s.return_token_ids:
-                    choice["token_ids"] = out.ids[i:i + 1]
-                    if i == 0:
-                        choice["prompt_token_ids"] = list(prompts[c // s.n])
-                sent += 1 if out.ids else 0
-                if not piece and i != last and lp is None and not s.return_token_ids:
-                    continue
-                chunk: dict[str, Any] = {**head, "choices": [choice]}
-                if s.include_usage and s.continuous_usage:
-                    chunk["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": sent,
-                                      "total_tokens": prompt_tokens + sent}
-                yield sse(chunk)
-        if s.include_usage:
-            yield sse({**head, "choices": [], "usage": self.usage(prompts, outs)})
-        yield SSE_DONE
+    def _stream_completions(self, prompts: list[list[int]], s: Sampling, max_tokens: list[int],
+                            logprobs: int | None, rid: str, created: int) -> AsyncIterator[str]:
+        return stream_completions(self, prompts, s, max_tokens, logprobs, rid, created)
 
     # -- /v1/chat/completions --
     def render_chat(self, body: Mapping[str, Any]) -> tuple[list[int], list[Any]]:
@@ -285,71 +251,12 @@ class OpenAIEndpoints(ServedModel):
             response["prompt_token_ids"] = prompt_ids
         return response
 
-    async def _stream_chat(self, prompt_ids: list[int], s: Sampling, max_tokens: int, top_logprobs: int | None,
-                           want_logprobs: bool, with_tools: bool, rid: str, created: int,
-                           images: list[Any] | None = None) -> AsyncIterator[str]:
-        head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
-        prompt_tokens = len(prompt_ids)
-        sent = 0
+    def _stream_chat(self, prompt_ids: list[int], s: Sampling, max_tokens: int, top_logprobs: int | None,
+                     want_logprobs: bool, with_tools: bool, rid: str, created: int,
+                     images: list[Any] | None = None) -> AsyncIterator[str]:
+        return stream_chat(self, prompt_ids, s, max_tokens, top_logprobs, want_logprobs, with_tools, rid, created,
+                           images)
 
-        def chunk(index: int, delta: dict[str, Any], *, logprobs: Any = None, finish: str | None = None,
-                  stop_reason: str | int | None = None, token_ids: list[int] | None = None) -> str:
-            choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-            if finish is not None:
-                choice["stop_reason"] = stop_reason
-            if token_ids is not None:
-                choice["token_ids"] = token_ids
-            body: dict[str, Any] = {**head, "choices": [choice]}
-            if s.include_usage and s.continuous_usage:
-                body["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": sent,
-                                 "total_tokens": prompt_tokens + sent}
-            return sse(body)
-
-        # The role comes first, at once, as with vLLM (the client sees the request accepted).
-        for c in range(s.n):
-            if c == 0 and s.return_token_ids:
-                yield sse({**head, "prompt_token_ids": prompt_ids, "choices": [
-                    {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                     "finish_reason": None}]})
-            else:
-                yield chunk(c, {"role": "assistant", "content": ""})
-        try:
-            outs = await self.generate([prompt_ids], s, [max_tokens], top_logprobs=top_logprobs or 0,
-                                       images=[images] if images else None)
-        except APIError as exc:
-            yield sse({"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}})
-            yield SSE_DONE
-            return
-        for c, out in enumerate(outs):
-            entries = self.chat_logprobs(out, top_logprobs, s.tokens_as_ids) if want_logprobs else None
-            content, calls = self.tool_calls(out.text) if with_tools else (out.text, [])
-            token_ids = out.ids if s.return_token_ids else None
-            if calls:
-                # The calls are known only once the text is complete: the content outside them in one delta, the
-                # parsed calls in the next (what OpenAI's stream accumulators expect).
-                sent += len(out.ids)
-                if content:
-                    yield chunk(c, {"content": content}, token_ids=token_ids,
-                                logprobs={"content": entries} if entries is not None else None)
-                    entries, token_ids = None, None
-                deltas = [{"index": j, "id": call["id"], "type": "function", "function": call["function"]}
-                          for j, call in enumerate(calls)]
-                yield chunk(c, {"tool_calls": deltas}, token_ids=token_ids,
-                            logprobs={"content": entries} if entries is not None else None)
-                yield chunk(c, {}, finish="tool_calls", stop_reason=out.stop_reason)
-                continue
-            for i, piece in enumerate(self.text_pieces(out, s.skip_special_tokens)):
-                sent += 1
-                if not piece and entries is None and token_ids is None:
-                    continue
-                yield chunk(c, {"content": piece}, logprobs={"content": entries[i:i + 1]} if entries else None,
-                            token_ids=out.ids[i:i + 1] if token_ids is not None else None)
-            yield chunk(c, {}, finish=out.finish_reason, stop_reason=out.stop_reason)
-        if s.include_usage:
-            yield sse({**head, "choices": [], "usage": self.usage([prompt_ids], outs)})
-        yield SSE_DONE
-
-    # -- /tokenize and /detokenize (vLLM) --
     def _tokenize(self, body: Mapping[str, Any]) -> list[int]:
         if "messages" in body:
             return self.render_chat(body)[0]

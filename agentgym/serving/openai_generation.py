@@ -1,10 +1,13 @@
 """Generation for the OpenAI-compatible server: a request's sequences through the batcher, and the
 post-processing that turns a policy's :class:`~agentgym.policies.base.Generation` into an OpenAI choice.
 
-The policy samples with temperature and top_p and stops at end-of-turn tokens and stop strings; the rest of what
-vLLM does to a generation happens here, on the finished generation:
+The policy samples with temperature, top_p and vLLM's processing fields (top_k, min_p, the penalties, min_tokens,
+logit_bias; :mod:`agentgym.policies.sampling_rules`) and stops at end-of-turn tokens, ``stop_token_ids`` and stop
+strings. Its tokens reach :meth:`ServedModel.stream` one decode step at a time. The rest of what vLLM does to a
+generation happens here, on the finished generation:
 
-* ``stop_token_ids`` cut it after the first such token (which stays in ``token_ids``, as in vLLM);
+* ``stop_token_ids`` cut it after the first such token (which stays in ``token_ids``, as in vLLM; a policy without
+  them in its sampler, such as a scripted stand-in, is cut here);
 * ``ignore_eos`` continues a row that ended on an end-of-turn token with a new generation over prompt + output,
   until ``max_tokens``;
 * ``skip_special_tokens`` and ``include_stop_str_in_output`` decide the text, and streams get one delta per token,
@@ -22,9 +25,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -243,8 +247,17 @@ class ServedModel:
         return (text[: i + len(stop)] if include else text[:i]), stop
 
     # -- generation --
+    def check_logit_bias(self, s: Sampling) -> None:
+        """``logit_bias`` ids must be in the vocabulary (a 400 that names them, as vLLM's)."""
+        if self.vocab_size is not None:
+            bad = [t for t, _ in s.logit_bias if t >= self.vocab_size]
+            if bad:
+                raise APIError(f"'logit_bias' has token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}.",
+                               param="logit_bias")
+
     async def _submit(self, prompts: list[list[int]], s: Sampling, max_tokens: list[int], top_logprobs: int,
-                      seed: int | None, images: list[list[Any]] | None = None) -> list[Generation]:
+                      seed: int | None, images: list[list[Any]] | None = None,
+                      on_token: Callable[[int, int, float, Any], None] | None = None) -> list[Generation]:
         # Sequences of one request share sampling params except max_tokens (context left differs per prompt).
         by_limit: dict[int, list[int]] = {}
         for i, m in enumerate(max_tokens):
@@ -257,9 +270,17 @@ class ServedModel:
         calls = []
         for limit, indices in by_limit.items():
             params = [SamplingParams(max_tokens=limit, temperature=s.temperature, top_p=s.top_p, stop=s.stop,
-                                     seed=seeds[i], top_logprobs=top_logprobs) for i in indices]
+                                     seed=seeds[i], top_logprobs=top_logprobs, top_k=s.top_k, min_p=s.min_p,
+                                     repetition_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
+                                     frequency_penalty=s.frequency_penalty, min_tokens=min(s.min_tokens, limit),
+                                     stop_token_ids=s.stop_token_ids, logit_bias=s.logit_bias) for i in indices]
+            hook = None
+            if on_token is not None:
+                def hook(j: int, token: int, logprob: float, top: Any, _indices: list[int] = indices) -> None:
+                    on_token(_indices[j], token, logprob, top)
             calls.append((indices, self.batcher.submit([prompts[i] for i in indices], params,
-                                                       [images[i] for i in indices] if images else None)))
+                                                       [images[i] for i in indices] if images else None,
+                                                       on_token=hook)))
         results = await asyncio.gather(*(c for _, c in calls))
         for (indices, _), gens in zip(calls, results):
             for i, gen in zip(indices, gens):
@@ -267,19 +288,47 @@ class ServedModel:
         return [g for g in out if g is not None]
 
     async def generate(self, prompts: list[list[int]], s: Sampling, max_tokens: list[int],
-                       top_logprobs: int = 0, images: list[list[Any]] | None = None) -> list[Output]:
+                       top_logprobs: int = 0, images: list[list[Any]] | None = None,
+                       on_token: Callable[[int, int, float, Any], None] | None = None) -> list[Output]:
         """``s.n`` independent samples per prompt (choice ``i * n + j`` is prompt i's sample j), post-processed.
 
         Each copy gets its own seed derived from the request's (independent samples), and the policy samples per
-        row, so a seeded request reproduces all n whatever else runs in its batch.
+        row, so a seeded request reproduces all n whatever else runs in its batch. ``on_token(choice, token id,
+        log-prob, top)`` is called on the event loop with each token as it is sampled (where the policy streams).
         """
+        self.check_logit_bias(s)
         seqs = [p for p in prompts for _ in range(s.n)]
         limits = [m for m in max_tokens for _ in range(s.n)]
         seq_images = [i for i in images for _ in range(s.n)] if images else None
-        gens = await self._submit(seqs, s, limits, top_logprobs, s.seed, seq_images)
+        gens = await self._submit(seqs, s, limits, top_logprobs, s.seed, seq_images, on_token)
         if s.ignore_eos:
-            gens = await self._continue_past_eos(seqs, gens, s, limits, top_logprobs, seq_images)
+            gens = await self._continue_past_eos(seqs, gens, s, limits, top_logprobs, seq_images, on_token)
         return [self.finish(g, s) for g in gens]
+
+    async def stream(self, prompts: list[list[int]], s: Sampling, max_tokens: list[int], top_logprobs: int = 0,
+                     images: list[list[Any]] | None = None) -> AsyncIterator[tuple[Any, ...]]:
+        """:meth:`generate` as events: ``("token", choice, token id, log-prob, top)`` as each token is sampled, then
+        ``("done", outputs)``. Closing the iterator early (the client left) cancels the generation, whose rows
+        then leave the policy's batch at its next step."""
+        queue: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+
+        def on_token(choice: int, token: int, logprob: float, top: Any) -> None:
+            queue.put_nowait(("token", choice, token, logprob, top))
+
+        task = asyncio.ensure_future(self.generate(prompts, s, max_tokens, top_logprobs, images, on_token))
+        task.add_done_callback(lambda _: queue.put_nowait(("end",)))
+        try:
+            while True:
+                event = await queue.get()
+                if event[0] == "end":
+                    break
+                yield event
+            yield ("done", task.result())
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
 
     def _ended_on_eos(self, gen: Generation, s: Sampling) -> bool:
         """Whether the row stopped on an end-of-turn token (not a stop string, stop token id or the length)."""
@@ -289,7 +338,8 @@ class ServedModel:
 
     async def _continue_past_eos(self, prompts: list[list[int]], gens: list[Generation], s: Sampling,
                                  limits: list[int], top_logprobs: int,
-                                 images: list[list[Any]] | None = None) -> list[Generation]:
+                                 images: list[list[Any]] | None = None,
+                                 on_token: Callable[[int, int, float, Any], None] | None = None) -> list[Generation]:
         """``ignore_eos``: a row that ended on an end-of-turn token goes on from prompt + output (the token kept in
         context, as vLLM does) until ``max_tokens``; each continuation is one more generation of that row."""
         gens = list(gens)
@@ -301,9 +351,13 @@ class ServedModel:
             made = [list(gens[i].token_ids or ()) for i in todo]
             # A different seed per continuation: the same one would replay the random numbers of the first part.
             seed = None if s.seed is None else (s.seed * 1_000_003 + len(made[0])) % (1 << 63)
-            more = await self._submit([prompts[i] + m for i, m in zip(todo, made)], s,
-                                      [limits[i] - len(m) for i, m in zip(todo, made)], top_logprobs, seed,
-                                      [images[i] for i in todo] if images else None)
+            hook = None
+            if on_token is not None:
+                def hook(j: int, token: int, logprob: float, top: Any, _todo: list[int] = todo) -> None:
+                    on_token(_todo[j], token, logprob, top)
+            more = await self._submit([prompts[i] + m for i, m in zip(todo, made)],
+                                      dataclasses.replace(s, min_tokens=0), [limits[i] - len(m) for i, m in zip(todo, made)],
+                                      top_logprobs, seed, [images[i] for i in todo] if images else None, hook)
             for i, extra in zip(todo, more):
                 gens[i] = self._join(gens[i], extra)
 
