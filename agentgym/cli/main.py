@@ -12,7 +12,9 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from agentgym.cli import evaluate, list_envs, new_env, play, rescore, serve_env, serve_model, task_data, train, view
+from agentgym.cli import (
+    evaluate, list_envs, new_env, play, rescore, serve_env, serve_model, study, task_data, train, view,
+)
 from agentgym.errors import AgentGymError, did_you_mean
 from agentgym.utils.log_setup import setup_logging
 from agentgym.utils.terminal import terminal_safe
@@ -20,7 +22,7 @@ from agentgym.utils.terminal import terminal_safe
 __all__ = ["build_parser", "main", "parse_args"]
 
 # In the order ``agentgym --help`` lists them.
-_COMMANDS = (list_envs, play, evaluate, train, serve_model, serve_env, task_data, view, new_env, rescore)
+_COMMANDS = (list_envs, play, evaluate, train, serve_model, serve_env, task_data, view, new_env, study, rescore)
 
 
 def _version() -> str:

@@ -1,0 +1,69 @@
+"""``agentgym study NAME``: run one learning study of the source checkout's ``benchmarks/studies``.
+
+The studies train with the trainers' own loop but live with the benchmarks (their task definitions, warm start and
+result files are the benchmarks'), which are not part of the installed package; this command finds them in the
+checkout agentgym runs from (or the current directory) and runs ``benchmarks/studies/run.py`` with the same
+arguments, in a child process, so its result file records the same command as a direct run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from agentgym.errors import ConfigError
+
+__all__ = ["add_parser", "find_runner", "run"]
+
+RUNNER = Path("benchmarks") / "studies" / "run.py"
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``study`` command to the ``agentgym`` subcommands ``sub``."""
+    p = sub.add_parser("study", help="run a learning study (methods vs baseline and shuffled control), or --list them")
+    p.add_argument("name", nargs="?", help="the study; --list shows them")
+    p.add_argument("--list", action="store_true", help="list the studies with their goal scale and expected hours")
+    p.add_argument("--scale", choices=["smoke", "goal"], default="goal",
+                   help="smoke: the whole code path in seconds; goal: sized by gradient noise and held-out error")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per method (default 3)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda: where BC, rollouts and training run")
+    p.add_argument("--out", default=None, help="folder of study_NAME.json and .png (default benchmarks/results)")
+    p.add_argument("--workdir", default=None, help="models and runs (default runs/studies)")
+    p.add_argument("--jobs", type=int, default=1, help="runs in parallel (the CPU cores shared among them)")
+    p.add_argument("--agreement", action="store_true",
+                   help="only measure how far GRPO's and GiGPO's advantages disagree on the study's rollouts")
+    p.set_defaults(func=run)
+
+
+def find_runner(start: Path | None = None) -> Path:
+    """``benchmarks/studies/run.py`` of the checkout agentgym is imported from, else of the current directory.
+
+    Raises:
+        ConfigError: neither has one (an installed wheel carries no benchmarks).
+    """
+    import agentgym
+
+    for root in (Path(agentgym.__file__).resolve().parent.parent, (start or Path.cwd()).resolve()):
+        if (root / RUNNER).is_file():
+            return root / RUNNER
+    raise ConfigError(f"agentgym study runs the studies of a source checkout ({RUNNER}), and none was found next to "
+                      "the agentgym package or in the current directory; run it from a clone of the repository "
+                      "(pip install -e . there).")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the study script with these arguments; its exit status is the command's."""
+    runner = find_runner()
+    argv = [] if args.name is None else [args.name]
+    if args.list:
+        argv.append("--list")
+    argv += ["--scale", args.scale, "--seeds", str(args.seeds), "--device", args.device, "--jobs", str(args.jobs)]
+    for flag, value in (("--out", args.out), ("--workdir", args.workdir)):
+        if value is not None:  # the child runs in the checkout: paths are the caller's, so made absolute here
+            argv += [flag, str(Path(value).resolve())]
+    if args.agreement:
+        argv.append("--agreement")
+    root = runner.parent.parent.parent
+    return subprocess.run([sys.executable, str(runner.relative_to(root)), *argv], cwd=root, check=False).returncode
