@@ -95,7 +95,16 @@ class TrainerConfig:
     max_tokens_per_turn: int = 48
     """Most tokens sampled per turn."""
     max_context_tokens: int | None = 2048
-    """Episodes whose context would exceed this end with context_limit, a truncation (None: no limit)."""
+    """Episodes whose context would exceed this end with context_limit, a truncation (None: no limit). With a
+    rewriting ``context`` strategy it bounds each segment."""
+    context: Mapping[str, Any] | None = None
+    """How rollouts keep a growing conversation: ``{strategy: window, keep_turns: 4}``, ``drop_tool_outputs``,
+    ``summarize`` or ``package.module:function`` (fields of ``agentgym.rollout.context.ContextConfig``); ``null``:
+    the whole history (``full``). A rewrite starts a new segment; its rows train with the episode's advantage."""
+    max_turn_tokens: int | None = None
+    """An action that uses this many tokens is cut and ends its episode with turn_token_limit (None: no limit)."""
+    max_episode_tokens: int | None = None
+    """Tokens an episode may sample over all its segments; then it ends with episode_token_limit (None: no limit)."""
     constrain_actions: bool = False
     """Decode every reply as one of the env's valid actions (``action_choices()``: BabyAI, Sokoban, Maze), in
     training and evaluation rollouts alike: no turn is void, and the tokens a choice forces (``()``, ``_left``
@@ -133,6 +142,16 @@ class TrainerConfig:
     """BC sequences per step."""
     max_in_flight: int = 256
     """Episodes the rollout engine runs at once."""
+    reward: Literal["env", "rubric"] = "env"
+    """What an episode is worth: ``env`` (the env's checker) or ``rubric`` (the ``rubric`` below, with its judge)."""
+    rubric: str | None = None
+    """With ``reward: rubric``: ``module:name`` or ``path/to/file.py:name`` naming the Rubric."""
+    judge: str | None = None
+    """With ``reward: rubric``: the judge policy (``openai:BASE_URL#MODEL``, ``hf:MODEL``, or ``scripted-naive``,
+    a scripted stand-in); ``null`` uses the rubric's own judge."""
+    judge_mode: Literal["independent", "group"] = "independent"
+    """``independent``: one judge call per episode and criterion; ``group``: one per task group, scoring its
+    ``group_size`` episodes relative to each other (RULER-style)."""
     device: str = "cpu"
     """Torch device for training and generation."""
     cpu_threads: int | None = None
@@ -222,6 +241,11 @@ class TrainerConfig:
         if self.constrain_actions and not self.trains_on_token_views:
             raise self._fail("constrain_actions", f"is not supported by {self.display_name} yet (it rebuilds turns into "
                                                   "its own transitions); use GRPO, GiGPO or ARPO, or constrain_actions: false.")
+        if self.reward == "rubric" and not self.rubric:
+            raise self._fail("rubric", "reward: rubric needs rubric: module:name naming the Rubric to score with.")
+        if self.reward != "rubric" and (self.rubric or self.judge):
+            raise self._fail("reward", f"rubric/judge are set but reward is {self.reward!r}: set reward: rubric to "
+                                       "use them.")
         if not self.bc_learning_rate > 0:
             raise self._fail("bc_learning_rate", f"must be > 0 (typical: 1e-3), got {self.bc_learning_rate}.")
         if self.temperature <= 0:
@@ -234,6 +258,13 @@ class TrainerConfig:
             raise self._fail("max_grad_norm", "must be >= 0 (0 disables clipping).")
         if self.max_context_tokens is not None and self.max_context_tokens <= self.max_tokens_per_turn:
             raise self._fail("max_context_tokens", "must exceed max_tokens_per_turn, or no turn fits.")
+        from agentgym.rollout.context import ContextConfig  # the rollout layer owns the strategies' settings
+
+        ContextConfig.coerce(self.context)
+        for name in ("max_turn_tokens", "max_episode_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise self._fail(name, f"must be a positive number of tokens or null (no limit), got {value}.")
         if not 0 <= self.bc_shortcut_fraction <= 1:
             raise self._fail("bc_shortcut_fraction", f"must be in [0, 1], got {self.bc_shortcut_fraction}.")
         from agentgym.trainers.metrics import check_loggers

@@ -91,7 +91,7 @@ class GrpoTrainer(OnlineTrainer):
     # ---- scores and masks ---------------------------------------------------------------------------
     def _scores(self, trajectories: list[Trajectory]) -> torch.Tensor:
         cfg = self.config
-        if cfg.reward == "outcome":
+        if cfg.reward in ("outcome", "rubric"):  # a rubric's score is the outcome score once the judge has run
             return torch.tensor([episode_return(t) for t in trajectories], dtype=torch.float32)
         if cfg.reward == "success":
             return torch.tensor([float(t.success) for t in trajectories], dtype=torch.float32)

@@ -53,9 +53,9 @@ class GrpoConfig(TrainerConfig):
     """KL estimator (k3 = verl's low_var_kl)."""
     reference_model: str | None = None
     """Frozen reference for the KL term: a model directory, or ``initial`` for a copy of the starting weights."""
-    reward: Literal["outcome", "success", "dra", "gra"] = "outcome"
+    reward: Literal["outcome", "success", "dra", "gra", "rubric"] = "outcome"
     """Trajectory score: the env's return (outcome), 1 for a success and 0 otherwise (success), outcome + step rewards
-    (D-RA), or gated accumulation (G-RA, Sun et al., 2025). ``success`` is for envs that score a wrong attempt below
+    (D-RA), gated accumulation (G-RA, Sun et al., 2025), or the score of ``rubric`` with its judge (rubric). ``success`` is for envs that score a wrong attempt below
     no attempt (MiniWoB gives -1 for a wrong click, 0 for a page left alone): under the outcome score a policy learns
     that doing nothing beats trying."""
     step_rewards: Mapping[str, float] = field(default_factory=lambda: {"tool_call": 0.05, "invalid": -0.05, "void": -0.05})

@@ -110,6 +110,11 @@ class OnlineTrainer:
         self.eval_tasks = self.eval_suite.split(config.eval_split)[: config.eval_tasks]
         self.episodes = 0
         self._async: Any = None  # the background rollout worker when max_staleness > 0
+        self._rubric: Any = None  # reward: rubric: scores each step's episodes before the update
+        if config.reward == "rubric":
+            from agentgym.trainers.rubric_reward import RubricReward
+
+            self._rubric = RubricReward(config.rubric or "", config.judge, config.judge_mode, self.output_dir)
         self._rollout_stats: dict[str, Any] = {}  # the sampler's statistics of the step being learned from
         self._guard: InterruptGuard | None = None  # Ctrl-C handling while train() runs
         self._slow: SlowStepWatch | None = None  # the slow-step hint on a CPU
@@ -452,6 +457,9 @@ class OnlineTrainer:
         else:
             with self.sharding.full_weights(self.model):  # FSDP: each rank samples with the full weights
                 trajectories = self._sample(step)
+        judged: dict[str, float] = {}
+        if self._rubric is not None:
+            trajectories, judged = self._rubric.score(trajectories)
         t_rollout = time.perf_counter() - t0
         with self._critical():  # a Ctrl-C now takes effect once this step's update is done and logged
             if self._slow is not None:
@@ -468,7 +476,7 @@ class OnlineTrainer:
                 self.policy.load_weights(self._sync_weights())
             self._log(step + 1, {
                 **stats, **self._episode_metrics(trajectories), "train/episodes_seen": float(self.episodes),
-                **lag, "time/rollout_s": t_rollout, "time/step_s": time.perf_counter() - t0,
+                **lag, **judged, "time/rollout_s": t_rollout, "time/step_s": time.perf_counter() - t0,
                 "lr": self.scheduler.get_last_lr()[0],
             })
             self._completed = step + 1
@@ -549,7 +557,9 @@ class OnlineTrainer:
         return RolloutConfig(max_in_flight=self.config.max_in_flight, sampling=sampling,
                              system_prompt=self.config.system_prompt,
                              max_context_tokens=self.config.max_context_tokens, deterministic=False,
-                             env_backend=self.config.env_backend, constrain_actions=self.config.constrain_actions)
+                             env_backend=self.config.env_backend, constrain_actions=self.config.constrain_actions,
+                             context=self.config.context, max_turn_tokens=self.config.max_turn_tokens,
+                             max_episode_tokens=self.config.max_episode_tokens)
 
     def _rollout_job(self, step: int) -> RolloutJob:
         """This step's sampling as plain data (run here when synchronous, by the rollout worker when asynchronous):

@@ -17,9 +17,6 @@ from agentgym.errors import ConfigError
 
 __all__ = ["add_parser", "run"]
 
-NAIVE_JUDGE = "scripted-naive"
-
-
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``rescore`` command to the ``agentgym`` subcommands ``sub``."""
     p = sub.add_parser("rescore", help="score stored trajectories again with a rubric (no env is re-run)")
@@ -28,7 +25,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    "Rubric (or a function returning one)")
     p.add_argument("--out", required=True, help="where to write the rescored trajectories (JSONL)")
     p.add_argument("--judge", default=None, help="the judge policy: openai:BASE_URL[#MODEL], hf:MODEL, vllm:MODEL, "
-                   f"or {NAIVE_JUDGE} (a scripted stand-in for tests); default: the rubric's own judge")
+                   "or scripted-naive (a scripted stand-in for tests); default: the rubric's own judge")
     p.add_argument("--judge-mode", choices=("independent", "group"), default="independent",
                    help="one judge call per episode, or one per task group scoring its episodes against each other")
     p.add_argument("--cache-dir", default=None, help="judge cache folder (default: the folder of --out)")
@@ -42,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     """Rescore, write, and print the agreement summary as JSON."""
     from agentgym.rewards.agreement import agreement
     from agentgym.rewards.rubric import load_rubric
-    from agentgym.rollout.judging import PolicyJudge, judge_trajectories
+    from agentgym.rollout.judging import NAIVE_JUDGE, PolicyJudge, judge_policy, judge_trajectories
     from agentgym.storage import read_trajectories, write_trajectories
 
     source, out = Path(args.trajectories), Path(args.out)
@@ -64,7 +61,10 @@ def run(args: argparse.Namespace) -> int:
         if args.judge is None and rubric.judge is not None:
             judge = rubric.judge
         else:
-            judge = PolicyJudge(_judge_policy(args.judge, rubric.name), cache_dir=args.cache_dir or out.parent,
+            if args.judge is None:
+                raise ConfigError(f"Rubric {rubric.name!r} has judge criteria and no judge: pass --judge "
+                                  f"openai:BASE_URL[#MODEL] (or {NAIVE_JUDGE} for a scripted stand-in).")
+            judge = PolicyJudge(judge_policy(args.judge), cache_dir=args.cache_dir or out.parent,
                                 timeout_s=args.judge_timeout, retries=args.judge_retries)
     new, stats = judge_trajectories(old, rubric, judge, mode=args.judge_mode)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -74,19 +74,3 @@ def run(args: argparse.Namespace) -> int:
     summary = {**agreement(old, new), **stats, "out": str(out)}
     print(json.dumps(summary, indent=2, sort_keys=True))
     return 0
-
-
-def _judge_policy(spec: str | None, rubric_name: str):  # noqa: ANN202 - a Policy; imported lazily
-    if spec is None:
-        raise ConfigError(f"Rubric {rubric_name!r} has judge criteria and no judge: pass --judge "
-                          f"openai:BASE_URL[#MODEL] (or {NAIVE_JUDGE} for a scripted stand-in).")
-    if spec == NAIVE_JUDGE:
-        from agentgym.policies.scripted import ScriptedPolicy
-        from agentgym.rewards.scripted_judge import naive_judge_reply
-
-        policy = ScriptedPolicy(naive_judge_reply)
-        policy.name = NAIVE_JUDGE
-        return policy
-    from agentgym.policies import make_policy
-
-    return make_policy(spec)

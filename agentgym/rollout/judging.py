@@ -34,12 +34,28 @@ from agentgym.rollout.batching import PolicyBatcher
 from agentgym.rollout.executor import run_coroutine
 from agentgym.trajectory import Trajectory
 
-__all__ = ["JUDGE_MODES", "PolicyJudge", "ajudge_trajectories", "judge_trajectories", "rescored"]
+__all__ = ["JUDGE_MODES", "NAIVE_JUDGE", "PolicyJudge", "judge_policy", "ajudge_trajectories", "judge_trajectories", "rescored"]
 
 logger = logging.getLogger(__name__)
 
 JUDGE_MODES = ("independent", "group")
 CACHE_FILE = "judge_cache.jsonl"
+#: The judge spec of the scripted stand-in judge (:mod:`agentgym.rewards.scripted_judge`), for tests and demos.
+NAIVE_JUDGE = "scripted-naive"
+
+
+def judge_policy(spec: str) -> Policy:
+    """The judge policy of a spec: :data:`NAIVE_JUDGE` or any ``make_policy`` spec (``openai:BASE_URL#MODEL``...)."""
+    if spec == NAIVE_JUDGE:
+        from agentgym.policies.scripted import ScriptedPolicy
+        from agentgym.rewards.scripted_judge import naive_judge_reply
+
+        policy = ScriptedPolicy(naive_judge_reply)
+        policy.name = NAIVE_JUDGE
+        return policy
+    from agentgym.policies import make_policy
+
+    return make_policy(spec)
 
 
 class PolicyJudge:
