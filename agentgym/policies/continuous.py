@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentgym.policies.base import Generation, SamplingParams
-from agentgym.policies.choices import ChoiceTrees
+from agentgym.policies.choices import ChoiceTrees, constraint_row
 from agentgym.policies.decode_outputs import top_logprobs
 from agentgym.policies.kv_cache import EpisodeKVCache, common_prefix_length
 from agentgym.policies.sampling_rules import SamplingRules
@@ -117,6 +117,9 @@ class ContinuousSampler:
         self.rules = SamplingRules(slots, self.vocab, list(stop_ids), self.device)
         #: Tokens sampled so far, over all rows (what a caller measures cancellation by).
         self.tokens_sampled = 0
+        #: Rows under a TokenConstraint (structured output): slot -> [constraint, its state].
+        self._constraints: dict[int, list[Any]] = {}
+        self._stop_list = [int(t) for t in stop_ids]
         self._alloc_state(16)
 
     # ---- state tensors ------------------------------------------------------------------------------------------
@@ -189,6 +192,8 @@ class ContinuousSampler:
         for prompt, p, episode, stream, hook, event in zip(prompts, params, episodes, streams, hooks, events):
             request = _Request(prompt, p, episode, stream, concurrent.futures.Future(), on_token=hook, cancel=event,
                                keep=keep and not episode)
+            if p.constraint is not None:  # too small a max_tokens fails its own call, not the decode thread
+                p.constraint.start(p.max_tokens)
             if p.choices:  # checked here, so a bad choice set fails its own call before it is queued
                 request.node = -1
                 self.choice_trees.get(p.choices, p.max_tokens)
@@ -359,6 +364,10 @@ class ContinuousSampler:
         for r in requests:
             if r.node == -1:
                 r.node = self.automaton.root(self.choice_trees.get(r.params.choices, r.params.max_tokens))
+            if r.params.constraint is not None:
+                self._constraints[r.slot] = [r.params.constraint, r.params.constraint.start(r.params.max_tokens)]
+            else:
+                self._constraints.pop(r.slot, None)
             if r.params.stop:
                 r.stops = tuple(r.params.stop)
                 if self.stop_table is None:
@@ -424,6 +433,19 @@ class ContinuousSampler:
             masked = torch.log_softmax(logits / scale[:, None], dim=-1)
             probs = masked.exp()
             entropy = -torch.where(probs > 0, probs * masked, torch.zeros_like(probs)).sum(-1)
+        # Rows under a TokenConstraint: the same renormalisation over the ids their constraint allows (per-row
+        # Python, and a host sync, only while such rows are live).
+        custom = [(i, slot) for i, slot in enumerate(rows.tolist()) if slot in self._constraints] \
+            if self._constraints else []
+        if custom:
+            allow = torch.ones_like(logits, dtype=torch.bool)
+            for position, slot in custom:
+                constraint, state = self._constraints[slot]
+                constraint_row(allow[position], constraint.allowed(state), self._stop_list)
+            logits = logits.masked_fill(~allow, float("-inf"))
+            masked = torch.log_softmax(logits / scale[:, None], dim=-1)
+            probs = masked.exp()
+            entropy = -torch.where(probs > 0, probs * masked, torch.zeros_like(probs)).sum(-1)
         greedy = self.greedy[rows]
         if bool(greedy.all()):
             token = logits.argmax(-1)
@@ -449,6 +471,11 @@ class ContinuousSampler:
         if constrained:
             self.out_forced[rows, step] = self.automaton.forced[node]
             self.node[rows] = self.automaton.next[node, token]
+        if custom:
+            sampled_ids = token.tolist()
+            for position, slot in custom:
+                entry = self._constraints[slot]
+                entry[1] = entry[0].advance(entry[1], sampled_ids[position])
         count = step + 1
         self.count[rows] = count
         self.last[rows] = token
@@ -534,6 +561,7 @@ class ContinuousSampler:
                 self._bound.pop(slot, None)
                 self._ids[slot] = request.prompt + ids[: n - 1]  # the last sampled token was never fed
                 self.rules.clear(slot)
+                self._constraints.pop(slot, None)
                 if request.episode in self._ended or not (request.episode or request.keep):
                     self._release(slot)
                 else:
