@@ -42,6 +42,8 @@ _OBJECT_KEYS = frozenset({"type", "properties", "required", "additionalPropertie
 _DIGITS = "0123456789"
 _HEX = "0123456789abcdefABCDEF"
 _ESCAPES = '"\\/bfnrt'
+#: Most memoised steps and costs kept per schema.
+_MEMO = 1 << 18
 
 
 class UnsupportedSchema(AgentGymError, ValueError):
@@ -85,6 +87,8 @@ class JsonSchema:
         self._minlen: list[int] = []
         self._defs: dict[str, Any] = {}
         self._resolving: set[str] = set()
+        self._steps: dict[tuple[Any, ...], tuple[Any, ...] | None] = {}
+        self._costs: dict[tuple[Any, ...], int] = {}
         # Nodes of values that an object without properties holds (any JSON), made first so every state can use them.
         self._any = self._add(_Node("any"))
         self._free = self._add(_Node("object", free_keys=True))
@@ -214,7 +218,17 @@ class JsonSchema:
         return self._minlen[self.root]
 
     def step(self, state: tuple[Any, ...], ch: str) -> tuple[Any, ...] | None:
-        """The state after ``ch``, or ``None`` when ``ch`` cannot come next."""
+        """The state after ``ch``, or ``None`` when ``ch`` cannot come next (memoised: a vocabulary scan asks the same
+        question once per token that shares the state)."""
+        key = (state, ch)
+        if key in self._steps:
+            return self._steps[key]
+        if len(self._steps) > _MEMO:
+            self._steps.clear()
+        after = self._steps[key] = self._step(state, ch)
+        return after
+
+    def _step(self, state: tuple[Any, ...], ch: str) -> tuple[Any, ...] | None:
         if not state:
             return None
         frame = state[-1]
@@ -374,7 +388,15 @@ class JsonSchema:
         return not state or (len(state) == 1 and state[0][0] == "N" and state[0][2] in ("0", "d", "f"))
 
     def close_cost(self, state: tuple[Any, ...]) -> int:
-        """Fewest characters that complete the document from ``state``."""
+        """Fewest characters that complete the document from ``state`` (memoised)."""
+        cost = self._costs.get(state)
+        if cost is None:
+            if len(self._costs) > _MEMO:
+                self._costs.clear()
+            cost = self._costs[state] = self._close_cost(state)
+        return cost
+
+    def _close_cost(self, state: tuple[Any, ...]) -> int:
         total = 0
         i = len(state) - 1
         while i >= 0:

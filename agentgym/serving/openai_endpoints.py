@@ -1,5 +1,10 @@
 """The endpoints of the OpenAI-compatible server: ``/v1/completions``, ``/v1/chat/completions`` (both with SSE
-streaming), ``/tokenize``, ``/detokenize`` and the model card of ``/v1/models``.
+streaming), ``/tokenize``, ``/detokenize`` and the model card of ``/v1/models`` (and ``/v1/models/{id}``).
+
+Structured output (``response_format`` ``json_object`` / ``json_schema``, vLLM's ``guided_json``, what the ``openai``
+SDK's ``.parse()`` sends) is constrained decoding: the sampler only offers tokens that keep the reply a prefix of a
+document valid under the schema, and ends it only when the document is complete
+(:mod:`agentgym.policies.json_constraint`); a schema keyword outside the supported subset is a 400 that names it.
 
 Each endpoint validates the whole request before anything is generated (see :mod:`agentgym.serving.openai_protocol`),
 so a stream never starts for a request that would fail. Beyond OpenAI's fields they speak the vLLM extensions that
@@ -10,13 +15,16 @@ and Hermes tool-call parsing into ``message.tool_calls`` (the ``<tool_call>{"nam
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agentgym.parsers import HermesParser
+from agentgym.policies.json_constraint import JsonConstraint, TokenVocabulary, UnsupportedSchema
 from agentgym.serving.batcher import Batcher
 from agentgym.serving.limits import RequestLimits
 from agentgym.serving.openai_generation import ServedModel
@@ -24,6 +32,7 @@ from agentgym.serving.openai_protocol import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
     DETOKENIZE_FIELDS,
+    ANY_JSON_OBJECT,
     MAX_LOGPROBS,
     TOKENIZE_FIELDS,
     APIError,
@@ -31,6 +40,7 @@ from agentgym.serving.openai_protocol import (
     check_fields,
     get_bool,
     get_int,
+    parse_json_format,
     parse_messages,
     parse_sampling,
     parse_tool_choice,
@@ -43,6 +53,9 @@ if TYPE_CHECKING:
     from agentgym.policies.hf import HFPolicy
 
 __all__ = ["OpenAIEndpoints"]
+
+#: Schemas whose constraints (and their cached token scans) are kept, least recently used dropped first.
+_JSON_SCHEMAS_KEPT = 64
 
 
 class OpenAIEndpoints(ServedModel):
@@ -62,6 +75,9 @@ class OpenAIEndpoints(ServedModel):
         #: How the model was trained to be prompted (see :func:`agentgym.serving.openai_defaults.served_defaults`);
         #: published on ``/v1/models`` and ``/agentgym/defaults`` so that clients can prompt it the same way.
         self.defaults: dict[str, Any] = {}
+        self._json_lock = threading.Lock()
+        self._json_vocabulary: TokenVocabulary | None = None
+        self._json_constraints: dict[str, JsonConstraint] = {}
 
     # -- /v1/completions --
     def parse_prompts(self, body: Mapping[str, Any]) -> list[list[int]]:
@@ -120,6 +136,7 @@ class OpenAIEndpoints(ServedModel):
         self.check_n(s.n, len(prompts))
         max_tokens = [self.resolve_max_tokens(s.max_tokens, len(p), "prompt") for p in prompts]
         self.check_budget(s.n, [len(p) for p in prompts], max_tokens)
+        s = await self.structured(body, s, max_tokens)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         if s.stream:
             return self._stream_completions(prompts, s, max_tokens, logprobs, rid, created)
@@ -140,6 +157,42 @@ class OpenAIEndpoints(ServedModel):
     def _stream_completions(self, prompts: list[list[int]], s: Sampling, max_tokens: list[int],
                             logprobs: int | None, rid: str, created: int) -> AsyncIterator[str]:
         return stream_completions(self, prompts, s, max_tokens, logprobs, rid, created)
+
+    # -- structured output --
+    async def structured(self, body: Mapping[str, Any], s: Sampling, max_tokens: list[int]) -> Sampling:
+        """``s`` with the token constraint of the request's ``response_format`` / ``guided_json`` (none for free
+        text): every reply is then one JSON document valid under the schema (see
+        :mod:`agentgym.policies.json_constraint`)."""
+        schema = parse_json_format(body)
+        if schema is None:
+            return s
+        param = "guided_json" if body.get("guided_json") is not None else "response_format"
+        if s.ignore_eos:
+            raise APIError("'ignore_eos' would write past the end of the JSON document; drop it with "
+                           f"'{param}'.", param="ignore_eos")
+        constraint = await self.off_loop(self._json_constraint, schema, param)
+        if min(max_tokens) < constraint.min_tokens:
+            raise APIError(f"The shortest JSON document valid under this schema takes up to {constraint.min_tokens} "
+                           f"tokens with the end token, but max_tokens is {min(max_tokens)}; raise max_tokens.",
+                           param="max_tokens")
+        return dataclasses.replace(s, constraint=constraint)
+
+    def _json_constraint(self, schema: Mapping[str, Any] | str, param: str) -> JsonConstraint:
+        """The constraint of a schema, built once per schema (its per-state token scans are cached inside it)."""
+        key = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
+        with self._json_lock:
+            constraint = self._json_constraints.pop(key, None)
+            if constraint is None:
+                if self._json_vocabulary is None:
+                    self._json_vocabulary = TokenVocabulary(self.tokenizer)
+                try:
+                    constraint = JsonConstraint(None if schema == ANY_JSON_OBJECT else schema, self._json_vocabulary)
+                except UnsupportedSchema as exc:
+                    raise APIError(f"'{param}': {exc}", param=param, code="unsupported_schema") from exc
+            self._json_constraints[key] = constraint  # most recently used last
+            while len(self._json_constraints) > _JSON_SCHEMAS_KEPT:
+                self._json_constraints.pop(next(iter(self._json_constraints)))
+        return constraint
 
     # -- /v1/chat/completions --
     def render_chat(self, body: Mapping[str, Any]) -> tuple[list[int], list[Any]]:
@@ -211,10 +264,6 @@ class OpenAIEndpoints(ServedModel):
             raise APIError("'top_logprobs' needs 'logprobs': true.", param="top_logprobs")
         if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
             raise APIError("Send either 'max_tokens' or 'max_completion_tokens', not both.", param="max_tokens")
-        fmt = body.get("response_format")
-        if fmt is not None and not (isinstance(fmt, Mapping) and fmt.get("type") == "text"):
-            raise APIError("'response_format' other than {'type': 'text'} is not supported by this server.",
-                           param="response_format", code="unsupported")
         key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         s = parse_sampling(body, max_tokens_key=key, default_max_tokens=None)
         with_tools = parse_tool_choice(body, parse_tools(body)) != "none"
@@ -222,6 +271,7 @@ class OpenAIEndpoints(ServedModel):
         prompt_ids, images = await self.off_loop(self.render_chat, body)
         max_tokens = self.resolve_max_tokens(s.max_tokens, len(prompt_ids), "messages")
         self.check_budget(s.n, [len(prompt_ids)], [max_tokens])
+        s = await self.structured(body, s, [max_tokens])
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         k = top_logprobs if want_logprobs else None
         if s.stream:

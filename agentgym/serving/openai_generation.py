@@ -273,7 +273,8 @@ class ServedModel:
                                      seed=seeds[i], top_logprobs=top_logprobs, top_k=s.top_k, min_p=s.min_p,
                                      repetition_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
                                      frequency_penalty=s.frequency_penalty, min_tokens=min(s.min_tokens, limit),
-                                     stop_token_ids=s.stop_token_ids, logit_bias=s.logit_bias) for i in indices]
+                                     stop_token_ids=s.stop_token_ids, logit_bias=s.logit_bias,
+                                     constraint=s.constraint) for i in indices]
             hook = None
             if on_token is not None:
                 def hook(j: int, token: int, logprob: float, top: Any, _indices: list[int] = indices) -> None:

@@ -25,6 +25,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise DependencyNotInstalled("fastapi", "serve", "the OpenAI-compatible server") from exc
 
 __all__ = [
+    "ANY_JSON_OBJECT",
     "CHAT_FIELDS",
     "COMPLETION_FIELDS",
     "DETOKENIZE_FIELDS",
@@ -40,6 +41,7 @@ __all__ = [
     "get_int",
     "get_stop",
     "json_body",
+    "parse_json_format",
     "parse_messages",
     "parse_sampling",
     "parse_tool_choice",
@@ -62,11 +64,13 @@ _IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "paral
 _VLLM_SAMPLING_FIELDS = frozenset({
     "return_token_ids", "return_tokens_as_token_ids", "include_stop_str_in_output", "add_special_tokens",
     "stop_token_ids", "ignore_eos", "min_tokens", "skip_special_tokens", "top_k", "min_p", "repetition_penalty",
+    "guided_json",
 })
 COMPLETION_FIELDS = frozenset({
     # OpenAI
     "model", "prompt", "suffix", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options",
     "logprobs", "echo", "stop", "presence_penalty", "frequency_penalty", "best_of", "logit_bias", "seed",
+    "response_format",
 }) | _IGNORED_FIELDS | _VLLM_SAMPLING_FIELDS
 CHAT_FIELDS = frozenset({
     # OpenAI
@@ -256,6 +260,8 @@ class Sampling:
     frequency_penalty: float = 0.0
     min_tokens: int = 0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    #: Structured output's token constraint (set by the endpoint from ``response_format`` / ``guided_json``).
+    constraint: Any = None
 
 
 def _parse_stream(body: Mapping[str, Any]) -> tuple[bool, bool, bool]:
@@ -420,6 +426,47 @@ def parse_tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
                 or not function["name"]):
             raise APIError(f"tools[{i}] is not a function tool; 'tools' must be {shape}.", param=f"tools[{i}]")
     return [dict(t) for t in tools]
+
+
+#: ``parse_json_format``'s answer for ``json_object``: any JSON object.
+ANY_JSON_OBJECT = "json_object"
+
+
+def parse_json_format(body: Mapping[str, Any]) -> Mapping[str, Any] | str | None:
+    """The JSON schema structured output asks for: from ``response_format`` (``{"type": "json_schema",
+    "json_schema": {"name": ..., "schema": {...}}}``, or ``{"type": "json_object"}``: :data:`ANY_JSON_OBJECT`)
+    or vLLM's ``guided_json`` (a schema, or its JSON text); ``None`` for free text."""
+    fmt = body.get("response_format")
+    guided = body.get("guided_json")
+    shapes = ("{'type': 'text'}, {'type': 'json_object'} or {'type': 'json_schema', 'json_schema': {'name': ..., "
+              "'schema': {...}}}")
+    if fmt is not None and guided is not None and not (isinstance(fmt, Mapping) and fmt.get("type") == "text"):
+        raise APIError("Send either 'response_format' or 'guided_json', not both.", param="guided_json")
+    if guided is not None:
+        if isinstance(guided, str):
+            try:
+                guided = json.loads(guided)
+            except json.JSONDecodeError as exc:
+                raise APIError(f"'guided_json' is a string but not JSON: {exc}.", param="guided_json") from exc
+        if not isinstance(guided, Mapping):
+            raise APIError(f"'guided_json' must be a JSON schema (an object), got {guided!r}.", param="guided_json")
+        return guided
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, Mapping) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return ANY_JSON_OBJECT
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, Mapping) else None
+        if not isinstance(schema, Mapping):
+            raise APIError("'response_format.json_schema.schema' must be a JSON schema (an object); send "
+                           f"{shapes}.", param="response_format")
+        return schema
+    raise APIError(f"'response_format' must be {shapes}; got {fmt!r}."
+                   f"{did_you_mean(str(kind), ('text', 'json_object', 'json_schema'))}", param="response_format")
 
 
 def parse_tool_choice(body: Mapping[str, Any], tools: list[dict[str, Any]] | None) -> str:
