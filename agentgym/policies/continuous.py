@@ -120,6 +120,8 @@ class ContinuousSampler:
         #: Rows under a TokenConstraint (structured output): slot -> [constraint, its state].
         self._constraints: dict[int, list[Any]] = {}
         self._stop_list = [int(t) for t in stop_ids]
+        #: Prompt tokens whose keys and values requests without an episode took from an earlier request (prefix reuse).
+        self.prefix_tokens_reused = 0
         self._alloc_state(16)
 
     # ---- state tensors ------------------------------------------------------------------------------------------
@@ -277,8 +279,8 @@ class ContinuousSampler:
 
     def _drop_cancelled(self) -> None:
         """Rows whose caller went away leave the batch now, with what they generated (``abort``)."""
-        gone = [slot for slot, r in enumerate(self._busy)
-                if r is not None and r.cancel is not None and r.cancel.is_set() and slot in self._bound]
+        gone = [slot for slot, r in enumerate(self._busy) if r is not None and slot in self._bound
+                and (r.future.cancelled() or (r.cancel is not None and r.cancel.is_set()))]
         if gone:
             self._finish(gone, set(), aborted=set(gone))
 
@@ -305,9 +307,10 @@ class ContinuousSampler:
         free.reverse()  # pop() takes the lowest, keeping live rows packed at the front of the decode batch
         admitted, waiting = [], []
         for request in self._pending:
-            if request.cancel is not None and request.cancel.is_set():
-                request.future.set_result(Generation(text="", token_ids=(), logprobs=(), entropies=(),
-                                                     finish_reason="abort"))
+            if request.future.cancelled() or (request.cancel is not None and request.cancel.is_set()):
+                if not request.future.done():
+                    request.future.set_result(Generation(text="", token_ids=(), logprobs=(), entropies=(),
+                                                         finish_reason="abort"))
                 continue
             slot = self._of_episode.get(request.episode, -1) if request.episode else -1
             if slot < 0 and request.keep:
@@ -346,6 +349,7 @@ class ContinuousSampler:
         self.net.ensure_capacity(max(len(r.prompt) + r.params.max_tokens for r in requests),
                                  max(r.slot for r in requests) + 1)
         self.kv_stats.record_use([r.prompt for r in requests if r.episode], [r.reused for r in requests if r.episode])
+        self.prefix_tokens_reused += sum(r.reused for r in requests if r.keep)
         slots = [r.slot for r in requests]
         index = torch.tensor(slots, dtype=torch.long, device=self.device)
         temps = torch.tensor([r.params.temperature for r in requests], dtype=torch.float32, device=self.device)
@@ -579,6 +583,8 @@ class ContinuousSampler:
                 ends = [text.find(s) + len(s) for s in request.stops if s in text]
                 if ends:
                     text = text[: min(ends)]
+            if request.future.done():  # its caller cancelled the future (it no longer waits)
+                continue
             request.future.set_result(Generation(
                 text=text,
                 token_ids=tuple(ids),

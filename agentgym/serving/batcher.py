@@ -155,9 +155,8 @@ class Batcher:
             extra = await self._submit_batched([prompts[i] for i in fallback], [samplings[i] for i in fallback],
                                                None) if fallback else []
         finally:
-            for event, future in zip(cancels, futures):  # a client that went away: its rows leave the batch
-                if future is None or not future.done():
-                    event.set()
+            for event in cancels:  # a client that went away: its rows leave the batch (harmless for finished rows)
+                event.set()
         out: list[Generation] = []
         it_done, it_extra = iter(done), iter(extra)
         for i, (prompt, future) in enumerate(zip(prompts, futures)):
