@@ -45,7 +45,7 @@ from agentgym.spaces import UnicodeText
 from agentgym.suite import Task
 from agentgym.toolset import ToolCall, ToolResult, ToolSet
 
-__all__ = ["AgentEnv", "ReferenceSolver", "accepted_formats", "fork_env"]
+__all__ = ["AgentEnv", "OutcomeOnTimeLimit", "ReferenceSolver", "accepted_formats", "fork_env"]
 
 ReferenceSolver = Callable[[str], str]
 """Given the latest observation, return the next action text (stateful, one per episode)."""
@@ -125,6 +125,7 @@ class AgentEnv(gym.Env[str, str]):
         self._started = False
         self._closed = False
         self._transcript: list[tuple[str, str]] = []
+        self._time_limit: int | None = None
         self._reset_episode_state()
 
     # ---- hooks for families --------------------------------------------------------------------
@@ -249,14 +250,23 @@ class AgentEnv(gym.Env[str, str]):
             "task_id": self.task.id,
             "instructions": self.instructions(),
             "tools": self.toolset.schemas(),
-            "max_turns": self.max_turns,
+            "max_turns": self.turn_limit,
         }
         return observation, info
+
+    @property
+    def turn_limit(self) -> int:
+        """Turns before truncation: ``max_turns``, or a wrapping ``TimeLimit``'s step limit when that is smaller."""
+        return self.max_turns if self._time_limit is None else min(self.max_turns, self._time_limit)
+
+    def align_with_time_limit(self, max_episode_steps: int | None) -> None:
+        """Truncate at a wrapping ``TimeLimit``'s limit too (see :class:`OutcomeOnTimeLimit`)."""
+        self._time_limit = None if max_episode_steps is None else int(max_episode_steps)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if not self._started:
             raise AgentGymError("Call reset() before step(): the episode has not started.")
-        if self._finished or self._turn >= self.max_turns:
+        if self._finished or self._turn >= self.turn_limit:
             raise AgentGymError("The episode is over (terminated or truncated); call reset() to start a new one.")
         self._step_rewards = {}
         self._answered_this_turn = False
@@ -270,7 +280,7 @@ class AgentEnv(gym.Env[str, str]):
             turn_info["errors"].append(str(exc))
         turn_info["kind"] = kind
         terminated = self._finished
-        truncated = not terminated and self._turn >= self.max_turns
+        truncated = not terminated and self._turn >= self.turn_limit
         if truncated:
             self._end_reason = "max_turns"
         rubric_outcome: dict[str, Any] = {}
@@ -472,3 +482,35 @@ def fork_env(env: gym.Env[Any, Any]) -> gym.Env[Any, Any]:
     if not getattr(inner, "forkable", False):
         raise NotImplementedError(f"{type(inner).__name__} is not forkable; replay its actions on a fresh env instead.")
     return copy.deepcopy(env, memo={id(inner): inner.fork()})
+
+
+class OutcomeOnTimeLimit(gym.Wrapper[Any, Any, Any, Any], gym.utils.RecordConstructorArgs):
+    """Lets an :class:`AgentEnv` end a ``TimeLimit``-truncated episode itself, with ``info["outcome"]``.
+
+    ``gym.make(id, max_episode_steps=N)`` and ``gym.make_vec`` wrap the env in Gymnasium's ``TimeLimit``, which
+    sets ``truncated=True`` after ``N`` steps without telling the env: the last step's ``info`` then has no
+    ``outcome`` and the env never pays the outcome remainder (so the rewards would not sum to the score).
+    Registered as an additional wrapper (outside ``TimeLimit``), this wrapper finds the ``TimeLimit`` inside it
+    on every ``reset`` and hands its limit to the env, which then truncates on that same step as usual
+    (``end_reason="max_turns"``). Envs that are not :class:`AgentEnv` pass through untouched.
+    """
+
+    def __init__(self, env: gym.Env[Any, Any]) -> None:
+        gym.utils.RecordConstructorArgs.__init__(self)
+        gym.Wrapper.__init__(self, env)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        align = getattr(self.env.unwrapped, "align_with_time_limit", None)
+        if align is not None:
+            align(_time_limit_inside(self.env))
+        return self.env.reset(seed=seed, options=options)
+
+
+def _time_limit_inside(env: gym.Env[Any, Any]) -> int | None:
+    """The smallest ``max_episode_steps`` of the ``TimeLimit`` wrappers around ``env.unwrapped`` (None: none)."""
+    limits = []
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, gym.wrappers.TimeLimit):
+            limits.append(int(env._max_episode_steps))
+        env = env.env
+    return min(limits) if limits else None
