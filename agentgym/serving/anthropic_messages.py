@@ -46,9 +46,14 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 __all__ = ["MESSAGES_FIELDS", "MessageStream", "error_body", "error_response", "to_chat_request", "to_message"]
 
-#: The request fields ``/v1/messages`` takes (anything else is a 400 with a did-you-mean).
+#: Fields accepted and ignored: they route, cache or bill a call at Anthropic and change nothing that is sampled.
+_IGNORED_FIELDS = frozenset({"service_tier", "cache_control", "inference_geo", "speed", "workspace_id",
+                             "user_profile_id", "diagnostics"})
+#: The request fields ``/v1/messages`` takes (anything else is a 400 with a did-you-mean). Newer ``anthropic``
+#: packages no longer send ``temperature`` / ``top_p`` / ``top_k`` (pass them in ``extra_body``); older ones and raw
+#: HTTP clients do.
 MESSAGES_FIELDS = frozenset({"model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p",
-                             "top_k", "tools", "tool_choice", "stream", "metadata", "service_tier"})
+                             "top_k", "tools", "tool_choice", "stream", "metadata", "thinking"}) | _IGNORED_FIELDS
 #: Block keys that change nothing the model sees (prompt caching is the provider's business).
 _IGNORED_BLOCK_KEYS = frozenset({"cache_control", "citations"})
 #: HTTP status -> Anthropic error type (the ``anthropic`` package picks its exception class by status).
@@ -211,6 +216,10 @@ def to_chat_request(body: Mapping[str, Any]) -> dict[str, Any]:
     if unknown:
         raise APIError(f"Unknown field(s) {unknown} for /v1/messages.{did_you_mean(unknown[0], MESSAGES_FIELDS)} "
                        f"Allowed: {sorted(MESSAGES_FIELDS)}.", param=unknown[0])
+    thinking = body.get("thinking")
+    if thinking is not None and not (isinstance(thinking, Mapping) and thinking.get("type") == "disabled"):
+        raise APIError("'thinking' is not supported by this gateway's model: leave it out or send "
+                       "{'type': 'disabled'}.", param="thinking")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise APIError("'model' is required: the served model's name (GET /v1/models lists it).", param="model")
