@@ -46,6 +46,18 @@ have tokenised differently); with no tokenizer the call is recorded without ids 
 not trainable. A session opened with a seed gets a per-call ``seed`` (from the session seed and the call's index)
 when the request has none, so replays sample the same.
 
+Anthropic's Messages API. ``POST .../v1/messages`` (under the same three session prefixes) takes requests of the
+``anthropic`` package, converts them to the chat form (:mod:`agentgym.serving.anthropic_messages`), forwards and
+records them exactly as chat calls (``api: "anthropic"`` in the record), and answers in that API's shape, errors
+included. An ``anthropic`` client's ``base_url`` is the session URL without ``/v1`` (the package appends it).
+
+Sub-agents. A call with the header ``X-Agentgym-Parent-Session: <parent>`` makes its session a sub-agent of
+``parent``: the parent's token must come with it (the call's own session token, or ``X-Agentgym-Parent-Token``), since
+a child's turns join the parent's episode in training and nobody else may add turns to it. A new child session is
+created on that call, with the token it presented or else the parent's; its head record names the parent and the
+parent's file gets a ``subagent`` record. An existing session cannot be claimed as another's child, and an ended
+parent takes no new ones.
+
 Turning the recorded sessions into training sequences is :mod:`agentgym.serving.sessions` (it needs no web
 framework, so a trainer reads sessions without the serving extras).
 """
