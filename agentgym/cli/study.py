@@ -34,6 +34,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel (the CPU cores shared among them)")
     p.add_argument("--agreement", action="store_true",
                    help="only measure how far GRPO's and GiGPO's advantages disagree on the study's rollouts")
+    p.add_argument("--steps", type=int, default=None, help="train this many steps instead of the scale's (labelled)")
+    p.add_argument("--max-bc-steps", type=int, default=None, help="most BC steps of the warm start")
     p.set_defaults(func=run)
 
 
@@ -60,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         argv.append("--list")
     argv += ["--scale", args.scale, "--seeds", str(args.seeds), "--device", args.device, "--jobs", str(args.jobs)]
+    for flag, number in (("--steps", args.steps), ("--max-bc-steps", args.max_bc_steps)):
+        if number is not None:
+            argv += [flag, str(number)]
     for flag, value in (("--out", args.out), ("--workdir", args.workdir)):
         if value is not None:  # the child runs in the checkout: paths are the caller's, so made absolute here
             argv += [flag, str(Path(value).resolve())]

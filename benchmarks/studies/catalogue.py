@@ -135,7 +135,8 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
 def suite_of(study: Study, scale_name: str) -> str:
     """The suite a study's runs use at a scale (the smoke scale may use a smaller one)."""
     task = task_of(study.task)
-    return SMOKE_SUITES.get(study.task, task.suite) if scale_name == "smoke" else task.suite
+    smoke = scale_name.split(",")[0] == "smoke"  # "smoke" or "smoke, N steps"
+    return SMOKE_SUITES.get(study.task, task.suite) if smoke else task.suite
 
 
 def eval_split_of(study: Study, scale_name: str = "goal") -> str:

@@ -140,6 +140,8 @@ def train_one(study_name: str, scale_name: str, method: str, seed: int, model: s
     config = {**credit.run_config(task_for(study, scale_name), base, seed, Path(model), out, args), **overrides}
     if base == "arpo":  # ARPO's own ratio (8 fresh rollouts of 16): half the group fresh, the rest branched
         config.setdefault("initial_rollouts", max(1, config["group_size"] // 2))
+    if config.get("actor_warmup_steps", 0) >= config["steps"]:  # a run shorter than the actor's warm-up (smoke)
+        config["actor_warmup_steps"] = config["steps"] - 1  # still updates its actor once
     fingerprint = hashlib.sha256(json.dumps([config, method], sort_keys=True).encode()).hexdigest()[:16]
     marker = out / "study.json"
     previous = json.loads(marker.read_text()) if marker.is_file() else {}
@@ -307,8 +309,23 @@ def write(study: Study, scale_name: str, scale: Scale, sizing: dict[str, Any], s
             "agreement": agreed, "control": study.control, "summary": summary, "goals": checked, "runs": runs,
             "failed": failed, "wall_s": wall,
         }
-        note = "smoke scale: checks the code path, measures nothing" if scale_name == "smoke" else None
+        note = ("smoke scale: checks the code path, measures nothing" if scale_name.startswith("smoke")
+                else f"{scale_name}: fewer steps than the goal scale's {cat.goal_scale(study)[0].steps}"
+                if scale_name.startswith("goal,") else None)
         return results.write_results(f"study_{study.name}", figures, details=details, note=note)
+
+
+def override(scale: Scale, scale_name: str, steps: int | None, bc_steps: int | None) -> tuple[Scale, str]:
+    """The scale with ``--steps``/``--max-bc-steps`` applied, and its label: other steps make another scale, named
+    ``"goal, N steps"`` so no result passes for the full goal scale (evaluations stay every ``eval_every`` steps
+    where that divides the steps, else only before and after)."""
+    if steps is not None and steps != scale.steps:
+        scale = dataclasses.replace(scale, steps=steps,
+                                    eval_every=scale.eval_every if steps % scale.eval_every == 0 else steps)
+        scale_name = f"{scale_name}, {steps} steps"
+    if bc_steps is not None:
+        scale = dataclasses.replace(scale, bc_steps=bc_steps)
+    return scale, scale_name
 
 
 # ---- command line ------------------------------------------------------------------------------------------
@@ -348,6 +365,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel, the CPU cores shared evenly among them")
     p.add_argument("--agreement", action="store_true",
                    help="only measure GRPO vs GiGPO advantage agreement on the study's rollouts, then exit")
+    p.add_argument("--steps", type=int, default=None,
+                   help="train this many steps instead of the scale's (the result says so: 'goal, N steps')")
+    p.add_argument("--max-bc-steps", type=int, default=None, help="most BC steps of the warm start (goal scale: 400)")
     args = p.parse_args(argv)
     if args.list:
         return args
@@ -363,6 +383,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--seeds must be >= 1, got {args.seeds}")
     if args.jobs < 1:
         p.error(f"--jobs must be >= 1, got {args.jobs}")
+    for flag in ("steps", "max_bc_steps"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.device != "cpu" and not args.device.startswith("cuda"):
         p.error(f"--device must be cpu or cuda (cuda:N for one GPU of several), got {args.device!r}")
     return args
@@ -382,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     study = cat.STUDIES[args.name]
     scale, sizing = cat.scale_of(study, args.scale)
+    scale, scale_name = override(scale, args.scale, args.steps, args.max_bc_steps)
     workdir = Path(args.workdir) / f"{study.name}-{args.scale}"
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -422,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
                 keep(futures[future], future.result)
     order = {job: i for i, job in enumerate(jobs)}
     runs.sort(key=lambda r: order[(r["method"], r["seed"])])
-    path = write(study, args.scale, scale, sizing, seeds, args.device, warm, agreed, runs, failed, Path(args.out),
+    path = write(study, scale_name, scale, sizing, seeds, args.device, warm, agreed, runs, failed, Path(args.out),
                  time.perf_counter() - t0)
     for g in goals(study, summarize(runs, scale.eval_tasks)) if runs and not failed else []:
         print(f"goal: {g['goal']}: {'MET' if g['met'] else 'NOT met'} ({g['note']})")

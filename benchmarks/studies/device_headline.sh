@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The headline comparison on one GPU in under 9 minutes: GiGPO (at GRPO's advantage scale) against GRPO and the
+# shuffled-advantage control on Sokoban, at the goal scale's rollouts a step (the measured gradient noise scale)
+# and held-out size (400 rooms: se <= 0.025), with fewer steps than the goal (STEPS). Writes the same result file
+# as `agentgym study gigpo_vs_grpo` (benchmarks/results/study_gigpo_vs_grpo.json and .png), labelled
+# "goal, N steps", then regenerates the research pages.
+#
+#   bash benchmarks/studies/device_headline.sh              # defaults: 1 seed, 2 steps, BC warm start <= 200 steps
+#   SEEDS=3 STEPS=4 bash benchmarks/studies/device_headline.sh
+#
+# First a smoke run on the GPU (about half a minute) checks the CUDA path, so a broken setup fails in seconds, not
+# after minutes. The whole script stops at BUDGET_S seconds (default 530) whatever happens, leaving time for a
+# rerun within a 15-minute device lease.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SEEDS=${SEEDS:-1}
+STEPS=${STEPS:-2}
+BC_STEPS=${BC_STEPS:-200}
+BUDGET_S=${BUDGET_S:-530}
+OUT=${OUT:-benchmarks/results}
+WORKDIR=${WORKDIR:-runs/studies}
+start=$(date +%s)
+python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device visible to torch')"
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
+timeout 120 python benchmarks/studies/run.py gigpo_vs_grpo --scale smoke --seeds 1 --device cuda \
+    --out "$WORKDIR/device-smoke" --workdir "$WORKDIR"
+left=$(( BUDGET_S - ($(date +%s) - start) ))
+echo "smoke on cuda passed; ${left} s left for the headline run"
+timeout "$left" python benchmarks/studies/run.py gigpo_vs_grpo --scale goal --device cuda --seeds "$SEEDS" \
+    --steps "$STEPS" --max-bc-steps "$BC_STEPS" --out "$OUT" --workdir "$WORKDIR"
+if [ "$OUT" = benchmarks/results ]; then
+    python benchmarks/studies/research_pages.py
+fi
+echo "done in $(( $(date +%s) - start )) s"

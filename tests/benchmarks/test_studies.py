@@ -1,0 +1,128 @@
+"""The learning studies (``benchmarks/studies``): every study's whole code path at the smoke scale (warm start,
+agreement, each method and the control, the result file and the plot), the goal-scale sizing, the goal checks,
+and the research pages generated from result files."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from tests.helpers.scripts import REPO  # noqa: E402
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from studies import catalogue as cat  # noqa: E402
+from studies import research_pages  # noqa: E402
+from studies import run as study_run  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One workdir for every smoke study: studies on the same task share its smoke warm start."""
+    return tmp_path_factory.mktemp("studies")
+
+
+@pytest.mark.parametrize("name", list(cat.STUDIES))
+def test_every_study_runs_its_whole_code_path_at_the_smoke_scale(name: str, workdir: Path, tmp_path: Path,
+                                                               capfd: pytest.CaptureFixture[str]) -> None:
+    argv = [name, "--scale", "smoke", "--seeds", "1", "--out", str(tmp_path), "--workdir", str(workdir)]
+    if name == "arpo_vs_grpo":  # one study through the command as documented: agentgym study NAME ...
+        from agentgym.cli.main import main
+
+        assert main(["study", *argv]) == 0
+        command = json.loads((tmp_path / f"study_{name}.json").read_text())["command"]
+        assert command.startswith("python benchmarks/studies/run.py arpo_vs_grpo")  # what a direct run records
+    else:
+        assert study_run.main(argv) == 0
+    record = json.loads((tmp_path / f"study_{name}.json").read_text())
+    assert (tmp_path / f"study_{name}.png").stat().st_size > 1000
+    assert record["name"] == f"study_{name}" and record["git"]["commit"]
+    assert len(record["machine"]["load_average_start"]) == 3
+    details = record["details"]
+    study = cat.STUDIES[name]
+    assert [r["method"] for r in details["runs"]] == list(cat.runs_of(study))  # the methods, then the control
+    assert details["control"] == study.control and details["failed"] == []
+    for run in details["runs"]:
+        assert [episodes for episodes, _ in run["curve"]] == [0, cat.SMOKE.rollouts_per_step]
+    assert set(details["summary"]) == set(cat.runs_of(study))
+    assert {"token_correlation", "sign_disagreement", "step_episode_correlation"} <= set(details["agreement"])
+    assert details["goals"] and all(isinstance(g["met"], bool) for g in details["goals"])
+    assert record["note"].startswith("smoke scale")
+    assert "GRPO vs GiGPO on" in capfd.readouterr().out
+
+
+def test_list_and_bad_names_through_the_command(capfd: pytest.CaptureFixture[str]) -> None:
+    from agentgym.cli.main import main
+
+    assert main(["study", "--list"]) == 0
+    listed = capfd.readouterr().out
+    for name in cat.STUDIES:
+        assert name in listed
+    assert "h on 2 cores" in listed and "rollouts/step" in listed
+    assert main(["study", "gigpo_vs_grp", "--scale", "smoke"]) == 2
+    assert "did you mean 'gigpo_vs_grpo'" in capfd.readouterr().err
+
+
+def test_goal_scale_is_sized_by_noise_and_held_out_error() -> None:
+    assert cat.held_out_needed() == 400 and cat.binomial_se(0.5, 400) == pytest.approx(0.025)
+    scale, sizing = cat.goal_scale(cat.STUDIES["gigpo_vs_grpo"])
+    assert scale.rollouts_per_step >= 1000 and scale.rollouts_per_step % cat.GROUP_SIZE == 0
+    assert scale.eval_tasks == 400 and sizing["se_bound_met"] and sizing["noise_measured"]
+    _, babyai = cat.goal_scale(cat.STUDIES["grpo_babyai"])  # a 100-task held-out split cannot reach se 0.025
+    assert not babyai["se_bound_met"] and babyai["held_out_used"] == babyai["held_out_available"] == 100
+    assert not babyai["noise_measured"] and "gradient_noise.py --task babyai" in babyai["noise_source"]
+
+
+def test_fewer_steps_make_a_labelled_scale_never_the_goal(capfd: pytest.CaptureFixture[str]) -> None:
+    """The device script's run: the goal's rollouts a step and held-out size, fewer steps, named so."""
+    goal, _ = cat.goal_scale(cat.STUDIES["gigpo_vs_grpo"])
+    scale, name = study_run.override(goal, "goal", 2, 200)
+    assert name == "goal, 2 steps" and scale.steps == 2 and scale.eval_every == 2 and scale.bc_steps == 200
+    assert scale.rollouts_per_step == goal.rollouts_per_step and scale.eval_tasks == goal.eval_tasks
+    assert study_run.override(goal, "goal", None, None) == (goal, "goal")
+    with pytest.raises(SystemExit):
+        study_run.parse_args(["gigpo_vs_grpo", "--steps", "0"])
+    assert "--steps must be >= 1" in capfd.readouterr().err
+
+
+def _runs(finals: dict[str, list[float]], start: float = 0.3, calls: dict[str, float] | None = None) -> list[dict]:
+    return [{"method": m, "seed": s, "curve": [(0, start), (100, v)], "critic_explained_variance": 0.6,
+             "eval_mean_tool_calls": (calls or {}).get(m)} for m, values in finals.items() for s, v in enumerate(values)]
+
+
+def test_goals_need_the_bar_and_two_standard_errors() -> None:
+    grpo = cat.STUDIES["grpo_sokoban"]
+    clear = study_run.goals(grpo, study_run.summarize(_runs({"grpo": [0.45, 0.46, 0.47], "grpo_shuffled": [0.3, 0.31, 0.29]}), 400))
+    assert [g["met"] for g in clear] == [True, True]
+    noisy = study_run.goals(grpo, study_run.summarize(_runs({"grpo": [0.1, 0.8, 0.4], "grpo_shuffled": [0.3, 0.31, 0.29]}), 400))
+    assert [g["met"] for g in noisy] == [False, False]  # +0.13 on average, but inside the seeds' spread
+    arpo = cat.STUDIES["arpo_vs_grpo"]
+    rows = study_run.goals(arpo, study_run.summarize(_runs({"arpo": [0.5] * 3, "grpo": [0.5] * 3, "grpo_shuffled": [0.1] * 3},
+                                                           calls={"arpo": 3.0, "grpo": 5.0}), 64))
+    assert [g["met"] for g in rows] == [True, True, True] and rows[2]["value"] == pytest.approx(0.6)
+
+
+def test_research_pages_state_each_goal_from_goal_scale_files_only(tmp_path: Path) -> None:
+    study = cat.STUDIES["archer_vs_filtered_bc"]
+    scale, sizing = cat.goal_scale(study)
+    runs = _runs({"archer_observation": [0.6, 0.62, 0.64], "archer": [0.4, 0.42, 0.41], "filtered_bc": [0.5, 0.5, 0.52],
+                  "grpo_shuffled": [0.3, 0.3, 0.3]})
+    agreed = {"rollouts": 64, "token_correlation": 0.9, "sign_disagreement": 0.01, "zero_disagreement": 0.2,
+              "step_episode_correlation": 0.8}
+    study_run.write(study, "goal", scale, sizing, [0, 1, 2], "cpu", {}, agreed, runs, [], tmp_path, 1.0)
+    text, plots = research_pages.render("archer", tmp_path)
+    assert "**Status: met.**" in text and "| archer_observation | 0.300 | 0.620 ± 0.012 | 0.600, 0.620, 0.640 |" in text
+    assert "correlate 0.900 per token" in text and plots == ["study_archer_vs_filtered_bc.png"]
+    assert "not yet run" in research_pages.render("gigpo", tmp_path)[0]
+    smoke = json.loads((tmp_path / "study_archer_vs_filtered_bc.json").read_text())
+    smoke["details"]["scale_name"] = "smoke"  # a smoke run measures nothing: the page still says not yet run
+    (tmp_path / "study_archer_vs_filtered_bc.json").write_text(json.dumps(smoke))
+    assert "not yet run" in research_pages.render("archer", tmp_path)[0]
+
+
+def test_committed_research_pages_are_generated_from_the_committed_results() -> None:
+    assert research_pages.main(["--check"]) == 0, "run python benchmarks/studies/research_pages.py and commit"
