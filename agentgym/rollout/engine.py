@@ -144,7 +144,12 @@ class RolloutEngine:
         pool = EnvPool(self.config)
         executor = EnvExecutor(self.config.env_workers)
         write_failures = 0
-        limiter = asyncio.Semaphore(self.config.max_in_flight)
+        max_envs = pool.max_envs()  # Ray: episodes beyond the actors that fit would wait for the end of the run
+        if max_envs is not None and max_envs < self.config.max_in_flight:
+            logger.info("env_backend=ray: %d env actors fit in the cluster's free resources; running %d episodes "
+                        "at once instead of max_in_flight=%d", max_envs, max_envs, self.config.max_in_flight)
+        limiter = asyncio.Semaphore(self.config.max_in_flight if max_envs is None
+                                    else min(self.config.max_in_flight, max_envs))
         progress = EpisodeProgress(len(episodes), enabled=self.config.progress)
         started = time.perf_counter()
 
@@ -210,7 +215,7 @@ class RolloutEngine:
         try:
             env = pool.take_idle(spec)
             if env is None:
-                env = await self._call_env(executor, pool.build, spec, inline=pool.cheap_to_make(spec))
+                env = await call_env(executor, pool.build_timeout_s(), pool.build, spec, inline=pool.cheap_to_make(spec))
             options = {"task": spec.task} if spec.task is not None else None
             inline = bool(getattr(env.unwrapped, "cheap_steps", False))
             te = time.perf_counter()

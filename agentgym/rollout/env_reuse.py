@@ -81,11 +81,32 @@ class EnvPool:
         env = self.take_idle(spec)
         return self.build(spec) if env is None else env
 
+    def max_envs(self) -> int | None:
+        """The most envs this run can hold at once (``None``: no limit): with ``env_backend: ray``, the env actors
+        that fit in the cluster's free resources (:func:`~agentgym.rollout.ray_envs.ray_env_capacity`, at least 1)."""
+        if self._config.env_backend != "ray":
+            return None
+        from agentgym.rollout.ray_envs import ray_env_capacity
+
+        capacity = ray_env_capacity(self._config.ray_actor_options)
+        return None if capacity is None else max(1, capacity)
+
+    def build_timeout_s(self) -> float:
+        """The engine's bound on one :meth:`build`. A Ray env's build starts a worker process and imports the env
+        (paid once per actor, queued behind other actors on a busy node), so it is bounded by the actor's own start
+        timeout, not by ``step_timeout_s``; the margin lets that timeout fire first and kill the actor itself."""
+        if self._config.env_backend != "ray":
+            return self._config.step_timeout_s
+        from agentgym.rollout.ray_envs import DEFAULT_START_TIMEOUT_S
+
+        return DEFAULT_START_TIMEOUT_S + 60.0
+
     def build(self, spec: EpisodeSpec) -> Any:
         """A new env for ``spec``: a Ray actor with ``env_backend: ray``, else ``gym.make`` in this process."""
         if self._config.env_backend == "ray":
             from agentgym.rollout.ray_envs import RayEnv
 
+            self._close_idle_except(self._key(spec))  # their reserved resources may be what the new actor needs
             return RayEnv(spec.env_id, spec.env_kwargs, actor_options=self._config.ray_actor_options)
         import gymnasium as gym
 
@@ -94,6 +115,14 @@ class EnvPool:
         registered = self._registered(spec)
         return gym.make(spec.env_id if registered is None else registered, disable_env_checker=True,
                         **dict(spec.env_kwargs))
+
+    def _close_idle_except(self, key: str) -> None:
+        """Close the idle envs kept for other env kwargs (Ray: each holds an actor's reservation)."""
+        with self._lock:
+            others = [k for k in self._idle if k != key and self._idle[k]]
+            envs = [env for k in others for env in self._idle.pop(k)]
+        for env in envs:
+            _close_quietly(env)
 
     def release(self, spec: EpisodeSpec, env: Any) -> None:
         key = self._key(spec)

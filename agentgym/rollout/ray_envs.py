@@ -22,12 +22,20 @@ import gymnasium as gym
 
 from agentgym.errors import DependencyNotInstalled
 
-__all__ = ["RayEnv", "DEFAULT_ACTOR_OPTIONS"]
+__all__ = ["DEFAULT_ACTOR_OPTIONS", "DEFAULT_START_TIMEOUT_S", "RayEnv", "ray_env_capacity"]
 
-DEFAULT_ACTOR_OPTIONS: Mapping[str, Any] = {"num_cpus": 0, "scheduling_strategy": "SPREAD", "max_restarts": 0}
-"""No CPU reserved per env worker (envs mostly wait on tools, and a reservation would leave episodes queued for a
-free CPU: pass ``num_cpus`` to cap workers per node), spread over the nodes, never restarted mid-episode (a
-restarted actor would hold a fresh env, silently out of step with the episode)."""
+DEFAULT_ACTOR_OPTIONS: Mapping[str, Any] = {"num_cpus": 0.25, "scheduling_strategy": "SPREAD", "max_restarts": 0}
+"""A quarter of a CPU reserved per env worker: envs mostly wait on tools, so four share a core, yet the
+reservation is nonzero, so Ray never starts more worker processes than the node can run (with ``num_cpus: 0``
+every episode in flight started its own worker process at once, and 32 of them starting on a 2-core node missed
+every deadline). The engine caps episodes in flight to what fits (:func:`ray_env_capacity`). Spread over the
+nodes; never restarted mid-episode (a restarted actor would hold a fresh env, silently out of step with the
+episode)."""
+
+DEFAULT_START_TIMEOUT_S = 600.0
+"""How long building a :class:`RayEnv` may wait for its actor (scheduling, worker process start, ``gym.make``).
+Separate from ``RolloutConfig.step_timeout_s``: starting a worker process and importing the env's dependencies is
+paid once per actor, not per step, and may queue behind other actors on a busy node."""
 
 _HOST_CLASS: Any = None
 
@@ -38,6 +46,37 @@ def _ray() -> Any:
     except ImportError as exc:
         raise DependencyNotInstalled("ray", "ray", "env workers on Ray (RolloutConfig.env_backend='ray')") from exc
     return ray
+
+
+def _ensure_ray() -> Any:
+    """Ray, connected: the cluster this process joined, else a local instance started now."""
+    ray = _ray()
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False)
+    return ray
+
+
+def _requests(actor_options: Mapping[str, Any] | None) -> dict[str, float]:
+    """The resources one env actor reserves, by Ray's resource names (``CPU``, ``GPU``, ``memory``, custom)."""
+    options = {**DEFAULT_ACTOR_OPTIONS, **dict(actor_options or {})}
+    wanted = {"CPU": options.get("num_cpus") or 0, "GPU": options.get("num_gpus") or 0,
+              "memory": options.get("memory") or 0, **dict(options.get("resources") or {})}
+    return {name: float(amount) for name, amount in wanted.items() if float(amount) > 0}
+
+
+def ray_env_capacity(actor_options: Mapping[str, Any] | None = None) -> int | None:
+    """How many env actors with ``actor_options`` fit in the cluster's free resources now.
+
+    ``None`` when an actor reserves nothing (then Ray itself sets no limit). The rollout engine runs at most this
+    many episodes at once with ``env_backend: ray``: an episode whose actor cannot be placed would otherwise wait
+    for a reservation that only the end of the run frees (idle envs are kept for reuse until then).
+    """
+    ray = _ensure_ray()
+    requests = _requests(actor_options)
+    if not requests:
+        return None
+    free = ray.available_resources()
+    return max(0, min(int(free.get(name, 0.0) // amount) for name, amount in requests.items()))
 
 
 def _host_class() -> Any:
@@ -104,25 +143,38 @@ class RayEnv(gym.Env):
             :data:`DEFAULT_ACTOR_OPTIONS`.
         call_timeout_s: Longest wait for one env call before it raises ``TimeoutError`` (``None``: no limit; the
             rollout engine applies its own ``step_timeout_s`` anyway).
+        start_timeout_s: Longest wait for the actor to be placed, started and to build its env; past it the actor
+            is killed and ``TimeoutError`` says what the cluster had free.
 
     Raises:
         DependencyNotInstalled: Ray is not installed.
+        TimeoutError: The actor did not start within ``start_timeout_s``.
     """
 
     def __init__(self, env_id: str, env_kwargs: Mapping[str, Any] | None = None, *,
-                 actor_options: Mapping[str, Any] | None = None, call_timeout_s: float | None = None) -> None:
-        ray = _ray()
-        if not ray.is_initialized():
-            ray.init(include_dashboard=False, log_to_driver=False)
+                 actor_options: Mapping[str, Any] | None = None, call_timeout_s: float | None = None,
+                 start_timeout_s: float = DEFAULT_START_TIMEOUT_S) -> None:
+        ray = _ensure_ray()
         self.env_id = env_id
         self._timeout = call_timeout_s
         options = {**DEFAULT_ACTOR_OPTIONS, **dict(actor_options or {})}
         self._actor_died = False
         self._actor = _host_class().options(**options).remote(env_id, dict(env_kwargs or {}))
-        self.observation_space, self.action_space, metadata = self._call("spaces")
+        try:
+            self.observation_space, self.action_space, metadata = self._call("spaces", timeout=start_timeout_s)
+        except TimeoutError as exc:
+            actor, self._actor = self._actor, None
+            ray.kill(actor)  # a queued or half-started actor must not start later, unowned
+            raise TimeoutError(
+                f"The Ray actor for {env_id} did not start within {start_timeout_s} s (it reserves "
+                f"{_requests(actor_options)}; free now: {ray.available_resources()}). Lower max_in_flight or the "
+                "actor's num_cpus (RolloutConfig.ray_actor_options), or add nodes.") from exc
+        except BaseException:
+            self.close()
+            raise
         self.metadata = dict(metadata)
 
-    def _call(self, method: str, *args: Any) -> Any:
+    def _call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
         """One call on the actor, waited for. Never lets Ray connect again on its own: Ray's ``.remote()`` calls
         ``ray.init()`` when Ray is not initialized, and after ``ray.shutdown()`` that re-joins the old cluster from
         whichever thread still holds this env; if that cluster is going down, Ray ends the whole process."""
@@ -134,9 +186,10 @@ class RayEnv(gym.Env):
             raise RuntimeError(f"Ray was shut down while a RayEnv ({self.env_id}) was still open; close envs (or "
                                "let the rollout engine finish) before ray.shutdown()")
         try:
-            return ray.get(getattr(actor, method).remote(*args), timeout=self._timeout)
+            wait = self._timeout if timeout is None else timeout
+            return ray.get(getattr(actor, method).remote(*args), timeout=wait)
         except ray.exceptions.GetTimeoutError as exc:
-            raise TimeoutError(f"{self.env_id} on Ray did not answer within {self._timeout} s") from exc
+            raise TimeoutError(f"{self.env_id} on Ray did not answer within {wait} s") from exc
         except ray.exceptions.RayActorError:
             self._actor_died = True  # close() has nothing to wait for
             raise
