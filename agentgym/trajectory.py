@@ -228,7 +228,7 @@ class TokenView:
     logprobs: tuple[float, ...]
     turn_index: tuple[int, ...]
     segment_index: int = 0
-    episode_id: str = ""
+    episode_id: str = field(default="", compare=False)  # which episode, not what it holds: views compare by tokens
 
     def __len__(self) -> int:
         return len(self.input_ids)

@@ -23,7 +23,7 @@ import dataclasses
 
 from agentgym.trainers import algorithms as alg
 from agentgym.trainers.arpo_config import ArpoConfig
-from agentgym.trainers.batch import TrainingBatch
+from agentgym.trainers.batch import TrainingBatch, per_row
 from agentgym.trainers.grpo import GrpoTrainer
 from agentgym.trainers.rollout_worker import RolloutJob
 from agentgym.trainers.seeding import mix_seed
@@ -51,7 +51,7 @@ class ArpoTrainer(GrpoTrainer):
         lengths = batch.attention_mask.sum(dim=1).tolist()
         sequences = [row[:n] for row, n in zip(batch.input_ids.tolist(), lengths)]  # padding is never shared
         token_adv, weights = alg.arpo_token_advantages(
-            sequences, batch.advantages, [t.group_id for t in trajectories], mode="hard",
+            sequences, batch.advantages, per_row(batch, [t.group_id for t in trajectories]), mode="hard",
             dedupe=cfg.hard_dedupe, width=int(batch.input_ids.shape[1]),
             counted=batch.loss_mask.sum(dim=1) > 0)  # masked/crashed rows must not vote on shared prefixes
         batch.advantages = token_adv

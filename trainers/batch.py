@@ -1,6 +1,11 @@
-"""Trajectories to training tensors (one sequence per trajectory, not one per turn).
+"""Trajectories to training tensors (one sequence per trajectory segment, not one per turn).
 
-The ids come straight from each trajectory's token view (the ids the policy sampled and the ids the
+An episode whose history a context strategy rewrote (a window, a summary) is several token-exact sequences, its
+segments (:meth:`Trajectory.token_views`); each becomes a row, and :attr:`TrainingBatch.episode_index` says which
+trajectory a row came from, so its segments share the trajectory's sample mask, return and advantage. An
+unsegmented episode is one row, as before.
+
+The ids come straight from each trajectory's token views (the ids the policy sampled and the ids the
 ChatAgent encoded for observations); nothing is re-tokenised. Sequences are right-padded; the loss mask
 is 0 on padding, prompts, observations and template glue.
 
@@ -21,7 +26,7 @@ from agentgym.trainers.logprobs import DEFAULT_CHUNK_SIZE, token_logprobs
 from agentgym.utils.images import ImageRef
 from agentgym.trajectory import Trajectory
 
-__all__ = ["TrainingBatch", "build_batch", "sequence_logprobs", "vision_inputs"]
+__all__ = ["TrainingBatch", "build_batch", "per_row", "sequence_logprobs", "vision_inputs"]
 
 
 @dataclass
@@ -39,6 +44,8 @@ class TrainingBatch:
         ref_logprobs: ``[N, L]`` reference-model log-probs, when a KL term is used.
         turn_index: ``[N, L]`` the turn (step) each token belongs to, ``-1`` on padding.
         images: Per row, the images whose placeholder tokens its ids hold, in order (``None``: a text batch).
+        episode_index: ``[N]`` the trajectory (index into the list the batch was built from) each row came from;
+            the segments of one episode share it. ``None``: row ``i`` is trajectory ``i``.
     """
 
     input_ids: torch.Tensor
@@ -50,6 +57,7 @@ class TrainingBatch:
     ref_logprobs: torch.Tensor | None = None
     turn_index: torch.Tensor | None = None
     images: list[tuple[ImageRef, ...]] | None = None
+    episode_index: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         n, width = (int(d) for d in self.input_ids.shape)
@@ -62,7 +70,7 @@ class TrainingBatch:
         """Rows ``index`` of every tensor, trimmed to the longest remaining sequence."""
         rows = {name: getattr(self, name) for name in ("input_ids", "attention_mask", "loss_mask", "advantages",
                                                         "sampler_logprobs", "old_logprobs", "ref_logprobs",
-                                                        "turn_index")}
+                                                        "turn_index", "episode_index")}
         picked = {k: (v[index] if v is not None else None) for k, v in rows.items()}
         width = int(picked["attention_mask"].sum(dim=1).max().item()) if len(picked["input_ids"]) else 0
         for k, v in picked.items():
@@ -81,13 +89,33 @@ class TrainingBatch:
 
 def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float] | torch.Tensor,
                 sample_mask: Sequence[bool] | torch.Tensor, pad_id: int) -> TrainingBatch:
-    """Stack token views; rows whose ``sample_mask`` is False get an all-zero loss mask.
+    """Stack token views, one row per segment; rows of a trajectory whose ``sample_mask`` is False get an all-zero
+    loss mask.
 
-    ``advantages`` is ``[N]`` (one value per trajectory, put on all its tokens) or ``[N, L]`` per token.
+    ``advantages`` is ``[T]`` (one value per trajectory, put on all tokens of all its segments) or ``[N, L]`` per
+    token of each row.
+
+    Raises:
+        ValueError: ``sample_mask`` or ``[T]`` advantages without one entry per trajectory.
     """
-    views = [t.token_view() for t in trajectories]
+    owner: list[int] = []
+    views = []
+    for i, t in enumerate(trajectories):
+        for view in t.token_views():
+            views.append(view)
+            owner.append(i)
     width = max((len(v) for v in views), default=0)
     n = len(views)
+    if len(sample_mask) != len(trajectories):
+        raise ValueError(f"sample_mask has {len(sample_mask)} entries for {len(trajectories)} trajectories; pass one "
+                         "per trajectory.")
+    episode_index = torch.tensor(owner, dtype=torch.long)
+    adv = torch.as_tensor(advantages, dtype=torch.float32)
+    if adv.dim() == 1:
+        if adv.shape[0] != len(trajectories):
+            raise ValueError(f"advantages has {adv.shape[0]} entries for {len(trajectories)} trajectories; pass one "
+                             "per trajectory (or [rows, L] per token).")
+        adv = adv[episode_index] if n else adv[:0]
     input_ids = torch.full((n, width), pad_id, dtype=torch.long)
     attention = torch.zeros((n, width), dtype=torch.long)
     loss_mask = torch.zeros((n, width), dtype=torch.float32)
@@ -98,13 +126,21 @@ def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float] 
         length = len(view)
         input_ids[i, :length] = torch.tensor(view.input_ids, dtype=torch.long)
         attention[i, :length] = 1
-        if keep[i]:
+        if keep[owner[i]]:
             loss_mask[i, :length] = torch.tensor(view.loss_mask, dtype=torch.float32)
         logps[i, :length] = torch.tensor(view.logprobs, dtype=torch.float32)
         turn_index[i, :length] = torch.tensor(view.turn_index, dtype=torch.long)
-    images = [t.prompt_images for t in trajectories]
-    return TrainingBatch(input_ids, attention, loss_mask, torch.as_tensor(advantages, dtype=torch.float32), logps,
-                         turn_index=turn_index, images=images if any(images) else None)
+    images = [tuple(image for turn in trajectories[owner[i]].turns[view.turn_index[0]:view.turn_index[-1] + 1]
+                    for image in turn.images) if len(view) else () for i, view in enumerate(views)]
+    return TrainingBatch(input_ids, attention, loss_mask, adv, logps, turn_index=turn_index,
+                         images=images if any(images) else None, episode_index=episode_index)
+
+
+def per_row(batch: TrainingBatch, values: Sequence[Any]) -> list[Any]:
+    """``values`` given per trajectory (the list the batch was built from), repeated for each of its rows."""
+    if batch.episode_index is None:
+        return list(values)
+    return [values[i] for i in batch.episode_index.tolist()]
 
 
 def _per_token(advantages: Sequence[float] | torch.Tensor, n: int, width: int) -> torch.Tensor:

@@ -22,7 +22,7 @@ import torch
 from agentgym.trainers import algorithms as alg
 from agentgym.trainers.algorithms.advantages import group_advantages, match_mean_abs
 from agentgym.trainers.algorithms.gigpo import advantage_agreement
-from agentgym.trainers.batch import TrainingBatch
+from agentgym.trainers.batch import TrainingBatch, per_row
 from agentgym.trainers.gigpo_config import GigpoConfig
 from agentgym.trainers.grpo import GrpoTrainer
 from agentgym.trainers.returns import episode_return, step_rewards
@@ -50,7 +50,7 @@ class GigpoTrainer(GrpoTrainer):
         result = step_advantages([trajectories[i] for i in counted], self.config)
         per_step = dict(zip(counted, result.advantages)) if result is not None else {}
         stats = dict(result.stats) if result is not None else {}
-        steps = [per_step.get(i, torch.zeros(len(trajectories[i].turns))) for i in usable]
+        steps = per_row(batch, [per_step.get(i, torch.zeros(len(trajectories[i].turns))) for i in usable])
         turn_index = batch.turn_index if batch.turn_index is not None else torch.zeros_like(batch.input_ids) - 1
         rows = alg.broadcast_steps_to_tokens(steps, turn_index)
         if self.config.advantage_scale == "grpo":  # GRPO's scale on this very batch (see GigpoConfig.advantage_scale)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from agentgym.trainers import algorithms as alg
-from agentgym.trainers.batch import TrainingBatch, build_batch, sequence_logprobs, vision_inputs
+from agentgym.trainers.batch import TrainingBatch, build_batch, per_row, sequence_logprobs, vision_inputs
 from agentgym.trainers.grpo_config import GrpoConfig
 from agentgym.trainers.distributed import ForwardWith, World, data_parallel
 from agentgym.trainers.loop import OnlineTrainer
@@ -145,7 +145,8 @@ class GrpoTrainer(OnlineTrainer):
         batch = build_batch(kept, torch.zeros(len(kept)), sample_mask[usable], pad_id=int(self.tokenizer.pad_token_id or 0))
         batch.advantages, estimate = self._token_advantages(trajectories, scores, stats_mask, usable, batch)
         batch = self._attribute(batch, kept)
-        self._learned_batch = (usable, batch) if self.config.save_rollouts else None  # saved rollouts' token data
+        # saved rollouts' token data (row i of the batch is trajectory usable[i] unless episodes were segmented)
+        self._learned_batch = (usable, batch) if self.config.save_rollouts and len(batch) == len(usable) else None
         signal = self._zero_signal(step, kept, batch)
         update = self._update(batch, self.optimizer, self.scheduler, step)
         return {"train/score_mean": float(scores.mean()) if len(scores) else 0.0, **counts, **estimate, **signal,
@@ -155,8 +156,8 @@ class GrpoTrainer(OnlineTrainer):
         """``train/zero_signal_groups``: the share of this step's groups whose advantages are all zero, so no
         token of theirs moves the policy; warns once per run when most groups carry no signal, with why and what
         to do."""
-        zero = zero_signal_groups([t.group_id for t in trajectories], batch.advantages, batch.loss_mask,
-                                  [bool(t.success) for t in trajectories])
+        zero = zero_signal_groups(per_row(batch, [t.group_id for t in trajectories]), batch.advantages,
+                                  batch.loss_mask, per_row(batch, [bool(t.success) for t in trajectories]))
         if zero.share > 0.5 and not getattr(self, "_warned_zero_signal", False) and self.world.is_main:
             self._warned_zero_signal = True
             why = (f"{zero.all_fail} all fail, {zero.all_succeed} all succeed, {zero.other} score alike otherwise"
@@ -169,10 +170,12 @@ class GrpoTrainer(OnlineTrainer):
     def _token_advantages(self, trajectories: list[Trajectory], scores: torch.Tensor, stats_mask: torch.Tensor,
                           usable: list[int], batch: TrainingBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """``[N, L]`` advantages of the batch rows (trajectories ``usable``): GRPO's group advantage of each
-        trajectory on all its tokens. GiGPO overrides this with per-step values."""
+        trajectory on all its tokens (all its segments' rows). GiGPO overrides this with per-step values."""
         advantages = alg.group_advantages(scores, [t.group_id for t in trajectories], mode=self.config.advantage,
                                           singleton=self.config.singleton_advantage, stats_mask=stats_mask)
         rows = advantages[usable] if usable else torch.zeros(0)
+        if batch.episode_index is not None and len(rows):  # a segmented episode's rows share its advantage
+            rows = rows[batch.episode_index]
         return rows[:, None].expand(-1, batch.input_ids.shape[1]).clone(), {}
 
     def _attribute(self, batch: TrainingBatch, trajectories: list[Trajectory]) -> TrainingBatch:

@@ -30,14 +30,14 @@ import torch
 
 from agentgym.errors import ConfigError
 from agentgym.trainers.returns import step_rewards
-from agentgym.trajectory import Trajectory
+from agentgym.trajectory import TRUNCATING_END_REASONS, Trajectory
 
 __all__ = ["ReplayBuffer", "Transition", "transitions_from_trajectory"]
 
 logger = logging.getLogger(__name__)
 
-TRUNCATING_END_REASONS = ("max_turns", "context_limit")
-"""End reasons that stop an episode from outside (bootstrapped through); the others are end states."""
+# TRUNCATING_END_REASONS (from the one termination table, agentgym.trajectory.TERMINATION): end reasons that stop an
+# episode from outside (bootstrapped through); the others are end states.
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,10 @@ def transitions_from_trajectory(trajectory: Trajectory, decode: Any, *, gamma: f
     turns = trajectory.turns
     contexts: list[tuple[int, ...]] = []
     ids: tuple[int, ...] = ()
+    segment = 0
     for turn in turns:
+        if turn.segment_index != segment:  # a rewritten history: the new segment's first prompt is all it saw
+            segment, ids = turn.segment_index, ()
         ids = ids + tuple(turn.prompt_token_ids or ())
         contexts.append(ids)
         ids = ids + tuple(turn.action_token_ids or ())

@@ -53,6 +53,7 @@ from agentgym.policies.base import Generation, Policy, SamplingParams
 from agentgym.rollout.batching import act_per_request
 from agentgym.rollout.env_reuse import EnvPool, discard_env
 from agentgym.rollout.executor import EnvExecutor, call_env, run_coroutine
+from agentgym.rollout.segments import EpisodeContext, limit_outcome
 from agentgym.rollout.specs import EpisodeSpec, RolloutConfig
 from agentgym.rollout.turns import (
     action_choices_of,
@@ -62,7 +63,10 @@ from agentgym.rollout.turns import (
     error_outcome,
     final_state,
     log_context_refusal,
+    make_turn,
     open_conversation,
+    read_state_key,
+    record_action,
     text_of,
     turn_sampling,
 )
@@ -160,6 +164,7 @@ class _Live:
     branch_turn: int | None = None
     env: Any = None
     agent: ChatAgent | None = None
+    context: EpisodeContext | None = None  # context strategy and token budgets (None: neither is set)
     inline: bool = False
     observation: str = ""
     task_id: str = ""
@@ -193,6 +198,11 @@ class BranchingSampler:
         self.config = branching or BranchingConfig()
         self.stats: dict[str, Any] = {}
         self._vocab = self._vocab_size()
+        rollout = self.rollout
+        self._managed = (rollout.context.rewrites or rollout.max_turn_tokens is not None
+                         or rollout.max_episode_tokens is not None)
+        if rollout.context.rewrites:  # bad strategy settings fail now, not in every trajectory
+            EpisodeContext(rollout, policy)
 
     def _vocab_size(self) -> int | None:
         if self.config.vocab_size is not None:
@@ -229,6 +239,7 @@ class BranchingSampler:
         started = time.perf_counter()
         pool = EnvPool(self.rollout)
         executor = EnvExecutor(self.rollout.env_workers, name="agentgym-branch")  # daemon threads: a hang never blocks exit
+        self._executor = executor  # summary turns read the env's state key on it
         rngs = [np.random.default_rng([cfg.seed, g]) for g in range(len(groups))]
         created: list[list[_Live]] = [[] for _ in groups]
         fresh_used = [0] * len(groups)
@@ -320,6 +331,8 @@ class BranchingSampler:
             self.policy.begin_episode(live.traj_id, live.env)
             live.observation = text_of(observation)
             live.agent = open_conversation(self.policy, self.rollout, info, live.observation)
+            if self._managed:
+                live.context = EpisodeContext(self.rollout, self.policy)
         except Exception as exc:  # noqa: BLE001 - one trajectory's failure must not end the others
             self._fail(live, exc)
 
@@ -347,6 +360,8 @@ class BranchingSampler:
         results: list[Generation | None] = [None] * len(active)
         asking = []
         for i, live in enumerate(active):
+            if live.context is not None and not await self._compact(live):
+                continue
             if context_limit_reached(live.agent, self.policy, rollout):
                 live.outcome = context_limit_outcome()
                 live.done = live.healthy = True
@@ -356,7 +371,7 @@ class BranchingSampler:
         size = max(1, self.policy.max_batch_size)
         for start in range(0, len(order), size):
             chunk = order[start:start + size]
-            requests = [active[i].agent.request(self._sampling(active[i]), active[i].traj_id) for i in chunk]
+            requests = [active[i].agent.request(self._capped(active[i]), active[i].traj_id) for i in chunk]
             t0 = time.perf_counter()
             try:
                 generations = await act_per_request(self.policy, requests)
@@ -380,6 +395,44 @@ class BranchingSampler:
                     live.h_init = h
         return results
 
+    def _capped(self, live: _Live) -> SamplingParams:
+        sampling = self._sampling(live)
+        return sampling if live.context is None else live.context.capped(sampling)
+
+    async def _compact(self, live: _Live) -> bool:
+        """Apply the context strategy before this trajectory's next turn (a summary turn is sampled on its own,
+        not batched: summaries are rare); ``False`` when the episode ended (its token budget is spent, or it
+        failed)."""
+        context = live.context
+        assert context is not None and live.agent is not None
+
+        async def generate(request: Any) -> Generation:
+            [generation] = await act_per_request(self.policy, [request])
+            if isinstance(generation, BaseException):
+                raise generation
+            return generation
+
+        async def state_key() -> str | None:
+            return await call_env(self._executor, self.rollout.step_timeout_s, read_state_key, live.env,
+                                  inline=live.inline)
+
+        try:
+            t0 = time.perf_counter()
+            summary = await context.compact(live.agent, live.observation, self._sampling(live), live.traj_id,
+                                            generate, state_key)
+            live.timing["policy_s"] += time.perf_counter() - t0
+        except Exception as exc:  # noqa: BLE001 - one trajectory's failure must not end the others
+            self._fail(live, exc)
+            return False
+        if summary is not None:
+            live.turns.append(summary)
+            live.entropies.append(None)  # no branch point: the env never saw a summary
+        if context.spent():
+            live.outcome = limit_outcome("episode_token_limit")
+            live.done = live.healthy = True
+            return False
+        return True
+
     def _entropy(self, generation: Generation) -> float | None:
         cfg = self.config
         if self._vocab is None:
@@ -398,16 +451,30 @@ class BranchingSampler:
     async def _step(self, live: _Live, generation: Generation | None, executor: concurrent.futures.Executor) -> None:
         if live.done or generation is None:
             return
+        context = live.context
         try:
+            if context is not None:
+                context.count(generation)
+                if context.cut(generation):  # the action ran out of max_turn_tokens: recorded, never stepped
+                    prompt_ids, images, action_ids = record_action(self.policy, live.agent, generation)
+                    live.turns.append(context.stamp(make_turn(live.observation, generation, 0.0,
+                                                              {"turn": {"kind": "invalid", "calls": []}},
+                                                              prompt_ids, action_ids, None, images)))
+                    live.outcome = limit_outcome("turn_token_limit")
+                    live.done = live.healthy = True
+                    return
             step = await apply_action(self.policy, live.agent, live.env, live.observation, generation, executor,
                                       self.rollout.step_timeout_s, inline=live.inline)
             live.timing["env_s"] += step.env_s
-            live.turns.append(step.turn)
+            live.turns.append(step.turn if context is None else context.stamp(step.turn))
             live.observation = step.observation
             if step.outcome is not None:
                 live.outcome = step.outcome  # a TimeLimit truncation is max_turns
                 live.healthy = live.outcome.get("end_reason") != "error"
                 live.done = True
+            elif context is not None and context.spent():
+                live.outcome = limit_outcome("episode_token_limit")
+                live.done = live.healthy = True
         except TimeoutError:
             self._fail(live, TimeoutError(f"env call exceeded step_timeout_s={self.rollout.step_timeout_s}"))
         except Exception as exc:  # noqa: BLE001
@@ -451,6 +518,7 @@ class BranchingSampler:
         # Copies of the conversation and the turns are taken now, before the parent moves on.
         for parent, child in pending:
             child.agent = parent.agent.fork()
+            child.context = parent.context.fork() if parent.context is not None else None
             child.turns = list(parent.turns[: child.born_at])
             child.entropies = list(parent.entropies[: child.born_at])
             child.observation = parent.observation
@@ -490,6 +558,8 @@ class BranchingSampler:
         env = child.env
         observation, _ = env.reset(seed=child.spec.seed, options=self._options(child.spec))
         for i, turn in enumerate(child.turns):
+            if turn.kind == "summary":  # written for the model's context; the env never saw it
+                continue
             if text_of(observation) != turn.observation:
                 raise BranchReplayMismatch(f"replayed observation before turn {i} differs from the recorded one")
             observation, _, terminated, truncated, _ = env.step(turn.action)
@@ -532,6 +602,8 @@ class BranchingSampler:
         }
         if live.error is None and live.turns:
             metadata.update(final_state(live.agent, live.observation))
+            if live.context is not None:
+                metadata.update(live.context.metadata())
         return Trajectory(
             env_id=live.spec.env_id, task_id=live.task_id, seed=live.spec.seed, turns=tuple(live.turns),
             outcome=outcome, end_reason=str(outcome.get("end_reason", "error")), policy=self.policy.name,

@@ -9,6 +9,7 @@ sequence per segment. The strategies themselves are plain functions (:mod:`agent
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -160,6 +161,12 @@ class EpisodeContext:
         self.summaries.append(generation.text)
         self._new_segment(agent, summary_history(before, generation.text))
         return turn
+
+    def fork(self) -> EpisodeContext:
+        """An independent copy for a branch that continues this episode (its counts go on separately)."""
+        other = copy.copy(self)
+        other.summaries = list(self.summaries)
+        return other
 
     def metadata(self) -> dict[str, Any]:
         """Trajectory metadata of the strategy (only when it rewrote something)."""

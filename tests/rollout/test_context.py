@@ -238,3 +238,26 @@ def test_old_trajectory_records_still_load(tmp_path: Path) -> None:
     trajectory = Trajectory.from_dict(record)
     assert trajectory.num_segments == 1 and trajectory.token_view().input_ids == (1, 2, 3)
     assert trajectory.to_dict() == record, "an unsegmented trajectory writes the record it always wrote"
+
+
+# ---- the branching sampler ---------------------------------------------------------------------------
+@pytest.mark.parametrize("strategy", ["window", "summarize"])
+def test_branching_sampler_keeps_context_and_branches_copy_it(tokenizer: Any, strategy: str) -> None:
+    """Branches (replayed on a fresh env: LongQuest is not forkable) continue their parent's segments and
+    summaries; every trajectory finishes the 60-turn quest in segments that re-render token-exact."""
+    from agentgym.rollout.branching import BranchingConfig, BranchingSampler
+
+    config = RolloutConfig(system_prompt=SYSTEM, sampling=SamplingParams(max_tokens=16, seed=0), progress=False,
+                           context=ContextConfig(strategy, keep_turns=3), max_context_tokens=700)
+    branching = BranchingConfig(budget=3, initial_rollouts=1, beam_size=2, branch_probability=0.2,
+                                entropy_weight=0.0, entropy_top_k=0, vocab_size=512, seed=1)
+    sampler = BranchingSampler(ScriptedPolicy(solver_reply, tokenizer=tokenizer), config, branching)
+    trajectories = sampler.run([EpisodeSpec("agentgym/LongQuest-v0", task=QUEST, seed=0, group_id="g")] * 3)
+    assert any(t.metadata["tree"]["origin"] == "branch" for t in trajectories)
+    for trajectory in trajectories:
+        assert trajectory.error is None and trajectory.success and trajectory.num_segments > 1
+        summaries = sum(t.kind == "summary" for t in trajectory.turns)
+        assert len(trajectory.turns) == 60 + summaries and (summaries > 0) == (strategy == "summarize")
+        if strategy == "window":
+            assert_segments_rerender(tokenizer, trajectory, lambda k, first, t=trajectory: head(t) + (
+                pairs(t, first - 3, first) if k else []))

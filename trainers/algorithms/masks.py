@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from agentgym.errors import ConfigError, did_you_mean
-from agentgym.trajectory import END_REASONS, TURN_KINDS
+from agentgym.trajectory import BUDGET_END_REASONS, END_REASONS, TURN_KINDS
 
 from ._common import check_finite, check_vector, group_index, group_moments
 
@@ -111,7 +111,7 @@ def over_turn_mask(
     end_reasons: Sequence[str],
     *,
     last_turn_kinds: Sequence[str | None],
-    over_turn_reasons: Collection[str] = ("max_turns", "context_limit"),
+    over_turn_reasons: Collection[str] = BUDGET_END_REASONS,
     tool_call_kinds: Collection[str] = ("tool_call",),
 ) -> Tensor:
     """Mini-o3's over-turn mask: 0 for trajectories that ran out of budget while still calling tools.
@@ -125,7 +125,8 @@ def over_turn_mask(
         end_reasons: ``N`` episode end reasons (``info["outcome"]["end_reason"]``).
         last_turn_kinds: ``N`` kinds of each trajectory's last turn (``None`` for a trajectory without
             turns, which is never over-turn).
-        over_turn_reasons: End reasons that mean "the budget ran out" (turn or context limit).
+        over_turn_reasons: End reasons that mean "the budget ran out" (turns, context or tokens: the termination
+            table's budget reasons, :data:`agentgym.trajectory.TERMINATION`).
         tool_call_kinds: Last-turn kinds that mean "still calling tools".
 
     Returns:
