@@ -49,6 +49,7 @@ FAMILIES: dict[str, str] = {
     "gui": "GUI",
     "multi_agent": "Multi-agent games",
     "quest": "Long-horizon quests",
+    "report": "Reports (rubric rewards)",
 }
 
 

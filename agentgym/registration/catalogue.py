@@ -47,6 +47,7 @@ CATALOGUE: tuple[CatalogueEntry, ...] = (
     CatalogueEntry("agentgym/WebShop-text-v1", "agentgym.envs.web.env:WebShopTextEnv", family="web"),
     CatalogueEntry("agentgym/MiniWoB-v0", "agentgym.envs.gui.env:MiniWoBEnv", family="gui"),
     CatalogueEntry("agentgym/Search-v1", "agentgym.envs.search.env:SearchEnv", family="search"),
+    CatalogueEntry("agentgym/Report-v0", "agentgym.envs.report.env:ReportEnv", family="report"),
     CatalogueEntry("agentgym/TextWorld-v0", "agentgym.envs.textworld.env:TextWorldEnv", family="textworld"),
     CatalogueEntry("agentgym/ScienceWorld-v0", "agentgym.envs.scienceworld.env:ScienceWorldEnv", family="scienceworld"),
     CatalogueEntry("agentgym/LongQuest-v0", "agentgym.envs.quest.env:LongQuestEnv", family="quest"),

@@ -10,6 +10,7 @@ dropped from training like an episode whose env failed, never scored 0 or 1 in s
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -20,13 +21,23 @@ __all__ = ["score_episode", "with_reward_kwarg"]
 
 
 def with_reward_kwarg(init: Callable[..., None]) -> Callable[..., None]:
-    """``init`` taking one more keyword, ``reward`` (a :class:`Rubric` or ``"module:name"``), set after it ran."""
+    """``init`` taking one more keyword, ``reward`` (a :class:`Rubric` or ``"module:name"``), set after it ran.
+
+    A family whose own ``__init__`` already has a ``reward`` argument (the Search env's answer metric) keeps it:
+    only a Rubric, or a string naming one (it has a ``:``), is taken as the rubric there.
+    """
+    takes_own = "reward" in inspect.signature(init).parameters
 
     @functools.wraps(init)
-    def __init__(self: Any, *args: Any, reward: Rubric | str | None = None, **kwargs: Any) -> None:
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        reward = kwargs.get("reward")
+        rubric = None
+        if reward is not None and (not takes_own or isinstance(reward, Rubric)
+                                   or (isinstance(reward, str) and ":" in reward)):
+            rubric = kwargs.pop("reward")
         init(self, *args, **kwargs)
-        if reward is not None:
-            self.reward_rubric = load_rubric(reward)
+        if rubric is not None:
+            self.reward_rubric = load_rubric(rubric)
 
     __init__._takes_reward = True  # type: ignore[attr-defined]
     return __init__
