@@ -360,10 +360,9 @@ class MessageStream:
 
     def feed(self, chunk: Mapping[str, Any]) -> list[str]:
         """The events one upstream chunk makes (none for an empty delta)."""
-        if isinstance(chunk.get("error"), Mapping):
-            status = 500
-            return self._start(chunk) + [_event("error", {"error": error_body(
-                status, str(chunk["error"].get("message") or "The model server failed mid-stream."))["error"]})]
+        if isinstance(chunk.get("error"), Mapping):  # the upstream failed after its stream began
+            message = str(chunk["error"].get("message") or "The model server failed mid-stream.")
+            return self._start(chunk) + [_event("error", {"error": error_body(500, message)["error"]})]
         events = self._start(chunk)
         for choice in chunk.get("choices") or ():
             if not isinstance(choice, Mapping) or choice.get("index", 0) != 0:

@@ -251,3 +251,51 @@ def test_anthropic_sdk_authenticates_with_x_api_key(tokenizer: Any, tmp_path: Pa
             assert raw.parse().content[0].text == "Hello there. STOP more"
             assert raw.headers.get("X-Agentgym-Session-Token")  # the session's creator learns its token
     assert [r["type"] for r in read_session(tmp_path / "rec" / "keyed.jsonl")] == ["session", "call"]
+
+
+def test_the_conversion_keeps_block_order_and_refuses_what_it_cannot_carry() -> None:
+    """Pure conversion: tool results before text stay in order, tool_use input is serialised as the server
+    serialises parsed calls, tool_choice maps, and what the chat form cannot carry is a 400 naming the field."""
+    from agentgym.serving.anthropic_messages import MessageStream
+    from agentgym.serving.openai_protocol import APIError
+
+    chat = to_chat_request({"model": "m", "max_tokens": 9, "system": SYSTEM, "tools": TOOLS,
+                            "tool_choice": {"type": "any"}, "stop_sequences": ["##"], "metadata": {"user_id": "u-1"},
+                            "messages": [
+        {"role": "user", "content": "What is 2*3?"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Let me see."},
+                                          {"type": "tool_use", "id": "t1", "name": "calc", "input": {"expression": "2*3"}},
+                                          {"type": "tool_use", "id": "t2", "name": "calc", "input": {"expression": "é"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "6"},
+                                     {"type": "tool_result", "tool_use_id": "t2",
+                                      "content": [{"type": "text", "text": "err"}], "is_error": True},
+                                     {"type": "text", "text": "So?"}]}]})
+    assert [m["role"] for m in chat["messages"]] == ["system", "user", "assistant", "tool", "tool", "user"]
+    assistant = chat["messages"][2]
+    assert assistant["content"] == "Let me see."
+    assert [c["function"]["arguments"] for c in assistant["tool_calls"]] == ['{"expression": "2*3"}',
+                                                                            '{"expression": "é"}']
+    assert [m.get("tool_call_id") for m in chat["messages"][3:5]] == ["t1", "t2"]
+    assert chat["messages"][4]["content"] == "err" and chat["messages"][5]["content"] == "So?"
+    assert (chat["tool_choice"], chat["stop"], chat["user"]) == ("required", ["##"], "u-1")
+    assert chat["tools"][0]["function"]["parameters"] == TOOLS[0]["input_schema"]
+    named = to_chat_request({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}],
+                             "tools": TOOLS, "tool_choice": {"type": "tool", "name": "calc"}})
+    assert named["tool_choice"] == {"type": "function", "function": {"name": "calc"}}
+    base = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}
+    for extra, field in [({"thinking": {"type": "enabled", "budget_tokens": 9}}, "thinking"),
+                         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0]"),
+                         ({"tool_choice": {"type": "sometimes"}}, "tool_choice"),
+                         ({"max_tokens": 0}, "max_tokens"), ({"temprature": 1}, "temprature"),
+                         ({"messages": [{"role": "user", "content": [{"type": "document"}]}]},
+                          "messages[0].content[0]"),
+                         ({"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "x"}]}]},
+                          "messages[0].content[0]")]:
+        with pytest.raises(APIError) as refused:
+            to_chat_request({**base, **extra})
+        assert refused.value.status == 400 and refused.value.param == field, extra
+    assert to_chat_request({**base, "thinking": {"type": "disabled"}, "service_tier": "auto"})["max_tokens"] == 4
+    stream = MessageStream({"model": "m"})
+    events = stream.feed({"error": {"message": "boom"}})
+    assert events[0].startswith("event: message_start") and events[-1].startswith("event: error")
+    assert json.loads(events[-1].split("data: ", 1)[1])["error"] == {"type": "api_error", "message": "boom"}
