@@ -180,8 +180,8 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
         if not isinstance(tool, Mapping):
             raise APIError(f"{at} must be an object with 'name' and 'input_schema'.", param=at)
         if tool.get("type") not in (None, "custom"):
-            raise APIError(f"{at} is a server tool ({tool.get('type')!r}), which runs on Anthropic's side; this gateway "
-                           "takes client tools only ({'name', 'description', 'input_schema'}).", param=at)
+            raise APIError(f"{at} is a server tool ({tool.get('type')!r}), which runs on Anthropic's side; this "
+                           "gateway takes client tools only ({'name', 'description', 'input_schema'}).", param=at)
         name, schema = tool.get("name"), tool.get("input_schema")
         if not isinstance(name, str) or not name or not isinstance(schema, Mapping):
             raise APIError(f"{at} needs a 'name' (string) and an 'input_schema' (a JSON schema object).", param=at)
@@ -384,8 +384,9 @@ class MessageStream:
                 position = call.get("index", 0)
                 function = call.get("function") if isinstance(call.get("function"), Mapping) else {}
                 if position not in self.tool_blocks:
-                    events += self._open({"type": "tool_use", "id": str(call.get("id") or f"toolu_{uuid.uuid4().hex[:24]}"),
-                                          "name": str(function.get("name", "")), "input": {}})
+                    call_id = str(call.get("id") or f"toolu_{uuid.uuid4().hex[:24]}")
+                    events += self._open({"type": "tool_use", "id": call_id, "name": str(function.get("name", "")),
+                                          "input": {}})
                     self.tool_blocks[position] = self.block
                 arguments = function.get("arguments")
                 if isinstance(arguments, str) and arguments:

@@ -591,7 +591,8 @@ class _Proxy:
         """The body sent upstream for ``body`` (ids and log-probs asked for, the session's per-call seed)."""
         return self.upstream_body(body, endpoint, self.gateway.next_call_seed(sid))
 
-    async def complete(self, upstream: dict[str, Any], endpoint: str, sid: str, *, api: str = "openai") -> dict[str, Any]:
+    async def complete(self, upstream: dict[str, Any], endpoint: str, sid: str, *,
+                       api: str = "openai") -> dict[str, Any]:
         """One non-streamed call, recorded; the upstream's answer as JSON.
 
         Raises:
@@ -617,7 +618,8 @@ class _Proxy:
         if response.status_code != 200:
             content = await response.aread()
             await response.aclose()
-            raise _UpstreamError(response.status_code, content, response.headers.get("content-type", "application/json"))
+            raise _UpstreamError(response.status_code, content,
+                                 response.headers.get("content-type", "application/json"))
 
         async def relay() -> AsyncIterator[dict[str, Any] | str]:
             merged: dict[str, Any] = {"choices": {}}

@@ -263,9 +263,10 @@ def test_the_conversion_keeps_block_order_and_refuses_what_it_cannot_carry() -> 
                             "tool_choice": {"type": "any"}, "stop_sequences": ["##"], "metadata": {"user_id": "u-1"},
                             "messages": [
         {"role": "user", "content": "What is 2*3?"},
-        {"role": "assistant", "content": [{"type": "text", "text": "Let me see."},
-                                          {"type": "tool_use", "id": "t1", "name": "calc", "input": {"expression": "2*3"}},
-                                          {"type": "tool_use", "id": "t2", "name": "calc", "input": {"expression": "é"}}]},
+        {"role": "assistant", "content": [
+            {"type": "text", "text": "Let me see."},
+            {"type": "tool_use", "id": "t1", "name": "calc", "input": {"expression": "2*3"}},
+            {"type": "tool_use", "id": "t2", "name": "calc", "input": {"expression": "é"}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "6"},
                                      {"type": "tool_result", "tool_use_id": "t2",
                                       "content": [{"type": "text", "text": "err"}], "is_error": True},
