@@ -50,6 +50,7 @@ FAMILIES: dict[str, str] = {
     "multi_agent": "Multi-agent games",
     "quest": "Long-horizon quests",
     "report": "Reports (rubric rewards)",
+    "dialogue": "Dialogue (simulated user)",
 }
 
 

@@ -48,6 +48,7 @@ CATALOGUE: tuple[CatalogueEntry, ...] = (
     CatalogueEntry("agentgym/MiniWoB-v0", "agentgym.envs.gui.env:MiniWoBEnv", family="gui"),
     CatalogueEntry("agentgym/Search-v1", "agentgym.envs.search.env:SearchEnv", family="search"),
     CatalogueEntry("agentgym/Report-v0", "agentgym.envs.report.env:ReportEnv", family="report"),
+    CatalogueEntry("agentgym/Support-v0", "agentgym.envs.dialogue.env:SupportEnv", family="dialogue"),
     CatalogueEntry("agentgym/TextWorld-v0", "agentgym.envs.textworld.env:TextWorldEnv", family="textworld"),
     CatalogueEntry("agentgym/ScienceWorld-v0", "agentgym.envs.scienceworld.env:ScienceWorldEnv", family="scienceworld"),
     CatalogueEntry("agentgym/LongQuest-v0", "agentgym.envs.quest.env:LongQuestEnv", family="quest"),
