@@ -35,7 +35,6 @@ import torch
 from agentgym.rollout import summarize
 from agentgym.suite import Task
 from agentgym.trainers.grpo_config import GrpoConfig
-from agentgym.trainers import algorithms as alg
 from agentgym.trainers.batch import TrainingBatch
 from agentgym.trainers.grpo import GrpoTrainer
 from agentgym.trainers.seeding import mix_seed
@@ -153,11 +152,8 @@ class GatewayGrpoTrainer(GrpoTrainer):
                           usable: list[int], batch: TrainingBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """GRPO's group advantage, with each episode counted once in its group's statistics (its rows share the
         episode's return, so they all get the same advantage)."""
-        leaders = episode_leaders(trajectories)
-        advantages = alg.group_advantages(scores, [t.group_id for t in trajectories], mode=self.config.advantage,
-                                          singleton=self.config.singleton_advantage, stats_mask=stats_mask & leaders)
-        rows = advantages[usable] if usable else torch.zeros(0)
-        return rows[:, None].expand(-1, batch.input_ids.shape[1]).clone(), {}
+        return super()._token_advantages(trajectories, scores, stats_mask & episode_leaders(trajectories), usable,
+                                         batch)
 
     def _rollout_metrics(self, trajectories: list[Trajectory]) -> dict[str, float]:
         return dict(self.session_stats)

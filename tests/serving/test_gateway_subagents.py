@@ -113,10 +113,11 @@ def test_openai_agent_spawns_subagents_merged_or_separate(script: CalcScript, tm
     # merge: every row of an episode gets the episode's one advantage, each episode counted once in its group
     rows = merged.trajectories
     scores = torch.tensor([t.score for t in rows])
-    batch = SimpleNamespace(input_ids=torch.zeros(len(rows), 5, dtype=torch.long))
-    fake = SimpleNamespace(config=SimpleNamespace(advantage="grpo", singleton_advantage="zero"))
-    advantages, _ = GatewayGrpoTrainer._token_advantages(fake, rows, scores, torch.ones(len(rows), dtype=torch.bool),
-                                                         list(range(len(rows))), batch)
+    batch = SimpleNamespace(input_ids=torch.zeros(len(rows), 5, dtype=torch.long), episode_index=None)
+    trainer = GatewayGrpoTrainer.__new__(GatewayGrpoTrainer)  # the advantage step alone: no model needed
+    trainer.config = SimpleNamespace(advantage="grpo", singleton_advantage="zero")
+    advantages, _ = trainer._token_advantages(rows, scores, torch.ones(len(rows), dtype=torch.bool),
+                                              list(range(len(rows))), batch)
     per_row = {t.metadata["session"]: float(a[0]) for t, a in zip(rows, advantages)}
     expected = 1.0 / (2 ** 0.5 + 1e-6)  # two episodes scoring 1 and 0: (1 - 0.5) / std([1, 0])
     for sid in ("won", "won-sub", "won-subsub"):
