@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agentgym.toolset import ToolCall
+from agentgym.utils.untrusted_ast import parse_untrusted
 
 __all__ = [
     "BareNameParser",
@@ -500,7 +501,7 @@ class FunctionCallParser:
         stripped = inner.strip()
         if len(stripped) >= 2 and stripped[0] == stripped[-1] and stripped[0] in "\"'":
             try:
-                value = literal_value(ast.parse(stripped, mode="eval").body)
+                value = literal_value(parse_untrusted(stripped).body)
             except (SyntaxError, ValueError, RecursionError, MemoryError):
                 return stripped
             if isinstance(value, str):
@@ -530,7 +531,7 @@ class FunctionCallParser:
                 positions.append(match.start())
                 continue
             try:
-                node = ast.parse(f"_f({inner})", mode="eval").body
+                node = parse_untrusted(f"_f({inner})").body
                 if not isinstance(node, ast.Call):
                     raise ValueError("not a call")
                 args = tuple(literal_value(a) for a in node.args)

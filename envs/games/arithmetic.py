@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from agentgym.errors import TaskError
 from agentgym.suite import Task
+from agentgym.utils.untrusted_ast import parse_untrusted
 
 __all__ = ["MAX_EXPRESSION_CHARS", "MAX_LITERAL_DIGITS", "MAX_RESULT_DIGITS", "OPERATORS", "CalcError", "evaluate",
            "expression_of"]
@@ -91,7 +92,7 @@ def evaluate(expression: str) -> int:
     if len(text) > MAX_EXPRESSION_CHARS:
         raise CalcError(f"the expression has {len(text)} characters; the limit is {MAX_EXPRESSION_CHARS}.")
     try:
-        tree = ast.parse(text, mode="eval")
+        tree = parse_untrusted(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         raise CalcError(f"cannot read {text!r}; {_HOW}.") from None
     return _eval_node(tree.body)
