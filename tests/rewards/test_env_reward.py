@@ -85,3 +85,18 @@ def test_engine_episodes_with_an_in_env_judge() -> None:
         assert t.error is None and t.score == pytest.approx(1.0), t.outcome
         assert sum(turn.reward for turn in t.turns) == pytest.approx(t.score)
     assert judge.calls == 3
+
+
+def test_a_suite_yaml_names_the_rubric(tmp_path) -> None:
+    from agentgym.registration.suites import load_suite
+    from agentgym.rollout import episodes_for_suite
+
+    path = tmp_path / "calc-rubric.yaml"
+    path.write_text("name: calc-rubric\nversion: 1\nenv: agentgym/Calculator-v0\nseed: 0\n"
+                    "generator: agentgym.envs.games.calculator:generate_tasks\n"
+                    "env_kwargs: {reward: 'tests.rewards.test_env_reward:NAMED'}\n"
+                    "splits:\n  test:\n    count: 3\n")
+    suite = load_suite(str(path))
+    out = RolloutEngine(ReferencePolicy(), RolloutConfig(progress=False)).run(episodes_for_suite(suite, "test"))
+    assert [t.score for t in out] == [0.5, 0.5, 0.5]
+    assert all(t.outcome["checker_score"] == 1.0 and sum(turn.reward for turn in t.turns) == 0.5 for t in out)
