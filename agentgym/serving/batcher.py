@@ -182,6 +182,8 @@ class Batcher:
                 stats.inter_token_latency.observe(now - last[0])
             else:
                 stats.time_to_first_token.observe(now - start)
+                # Rows decoding together when this one joined: the continuous path's batch size.
+                stats.max_batch_seen = max(stats.max_batch_seen, self.policy.continuous_load()[1])
             last[0] = now
             stats.token_rate.add(now)
             if on_token is not None:
