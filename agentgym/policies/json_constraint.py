@@ -156,6 +156,7 @@ class JsonSchema:
         if isinstance(kind, list):
             raise UnsupportedSchema(f"{path}: a list of types {kind!r} is not supported; give one type.", "type", path)
         if kind is None:
+            self._check_keys(schema, {"$defs", "definitions"}, path)  # names a combinator (anyOf, ...) if there is one
             raise UnsupportedSchema(f"{path}: a schema without 'type' (or enum/const/$ref) is not supported.", "type",
                                     path)
         if kind in ("string", "integer", "number"):
