@@ -269,7 +269,8 @@ class OpenAIPolicy(OpenAIHTTPClient, Policy):
 
     async def _complete(self, state: _LoopState, model: str, request: GenerationRequest) -> Generation:
         payload: dict[str, Any] = {
-            "model": model, "prompt": _local_prompt_ids(request, self.tokenizer), **self._sampling_fields(request.sampling),
+            "model": model, "prompt": _local_prompt_ids(request, self.tokenizer),
+            **self._sampling_fields(request.sampling),
             "logprobs": max(1, request.sampling.top_logprobs), "return_token_ids": True, "return_tokens_as_token_ids": True,
         }
         if request.sampling.stop:

@@ -44,7 +44,8 @@ def test_both_samplers_write_only_valid_documents(policy: Any) -> None:
     from agentgym.policies.json_constraint import JsonConstraint, TokenVocabulary
 
     constraint = JsonConstraint(SCHEMA, TokenVocabulary(policy.tokenizer))
-    free = GenerationRequest(messages=({"role": "user", "content": "free"},), sampling=SamplingParams(max_tokens=12, seed=0))
+    free = GenerationRequest(messages=({"role": "user", "content": "free"},),
+                             sampling=SamplingParams(max_tokens=12, seed=0))
     requests = _requests(constraint, 1.0)
     continuous = asyncio.run(policy.act([*requests, free]))  # the engine's path (continuous batching)
     assert policy._continuous is not None

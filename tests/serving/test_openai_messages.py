@@ -118,7 +118,8 @@ def test_normalize_messages_follows_vllm() -> None:
             {"id": "b", "type": "function", "function": {"name": "g", "arguments": ""}},
             {"id": "c", "type": "function", "function": {"name": "h", "arguments": "{not json"}},
             {"id": "d", "type": "function", "function": {"name": "k", "arguments": "[1, 2]"}}]},
-        {"role": "tool", "tool_call_id": "a", "content": [{"type": "text", "text": "1"}, {"type": "text", "text": "2"}]},
+        {"role": "tool", "tool_call_id": "a",
+         "content": [{"type": "text", "text": "1"}, {"type": "text", "text": "2"}]},
     ]
     out = normalize_messages(messages)
     assert out[0] == {"role": "system", "content": "Be\nbrief."}  # vLLM joins text parts with newlines
@@ -170,7 +171,8 @@ def test_openai_policy_renders_tool_history_as_the_server_does(qwen_tools_tokeni
     history = (
         {"role": "user", "content": "What is 12 + 30?"},
         {"role": "assistant", "content": "Let me compute.", "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "calc", "arguments": '{"expression": "12+30"}'}}]},
+            {"id": "call_1", "type": "function",
+             "function": {"name": "calc", "arguments": '{"expression": "12+30"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "42"},
     )
     with _server(policy) as srv:
