@@ -114,6 +114,7 @@ def render(method: str, results: Path) -> tuple[str, list[str]]:
 
 
 def expected_files(results: Path = RESULTS, docs: Path = DOCS) -> dict[Path, bytes]:
+    """Every file the generator owns (the pages and the plots they show) with the bytes it should hold."""
     files: dict[Path, bytes] = {}
     for method in PAGES:
         text, plots = render(method, results)
@@ -126,6 +127,7 @@ def expected_files(results: Path = RESULTS, docs: Path = DOCS) -> dict[Path, byt
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Rewrite the stale pages, or with ``--check`` only name them (exit 1)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when a page is stale")
     parser.add_argument("--results", default=str(RESULTS), help="folder of study_*.json (default benchmarks/results)")

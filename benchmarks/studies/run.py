@@ -112,6 +112,7 @@ def agreement(study: Study, scale: Scale, scale_name: str, model: Path, args: ar
 
 
 def format_agreement(report: dict[str, Any]) -> str:
+    """One line of :func:`agreement`'s numbers, as the study prints it before training."""
     def f(key: str, spec: str = ".3f") -> str:
         value = report.get(key)
         return "-" if value is None else format(value, spec)

@@ -126,3 +126,13 @@ def test_research_pages_state_each_goal_from_goal_scale_files_only(tmp_path: Pat
 
 def test_committed_research_pages_are_generated_from_the_committed_results() -> None:
     assert research_pages.main(["--check"]) == 0, "run python benchmarks/studies/research_pages.py and commit"
+
+
+def test_agreement_alone_through_the_command(workdir: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """``agentgym study NAME --agreement`` measures GRPO vs GiGPO on the study's rollouts and trains nothing."""
+    from agentgym.cli.main import main
+
+    assert main(["study", "arpo_vs_grpo", "--scale", "smoke", "--agreement", "--out", str(tmp_path),
+                 "--workdir", str(workdir)]) == 0
+    assert "GRPO vs GiGPO on 8 rollouts" in capfd.readouterr().out
+    assert not list(tmp_path.glob("study_*.json"))  # no result file: nothing was trained
