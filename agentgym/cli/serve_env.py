@@ -36,7 +36,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "client never fills the server; raise it when one trainer is the only client)")
     p.add_argument("--idle-timeout", type=non_negative_float, default=600.0,
                    help="close a session (and release its env) after this many seconds without a message from "
-                        "its client (default 600; 0 keeps sessions while connected)")
+                        "its client after a reply; any message, e.g. a state request, restarts the wait "
+                        "(agentgym/Remote-v0 sends one while its model thinks) (default 600; 0 keeps sessions "
+                        "while connected)")
     p.add_argument("--api-key", default=None,
                    help="require this key (Authorization: Bearer KEY) on every route but /health "
                         "(default: $AGENTGYM_API_KEY; unset: open)")

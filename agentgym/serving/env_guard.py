@@ -4,10 +4,14 @@ Why: each WebSocket session of ``agentgym serve-env`` holds a live env (a sandbo
 server has a global cap (``--max-sessions``). Without more, one client that opens that many connections and sends
 nothing keeps every other client out for as long as it likes. Two limits stop that:
 
-* **Idle timeout.** A session whose client sends no message for ``idle_timeout_s`` while the server waits for one
-  is closed: the client gets an OpenEnv error message (code ``SESSION_IDLE_TIMEOUT``) and the close code 4408, and
-  the server's session handler sees a disconnect, so it closes the env through its usual path. Time the server
-  spends on the client's request (a long step) does not count: only waiting for the client does.
+* **Idle timeout.** Idle time runs from the server's reply (or the handshake) until the client's next message,
+  and only then: time the server spends on the client's request (a long step) does not count. Any message restarts
+  it, so a client that thinks longer (waits for its model) keeps its session by sending one meanwhile; OpenEnv's
+  ``state`` request is the cheap one, and :class:`~agentgym.serving.remote_env.RemoteEnv` sends it by itself while
+  an episode waits for its next action. A session past the limit is closed: the client gets an OpenEnv error
+  message (code ``SESSION_IDLE_TIMEOUT``, "Session expired: ...") and the close code 4408 with the reason
+  "session expired", and the server's session handler sees a disconnect, so it closes the env through its usual
+  path.
 * **Per-client cap.** At most ``max_per_client`` sessions per remote address at a time; one more is answered with
   an OpenEnv error message (code ``CLIENT_LIMIT_REACHED``) and the close code 4429, before any env is made.
 
@@ -144,10 +148,12 @@ class SessionGuard:
                 try:
                     await send({"type": "websocket.send", "text": _error_text(
                         SESSION_IDLE_TIMEOUT,
-                        f"The session was closed after {timeout:g} s without a message from the client, and its "
-                        "env was released. Open a new session (connect again); the server's --idle-timeout sets "
-                        "the limit.", idle_timeout_s=timeout)})
-                    await send({"type": "websocket.close", "code": IDLE_CLOSE_CODE, "reason": "idle timeout"})
+                        f"Session expired: the server waited {timeout:g} s for the client's next message after its "
+                        "last reply, closed the session and released its env. Open a new session (connect again) "
+                        "and reset; to think longer between steps, send any message meanwhile (a state request "
+                        "does), or raise the server's --idle-timeout.", idle_timeout_s=timeout)})
+                    await send({"type": "websocket.close", "code": IDLE_CLOSE_CODE,
+                                "reason": f"session expired: no message for {timeout:g} s (idle timeout)"})
                 except Exception:  # noqa: BLE001 - the client may be gone already; the app still must clean up
                     pass
                 return {"type": "websocket.disconnect", "code": IDLE_CLOSE_CODE}

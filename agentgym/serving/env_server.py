@@ -34,7 +34,9 @@ handshake (:class:`AgentGymClient` and ``RemoteEnv`` take ``api_key=``; OpenEnv'
 headers, so subclass its ``connect`` or use :class:`AgentGymClient`).
 
 OpenEnv's HTTP ``/reset`` and ``/step`` are stateless by design (each builds and closes a fresh env); episodes live
-in ``/ws`` sessions. ``openenv-core`` is an optional extra (``pip install 'agentgym[serve-env]'``), imported only
+in ``/ws`` sessions, and a request's mistake (an unknown task id, a ``/step`` with no episode) is answered 400 with
+the env's message. openenv-core's ``/mcp`` route is off (404): it made sessions from plain HTTP POSTs, outside every
+``/ws`` limit, and agentgym envs expose no MCP tools (see :func:`_turn_off_mcp`). ``openenv-core`` is an optional extra (``pip install 'agentgym[serve-env]'``), imported only
 here, and its import costs seconds (it imports gradio), so ``import agentgym`` never touches it.
 """
 
@@ -72,6 +74,7 @@ try:
     from openenv.core.env_server.interfaces import Environment
     from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
     from pydantic import Field
+    from starlette.websockets import WebSocket  # module level: FastAPI resolves route annotations in globals
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise DependencyNotInstalled("openenv-core", "serve-env", "serving envs over OpenEnv's protocol") from exc
 
@@ -137,6 +140,9 @@ class AgentGymState(State):
     task_id: Optional[str] = None
     turn: int = 0
     done: bool = False
+    idle_timeout_s: Optional[float] = Field(
+        default=None, description="Seconds the server waits for this session's next message before closing it "
+                                  "(null: no limit); any message, a state request included, restarts the wait.")
 
 
 # ---- spaces as JSON ------------------------------------------------------------------------------------------
@@ -246,7 +252,7 @@ class AgentGymEnvironment(Environment):
     SUPPORTS_CONCURRENT_SESSIONS = True
 
     def __init__(self, env_id: str, env_kwargs: Mapping[str, Any], observation_space: Mapping[str, Any],
-                 inline: bool = False, family: str = "") -> None:
+                 inline: bool = False, family: str = "", idle_timeout_s: float | None = None) -> None:
         super().__init__()
         self.env_id = env_id
         self.family = family
@@ -256,7 +262,8 @@ class AgentGymEnvironment(Environment):
         self._executor: ThreadPoolExecutor | None = None
         self._env: Any = None
         self._closed = False
-        self._state = AgentGymState(env_id=env_id, observation_space=self._space)
+        self._idle_timeout_s = idle_timeout_s
+        self._state = AgentGymState(env_id=env_id, observation_space=self._space, idle_timeout_s=idle_timeout_s)
 
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Run an env call: inline on the event loop for ``cheap_steps`` envs (microseconds of pure computation, as
@@ -304,7 +311,8 @@ class AgentGymEnvironment(Environment):
         env = self._ensure_env()
         observation, info = env.reset(seed=seed, options=options)
         self._state = AgentGymState(env_id=self.env_id, observation_space=self._space, episode_id=episode_id,
-                                    task_id=info.get("task_id"), step_count=0, turn=0, done=False)
+                                    task_id=info.get("task_id"), step_count=0, turn=0, done=False,
+                                    idle_timeout_s=self._idle_timeout_s)
         return _to_wire(observation, info, reward=None, terminated=False, truncated=False, state_key=self._key())
 
     def step(self, action: AgentGymAction, timeout_s: Optional[float] = None, **kwargs: Any) -> AgentGymObservation:
@@ -417,13 +425,15 @@ def create_env_app(env_id: str, *, env_kwargs: Mapping[str, Any] | None = None, 
     app = FastAPI(title=f"agentgym env server: {env_id}", version=_version(),
                   description="An agentgym env behind OpenEnv's protocol (openenv-core's HTTPEnvServer).")
     factory = functools.partial(AgentGymEnvironment, env_id=env_id, env_kwargs=kwargs, observation_space=space,
-                                inline=inline, family=family)
+                                inline=inline, family=family, idle_timeout_s=idle_timeout_s)
     # The idle timeout is ours (SessionGuard), not OpenEnv's reaper: the reaper counts a long step as idleness
     # and closes the env under it, and it leaves the connection open.
     server = HTTPEnvServer(factory, AgentGymAction, AgentGymObservation,
                            concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions,
                                                                 session_timeout=None))
     server.register_routes(app)
+    _turn_off_mcp(app)
+    _answer_env_errors_with_4xx(app)
     guard = GuardStats()
 
     @app.get("/sessions", tags=["Health"], summary="Sessions, capacity and live envs of this server")
@@ -444,6 +454,55 @@ def create_env_app(env_id: str, *, env_kwargs: Mapping[str, Any] | None = None, 
     app.state.env_server = server
     app.state.session_guard = guard
     return app
+
+
+MCP_OFF_CLOSE_CODE = 4404
+"""WebSocket close code for ``/mcp`` (application range, RFC 6455 section 7.4.2; echoes HTTP's 404)."""
+
+_MCP_OFF = ("This env server does not serve MCP: agentgym envs take their tool calls as the text of a step action "
+            "on a /ws session (OpenEnv's EnvClient/GenericEnvClient, or gym.make('agentgym/Remote-v0', url=...)).")
+
+
+def _turn_off_mcp(app: Any) -> None:
+    """Replace openenv-core's ``/mcp`` routes (HTTP POST and WebSocket) with a 404 that says where to go.
+
+    Why: its ``openenv/session/create`` method makes a server session from a plain HTTP POST. Such sessions sit
+    outside the ``/ws`` connection that the per-client cap and the idle timeout watch, so a few anonymous POSTs
+    filled a server for good. agentgym envs expose no MCP tools (their tools run inside ``step``), so the route
+    served nothing else.
+    """
+    from fastapi.responses import JSONResponse
+
+    app.router.routes = [route for route in app.router.routes if getattr(route, "path", None) != "/mcp"]
+
+    @app.post("/mcp", include_in_schema=False)
+    async def mcp_off() -> Any:
+        return JSONResponse(status_code=404, content={"detail": _MCP_OFF, "code": "MCP_NOT_SERVED"})
+
+    @app.websocket("/mcp")
+    async def mcp_ws_off(websocket: WebSocket) -> None:
+        await websocket.accept()
+        await websocket.send_text(json.dumps({"type": "error", "data": {"code": "MCP_NOT_SERVED",
+                                                                        "message": _MCP_OFF}}))
+        await websocket.close(code=MCP_OFF_CLOSE_CODE, reason="MCP is not served")
+
+
+def _answer_env_errors_with_4xx(app: Any) -> None:
+    """HTTP ``/reset`` and ``/step`` answer a client's mistake with 400 and the env's message, not a bare 500.
+
+    The env raises :class:`AgentGymError` for what the request got wrong (an unknown task id, a step with no
+    episode: OpenEnv's HTTP ``/step`` builds a fresh env per request, so it never has one); an env that crashed
+    (:class:`EnvCrashed`) is the server's failure, answered 502. WebSocket sessions send their errors as OpenEnv
+    error messages already and do not pass through here.
+    """
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
+
+    @app.exception_handler(AgentGymError)
+    async def env_error(request: Request, exc: AgentGymError) -> Any:
+        crashed = isinstance(exc, EnvCrashed)
+        return JSONResponse(status_code=502 if crashed else 400,
+                            content={"detail": str(exc), "code": "ENV_CRASHED" if crashed else type(exc).__name__})
 
 
 def _drop_close_after_disconnect(record: logging.LogRecord) -> bool:

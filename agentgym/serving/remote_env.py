@@ -10,14 +10,21 @@ Failures: a server that dies, drops the connection or does not answer within ``t
 with ``end_reason="error"`` (terminated, reward so that the episode's return is 0, like an in-process
 :class:`~agentgym.errors.EnvCrashed`), never a hang; the next ``reset`` reconnects and raises ``EnvCrashed`` when
 the server is still gone. Errors the server answers on purpose (a bad reset option, a full server, a refused API
-key) raise :class:`~agentgym.serving.env_server.EnvServerError` with the server's message. A session the server
-closed because it sat idle past the server's ``--idle-timeout`` ends its episode with ``end_reason="error"`` if
-one was running; the next ``reset`` opens a new session.
+key) raise :class:`~agentgym.serving.env_server.EnvServerError` with the server's message.
+
+Idle time. The server closes a session that sends nothing for its ``--idle-timeout`` after a reply (the rule is in
+:mod:`agentgym.serving.env_guard`). The server cannot see the client's model call, so while an episode waits for its
+next action, :class:`RemoteEnv` sends OpenEnv's ``state`` request in the background every third of the server's
+timeout (the server publishes it in its state), for up to ``keepalive_s`` per turn: a slow model turn keeps its
+session, an abandoned episode still lets the server reclaim its env. A session that expired anyway ("session
+expired", close code 4408) ends a running episode with ``end_reason="error"``; the next ``reset`` opens a new
+session by itself and logs that it did.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import signal
@@ -35,6 +42,8 @@ from agentgym.spaces import UnicodeText
 
 __all__ = ["EnvServerProcess", "RemoteEnv", "launch_env_server"]
 
+logger = logging.getLogger(__name__)
+
 
 class RemoteEnv(gym.Env):
     """One session of an agentgym env server, as a Gymnasium env.
@@ -45,6 +54,8 @@ class RemoteEnv(gym.Env):
         connect_timeout_s: Longest wait to open the WebSocket session.
         timeout_s: Longest wait for one answer (reset, step); past it the episode ends with ``end_reason="error"``.
         api_key: The server's API key (``None``: ``$AGENTGYM_API_KEY`` if set, else none).
+        keepalive_s: How long one turn may take on this side (the model thinking) while the session is kept alive
+            with background ``state`` requests; past it the server's idle timeout applies. ``0``: never.
 
     Raises:
         EnvCrashed: No server answers at ``url``.
@@ -57,12 +68,14 @@ class RemoteEnv(gym.Env):
     cheap_steps: ClassVar[bool] = False
 
     def __init__(self, url: str, env_id: str | None = None, *, connect_timeout_s: float = 10.0,
-                 timeout_s: float = 60.0, api_key: str | None = None) -> None:
+                 timeout_s: float = 60.0, api_key: str | None = None, keepalive_s: float = 1800.0) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://", "ws://", "wss://")):
             raise AgentGymError(f"url must be the env server's base URL such as 'http://127.0.0.1:8000', got {url!r}; "
                                 "start a server with 'agentgym serve-env ENV_ID --port 8000'.")
         if connect_timeout_s <= 0 or timeout_s <= 0:
             raise AgentGymError(f"connect_timeout_s and timeout_s must be > 0, got {connect_timeout_s} and {timeout_s}.")
+        if not keepalive_s >= 0:
+            raise AgentGymError(f"keepalive_s must be >= 0 seconds (0: no keepalive), got {keepalive_s}.")
         from agentgym.serving import env_server
 
         self._wire = env_server
@@ -78,6 +91,12 @@ class RemoteEnv(gym.Env):
         self._paid = 0.0
         self._turn = 0
         self._in_episode = False
+        self.keepalive_s = float(keepalive_s)
+        self._lock = threading.Lock()  # one request at a time on the session: the caller's or the keepalive's
+        self._last_reply = time.monotonic()
+        self._idle_timeout_s: float | None = None
+        self._stop = threading.Event()
+        self._keeper: threading.Thread | None = None
         state = self._connect()
         self.env_id: str = state.env_id
         if env_id is not None and env_id.split(":", 1)[-1] != self.env_id:
@@ -102,7 +121,29 @@ class RemoteEnv(gym.Env):
             raise EnvCrashed(f"No agentgym env server answered at {self.url} ({type(exc).__name__}: {exc}); start "
                              "one with 'agentgym serve-env ENV_ID --port PORT'.") from exc
         self._client = client
+        self._idle_timeout_s = getattr(state, "idle_timeout_s", None)
+        self._last_reply = time.monotonic()
+        if self._idle_timeout_s and self.keepalive_s > 0 and self._keeper is None:
+            self._keeper = threading.Thread(target=self._keep_alive, name="agentgym-remote-keepalive", daemon=True)
+            self._keeper.start()
         return state
+
+    def _keep_alive(self) -> None:
+        """While an episode waits for its next action (for up to ``keepalive_s``), send a ``state`` request every
+        third of the server's idle timeout, so time spent on this side does not expire the session."""
+        while not self._stop.wait(max(0.05, float(self._idle_timeout_s or 0) / 3)):
+            if not self._in_episode or time.monotonic() - self._last_reply > self.keepalive_s:
+                continue
+            if not self._lock.acquire(blocking=False):
+                continue  # a request is under way: it keeps the session alive itself
+            try:
+                client = self._client
+                if client is not None and self._in_episode:
+                    client.state()
+            except Exception:  # noqa: BLE001 - the next reset/step meets the same failure and handles it
+                pass
+            finally:
+                self._lock.release()
 
     def _drop_connection(self) -> None:
         client, self._client = self._client, None
@@ -111,11 +152,16 @@ class RemoteEnv(gym.Env):
 
     # ---- gymnasium API ---------------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        with self._lock:
+            return self._reset(seed=seed, options=options)
+
+    def _reset(self, *, seed: int | None, options: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
         super().reset(seed=seed)
         if self._closed:
             raise AgentGymError("This RemoteEnv is closed; make a new one with gym.make('agentgym/Remote-v0', url=...).")
         if self._client is None:
             self._connect()  # the last episode lost its server; try again (raises EnvCrashed if still gone)
+            logger.warning("agentgym/Remote-v0: reconnected to %s (the previous session was lost)", self.url)
         payload: dict[str, Any] = {"seed": seed}
         if options is not None:
             payload["options"] = _options_to_wire(options)
@@ -128,6 +174,8 @@ class RemoteEnv(gym.Env):
                 # The server closed our idle session between episodes; a reset needs no old state: open another.
                 self._drop_connection()
                 self._connect()
+                logger.warning("agentgym/Remote-v0: the session at %s expired (idle timeout); reconnected with a "
+                               "new session for this reset", self.url)
                 result = self._client.reset(**payload)
         except self._wire.EnvServerError:
             raise
@@ -138,11 +186,16 @@ class RemoteEnv(gym.Env):
         self._paid = 0.0
         self._turn = 0
         self._in_episode = True
+        self._last_reply = time.monotonic()
         self._state_key = wire.state_key
         self._last_obs = self._wire.observation_from_wire(wire, self.observation_space)
         return self._last_obs, dict(wire.info)
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        with self._lock:
+            return self._step(action)
+
+    def _step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         if self._closed:
             raise AgentGymError("This RemoteEnv is closed; make a new one with gym.make('agentgym/Remote-v0', url=...).")
         if not self._in_episode:
@@ -161,6 +214,7 @@ class RemoteEnv(gym.Env):
         reward = self._wire.finite_or_zero(result.reward)
         self._paid += reward
         self._turn += 1
+        self._last_reply = time.monotonic()
         self._state_key = wire.state_key
         self._last_obs = self._wire.observation_from_wire(wire, self.observation_space)
         if wire.terminated or wire.truncated:
@@ -204,7 +258,9 @@ class RemoteEnv(gym.Env):
         """End the session (the server closes its env); idempotent, and bounded when the server is gone."""
         self._closed = True
         self._in_episode = False
-        self._drop_connection()
+        self._stop.set()
+        with self._lock:
+            self._drop_connection()
         super().close()
 
 

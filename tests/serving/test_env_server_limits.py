@@ -98,14 +98,17 @@ def test_idle_sessions_are_closed_and_their_envs_released() -> None:
             assert sessions(server)["live_envs"] == 1
             goodbye = json.loads(ws.recv(timeout=10))
             assert goodbye["data"]["code"] == "SESSION_IDLE_TIMEOUT" and "--idle-timeout" in goodbye["data"]["message"]
+            assert goodbye["data"]["message"].startswith("Session expired")
             with pytest.raises(ConnectionClosed) as closed:
                 ws.recv(timeout=10)
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 4408
+            assert "session expired" in closed.value.rcvd.reason
         assert wait_for(lambda: sessions(server)["live_envs"] == 0 and sessions(server)["active_sessions"] == 0)
         assert sessions(server)["idle_closed"] >= 1
 
-        # Remote-v0 mid-episode: the episode ends with an error (its env is gone); the next reset opens a session.
-        env = gym.make("agentgym/Remote-v0", url=server.url, timeout_s=30)
+        # Remote-v0 mid-episode without its keepalive: the episode ends with an error (its env is gone); the next
+        # reset opens a session.
+        env = gym.make("agentgym/Remote-v0", url=server.url, timeout_s=30, keepalive_s=0)
         env.reset(seed=2)
         time.sleep(2.5)
         obs, reward, terminated, _, info = env.step("answer(1)")
@@ -198,4 +201,85 @@ def test_the_api_key_holds_on_http_and_websocket() -> None:
         env = gym.make("agentgym/Remote-v0", url=server.url, api_key=KEY)
         env.reset(seed=1)
         assert env.step("answer(1)")[2]
+        env.close()
+
+
+def test_mcp_is_off_so_anonymous_posts_create_no_sessions() -> None:
+    """openenv-core's /mcp made a server session per anonymous POST, outside every /ws limit: 3 POSTs filled a
+    3-session server for good. It is answered 404 (HTTP and WebSocket), and the server stays free for /ws clients."""
+    from openenv.core import GenericEnvClient
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    with launch_env_server(CALC, max_sessions=3) as server:
+        for i in range(5):
+            answer = httpx.post(server.url + "/mcp", json={"jsonrpc": "2.0", "id": i, "params": {},
+                                                           "method": "openenv/session/create"}, timeout=30)
+            assert answer.status_code == 404 and answer.json()["code"] == "MCP_NOT_SERVED"
+        with connect(ws_url(server).replace("/ws", "/mcp"), open_timeout=30) as ws:
+            assert json.loads(ws.recv(timeout=30))["data"]["code"] == "MCP_NOT_SERVED"
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=10)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 4404
+        assert sessions(server)["active_sessions"] == 0
+        clients = [GenericEnvClient(base_url=server.url).sync() for _ in range(3)]
+        try:
+            for client in clients:  # all three sessions are still there for real clients
+                client.connect()
+                assert client.reset(seed=1).observation["text"]
+        finally:
+            for client in clients:
+                client.close()
+
+
+def test_http_reset_and_step_answer_4xx_with_the_reason() -> None:
+    with launch_env_server(CALC, max_sessions=2) as server:
+        step = httpx.post(server.url + "/step", json={"action": {"text": "answer(1)"}}, timeout=60)
+        assert step.status_code == 400 and "reset" in step.json()["detail"] and "/ws" in step.json()["detail"]
+        reset = httpx.post(server.url + "/reset", json={"options": {"task_id": "no-such-task"}}, timeout=60)
+        assert reset.status_code == 400 and "Unknown task_id" in reset.json()["detail"]
+        unknown = httpx.post(server.url + "/reset", json={"options": {"repo_path": "/etc"}}, timeout=60)
+        assert 400 <= unknown.status_code < 500, unknown.text
+        assert httpx.post(server.url + "/reset", json={"seed": 1}, timeout=60).status_code == 200
+
+
+def test_idle_time_is_only_waiting_for_the_client(caplog: pytest.LogCaptureFixture) -> None:
+    """An 8 s model call against --idle-timeout 5: Remote-v0 keeps its session alive while its episode waits for
+    the action; openenv-core's GenericEnvClient keeps it with a state request, and without one it gets a clear
+    'session expired' close; Remote-v0 reconnects by itself on the next reset after an expiry, and logs it."""
+    import logging
+
+    from openenv.core import GenericEnvClient
+    from websockets.exceptions import ConnectionClosed
+
+    with launch_env_server(CALC, max_sessions=4, extra_args=("--idle-timeout", "5")) as server:
+        env = gym.make("agentgym/Remote-v0", url=server.url, timeout_s=30)
+        _, info = env.reset(seed=2)
+        time.sleep(8)  # the model thinks
+        obs, _, terminated, _, info = env.step("calc(1+1)")
+        assert not terminated, obs
+        assert "error" not in str(info.get("outcome", {}))
+        assert sessions(server)["idle_closed"] == 0
+
+        client = GenericEnvClient(base_url=server.url).sync()
+        client.connect()
+        client.reset(seed=1)
+        for _ in range(4):  # 8 s of thinking, with a state request every 2 s
+            time.sleep(2)
+            client.state()
+        assert not client.step({"text": "calc(1+1)"}).done
+        time.sleep(7)  # no message at all: the session expires
+        with pytest.raises(ConnectionClosed) as closed:
+            client.step({"text": "calc(1+1)"})
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4408
+        assert "session expired" in closed.value.rcvd.reason
+        client.close()
+
+        # between episodes Remote-v0 sends nothing: its session expires, and the next reset opens another
+        env.step("answer(2)")
+        time.sleep(7)
+        with caplog.at_level(logging.WARNING, logger="agentgym.serving.remote_env"):
+            env.reset(seed=3)
+        assert any("expired" in r.message and "reconnected" in r.message for r in caplog.records)
+        assert not env.step("calc(1+1)")[2]
         env.close()
