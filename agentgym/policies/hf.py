@@ -367,7 +367,9 @@ class HFPolicy(InProcessTokenPolicy):
     ) -> list[Generation]:
         """Continue each prompt; the synchronous core of :meth:`act`, also used directly by trainers.
 
-        Sampling is per row: temperature (0 = greedy), top-p, ``max_tokens`` and stop strings. A row ends
+        Sampling is per row: temperature (0 = greedy), top-p, ``max_tokens``, stop strings and vLLM's processing
+        fields (``top_k``, ``min_p``, the penalties, ``min_tokens``, ``stop_token_ids``, ``logit_bias``;
+        :mod:`agentgym.policies.sampling_rules`), exactly as the continuous sampler applies them. A row ends
         when it samples an end-of-turn token (kept as the last of its ``token_ids``), when a stop string
         appears in its decoded text (the text is cut right after the stop string; ``token_ids`` keep the
         whole last token), or after ``max_tokens``.
