@@ -118,6 +118,8 @@ class ArcherTrainer(ReplayActorTrainer):
             self.critic.load_state_dict(blob["critic"])
             self.target_critic.load_state_dict(blob["target_critic"])
             self.critic_optimizer.load_state_dict(blob["critic_optimizer"])
+            for group in self.critic_optimizer.param_groups:  # this config's rate, not the stored run's (--force)
+                group["lr"] = cfg.critic_learning_rate
         elif self.replay.total:
             self.replay.truncate(0)  # a fresh run must not inherit a stale buffer from a run that never checkpointed
 

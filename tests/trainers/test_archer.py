@@ -369,3 +369,12 @@ def test_critic_reads_buffer_and_fresh_actions_as_the_same_kind_of_text(model_di
     trainer._critic_phase(0, torch.Generator().manual_seed(0))
     assert seen and all(a == trainer._decode(action_ids) for batch in seen for a in batch)
     assert trainer._decode(action_ids) != "answer(5)"  # the end token is part of what the critic reads
+
+
+def test_a_resumed_critic_takes_this_configs_learning_rate(model_dir: Path, tmp_path: Path) -> None:
+    """A forced resume with a new critic_learning_rate trains the critic at the new rate, not the stored one."""
+    first = _bare_trainer(model_dir, ArcherConfig(**common(model_dir, tmp_path / "run", critic_learning_rate=1e-3)))
+    first._save_extra_state(tmp_path)
+    second = _bare_trainer(model_dir, ArcherConfig(**common(model_dir, tmp_path / "run", critic_learning_rate=2e-4)))
+    second._setup(tmp_path)
+    assert [g["lr"] for g in second.critic_optimizer.param_groups] == [2e-4] * len(second.critic_optimizer.param_groups)
