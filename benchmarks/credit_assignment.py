@@ -194,6 +194,8 @@ def run_config(task: CreditTask, method: str, seed: int, model: Path, out: Path,
         "max_tokens_per_turn": task.max_tokens_per_turn, "max_context_tokens": args.max_context_tokens or task.max_context_tokens,
         "system_prompt": "", "temperature": args.temperature, "progress": False, "tensorboard": False,
     }
+    if method in CONTROLS:  # the trainer's own shuffled-advantage control (GrpoConfig.advantage_control)
+        config["advantage_control"] = "shuffle"
     if args.device != "cpu":  # left out on a CPU: fingerprints of earlier CPU runs stay valid
         config["device"] = args.device
     if grouped:
@@ -243,31 +245,12 @@ def run_one(task_name: str, method: str, seed: int, model: str, args: argparse.N
         marker.write_text(json.dumps({"fingerprint": fingerprint, "config": config}))
         started = time.perf_counter()
         trainer = make_trainer(config_from_dict(config))
-        if method == "grpo_shuffled":
-            shuffle_advantages(trainer, seed)
         trainer.train()  # resumes from a checkpoint left by an interrupted run
         seconds, reused = time.perf_counter() - started, False
         marker.write_text(json.dumps({"fingerprint": fingerprint, "config": config, "seconds": seconds}))
     return {"task": task.name, "method": method, "seed": seed, "seconds": seconds, "reused": reused,
             "episodes_per_step": config["tasks_per_step"] * config["group_size"], **read_metrics(out / "metrics.jsonl",
                                                                                                config)}
-
-
-def shuffle_advantages(trainer: Any, seed: int) -> None:
-    """Make ``trainer`` (GRPO) the shuffled-advantage control: every step, each trajectory trains with the advantage
-    of another trajectory of the batch (a random permutation). The values, their spread and the update's size are
-    GRPO's; their relation to what each trajectory did is gone. (An interrupted control resumes with a fresh
-    permutation stream, so unlike a method it is not bit-identical to an uninterrupted run.)"""
-    import torch
-
-    real = trainer._token_advantages
-    generator = torch.Generator().manual_seed(seed)
-
-    def shuffled(*args: Any) -> tuple[Any, dict[str, float]]:
-        rows, estimate = real(*args)  # GRPO: one trajectory's advantage on every token of its row
-        return rows[torch.randperm(rows.shape[0], generator=generator)].clone(), estimate
-
-    trainer._token_advantages = shuffled
 
 
 def read_metrics(path: Path, config: dict[str, Any]) -> dict[str, Any]:

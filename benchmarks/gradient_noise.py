@@ -6,7 +6,7 @@ the two batches' gradients is about |G|^2 / (|G|^2 + tr(S)/B), and the **noise s
 B (1 - cos) / cos (McCandlish et al., 2018, "An Empirical Model of Large-Batch Training") is the batch at which
 a step is half signal. With B far below B_noise, Adam (which moves every weight by about the learning rate,
 whatever the gradient's size) takes mostly random steps, and a control run whose advantages are shuffled ends
-where the real run does (the credit-assignment benchmark's ``grpo_shuffled``).
+where the real run does (``advantage_control: shuffle``, the credit-assignment benchmark's ``grpo_shuffled``).
 
 This script samples K independent batches with the trainer's own rollouts (same policy, different tasks and
 seeds: the noise of a real step), computes each variant's real policy gradient on every batch with the trainer's

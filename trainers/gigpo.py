@@ -24,7 +24,7 @@ from agentgym.trainers.algorithms.advantages import group_advantages, match_mean
 from agentgym.trainers.algorithms.gigpo import advantage_agreement
 from agentgym.trainers.batch import TrainingBatch, per_row
 from agentgym.trainers.gigpo_config import GigpoConfig
-from agentgym.trainers.grpo import GrpoTrainer
+from agentgym.trainers.grpo import GrpoTrainer, trained_steps
 from agentgym.trainers.returns import episode_return, step_rewards
 from agentgym.trajectory import Trajectory
 
@@ -50,11 +50,17 @@ class GigpoTrainer(GrpoTrainer):
         result = step_advantages([trajectories[i] for i in counted], self.config)
         per_step = dict(zip(counted, result.advantages)) if result is not None else {}
         stats = dict(result.stats) if result is not None else {}
-        steps = per_row(batch, [per_step.get(i, torch.zeros(len(trajectories[i].turns))) for i in usable])
+        own = [per_step.get(i, torch.zeros(len(trajectories[i].turns))) for i in usable]
+        if self.config.advantage_control == "shuffle":  # the control deals steps' values, not whole episodes'
+            lengths = [len(a) for a in own]
+            flat = torch.cat(own) if own else torch.zeros(0)
+            shuffled = alg.shuffle_advantages(flat, trained_steps(batch, lengths), self._control_generator())
+            own = list(torch.split(shuffled, lengths)) if own else []
+        steps = per_row(batch, own)
         turn_index = batch.turn_index if batch.turn_index is not None else torch.zeros_like(batch.input_ids) - 1
         rows = alg.broadcast_steps_to_tokens(steps, turn_index)
         if self.config.advantage_scale == "grpo":  # GRPO's scale on this very batch (see GigpoConfig.advantage_scale)
-            reference, _ = super()._token_advantages(trajectories, scores, stats_mask, usable, batch)
+            reference = self._episode_rows(self._episode_advantages(trajectories, scores, stats_mask, usable), batch)
             trained = (batch.loss_mask > 0) & (turn_index >= 0)
             rows, factor = match_mean_abs(rows, reference.to(rows.dtype), trained)
             stats["gigpo/scale_factor"] = factor

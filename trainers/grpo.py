@@ -32,7 +32,7 @@ from agentgym.trainers.packing import pack_sequences, packed_inputs, packed_sequ
 from agentgym.trainers.seeding import mix_seed
 from agentgym.trajectory import Trajectory
 
-__all__ = ["GrpoTrainer", "ZeroSignal", "zero_signal_groups"]
+__all__ = ["GrpoTrainer", "ZeroSignal", "trained_episodes", "trained_steps", "zero_signal_groups"]
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +143,7 @@ class GrpoTrainer(OnlineTrainer):
         usable = [i for i, t in enumerate(trajectories) if t.has_tokens]
         kept = [trajectories[i] for i in usable]
         batch = build_batch(kept, torch.zeros(len(kept)), sample_mask[usable], pad_id=int(self.tokenizer.pad_token_id or 0))
+        self._control_step = step  # seeds advantage_control: shuffle (a resumed run deals the same permutation)
         batch.advantages, estimate = self._token_advantages(trajectories, scores, stats_mask, usable, batch)
         batch = self._attribute(batch, kept)
         # saved rollouts' token data (row i of the batch is trajectory usable[i] unless episodes were segmented)
@@ -171,12 +172,30 @@ class GrpoTrainer(OnlineTrainer):
                           usable: list[int], batch: TrainingBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """``[N, L]`` advantages of the batch rows (trajectories ``usable``): GRPO's group advantage of each
         trajectory on all its tokens (all its segments' rows). GiGPO overrides this with per-step values."""
+        episodes = self._episode_advantages(trajectories, scores, stats_mask, usable)
+        if self.config.advantage_control == "shuffle":
+            episodes = alg.shuffle_advantages(episodes, trained_episodes(batch, len(usable)), self._control_generator())
+        return self._episode_rows(episodes, batch), {}
+
+    def _episode_advantages(self, trajectories: list[Trajectory], scores: torch.Tensor, stats_mask: torch.Tensor,
+                            usable: list[int]) -> torch.Tensor:
+        """``[len(usable)]`` the ``advantage`` estimator's group advantage of each usable trajectory."""
         advantages = alg.group_advantages(scores, [t.group_id for t in trajectories], mode=self.config.advantage,
                                           singleton=self.config.singleton_advantage, stats_mask=stats_mask)
-        rows = advantages[usable] if usable else torch.zeros(0)
-        if batch.episode_index is not None and len(rows):  # a segmented episode's rows share its advantage
+        return advantages[usable] if usable else torch.zeros(0)
+
+    @staticmethod
+    def _episode_rows(episodes: torch.Tensor, batch: TrainingBatch) -> torch.Tensor:
+        """``[N, L]``: each episode's advantage on every token of its rows (a segmented episode's rows share it)."""
+        rows = episodes
+        if batch.episode_index is not None and len(rows):
             rows = rows[batch.episode_index]
-        return rows[:, None].expand(-1, batch.input_ids.shape[1]).clone(), {}
+        return rows[:, None].expand(-1, batch.input_ids.shape[1]).clone()
+
+    def _control_generator(self) -> torch.Generator:
+        """The shuffled control's generator for this step: the run's seed and the step, so the same config deals
+        the same permutations, after a resume too."""
+        return torch.Generator().manual_seed(mix_seed(self.config.seed, getattr(self, "_control_step", 0), 0x5F))
 
     def _attribute(self, batch: TrainingBatch, trajectories: list[Trajectory]) -> TrainingBatch:
         """How advantages reach tokens; GRPO broadcasts each trajectory's scalar (ARPO may override)."""
@@ -323,6 +342,29 @@ class GrpoTrainer(OnlineTrainer):
         if getattr(self, "_reference_is_base", False):
             return self.reference.disable_adapter()
         return contextlib.nullcontext()
+
+
+def _row_owners(batch: TrainingBatch) -> torch.Tensor:
+    """``[N]`` the trajectory (position in the list the batch was built from) of each row."""
+    return batch.episode_index if batch.episode_index is not None else torch.arange(len(batch))
+
+
+def trained_episodes(batch: TrainingBatch, episodes: int) -> torch.Tensor:
+    """``[episodes]`` bool: which of the batch's trajectories have a trained token in some row."""
+    out = torch.zeros(episodes, dtype=torch.bool)
+    if len(batch):
+        out[_row_owners(batch)[(batch.loss_mask > 0).any(dim=1)]] = True
+    return out
+
+
+def trained_steps(batch: TrainingBatch, steps: list[int]) -> torch.Tensor:
+    """``[sum(steps)]`` bool, trajectory by trajectory (``steps[i]`` steps each): which steps have a trained token."""
+    offsets = torch.tensor([0, *steps[:-1]], dtype=torch.long).cumsum(0) if steps else torch.zeros(0, dtype=torch.long)
+    out = torch.zeros(sum(steps), dtype=torch.bool)
+    if len(batch) and batch.turn_index is not None:
+        rows, cols = torch.nonzero((batch.loss_mask > 0) & (batch.turn_index >= 0), as_tuple=True)
+        out[offsets[_row_owners(batch)[rows]] + batch.turn_index[rows, cols]] = True
+    return out
 
 
 @dataclass(frozen=True)

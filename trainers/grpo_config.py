@@ -36,6 +36,13 @@ class GrpoConfig(TrainerConfig):
     """Optimizer updates per epoch (the rollout batch is split into this many mini-batches)."""
     advantage: Literal["grpo", "mean_norm", "rloo"] = "grpo"
     """Group advantage estimator: GRPO's mean/std (Shao et al., 2024), mean_norm, or RLOO (LOOP)."""
+    advantage_control: Literal["none", "shuffle"] = "none"
+    """``shuffle`` makes this run the shuffled-advantage control: each step, after the advantages are computed
+    (and before ARPO's attribution, GiGPO's rescaling to GRPO's scale, and the loss), they are permuted among the
+    batch's trained episodes (GRPO, ARPO) or steps (GiGPO) with a generator seeded by the run's seed and the
+    step. The update keeps the method's magnitudes, spread and noise and loses only which episode earned which
+    value, so a method that ends no better than its control has learned nothing measurable. ``none``: the
+    method itself."""
     singleton_advantage: Literal["zero", "raw"] = "zero"
     """Advantage of a group with one counted member: 0 (a lone score has nothing to be compared with) or the raw
     score (verl)."""

@@ -9,7 +9,8 @@ standard errors, the goal stated as met or not, a result file and a plot.
 (``agentgym study ...`` runs this script with the same arguments.) Before training, every study measures on its
 task's rollouts how far GRPO's and GiGPO's advantages disagree (:func:`agentgym.trainers.gigpo.compare_with_grpo`):
 credit that two methods share cannot separate them. Training is the trainers' own loop; the task definitions,
-warm start, run config and shuffled-advantage control are ``benchmarks/credit_assignment.py``'s. Runs live in
+warm start and run config are ``benchmarks/credit_assignment.py``'s; the shuffled-advantage control is the
+trainers' own ``advantage_control: shuffle``. Runs live in
 ``WORKDIR/NAME-SCALE/METHOD/seedN`` and are reused when finished with the same settings (an interrupted study
 resumes). Writes ``OUT/study_NAME.json`` (config, git commit, machine with load average, per-seed curves, the
 control, the goal) and ``OUT/study_NAME.png``.
@@ -154,10 +155,7 @@ def train_one(study_name: str, scale_name: str, method: str, seed: int, model: s
         out.mkdir(parents=True, exist_ok=True)
         marker.write_text(json.dumps({"fingerprint": fingerprint, "config": config}))
         started = time.perf_counter()
-        trainer = make_trainer(config_from_dict(config))
-        if base == "grpo_shuffled":
-            credit.shuffle_advantages(trainer, seed)
-        trainer.train()
+        make_trainer(config_from_dict(config)).train()
         seconds, reused = time.perf_counter() - started, False
         marker.write_text(json.dumps({"fingerprint": fingerprint, "config": config, "seconds": seconds}))
     return {"method": method, "seed": seed, "seconds": seconds, "reused": reused,

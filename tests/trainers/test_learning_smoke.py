@@ -142,16 +142,16 @@ def test_an_interrupted_warm_start_resumes_from_its_last_check(tmp_path: Path, m
 
 
 def test_the_shuffled_control_and_env_kwargs_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """``--methods grpo_shuffled`` runs GRPO whose advantages are dealt out at random among the batch (the same
-    values, in another order every step); ``--env-kwargs`` reaches every RL run's config, and only when set."""
-    import torch
-
+    """``--methods grpo_shuffled`` runs GRPO with ``advantage_control: shuffle`` (the same values, dealt out at
+    random among the batch's episodes every step); ``--env-kwargs`` reaches every RL run's config, and only when set."""
     bench = _benchmark()
     args = bench.parse_args(["--tasks", "sokoban", "--methods", "grpo,grpo_shuffled", "--constrain-actions",
                              "--env-kwargs", '{"reward": "gym-sokoban"}'])
     task = bench.TASKS["sokoban"]
     control = bench.run_config(task, "grpo_shuffled", 0, tmp_path, tmp_path / "control", args)
     assert control["trainer"] == "grpo" and control["env_kwargs"] == {"reward": "gym-sokoban"}
+    assert control["advantage_control"] == "shuffle"  # the trainers' own control
+    assert "advantage_control" not in bench.run_config(task, "grpo", 0, tmp_path, tmp_path / "g", args)
     assert control["micro_batch_size"] == 16 and "actor_steps" not in control  # still configured as a group method
     assert bench.run_config(task, "archer", 0, tmp_path, tmp_path / "a", args)["actor_steps"] == 3
     assert "env_kwargs" not in bench.run_config(task, "grpo", 0, tmp_path, tmp_path / "out", bench.parse_args(["--tasks", "sokoban"]))
@@ -162,17 +162,3 @@ def test_the_shuffled_control_and_env_kwargs_flags(tmp_path: Path, capsys: pytes
         with pytest.raises(SystemExit):
             bench.parse_args(flags)
         assert message in capsys.readouterr().err, flags
-
-    class Trainer:  # GRPO's shape: one advantage per trajectory row, on every token of the row
-        def _token_advantages(self, values: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-            return values[:, None].expand(-1, 3).clone(), {"kept": 1.0}
-
-    trainer, values = Trainer(), torch.arange(8, dtype=torch.float32)
-    bench.shuffle_advantages(trainer, seed=0)
-    orders = []
-    for _ in range(3):
-        rows, estimate = trainer._token_advantages(values)
-        assert estimate == {"kept": 1.0} and (rows == rows[:, :1]).all()  # still one value per row
-        assert sorted(rows[:, 0].tolist()) == values.tolist()  # the same values
-        orders.append(rows[:, 0].tolist())
-    assert orders[0] != values.tolist() and len({tuple(o) for o in orders}) == 3  # dealt anew every step

@@ -10,6 +10,7 @@ Advantages (``advantages``)
     singleton handling and a ``stats_mask`` for members excluded from the group statistics.
     ``broadcast_to_tokens``: per-trajectory advantage -> per-token ``[N, L]``.
     ``discounted_returns``: returns-to-go for step-level rewards.
+    ``shuffle_advantages``: the shuffled-advantage control (the values permuted among trained units).
 Policy losses (``losses``)
     ``clipped_policy_loss``: PPO/DAPO clip (asymmetric, dual clip, LOOP clip) with clip metrics.
     ``reinforce_loss``: ``-A log pi`` per token.
@@ -41,7 +42,7 @@ Rewards (``rewards``)
 from __future__ import annotations
 
 from .arpo import arpo_token_advantages, branch_probability, segment_entropy, shared_prefix_lengths
-from .advantages import broadcast_to_tokens, discounted_returns, group_advantages
+from .advantages import broadcast_to_tokens, discounted_returns, group_advantages, shuffle_advantages
 from .aggregation import AGGREGATION_MODES, aggregate_loss, loss_denominators
 from .gigpo import GigpoAdvantages, anchor_groups, broadcast_steps_to_tokens, gigpo_advantages
 from .kl import kl_penalty
@@ -82,6 +83,7 @@ __all__ = [
     "reinforce_loss",
     "segment_entropy",
     "shared_prefix_lengths",
+    "shuffle_advantages",
     "simpletir_turn_flags",
     "void_trajectory_mask",
 ]

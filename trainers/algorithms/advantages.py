@@ -19,7 +19,7 @@ from agentgym.errors import ConfigError
 
 from ._common import check_choice, check_finite, check_mask, check_vector, group_index, group_moments
 
-__all__ = ["broadcast_to_tokens", "discounted_returns", "group_advantages", "match_mean_abs"]
+__all__ = ["broadcast_to_tokens", "discounted_returns", "group_advantages", "match_mean_abs", "shuffle_advantages"]
 
 AdvantageMode = Literal["grpo", "mean_norm", "rloo"]
 SingletonPolicy = Literal["zero", "raw"]
@@ -209,3 +209,32 @@ def match_mean_abs(advantages: Tensor, reference: Tensor, mask: Tensor) -> tuple
         return advantages, 1.0
     factor = theirs / ours
     return advantages * factor, factor
+
+
+def shuffle_advantages(values: Tensor, trained: Tensor, generator: torch.Generator) -> Tensor:
+    """The shuffled-advantage control: the ``trained`` units' advantages dealt out again in a random order.
+
+    A method "learns" only if it beats an update of the same size and noise that carries no information about
+    what worked. Permuting the advantages among the batch's units keeps every value, so the update's magnitude,
+    spread and Adam's effective step are the method's own; only the pairing of each value with the episode (or
+    step) that earned it is lost. Units that do not train (masked, errored) keep their value and lend none, so
+    the control's trained tokens carry exactly the trained tokens' advantages.
+
+    Args:
+        values: ``[K]`` one advantage per unit (an episode for GRPO/ARPO, a step for GiGPO).
+        trained: ``[K]`` bool/0-1, nonzero on units with at least one trained token.
+        generator: the run's seeded generator, so a control run is reproducible.
+
+    Returns:
+        A new ``[K]`` tensor: a permutation of ``values`` among the trained units, the rest unchanged.
+
+    Raises:
+        ConfigError: ``values`` not 1-D or ``trained`` not of its shape.
+    """
+    check_vector("values", values)
+    check_mask("trained", trained, tuple(values.shape))
+    out = values.clone()
+    units = torch.nonzero(trained.to(torch.bool).cpu(), as_tuple=False).flatten()
+    order = torch.randperm(len(units), generator=generator)
+    out[units] = values[units[order]]
+    return out
