@@ -9,6 +9,9 @@ One idea per module:
   the episode);
 * :mod:`~agentgym.rollout.batching`, :mod:`~agentgym.rollout.executor`, :mod:`~agentgym.rollout.env_reuse`: policy
   calls batched across episodes, env calls on worker threads under a timeout, envs reused between episodes;
+* :mod:`~agentgym.rollout.context` and :mod:`~agentgym.rollout.segments`: what a long conversation becomes (a window,
+  dropped tool outputs, a summary: each a plain function of the history) and the token budgets; a rewrite starts a
+  new token-exact segment;
 * :mod:`~agentgym.rollout.summaries`: aggregate metrics of a run; :mod:`~agentgym.rollout.reference`: an env
   played by its reference solver;
 * :mod:`~agentgym.rollout.multi_agent`, :mod:`~agentgym.rollout.branching` and :mod:`~agentgym.rollout.ray_envs`
@@ -18,6 +21,7 @@ One idea per module:
 from __future__ import annotations
 
 from agentgym.rollout.batching import PolicyBatcher, act_per_request
+from agentgym.rollout.context import ContextConfig
 from agentgym.rollout.engine import RolloutEngine
 from agentgym.rollout.env_reuse import DISCARD_THREAD_NAME, IDLE_CHEAP_ENVS, IdleCheapEnvs, discard_env
 from agentgym.rollout.executor import EnvExecutor, call_env, run_coroutine
@@ -49,7 +53,7 @@ from agentgym.rollout.turns import (
 )
 
 __all__ = ["DISCARD_THREAD_NAME", "IDLE_CHEAP_ENVS", "act_per_request", "action_choices_of", "apply_action",
-           "apply_action_inline", "call_env", "context_limit_outcome", "context_limit_reached", "discard_env",
+           "apply_action_inline", "call_env", "ContextConfig", "context_limit_outcome", "context_limit_reached", "discard_env",
            "EnvExecutor", "episode_outcome", "episodes_for_suite", "EpisodeSpec", "error_outcome", "error_reason",
            "final_state", "IdleCheapEnvs", "keyed_step", "log_context_refusal", "make_turn", "MultiAgentEpisode",
            "MultiAgentEpisodeSpec", "MultiAgentRolloutConfig", "MultiAgentRolloutEngine", "open_conversation",
