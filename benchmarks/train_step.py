@@ -124,8 +124,13 @@ class _SyntheticTrajectory:
     def __init__(self, view: TokenView) -> None:
         self._view = view
 
+    num_segments = 1
+
     def token_view(self) -> TokenView:
         return self._view
+
+    def token_views(self) -> list[TokenView]:
+        return [self._view]
 
 
 def synthetic_views(setup: Setup, vocab: int, seed: int = 0) -> list[TokenView]:

@@ -24,7 +24,7 @@ import torch
 
 from agentgym.trainers.logprobs import DEFAULT_CHUNK_SIZE, token_logprobs
 from agentgym.utils.images import ImageRef
-from agentgym.trajectory import Trajectory
+from agentgym.trajectory import TokenView, Trajectory
 
 __all__ = ["TrainingBatch", "build_batch", "per_row", "sequence_logprobs", "vision_inputs"]
 
@@ -130,10 +130,17 @@ def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float] 
             loss_mask[i, :length] = torch.tensor(view.loss_mask, dtype=torch.float32)
         logps[i, :length] = torch.tensor(view.logprobs, dtype=torch.float32)
         turn_index[i, :length] = torch.tensor(view.turn_index, dtype=torch.long)
-    images = [tuple(image for turn in trajectories[owner[i]].turns[view.turn_index[0]:view.turn_index[-1] + 1]
-                    for image in turn.images) if len(view) else () for i, view in enumerate(views)]
+    images = [_row_images(trajectories[owner[i]], view) for i, view in enumerate(views)]
     return TrainingBatch(input_ids, attention, loss_mask, adv, logps, turn_index=turn_index,
                          images=images if any(images) else None, episode_index=episode_index)
+
+
+def _row_images(trajectory: Trajectory, view: TokenView) -> tuple[ImageRef, ...]:
+    """The images whose placeholder tokens a row holds: the trajectory's, or one segment's turns' images."""
+    if view.segment_index == 0 and trajectory.num_segments == 1:
+        return trajectory.prompt_images
+    first, last = view.turn_index[0], view.turn_index[-1]
+    return tuple(image for turn in trajectory.turns[first:last + 1] for image in turn.images)
 
 
 def per_row(batch: TrainingBatch, values: Sequence[Any]) -> list[Any]:
