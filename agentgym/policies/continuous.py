@@ -285,12 +285,17 @@ class ContinuousSampler:
             self._finish(gone, set(), aborted=set(gone))
 
     def _prefix_slot(self, prompt: list[int]) -> int:
-        """The idle anonymous slot whose cached ids share the longest prefix with ``prompt`` (-1: none shares)."""
+        """The idle anonymous slot whose cached ids ``prompt`` extends furthest (-1: none worth taking).
+
+        A slot holds one sequence, so taking it for a prompt that shares only a little of it would destroy the rest
+        for little gain: a slot is taken only when the prompt extends at least half its cached ids (the next turn of
+        a chat extends all of them); otherwise the request takes a free slot or evicts the least recently used.
+        """
         best, best_len = -1, 0
         for slot in self._idle:
             if self._owner[slot] == "":
                 n = common_prefix_length(self._ids[slot], prompt)
-                if n > best_len:
+                if n > best_len and 2 * n >= len(self._ids[slot]):
                     best, best_len = slot, n
         return best
 
