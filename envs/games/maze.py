@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -104,7 +104,7 @@ _OPPOSITE = {"north": "south", "south": "north", "east": "west", "west": "east"}
 
 
 def generate_tasks(rng: random.Random, count: int, *, width: int = 5, height: int = 5,
-                   max_path: int | None = None) -> list[Task]:
+                   max_path: int | None = None, unlike: Mapping[str, Any] | None = None) -> list[Task]:
     """Draw ``count`` distinct mazes with a start and an exit at least half the maze apart.
 
     Args:
@@ -114,7 +114,13 @@ def generate_tasks(rng: random.Random, count: int, *, width: int = 5, height: in
         height: Cells per column (2 to 30).
         max_path: Keep only mazes whose shortest path takes at most this many moves (``None``: any), so a suite
             with a tight turn limit holds no task that even the reference solver cannot finish.
+        unlike: Another split's draw, ``{stream: ..., count: ..., <its options>}`` (``stream``: the seed string of
+            that split's generator, ``NAME/VERSION/SEED/SPLIT`` as the suite loader seeds it): no task returned
+            has the walls, start and exit of one of its tasks. Small mazes repeat: many seeds build the same 4x4
+            maze, so a held-out split that only avoids the training seeds still holds training tasks (18 of
+            credit-maze's 200 validation tasks; about 1 in 9). With it, no two tasks returned are the same either.
     """
+    seen_elsewhere = set() if unlike is None else _unlike_keys(unlike)
     if not (2 <= width <= MAX_SIDE and 2 <= height <= MAX_SIDE):
         raise TaskError(f"Maze sides must lie in [2, {MAX_SIDE}], got width={width}, height={height}.")
     if max_path is not None and max_path < (width + height) // 2:
@@ -133,6 +139,11 @@ def generate_tasks(rng: random.Random, count: int, *, width: int = 5, height: in
             continue
         if max_path is not None and len(Maze(width, height, seed).shortest_path(start, exit_cell)) > max_path:
             continue
+        if unlike is not None:
+            identity = task_identity(width, height, seed, start, exit_cell)
+            if identity in seen_elsewhere:
+                continue
+            seen_elsewhere.add(identity)  # and no task twice within this split either
         seen.add((seed, start, exit_cell))
         tasks.append(
             Task(
@@ -144,6 +155,24 @@ def generate_tasks(rng: random.Random, count: int, *, width: int = 5, height: in
             )
         )
     return tasks
+
+
+def task_identity(width: int, height: int, seed: int, start: Cell, exit_cell: Cell) -> tuple[Any, ...]:
+    """What makes two maze tasks the same task: the walls, the start and the exit (not the seed that built them)."""
+    walls = tuple(sorted((cell, tuple(sorted(ways))) for cell, ways in Maze(width, height, seed).open.items()))
+    return width, height, walls, start, exit_cell
+
+
+def _unlike_keys(unlike: Mapping[str, Any]) -> set[tuple[Any, ...]]:
+    """:func:`task_identity` of every task of the split ``unlike`` describes (drawn again from its stream)."""
+    options = dict(unlike)
+    stream, count = options.pop("stream", None), options.pop("count", None)
+    if not isinstance(stream, str) or not isinstance(count, int) or count < 1 or "unlike" in options:
+        raise TaskError("unlike must name another split's draw: {stream: 'NAME/VERSION/SEED/SPLIT', count: N, "
+                        f"width: ..., height: ..., max_path: ...}} (its options, no unlike of its own); got {unlike!r}.")
+    tasks = generate_tasks(random.Random(stream), count, **options)
+    return {task_identity(t.metadata["width"], t.metadata["height"], t.metadata["seed"], tuple(t.metadata["start"]),
+                          tuple(t.metadata["exit"])) for t in tasks}
 
 
 class MazeEnv(AgentEnv):

@@ -317,6 +317,31 @@ def test_a_held_out_split_never_repeats_a_training_task(tmp_path: Path) -> None:
                 assert not seen & {content(t) for t in tasks}, (name, split)
 
 
+def test_credit_maze_validation_large_holds_no_training_maze_even_from_another_seed() -> None:
+    """Many seeds build the same 4x4 maze, so avoiding the training seeds leaves training tasks in a held-out split
+    (the 200-task validation split has 18); validation_large compares walls, start and exit, and holds none."""
+    suite = load_suite("credit-maze")
+
+    def identity(task: Task) -> tuple:
+        m = task.metadata
+        return maze.task_identity(m["width"], m["height"], m["seed"], tuple(m["start"]), tuple(m["exit"]))
+
+    train = {identity(t) for t in suite.train}
+    held = [identity(t) for t in suite.split("validation_large")]
+    assert len(held) >= 400 and not train & set(held) and len(set(held)) == len(held)
+    assert sum(identity(t) in train for t in suite.split("validation")) > 0  # what the seed check alone lets through
+    # the split's `unlike` stream draws exactly the train split, so it excludes what the agent trains on
+    redrawn = maze.generate_tasks(random.Random("credit-maze/1/0/train"), 1000, width=4, height=4, max_path=6)
+    assert [t.metadata for t in redrawn] == [t.metadata for t in suite.train]
+    with pytest.raises(TaskError, match="unlike must name another split"):
+        maze.generate_tasks(random.Random(0), 2, width=4, height=4, unlike={"count": 3})
+
+
+def test_credit_guess_validation_all_is_every_secret_once() -> None:
+    """No 400 distinct guess tasks exist; evaluated on all 100 secrets, greedy success has no task-sampling error."""
+    assert sorted(t.metadata["secret"] for t in load_suite("credit-guess").split("validation_all")) == list(range(1, 101))
+
+
 def test_generators_are_deterministic() -> None:
     for generate, kwargs in [(calculator.generate_tasks, {}), (guess_number.generate_tasks, {}),
                              (maze.generate_tasks, {"width": 4, "height": 3})]:

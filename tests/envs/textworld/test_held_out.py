@@ -82,7 +82,8 @@ def test_games_that_cannot_be_held_out_are_refused() -> None:
 
 def test_suite_held_out_splits_are_cooking_games_of_held_out_distributions() -> None:
     suite = load_suite("textworld")
-    for split, distribution in (("validation", "valid"), ("test", "test")):
+    assert len(suite.split("test_large")) >= 400  # a held-out standard error of at most 0.025
+    for split, distribution in (("validation", "valid"), ("test", "test"), ("test_large", "test")):
         tasks = suite.split(split)
         assert {t.metadata["distribution"] for t in tasks} == {distribution}
         assert {t.metadata["kind"] for t in tasks} == {"cooking"} and min(t.metadata["level"] for t in tasks) >= 2
@@ -99,11 +100,12 @@ def _key(content: dict) -> dict[str, object]:
 @pytest.mark.slow
 def test_generated_held_out_games_repeat_no_training_game_quest_walkthrough_or_layout() -> None:
     """Generates games (a minute each on a loaded machine): training games of both kinds and levels against the
-    smoke test split and the first games of the textworld validation and test splits."""
+    smoke test split and the first games of the textworld validation, test and test_large splits."""
     suite = load_suite("textworld")
     train = list(load_suite("textworld-smoke").train)
     train += [t for t in suite.train if t.metadata["kind"] == "cooking" and t.metadata["level"] == 2][:3]
-    held_out = list(load_suite("textworld-smoke").test) + list(suite.split("validation")[:2]) + list(suite.test[:2])
+    held_out = (list(load_suite("textworld-smoke").test) + list(suite.split("validation")[:2]) + list(suite.test[:2])
+                + list(suite.split("test_large")[:1]))
     seen = {name: set() for name in ("game", "quest", "walkthrough", "layout")}
     for task in train:
         for name, value in _key(game_content(games.spec_from_task(task))).items():
