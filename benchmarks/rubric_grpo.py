@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import statistics
 import sys
 import time
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parent))
+from _results import figure, write_results  # noqa: E402 - imported first: it notes the load average at the start
 
 
 def calc_rubric(judged: bool = False) -> Any:
@@ -58,10 +61,10 @@ def eval_rubric() -> Any:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--tasks-per-step", type=int, default=8)
-    p.add_argument("--group-size", type=int, default=6)
-    p.add_argument("--eval-tasks", type=int, default=40)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--tasks-per-step", type=int, default=16)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--eval-tasks", type=int, default=100)
     p.add_argument("--bc-steps", type=int, default=300)
     p.add_argument("--workdir", default="runs/rubric_grpo")
     p.add_argument("--quick", action="store_true", help="1 seed, 2 steps, 10 eval tasks")
@@ -126,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         for arm in runs:
             extra = dict(reward="rubric", rubric=f"{HERE}:calc_rubric", judge="scripted-naive", judge_mode="group") \
                 if arm == "rubric" else dict(reward="outcome")
+            shutil.rmtree(workdir / f"{arm}-{seed}", ignore_errors=True)  # a fresh run, never a resume
             config = GrpoConfig(model=str(model), suite="games-calc", eval_suite=str(eval_suite),
                                 output_dir=str(workdir / f"{arm}-{seed}"), system_prompt="", warmstart="none", steps=args.steps,
                                 tasks_per_step=args.tasks_per_step, group_size=args.group_size, learning_rate=3e-4,
@@ -151,9 +155,6 @@ def main(argv: list[str] | None = None) -> int:
               f"(gain {gain[arm]:+.3f}, {args.seeds} seeds)")
     print(f"rubric-reward gain / checker-reward gain: {ratio if ratio is None else round(ratio, 2)}; "
           f"rubric score rose in {rises} of {args.seeds} seeds; {wall:.0f} s")
-    sys.path.insert(0, str(HERE.parent))
-    from _results import figure, write_results
-
     scale = (f"tiny model (64 wide, 2 layers), games-calc, one shared BC warm start ({args.bc_steps} steps, half "
              f"shortcut demos), {args.steps} GRPO "
              f"steps x {args.tasks_per_step} tasks x {args.group_size} rollouts, {args.eval_tasks} held-out tasks, "
@@ -166,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         figure(f"{scale}: held-out rubric score after training", round(mean("rubric", "after"), 4),
                round(mean("outcome", "after"), 4), unit="rubric score"),
     ], details={"runs": runs, "wall_s": wall, "args": vars(args)},
-        note=f"Scaled to fit ~20 min of CPU on a shared 2-core machine ({scale}).")
+        note=f"Scaled to fit ~20 min of CPU; measured on a shared, loaded 2-core CPU (load average in machine): {scale}. "
+             "The rubric: correct x2 and short answer x1 (checks), uses calc x2 (scripted judge, group mode in "
+             "training, independent in evaluation).")
     print(json.dumps(runs))
     return 0
 
