@@ -47,7 +47,9 @@ def _tool_method(schema: Mapping[str, Any]) -> Callable[..., str]:
     parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     annotations: dict[str, Any] = {}
     for pname, spec in properties.items():
-        kind = _JSON_TYPES.get(str(spec.get("type")), str)
+        # a union (``anyOf``) is shown as its first member: transformers' schema reader takes one Python type
+        first = spec.get("type") or next((str(o.get("type")) for o in spec.get("anyOf") or () if o.get("type")), None)
+        kind = _JSON_TYPES.get(str(first), str)
         annotations[pname] = kind
         parameters.append(inspect.Parameter(pname, inspect.Parameter.KEYWORD_ONLY, annotation=kind,
                                             default=inspect.Parameter.empty if pname in required else None))
@@ -135,7 +137,9 @@ def demonstrations(suite: Any, count: int, tools: Sequence[Mapping[str, Any]]) -
     return chats
 
 
-def build_model(out: Path, suite: Any, tools: Sequence[Mapping[str, Any]], *, bc_steps: int, seed: int = 0) -> Path:
+def build_model(out: Path, suite: Any, tools: Sequence[Mapping[str, Any]], *, bc_steps: int, seed: int = 0,
+                bc_demos: int = 64, bc_batch_size: int = 4, bc_learning_rate: float = 1e-2,
+                hidden_size: int = 64, num_layers: int = 2) -> Path:
     """A from-config tiny model whose tokenizer speaks TRL's Qwen 2.5 template, cloned on reference episodes."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -145,12 +149,12 @@ def build_model(out: Path, suite: Any, tools: Sequence[Mapping[str, Any]], *, bc
 
     from agentgym.models.tiny import TinyModelConfig, build_tiny_model
 
-    chats = demonstrations(suite, 64, tools)
+    chats = demonstrations(suite, bc_demos, tools)
     # the tokenizer learns the template's boilerplate (tool schemas in the system prompt) so prompts stay short
     template = Template(qwen2_5_chat_template)
     corpus = [template.render(messages=c, tools=tools, add_generation_prompt=False) for c in chats]
-    config = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128,
-                             vocab_size=1024, seed=seed)
+    config = TinyModelConfig(hidden_size=hidden_size, num_layers=num_layers, num_heads=2, num_kv_heads=2,
+                             intermediate_size=2 * hidden_size, vocab_size=1024, seed=seed)
     path = build_tiny_model(out, texts=corpus * 4, config=config)
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.chat_template = qwen2_5_chat_template
@@ -172,11 +176,11 @@ def build_model(out: Path, suite: Any, tools: Sequence[Mapping[str, Any]], *, bc
                     start, end = length(chat[:i], True), length(chat[: i + 1], False)
                     labels[start:end] = ids[start:end]
             examples.append((ids, labels))
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=bc_learning_rate)
         rng = random.Random(seed)
         model.train()
         for _ in range(bc_steps):
-            batch = rng.sample(examples, 4)
+            batch = rng.sample(examples, min(bc_batch_size, len(examples)))
             width = max(len(ids) for ids, _ in batch)
             ids = torch.tensor([list(b) + [tokenizer.pad_token_id] * (width - len(b)) for b, _ in batch])
             labels = torch.tensor([list(lab) + [-100] * (width - len(lab)) for _, lab in batch])
@@ -191,7 +195,9 @@ def build_model(out: Path, suite: Any, tools: Sequence[Mapping[str, Any]], *, bc
 def train(out: Path, *, model: str | None = None, steps: int = 2, bc_steps: int = 300, num_generations: int = 4,
           prompts_per_step: int = 2, max_completion_length: int = 128, seed: int = 0,
           step_rewards: Mapping[str, float] | None = None) -> Any:
-    """Run TRL's GRPO on games-calc's Calculator; returns the trainer (its ``environments`` and log history)."""
+    """Run TRL's GRPO on games-calc's Calculator; returns the trainer (its ``environments`` and log history).
+
+    The trained model is saved to ``out / "trained"`` (:func:`save_trained`)."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -211,7 +217,18 @@ def train(out: Path, *, model: str | None = None, steps: int = 2, bc_steps: int 
     trainer = GRPOTrainer(model=str(model_dir), args=args, train_dataset=Dataset.from_list(rows),
                           environment_factory=env_class)
     trainer.train()
+    save_trained(trainer, out / "trained")
     return trainer
+
+
+def save_trained(trainer: Any, path: Path) -> Path:
+    """Save the GRPO-trained model with its tokenizer (chat template included) as a Hugging Face model directory,
+    loadable with ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained`` (or
+    ``agentgym eval --policy hf:PATH``). ``save_strategy="no"`` keeps TRL from writing checkpoints during the
+    run; this is the one copy that is kept."""
+    trainer.save_model(str(path))
+    trainer.processing_class.save_pretrained(str(path))
+    return path
 
 
 def _schemas(environment: Any) -> list[dict[str, Any]]:
@@ -232,6 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     trainer = train(Path(args.out), model=args.model, steps=args.steps, bc_steps=args.bc_steps)
     for entry in trainer.state.log_history:
         print({k: v for k, v in entry.items() if "reward" in k or "tool" in k or k in ("loss", "step")})
+    print(f"trained model: {Path(args.out) / 'trained'}")
     return 0
 
 

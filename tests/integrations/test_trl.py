@@ -68,3 +68,11 @@ def test_trl_grpo_trains_a_tiny_model_on_an_agentgym_env_with_multi_turn_tool_ca
     changed = [n for (n, a), (_, b) in zip(start.named_parameters(), trainer.model.named_parameters())
                if not torch.equal(a, b.detach().cpu())]
     assert changed, "TRL's GRPO step changed no parameter"
+    # the trained model is kept, as a model directory transformers loads, with the weights TRL trained
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "trained")
+    trained = dict(trainer.model.named_parameters())
+    assert all(torch.equal(p, trained[n].detach().cpu()) for n, p in saved.named_parameters())
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    assert AutoTokenizer.from_pretrained(tmp_path / "trained").chat_template == qwen2_5_chat_template
