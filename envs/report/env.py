@@ -39,7 +39,9 @@ class ReportEnv(SearchEnv):
     ## Reward
 
     Without a rubric: the share of the asked facts the report states (capital, currency, languages, neighbours;
-    each list item counted), as the component `report`; success when every fact is stated. With `reward=rubric`,
+    each list item counted, whole words only), each fact's share times the share of the report's names of that
+    kind that are right (a report that lists every currency or country of the world states nothing), as the
+    component `report`; success when every fact is stated and nothing wrong is named. With `reward=rubric`,
     the rubric's score (the fact share is kept as `outcome["checker_score"]`).
 
     ## Episode end

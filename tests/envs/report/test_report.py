@@ -68,3 +68,37 @@ def test_reference_policy_through_the_engine() -> None:
     specs = [EpisodeSpec("agentgym/Report-v0", seed=s, env_kwargs={"reward": report_rubric()}) for s in range(3)]
     out = RolloutEngine(ReferencePolicy(), RolloutConfig(progress=False)).run(specs)
     assert all(t.error is None and t.score == pytest.approx(1.0) for t in out)
+
+
+def test_a_report_that_lists_the_world_states_nothing() -> None:
+    """Naming every currency, language and country (it fits in the length cap) must not state a country's facts:
+    each fact's share is scaled by the share of the report's names of that kind that are right."""
+    import random
+    from collections import Counter
+
+    from agentgym.envs.report.tasks import fact_coverage, generate_report_tasks
+    from agentgym.envs.search.sources import load_world
+
+    world = load_world()
+    currencies = Counter(c.currency for c in world.countries.values())
+    languages = Counter(x for c in world.countries.values() for x in c.languages)
+    stuffed = ("Currency: " + ", ".join(x for x, _ in currencies.most_common(12)) + ". Languages: "
+               + ", ".join(x for x, _ in languages.most_common(12)) + ". Borders: ")
+    for name in sorted({c.name for c in world.countries.values()}, key=len):
+        if len(stuffed) + len(name) + 2 > 2000:
+            break
+        stuffed += name + ", "
+    tasks = [t for t in generate_report_tasks(random.Random(0), 60, entities="test") if t.answer["neighbours"]]
+    scores = [sum(fact_coverage(stuffed, t.answer).values()) / 4 for t in tasks]
+    assert sum(scores) / len(scores) < 0.1, scores  # 0.64 when names were matched anywhere, right or wrong
+
+
+def test_facts_are_whole_words() -> None:
+    from agentgym.envs.report.tasks import fact_coverage
+
+    facts = {"capital": [["Paris"]], "currency": [["Euro", "EUR"]], "languages": [["French"]],
+             "neighbours": [["Spain"]]}
+    assert fact_coverage("Europe, Parisian, Frenchness, Spaniards.", facts) == {
+        "capital": 0.0, "currency": 0.0, "languages": 0.0, "neighbours": 0.0}
+    assert fact_coverage("Paris; the euro (EUR); French; it borders Spain.", facts) == {
+        "capital": 1.0, "currency": 1.0, "languages": 1.0, "neighbours": 1.0}
