@@ -415,6 +415,12 @@ class ContinuousSampler:
         """One token for every live row, in one forward over the slots up to the highest live one."""
         rows = max(self._bound) + 1
         width = max(self._bound.values())
+        if 2 * len(self._bound) < rows:  # live rows scattered among idle (cached) slots: compute the live ones only
+            index = self.live[:rows].nonzero().squeeze(-1)
+            logits = self.net.decode(self.last[index], self.column[index], None, width, slots=index)
+            self.column[index] += 1
+            self._sample(index, logits)
+            return
         logits = self.net.decode(self.last[:rows], self.column[:rows], self.live[:rows], width)
         index = self.live[:rows].nonzero().squeeze(-1)
         self.column[index] += 1

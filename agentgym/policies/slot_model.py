@@ -166,16 +166,22 @@ class SlotModel:
         residual = hidden
         return residual + layer.mlp(layer.post_attention_layernorm(hidden))
 
-    def decode(self, tokens: Any, columns: Any, live: Any, width: int) -> Any:
+    def decode(self, tokens: Any, columns: Any, live: Any, width: int, slots: Any = None) -> Any:
         """One token for each of the slots ``0..len(tokens)-1``: slot ``s`` feeds ``tokens[s]`` at position
         ``columns[s]`` (attending to its columns ``0..columns[s]``); slots where ``live`` is False compute garbage
         into the scratch column and their logits are to be ignored. ``width`` > every live column.
+
+        ``slots`` (a 1-D tensor of slot ids): row ``j`` is slot ``slots[j]`` instead of slot ``j``. Reading a gathered
+        set of slots copies their columns, so it pays only when the live slots are few and scattered (idle slots
+        that keep cached prefixes between them would otherwise be computed too).
 
         Returns:
             ``[rows, vocab]`` logits in the model's dtype.
         """
         torch = self.torch
         rows = tokens.shape[0]
+        if slots is not None:
+            return self._decode_gathered(tokens, columns, width, slots)
         cols = torch.where(live, columns, torch.full_like(columns, self.scratch))
         pos = torch.where(live, columns, torch.zeros_like(columns))
         cos, sin = self._cos[pos][:, None], self._sin[pos][:, None]  # [rows, 1, head_dim]
@@ -191,6 +197,24 @@ class SlotModel:
 
             def read(i: int = i) -> tuple[Any, Any]:
                 return self.keys[i][:rows, :, :width], self.values[i][:rows, :, :width]
+
+            hidden = self._layer(layer, hidden, cos, sin, write, read, mask)
+        return self.model.lm_head(self.inner.norm(hidden[:, -1]))
+
+    def _decode_gathered(self, tokens: Any, columns: Any, width: int, slots: Any) -> Any:
+        """:meth:`decode` for the given live slots only (every row live)."""
+        torch = self.torch
+        cos, sin = self._cos[columns][:, None], self._sin[columns][:, None]
+        arange = torch.arange(width, device=self.device)
+        mask = self._additive((arange[None] <= columns[:, None])[:, None, None, :])
+        hidden = self.inner.embed_tokens(tokens[:, None])
+        for i, layer in enumerate(self.layers):
+            def write(k: Any, v: Any, i: int = i) -> None:
+                self.keys[i][slots, :, columns] = k[:, :, 0]
+                self.values[i][slots, :, columns] = v[:, :, 0]
+
+            def read(i: int = i) -> tuple[Any, Any]:
+                return self.keys[i][slots, :, :width], self.values[i][slots, :, :width]
 
             hidden = self._layer(layer, hidden, cos, sin, write, read, mask)
         return self.model.lm_head(self.inner.norm(hidden[:, -1]))

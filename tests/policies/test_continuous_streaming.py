@@ -75,3 +75,29 @@ def test_prefix_cache_is_bounded_by_the_slots_and_evicts_the_oldest(policy):
     before = sampler.prefix_tokens_reused
     policy.continuous_submit(b + ids(policy, " more"), params).result(60)
     assert sampler.prefix_tokens_reused - before < len(b) // 2  # only what b shares with another cached prompt
+
+
+def test_a_lone_row_among_cached_slots_decodes_alone_with_equal_results(tmp_path):
+    """Live rows scattered among idle slots that keep prefixes are decoded gathered (not every slot up to the
+    highest live one); the results equal the packed decode."""
+    policy = HFPolicy.from_pretrained(build_context_sensitive_tiny_model(tmp_path / "m", CONFIG), max_batch_size=4)
+    try:
+        params = SamplingParams(max_tokens=6, temperature=1.0, seed=5, min_tokens=6)
+        prompts = [ids(policy, f"episode {i} opens here") for i in range(4)]
+        for f in [policy.continuous_submit(p, params) for p in prompts]:
+            f.result(60)
+        sampler = policy._continuous_sampler()
+        last = max(range(4), key=lambda s: sampler._ids[s][:len(prompts[3])] == prompts[3])
+        assert last > 1  # the row below runs in a high slot with idle ones beneath it
+        longer = prompts[3] + ids(policy, " and goes on")
+        calls = []
+        real = sampler.net.decode
+        sampler.net.decode = lambda *a, **k: calls.append(k.get("slots") is not None) or real(*a, **k)
+        gathered = policy.continuous_submit(longer, params).result(60)
+        sampler.net.decode = real
+        assert calls and all(calls)
+        packed = HFPolicy(policy.model, policy.tokenizer, max_batch_size=1).continuous_submit(longer, params).result(60)
+        assert gathered.token_ids == packed.token_ids
+        assert gathered.logprobs == pytest.approx(packed.logprobs, abs=1e-5)
+    finally:
+        policy.close()
