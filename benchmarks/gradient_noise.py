@@ -205,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def record(report: dict[str, Any]) -> None:
-    """The table's noise scales to ``benchmarks/results/gradient_noise.json``, GRPO as the baseline (the same
+    """The table's noise scales to ``benchmarks/results/gradient_noise.json`` (Sokoban, the default task) or
+    ``gradient_noise_TASK.json``, GRPO as the baseline (the same
     ``vs GRPO`` ratio the table prints: GRPO's noise scale over the variant's, higher is better)."""
     from _results import figure, write_results
 
@@ -220,7 +221,9 @@ def record(report: dict[str, Any]) -> None:
             unit="rollouts", ratio=base / r["noise_scale"] if base and r["noise_scale"] else None,
             note=f"mean pairwise cos {r['mean_cos']:+.3f} ± {r['se_cos']:.3f}; ratio is GRPO's / the variant's "
                  "(higher is better); none: not measurable at this batch count"))
-    write_results("gradient_noise", figures, details=report)
+    # one file a task, so a second task's run keeps the first's (the studies size each task from its own file)
+    name = "gradient_noise" if report["task"] == "sokoban" else f"gradient_noise_{report['task']}"
+    write_results(name, figures, details=report)
 
 
 if __name__ == "__main__":

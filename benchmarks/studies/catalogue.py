@@ -139,12 +139,24 @@ def suite_of(study: Study, scale_name: str) -> str:
     return SMOKE_SUITES.get(study.task, task.suite) if smoke else task.suite
 
 
+HELD_OUT_SPLITS = {"sokoban": "validation", "babyai": "test_large", "textworld": "test_large",
+                   "maze": "validation_large", "guess": "validation_all"}
+"""Each task's held-out split large enough for se <= 0.025: Sokoban's ``validation`` (400 rooms from held-out
+seeds, the training room size; its ``test`` holds 100 bigger rooms), 400-task splits beside the 100-200-task ones
+earlier results used (those stay as they were), and for guess-the-number every one of its 100 secrets."""
+
+TASK_SPACE = {"credit-guess": 100}
+"""Suites whose whole task space is this many tasks: a split that holds all of them measures a greedy policy's
+success exactly (the finite-population correction of the standard error is 0)."""
+
+
 def eval_split_of(study: Study, scale_name: str = "goal") -> str:
-    """Held-out split: Sokoban's ``validation`` (400 rooms from held-out seeds, the training room size: enough for
-    se <= 0.025; its ``test`` split holds 100 bigger rooms), the task's own otherwise."""
-    if study.task == "sokoban":
-        return "validation"
-    return task_of(study.task).eval_split
+    """The study's held-out split (:data:`HELD_OUT_SPLITS`); a smoke suite's own held-out split at the smoke
+    scale."""
+    task = task_of(study.task)
+    if suite_of(study, scale_name) != task.suite:
+        return task.eval_split
+    return HELD_OUT_SPLITS.get(study.task, task.eval_split)
 
 
 def split_size(suite: str, split: str) -> int | None:
@@ -170,21 +182,28 @@ def held_out_needed(se: float = SE_TARGET, p: float = 0.5) -> int:
     return math.ceil(p * (1 - p) / se ** 2 - 1e-9)
 
 
-def binomial_se(p: float, n: int) -> float:
-    """Standard error of a success rate ``p`` measured on ``n`` independent tasks."""
-    return math.sqrt(max(p * (1 - p), 0.0) / n) if n > 0 else float("nan")
+def binomial_se(p: float, n: int, population: int | None = None) -> float:
+    """Standard error of a success rate ``p`` measured on ``n`` tasks drawn without repeats from ``population``
+    (``None``: an unbounded task space); all of a finite space measured leaves no task-sampling error."""
+    if n <= 0:
+        return float("nan")
+    correction = 1.0 if population is None or population <= 1 else max(population - n, 0) / (population - 1)
+    return math.sqrt(max(p * (1 - p), 0.0) / n * correction)
 
 
 def noise_scale(task: str, variant: str, results_dir: Path | None = None) -> tuple[float | None, str]:
     """``(rollouts a step for half signal, where the number comes from)`` for a task and gradient_noise variant:
     a committed ``gradient_noise.json`` of that task first, then :data:`MEASURED_NOISE`; ``(None, why)`` if
     neither has it."""
-    path = (results_dir or BENCHMARKS / "results") / "gradient_noise.json"
-    if path.is_file():
+    for name in (f"gradient_noise_{task}.json", "gradient_noise.json"):  # the task's own file, then the shared one
+        path = (results_dir or BENCHMARKS / "results") / name
+        if not path.is_file():
+            continue
         details = json.loads(path.read_text()).get("details") or {}
         value = ((details.get("variants") or {}).get(variant) or {}).get("noise_scale")
         if details.get("task") == task and value:
-            return float(value), f"benchmarks/results/gradient_noise.json ({details.get('batches')} batches)"
+            return float(value), (f"benchmarks/results/{name} ({details.get('batches')} batches of "
+                                  f"{details.get('rollouts_per_batch')} rollouts)")
     if (task, variant) in MEASURED_NOISE:
         return MEASURED_NOISE[(task, variant)], "benchmarks/gradient_noise.py at the Sokoban BC warm start"
     return None, (f"not measured: run python benchmarks/gradient_noise.py --task {task} --model <its warm start> "
@@ -206,12 +225,14 @@ def goal_scale(study: Study) -> tuple[Scale, dict[str, Any]]:
     needed = held_out_needed()
     available = split_size(task.suite, eval_split_of(study))
     eval_tasks = needed if available is None else min(needed, available)
+    population = TASK_SPACE.get(task.suite)
+    se = binomial_se(0.5, eval_tasks, population)
     scale = Scale(tasks_per_step=tasks_per_step, group_size=GROUP_SIZE, steps=study.steps, eval_tasks=eval_tasks,
                   eval_every=study.eval_every, warm_start="bc")
     sizing = {"noise_scale": noise, "noise_measured": measured, "noise_source": source,
               "held_out_needed": needed, "held_out_available": available, "held_out_used": eval_tasks,
-              "held_out_se_at_p_0.5": binomial_se(0.5, eval_tasks), "se_target": SE_TARGET,
-              "se_bound_met": binomial_se(0.5, eval_tasks) <= SE_TARGET + 1e-12}
+              "task_space": population, "held_out_se_at_p_0.5": se, "se_target": SE_TARGET,
+              "se_bound_met": se <= SE_TARGET + 1e-12}
     return scale, sizing
 
 

@@ -48,6 +48,9 @@ def test_every_study_runs_its_whole_code_path_at_the_smoke_scale(name: str, work
     assert details["control"] == study.control and details["failed"] == []
     for run in details["runs"]:
         assert [episodes for episodes, _ in run["curve"]] == [0, cat.SMOKE.rollouts_per_step]
+        if cat.METHODS[run["method"]][0] == "archer":  # the final critic, read on fresh held-out episodes
+            fit = run["critic_held_out"]
+            assert fit["episodes"] == cat.SMOKE.eval_tasks and fit["turns"] > 0 and fit["split"] == details["eval_split"]
     assert set(details["summary"]) == set(cat.runs_of(study))
     assert {"token_correlation", "sign_disagreement", "step_episode_correlation"} <= set(details["agreement"])
     assert details["goals"] and all(isinstance(g["met"], bool) for g in details["goals"])
@@ -72,9 +75,26 @@ def test_goal_scale_is_sized_by_noise_and_held_out_error() -> None:
     scale, sizing = cat.goal_scale(cat.STUDIES["gigpo_vs_grpo"])
     assert scale.rollouts_per_step >= 1000 and scale.rollouts_per_step % cat.GROUP_SIZE == 0
     assert scale.eval_tasks == 400 and sizing["se_bound_met"] and sizing["noise_measured"]
-    _, babyai = cat.goal_scale(cat.STUDIES["grpo_babyai"])  # a 100-task held-out split cannot reach se 0.025
-    assert not babyai["se_bound_met"] and babyai["held_out_used"] == babyai["held_out_available"] == 100
-    assert not babyai["noise_measured"] and "gradient_noise.py --task babyai" in babyai["noise_source"]
+    for name in ("grpo_babyai", "grpo_textworld", "archer_vs_filtered_bc"):  # the 400-task held-out splits
+        scale, sizing = cat.goal_scale(cat.STUDIES[name])
+        assert scale.eval_tasks == sizing["held_out_available"] == 400 and sizing["se_bound_met"], name
+    assert [cat.eval_split_of(cat.STUDIES[n]) for n in ("grpo_babyai", "grpo_textworld", "archer_vs_filtered_bc")] \
+        == ["test_large", "test_large", "validation_large"]
+    assert cat.eval_split_of(cat.STUDIES["grpo_textworld"], "smoke") == "test"  # the smoke suite's own split
+    guess_scale, guess = cat.goal_scale(cat.STUDIES["arpo_vs_grpo"])  # every one of the 100 secrets: exact
+    assert guess_scale.eval_tasks == 100 and guess["held_out_se_at_p_0.5"] == 0.0 and guess["se_bound_met"]
+    assert cat.binomial_se(0.5, 50, population=100) == pytest.approx(0.5 / 50 ** 0.5 * (50 / 99) ** 0.5)
+    _, textworld = cat.goal_scale(cat.STUDIES["grpo_textworld"])  # never measured: says so, and borrows Sokoban's
+    assert not textworld["noise_measured"] and "not measured" in textworld["noise_source"]
+
+
+def test_a_tasks_own_noise_file_sizes_its_studies(tmp_path: Path) -> None:
+    record = {"details": {"task": "babyai", "batches": 4, "rollouts_per_batch": 64,
+                          "variants": {"grpo": {"noise_scale": 321.0}}}}
+    (tmp_path / "gradient_noise_babyai.json").write_text(json.dumps(record))
+    value, source = cat.noise_scale("babyai", "grpo", tmp_path)
+    assert value == 321.0 and "gradient_noise_babyai.json (4 batches of 64 rollouts)" in source
+    assert cat.noise_scale("maze", "grpo", tmp_path)[0] is None  # another task's file sizes nothing here
 
 
 def test_fewer_steps_make_a_labelled_scale_never_the_goal(capfd: pytest.CaptureFixture[str]) -> None:
@@ -91,6 +111,7 @@ def test_fewer_steps_make_a_labelled_scale_never_the_goal(capfd: pytest.CaptureF
 
 def _runs(finals: dict[str, list[float]], start: float = 0.3, calls: dict[str, float] | None = None) -> list[dict]:
     return [{"method": m, "seed": s, "curve": [(0, start), (100, v)], "critic_explained_variance": 0.6,
+             "critic_explained_variance_held_out": 0.55,
              "eval_mean_tool_calls": (calls or {}).get(m)} for m, values in finals.items() for s, v in enumerate(values)]
 
 
@@ -104,6 +125,18 @@ def test_goals_need_the_bar_and_two_standard_errors() -> None:
     rows = study_run.goals(arpo, study_run.summarize(_runs({"arpo": [0.5] * 3, "grpo": [0.5] * 3, "grpo_shuffled": [0.1] * 3},
                                                            calls={"arpo": 3.0, "grpo": 5.0}), 64))
     assert [g["met"] for g in rows] == [True, True, True] and rows[2]["value"] == pytest.approx(0.6)
+
+
+def test_the_critic_goal_reads_held_out_trajectories_not_its_own_batches() -> None:
+    """A critic that fits its replay batches (0.9) but not fresh held-out episodes (0.2) misses the goal."""
+    study = cat.STUDIES["archer_vs_filtered_bc"]
+    runs = _runs({"archer_observation": [0.6] * 3, "archer": [0.4] * 3, "filtered_bc": [0.5] * 3,
+                  "grpo_shuffled": [0.3] * 3})
+    for r in runs:
+        r.update(critic_explained_variance=0.9, critic_explained_variance_held_out=0.2)
+    critic = study_run.goals(study, study_run.summarize(runs, 400))[-1]
+    assert "held-out" in critic["goal"] and critic["value"] == pytest.approx(0.2) and not critic["met"]
+    assert "0.900" in critic["note"] and "0.200, 0.200, 0.200" in critic["note"]
 
 
 def test_research_pages_state_each_goal_from_goal_scale_files_only(tmp_path: Path) -> None:

@@ -1,0 +1,72 @@
+"""How much of the return variance a finished ArCHer run's critic explains on held-out trajectories.
+
+The trainer logs ``critic/explained_variance`` on the replay batches it trains the critic on: turns of training
+tasks the critic has fit, often several times. That says the regression converged, not that the critic ranks the
+actor's choices on a maze it never saw, which is what ArCHer's advantage ``min(Q) - min(V)`` relies on. So after
+training, the run's final policy plays fresh episodes of the held-out split at its training temperature (varied
+returns, as in the replay buffer), each turn becomes the same transition the buffer would hold (the critic's
+``critic_input`` view of the state, the decoded action, its Monte-Carlo return under the run's ``gamma``), and the
+final critic's ``min(Q1, Q2)`` is compared with those returns: ``1 - Var(G - Q) / Var(G)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = ["held_out_explained_variance"]
+
+
+def held_out_explained_variance(run_dir: Path, config: dict[str, Any], episodes: int,
+                                chunk: int = 64) -> dict[str, Any]:
+    """``{explained_variance, turns, episodes, success, split}`` of the run's final critic on ``episodes`` fresh
+    episodes of the run's held-out split (its first tasks, one episode each, seeds 0..n-1).
+
+    Raises:
+        FileNotFoundError: the run left no final model or no checkpoint with the critic (it did not finish).
+    """
+    import torch
+
+    from agentgym.policies import SamplingParams
+    from agentgym.policies.hf import HFPolicy
+    from agentgym.registration.suites import load_suite
+    from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
+    from agentgym.trainers import make_trainer
+    from agentgym.trainers.algorithms.archer import explained_variance
+    from agentgym.trainers.checkpoint import latest_checkpoint
+    from agentgym.trainers.config import config_from_dict
+
+    model_dir, checkpoint = run_dir / "model", latest_checkpoint(run_dir / "checkpoints")
+    if not (model_dir / "config.json").is_file() or checkpoint is None or not (checkpoint / "critic.pt").is_file():
+        raise FileNotFoundError(f"{run_dir}: no final model and critic checkpoint; finish the ArCHer run first")
+    trainer = make_trainer(config_from_dict(config))
+    cfg = trainer.config
+    trainer.model, trainer.tokenizer = trainer._load(model_dir)
+    trainer.critic = trainer._build_critic()
+    trainer.critic.load_state_dict(torch.load(checkpoint / "critic.pt", weights_only=False)["critic"])
+    trainer.critic.eval()
+    trainer.model.eval()
+
+    suite = load_suite(cfg.eval_suite or cfg.suite)
+    env_kwargs = {**suite.env_kwargs, **cfg.env_kwargs}
+    specs = [EpisodeSpec(suite.env_id, task=task, seed=i, env_kwargs=dict(env_kwargs), sampling_seed=i)
+             for i, task in enumerate(suite.split(cfg.eval_split)[:episodes])]
+    rollout = RolloutConfig(max_in_flight=256, system_prompt=cfg.system_prompt,
+                            max_context_tokens=cfg.max_context_tokens,
+                            sampling=SamplingParams(max_tokens=cfg.max_tokens_per_turn, temperature=cfg.temperature,
+                                                    top_p=cfg.top_p))
+    policy = HFPolicy(trainer.model, trainer.tokenizer, max_batch_size=64, device=cfg.device)
+    trajectories = RolloutEngine(policy, rollout).run(specs)
+    turns = trainer._transitions(0, trajectories, cfg.gamma)
+    fitted: list[float] = []
+    with torch.no_grad():
+        for i in range(0, len(turns), chunk):
+            part = turns[i:i + chunk]
+            actions = [trainer._decode(t.action_ids) if t.action_ids else t.action for t in part]
+            q, _ = trainer.critic([t.state for t in part], actions)
+            fitted += q.min(dim=0).values.cpu().tolist()
+    returns = [t.mc_return for t in turns]
+    value = explained_variance(torch.tensor(fitted), torch.tensor(returns)) if turns else float("nan")
+    return {"explained_variance": None if value != value else float(value), "turns": len(turns),
+            "episodes": len(trajectories), "split": cfg.eval_split, "critic_input": cfg.critic_input,
+            "success": sum(t.success for t in trajectories) / max(len(trajectories), 1)}
