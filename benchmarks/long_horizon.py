@@ -16,18 +16,20 @@ held-out split greedily with its own context strategy; the table reports success
 rewards for rooms reached and keys taken, paid even when the context limit later cuts the episode) and why episodes
 ended.
 
-    python benchmarks/long_horizon.py --strategies window,summarize   # --scale tiny: 12-room quests, 3 seeds (~20 min)
+    python benchmarks/long_horizon.py                      # --scale tiny: window vs full, 12-room quests, 3 seeds
+    python benchmarks/long_horizon.py --strategies window,summarize   # a summarize arm too (about as long again)
     python benchmarks/long_horizon.py --scale goal         # 40-room quests (43 turns), 60-room held out: hours
     python benchmarks/long_horizon.py --strategies window,summarize --seeds 0
 
-Writes ``benchmarks/results/long_horizon.json`` and prints the table and the ratio (window over full, held-out
-mean score).
+Writes ``benchmarks/results/long_horizon.json`` (with the training curves: mean score per step, mean over seeds)
+and prints the curves, the table and the ratio (window over full, held-out mean score).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 import statistics
@@ -43,7 +45,7 @@ from _results import figure, write_results  # noqa: E402
 #: Settings per scale. ``tiny`` fits ~20 minutes of a loaded 2-core CPU; ``goal`` is the task as designed
 #: (40-room quests to train on, 60-room ones held out: 43 and 64 turns for the reference solution).
 SCALES: dict[str, dict[str, Any]] = {
-    "tiny": dict(train_split="tiny", eval_split="tiny-test", steps=30, tasks_per_step=4, group_size=4,
+    "tiny": dict(train_split="tiny", eval_split="tiny-test", steps=15, tasks_per_step=4, group_size=4,
                  eval_tasks=16, max_context_tokens=512, max_tokens_per_turn=8, model="small"),
     "goal": dict(train_split="train", eval_split="test", steps=60, tasks_per_step=8, group_size=8,
                  eval_tasks=50, max_context_tokens=1024, max_tokens_per_turn=8, model="default"),
@@ -93,7 +95,10 @@ def run_arm(model: Path, out: Path, strategy: str, seed: int, scale: dict[str, A
     ends: dict[str, int] = {}
     for t in trajectories:
         ends[t.end_reason] = ends.get(t.end_reason, 0) + 1
-    return {"strategy": strategy, "seed": seed, "train_s": train_s,
+    curve = [json.loads(line) for line in (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if line]
+    curve = [{"step": m["step"], "score": m["train/score_mean"], "success": m.get("train/success_rate")}
+             for m in curve if "train/score_mean" in m]
+    return {"strategy": strategy, "seed": seed, "train_s": train_s, "curve": curve,
             "success": sum(t.success for t in trajectories) / n,
             "score": sum(t.score for t in trajectories) / n,
             "progress": sum(t.total_reward for t in trajectories) / n,
@@ -142,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"{scale['steps']} steps x {scale['tasks_per_step']} tasks x {scale['group_size']}, "
                 f"max_context_tokens={scale['max_context_tokens']}, {len(seeds)} seed(s)")
     figures = []
+    curves = {s: [statistics.fmean(r["curve"][i]["score"] for r in arm) for i in range(min(len(r["curve"]) for r in arm))]
+              for s, arm in by.items()}
+    print("\ntraining score per step (mean over seeds):")
+    for strategy, curve in curves.items():
+        print(f"{strategy:>18}  " + " ".join(f"{v:.2f}" for v in curve))
     print(f"\n{'arm':>18}  success  score  progress  turns  segments")
     for strategy, arm in by.items():
         print(f"{strategy:>18}  {mean(arm, 'success'):7.3f}  {mean(arm, 'score'):5.3f}  {mean(arm, 'progress'):8.3f}"
@@ -163,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     note = (f"--scale {args.scale}: measured on a shared, loaded 2-core CPU (load average in machine); "
             + ("12-room quests (14 turns for the reference) at a 512-token context: a scaled-down stand-in for the "
                "goal scale's 40/60-room quests" if args.scale == "tiny" else "the task as designed"))
-    write_results("long_horizon", figures, details={"runs": rows, "scale": scale, "contexts":
+    write_results("long_horizon", figures, details={"runs": rows, "curves": curves, "scale": scale, "contexts":
                                                      {s: CONTEXTS[s] for s in by}}, note=note)
     return 0
 
