@@ -265,6 +265,10 @@ class OpenAIPolicy(OpenAIHTTPClient, Policy):
             fields["stop"] = list(sampling.stop)
         if sampling.seed is not None:
             fields["seed"] = sampling.seed
+        schema = getattr(sampling.constraint, "json_schema", None)
+        if isinstance(schema, Mapping):  # a JSON-schema constraint: the server decodes under it (structured output)
+            fields["response_format"] = {"type": "json_schema",
+                                         "json_schema": {"name": "reply", "schema": dict(schema), "strict": True}}
         return fields
 
     async def _complete(self, state: _LoopState, model: str, request: GenerationRequest) -> Generation:

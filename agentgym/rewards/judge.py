@@ -8,9 +8,9 @@ and retries.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 __all__ = ["Judge", "JudgePrompt", "JudgeReply"]
 
@@ -23,11 +23,14 @@ class JudgePrompt:
         key: Which criterion asks (its path in the rubric, e.g. ``report/completeness``).
         system: Instructions to the judge; never contains agent text.
         user: The quoted fields the criterion declares.
+        schema: The JSON schema the reply must validate against (``verdict_format="json"``), for a judge that can
+            decode under one (``None``: free text with a closing verdict line).
     """
 
     key: str
     system: str
     user: str
+    schema: Mapping[str, Any] | None = field(default=None, compare=False)
 
     def messages(self) -> tuple[dict[str, str], ...]:
         return ({"role": "system", "content": self.system}, {"role": "user", "content": self.user})
@@ -43,7 +46,12 @@ class JudgeReply:
 
 @runtime_checkable
 class Judge(Protocol):
-    """Answers judge prompts, in order. ``name`` identifies the judge in caches and breakdowns."""
+    """Answers judge prompts, in order. ``name`` identifies the judge in caches and breakdowns.
+
+    A judge may also carry ``verdict_format`` (``"line"`` or ``"json"``, see
+    :mod:`agentgym.rewards.criteria`); the rubric builds its prompts and parses its replies in that format, and a
+    judge without the attribute gets ``"line"``.
+    """
 
     name: str
 

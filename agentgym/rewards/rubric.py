@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from agentgym.errors import ConfigError
-from agentgym.rewards.criteria import Check, JudgeCriterion, VerdictError
+from agentgym.rewards.criteria import Check, JudgeCriterion, VerdictError, check_verdict_format
 from agentgym.rewards.judge import Judge, JudgePrompt, JudgeReply
 from agentgym.rewards.sample import RubricSample
 
@@ -89,32 +89,37 @@ class Rubric:
     def needs_judge(self) -> bool:
         return next(self.judge_criteria(), None) is not None
 
-    def prompts(self, sample: RubricSample) -> list[JudgePrompt]:
-        """The judge prompts one episode needs (one per judge criterion)."""
-        return [c.prompt(sample, key) for key, c in self.judge_criteria()]
+    def prompts(self, sample: RubricSample, verdict_format: str = "line") -> list[JudgePrompt]:
+        """The judge prompts one episode needs (one per judge criterion), asking for verdicts in
+        ``verdict_format`` (``line`` or ``json``, see :mod:`agentgym.rewards.criteria`)."""
+        return [c.prompt(sample, key, verdict_format) for key, c in self.judge_criteria()]
 
-    def group_prompts(self, samples: Sequence[RubricSample]) -> list[JudgePrompt]:
+    def group_prompts(self, samples: Sequence[RubricSample], verdict_format: str = "line") -> list[JudgePrompt]:
         """The judge prompts a task group needs: one per judge criterion, showing every attempt."""
-        return [c.group_prompt(samples, key) for key, c in self.judge_criteria()]
+        return [c.group_prompt(samples, key, verdict_format) for key, c in self.judge_criteria()]
 
-    def combine(self, sample: RubricSample, replies: Mapping[str, JudgeReply]) -> RubricScore:
-        """The score of one episode given the judge's replies to :meth:`prompts`, by key."""
+    def combine(self, sample: RubricSample, replies: Mapping[str, JudgeReply],
+                verdict_format: str = "line") -> RubricScore:
+        """The score of one episode given the judge's replies to :meth:`prompts` (same ``verdict_format``), by key."""
+        check_verdict_format(verdict_format)
         verdicts: dict[str, float] = {}
         for key, c in self.judge_criteria():
             reply = replies.get(key)
             try:
-                verdicts[key] = c.parse(_reply_text(reply, key))
+                verdicts[key] = c.parse(_reply_text(reply, key), verdict_format)
             except VerdictError as exc:
                 return RubricScore(None, {}, f"judge_error: {key}: {exc}")
         return self._score(sample, verdicts)
 
-    def combine_group(self, samples: Sequence[RubricSample], replies: Mapping[str, JudgeReply]) -> list[RubricScore]:
+    def combine_group(self, samples: Sequence[RubricSample], replies: Mapping[str, JudgeReply],
+                      verdict_format: str = "line") -> list[RubricScore]:
         """The scores of a task group given the replies to :meth:`group_prompts`; a failed group call fails the
         whole group (its relative scores mean nothing without the call)."""
+        check_verdict_format(verdict_format)
         per_sample: list[dict[str, float]] = [{} for _ in samples]
         for key, c in self.judge_criteria():
             try:
-                scores = c.parse_group(_reply_text(replies.get(key), key), len(samples))
+                scores = c.parse_group(_reply_text(replies.get(key), key), len(samples), verdict_format)
             except VerdictError as exc:
                 return [RubricScore(None, {}, f"judge_error: {key}: {exc}") for _ in samples]
             for verdicts, s in zip(per_sample, scores):
@@ -122,14 +127,16 @@ class Rubric:
         return [self._score(sample, verdicts) for sample, verdicts in zip(samples, per_sample)]
 
     def evaluate(self, sample: RubricSample, judge: Judge | None = None) -> RubricScore:
-        """Score one episode, asking ``judge`` (default: the rubric's own) for the judge criteria."""
+        """Score one episode, asking ``judge`` (default: the rubric's own) for the judge criteria, in the judge's
+        ``verdict_format`` (``line`` when it has none)."""
         judge = judge or self.judge
-        prompts = self.prompts(sample)
+        verdict_format = str(getattr(judge, "verdict_format", "line"))
+        prompts = self.prompts(sample, verdict_format)
         if prompts and judge is None:
             raise ConfigError(f"Rubric {self.name!r} has judge criteria but no judge: pass Rubric(..., judge=...) or "
                               "score it with agentgym.rollout.judging.judge_trajectories(..., judge=PolicyJudge(policy)).")
         replies = judge.judge(prompts) if prompts else []
-        return self.combine(sample, {p.key: r for p, r in zip(prompts, replies)})
+        return self.combine(sample, {p.key: r for p, r in zip(prompts, replies)}, verdict_format)
 
     def _score(self, sample: RubricSample, verdicts: Mapping[str, float], prefix: str = "") -> RubricScore:
         base = f"{prefix}{self.name}/"

@@ -6,6 +6,11 @@ echoes the start of the answer in its reasoning before its verdict (so a fake ve
 in its reply); and without terms to look for it prefers longer answers (a length bias to measure). Inside a
 correctly fenced field it only reads content: the share of the criterion's ``[bracketed]`` terms the answer
 mentions. Use it as ``ScriptedPolicy(naive_judge_reply)``.
+
+Asked for a JSON verdict (``verdict_format="json"``) it writes the object as a careless unconstrained model would:
+verdict first, then its reasoning pasted between quotes without escaping. Agent text holding ``"`` can therefore
+forge a second ``verdict`` key or a second object after the first, which is what the strict JSON parsing must not
+fall for.
 """
 
 from __future__ import annotations
@@ -73,6 +78,11 @@ def naive_judge_reply(messages: Sequence[Mapping[str, Any]]) -> str:
             cover = [(c - min(cover)) / (max(cover) - min(cover)) for c in cover]
         verdicts = [round(low + c * (high - low)) for c in cover]
     echo = "\n".join(answers[0].splitlines()[:6])[:300]
+    if "Reply with one JSON object" in system:
+        names = ["verdict"] if '"verdict":' in system else [f"verdict_{i}" for i in range(1, len(answers) + 1)]
+        head = ", ".join(f'"{name}": {v}' for name, v in zip(names, verdicts))
+        pasted = " ".join(echo.splitlines())  # pasted, not escaped: a quote in the answer ends the string
+        return f'{{{head}, "reasoning": "The answer reads: {pasted} I checked it against the criterion."}}'
     reasoning = f"The answer reads:\n{echo}\nI checked it against the criterion."
     if len(answers) == 1 and "VERDICT 1:" not in system:
         return f"{reasoning}\nVERDICT: {verdicts[0]}"

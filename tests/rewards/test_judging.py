@@ -84,3 +84,16 @@ def test_failed_episodes_are_not_judged() -> None:
     broken = type(broken)(**{**broken.__dict__, "error": "EnvCrashed: boom", "end_reason": "error"})
     out, stats = judge_trajectories([broken], RUBRIC, PolicyJudge(ScriptedPolicy(naive_judge_reply)))
     assert out[0] is broken and stats["judged"] == 0
+
+
+def test_group_json_verdicts_match_the_line_format() -> None:
+    rubric = Rubric("r", (JudgeCriterion("facts", "Name [Paris], [1889] and [Gustave Eiffel]."),))
+    group = [answered("Paris, 1889.", traj_id="a1", group="A"), answered("Paris, 1889, Gustave Eiffel.", traj_id="a2",
+             group="A"), answered("A tower.", traj_id="a3", group="A")]
+    scores = {}
+    for verdict_format in ("line", "json"):
+        judge = PolicyJudge(ScriptedPolicy(naive_judge_reply), verdict_format=verdict_format)
+        out, stats = judge_trajectories(group, rubric, judge, mode="group")
+        assert stats["judge_calls"] == 1 and stats["judge_errors"] == 0
+        scores[verdict_format] = [t.score for t in out]
+    assert scores["json"] == scores["line"] == [pytest.approx(0.7), 1.0, 0.0]

@@ -61,3 +61,38 @@ def test_bad_rubrics_get_clear_errors() -> None:
         Rubric("r", (Check("c", lambda s: 3.0),)).evaluate(sample_from_trajectory(answered(GOOD)))
     with pytest.raises(ConfigError, match="no judge"):
         Rubric("r", (COMPLETE,)).evaluate(sample_from_trajectory(answered(GOOD)))
+
+
+@pytest.mark.parametrize("reply", ["", "VERDICT: 7", '{"verdict": 11}', '{"verdict": true}', '{"verdict": "7"}',
+                                   '{"verdict": 7, "score": 9}', '{"verdict": 7} thanks', '[7]', '{"reasoning": 5, '
+                                   '"verdict": 7}', '{"verdict": 7, "verdict": 3}', '{"reasoning": "fine"}',
+                                   '{"verdict": NaN}'])
+def test_unusable_json_verdicts_are_errors_not_scores(reply: str) -> None:
+    rubric = Rubric("r", (COMPLETE,))
+    result = rubric.combine(sample_from_trajectory(answered(GOOD)), {"r/complete": JudgeReply(reply)}, "json")
+    assert result.score is None and result.error is not None and result.error.startswith("judge_error")
+
+
+@pytest.mark.parametrize("reply, score", [('{"verdict": 7}', 0.7), ('{"reasoning": "names both", "verdict": 7.5}', 0.75),
+                                          (' {"verdict":0}\n', 0.0)])
+def test_json_verdicts_parse(reply: str, score: float) -> None:
+    result = Rubric("r", (COMPLETE,)).combine(sample_from_trajectory(answered(GOOD)), {"r/complete": JudgeReply(reply)},
+                                              "json")
+    assert result.error is None and result.score == pytest.approx(score)
+
+
+def test_json_prompts_carry_the_verdict_schema_and_keep_the_quoting() -> None:
+    sample = sample_from_trajectory(answered(GOOD))
+    line, json_prompt = COMPLETE.prompt(sample, "k"), COMPLETE.prompt(sample, "k", "json")
+    assert line.schema is None and json_prompt.user == line.user  # the same fenced fields, only the format differs
+    assert json_prompt.schema == {"type": "object", "properties": {"reasoning": {"type": "string"},
+                                                                  "verdict": {"enum": list(range(11))}},
+                                  "required": ["verdict"], "additionalProperties": False}
+    group = COMPLETE.group_prompt([sample, sample, sample], "k", "json")
+    assert group.schema is not None and group.schema["required"] == ["verdict_1", "verdict_2", "verdict_3"]
+    wide = JudgeCriterion("w", "q", scale=(0, 1000)).verdict_schema()
+    assert wide["properties"]["verdict"]["type"] == "number"
+    with pytest.raises(ConfigError, match="verdict_format"):
+        COMPLETE.prompt(sample, "k", "yaml")
+    with pytest.raises(ConfigError, match="verdict_format"):
+        PolicyJudge(ScriptedPolicy(naive_judge_reply), verdict_format="xml")
