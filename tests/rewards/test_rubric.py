@@ -73,7 +73,8 @@ def test_unusable_json_verdicts_are_errors_not_scores(reply: str) -> None:
     assert result.score is None and result.error is not None and result.error.startswith("judge_error")
 
 
-@pytest.mark.parametrize("reply, score", [('{"verdict": 7}', 0.7), ('{"reasoning": "names both", "verdict": 7.5}', 0.75),
+@pytest.mark.parametrize("reply, score", [('{"verdict": 7}', 0.7),
+                                          ('{"reasoning": "names both", "verdict": 7.5}', 0.75),
                                           (' {"verdict":0}\n', 0.0)])
 def test_json_verdicts_parse(reply: str, score: float) -> None:
     result = Rubric("r", (COMPLETE,)).combine(sample_from_trajectory(answered(GOOD)), {"r/complete": JudgeReply(reply)},
