@@ -152,6 +152,9 @@ class TrainerConfig:
     judge_mode: Literal["independent", "group"] = "independent"
     """``independent``: one judge call per episode and criterion; ``group``: one per task group, scoring its
     ``group_size`` episodes relative to each other (RULER-style)."""
+    judge_verdict_format: Literal["line", "json"] = "line"
+    """How the ``judge`` policy answers: ``line`` (a closing ``VERDICT: x`` line, any policy) or ``json`` (a JSON
+    object decoded under a schema constraint, so a small judge model always gives a verdict in the scale)."""
     device: str = "cpu"
     """Torch device for training and generation."""
     cpu_threads: int | None = None

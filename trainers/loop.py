@@ -114,7 +114,8 @@ class OnlineTrainer:
         if config.reward == "rubric":
             from agentgym.trainers.rubric_reward import RubricReward
 
-            self._rubric = RubricReward(config.rubric or "", config.judge, config.judge_mode, self.output_dir)
+            self._rubric = RubricReward(config.rubric or "", config.judge, config.judge_mode, self.output_dir,
+                                        verdict_format=config.judge_verdict_format)
         self._rollout_stats: dict[str, Any] = {}  # the sampler's statistics of the step being learned from
         self._guard: InterruptGuard | None = None  # Ctrl-C handling while train() runs
         self._slow: SlowStepWatch | None = None  # the slow-step hint on a CPU

@@ -28,14 +28,16 @@ class RubricReward:
         judge: A judge policy spec; ``None`` uses the rubric's own judge.
         mode: ``independent`` or ``group``.
         cache_dir: Where the judge cache lives (the run's output directory).
+        verdict_format: How ``judge`` answers (:class:`~agentgym.rollout.judging.PolicyJudge`'s ``verdict_format``).
     """
 
-    def __init__(self, rubric: Rubric | str, judge: str | None, mode: str, cache_dir: str | Path) -> None:
+    def __init__(self, rubric: Rubric | str, judge: str | None, mode: str, cache_dir: str | Path,
+                 verdict_format: str = "line") -> None:
         self.rubric = load_rubric(rubric)
         self.mode = mode
         self.judge: Any = self.rubric.judge
         if judge is not None:
-            self.judge = PolicyJudge(judge_policy(judge), cache_dir=cache_dir)
+            self.judge = PolicyJudge(judge_policy(judge), cache_dir=cache_dir, verdict_format=verdict_format)
         if self.rubric.needs_judge and self.judge is None:
             raise ConfigError(f"judge: rubric {self.rubric.name!r} has judge criteria; set judge: to a policy spec "
                               f"(openai:BASE_URL#MODEL, hf:MODEL) or {NAIVE_JUDGE}.")

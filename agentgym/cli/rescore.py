@@ -28,6 +28,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    "or scripted-naive (a scripted stand-in for tests); default: the rubric's own judge")
     p.add_argument("--judge-mode", choices=("independent", "group"), default="independent",
                    help="one judge call per episode, or one per task group scoring its episodes against each other")
+    p.add_argument("--verdict-format", choices=("line", "json"), default="line",
+                   help="how --judge answers: line (a closing 'VERDICT: x' line) or json (decoded under a JSON schema, "
+                        "so a small judge model always gives a verdict in the scale)")
     p.add_argument("--cache-dir", default=None, help="judge cache folder (default: the folder of --out)")
     p.add_argument("--judge-timeout", type=float, default=120.0, help="seconds per judge call before a retry")
     p.add_argument("--judge-retries", type=int, default=2, help="retries of a failed judge call")
@@ -65,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError(f"Rubric {rubric.name!r} has judge criteria and no judge: pass --judge "
                                   f"openai:BASE_URL[#MODEL] (or {NAIVE_JUDGE} for a scripted stand-in).")
             judge = PolicyJudge(judge_policy(args.judge), cache_dir=args.cache_dir or out.parent,
-                                timeout_s=args.judge_timeout, retries=args.judge_retries)
+                                timeout_s=args.judge_timeout, retries=args.judge_retries,
+                                verdict_format=args.verdict_format)
     new, stats = judge_trajectories(old, rubric, judge, mode=args.judge_mode)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.exists():

@@ -68,3 +68,21 @@ def test_rescore_needs_a_judge_for_judge_criteria(stored: Path, tmp_path: Path,
     rubric.write_text(RUBRIC)
     assert main(["rescore", str(stored), "--rubric", f"{rubric}:build", "--out", str(tmp_path / "x.jsonl")]) == 2
     assert "--judge" in capsys.readouterr().err
+
+
+def test_rescore_with_a_json_judge_gets_a_verdict_from_an_untrained_model(
+        stored: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--verdict-format json`` decodes the judge's reply under the verdict's schema: even an untrained tiny model
+    (which never writes a closing VERDICT line) scores every episode."""
+    pytest.importorskip("torch")
+    from agentgym.models.tiny import TinyModelConfig, build_tiny_model
+
+    model = build_tiny_model(tmp_path / "judge", config=TinyModelConfig(
+        hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64))
+    rubric = tmp_path / "rubric.py"
+    rubric.write_text(RUBRIC)
+    out = tmp_path / "rescored.jsonl"
+    assert main(["rescore", str(stored), "--rubric", f"{rubric}:build", "--out", str(out), "--judge", f"hf:{model}",
+                 "--verdict-format", "json", "--limit", "3"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["judge_calls"] == 3 and summary["judge_errors"] == 0, summary

@@ -36,6 +36,7 @@ def model_dir(tmp_path: Path) -> Path:
         ({"temperature": 0.0}, "temperature", "temperature > 0"),
         ({"steps": "10"}, "steps", "expected int"),
         ({"advantage": "ppo"}, "advantage", "one of"),
+        ({"judge_verdict_format": "xml"}, "judge_verdict_format", "one of"),
     ],
 )
 def test_invalid_values_name_the_field(overrides: dict, field: str, hint: str) -> None:
