@@ -50,6 +50,68 @@ def test_bridge_exposes_the_env_tools_to_trl_and_forwards_calls_to_the_env() -> 
     assert env.calc(expression="1+1") == "The episode has ended." and env.calls == 2
 
 
+@pytest.fixture(scope="module")
+def untrained(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, type, Path]:
+    """The recipe's tiny model (a narrow shape: only its tokenizer and template matter here), no warm start."""
+    from agentgym.models.tiny import TinyModelConfig
+
+    suite = load_suite("games-calc")
+    env_class = recipe.trl_environment(suite.env_id, suite.train, suite.env_kwargs, {"tool_call": 0.1})
+    shape = TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=32)
+    path = recipe.build_model(tmp_path_factory.mktemp("trl") / "model", suite, env_class, bc_steps=0, config=shape)
+    return suite, env_class, path
+
+
+def test_warm_start_demonstrations_are_token_for_token_what_trl_renders(untrained: tuple, tmp_path: Path) -> None:
+    """The demonstrations the warm start clones are the sequences TRL builds in its own rollouts: its first prompt
+    (TRL's ``_tokenize_prompts``), the demonstrated actions, TRL's tool-result ids (``_get_tool_suffix_ids``)
+    between them; and TRL's response parser reads each demonstrated action as the env's tool call."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.chat_template_utils import parse_response
+
+    suite, env_class, path = untrained
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    demos = recipe.demonstrations(suite, env_class, tokenizer, 6)
+    args = GRPOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=2, num_generations=2,
+                      use_cpu=True, report_to="none", save_strategy="no", bf16=False)
+    trainer = GRPOTrainer(model=str(path), args=args, environment_factory=env_class,
+                          train_dataset=Dataset.from_list([{"prompt": [{"role": "user", "content": ""}],
+                                                            "task_id": suite.train[0].id, "seed": 0}] * 2))
+    trainer._batch_environments = [None]
+    kinds = set()
+    for demo in demos:
+        prompt = [{"role": "user", "content": "" + demo.turns[0].observation}]  # TRL appends reset()'s observation
+        ids = [int(i) for i in trainer._tokenize_prompts([prompt])[0][0]]
+        assert list(demo.turns[0].prompt_token_ids) == ids
+        for turn, after in zip(demo.turns, [*demo.turns[1:], None]):
+            action = list(turn.action_token_ids)
+            call = parse_response(trainer._tokenizer, action, prefix=ids, tools=recipe.tool_schemas(env_class))
+            name = call["tool_calls"][0]["function"]["name"]
+            kinds.add(name)
+            assert f'"{name}"' in turn.action
+            ids += action
+            if after is not None:  # the env's result as TRL appends it: a tool message, rendered by the template
+                suffix = trainer._get_tool_suffix_ids([{"role": "tool", "name": name, "content": after.observation}])
+                assert list(after.prompt_token_ids) == suffix
+                ids += suffix
+    assert kinds == {"calc", "answer"}
+    assert any(d.outcome["success"] for d in demos) and not all(d.outcome["success"] for d in demos)  # half skip
+
+
+def test_warm_start_refuses_demonstrations_prompted_unlike_trl(untrained: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recipe compares one demonstration's prompt ids with TRL's before cloning: prompted another way (the env's
+    instructions as the system message), it stops with the reason instead of cloning a format TRL never shows."""
+    from transformers import AutoTokenizer
+
+    suite, env_class, path = untrained
+    config = recipe.trl_format_rollout_config
+    monkeypatch.setattr(recipe, "trl_format_rollout_config", lambda **kw: config(**{**kw, "system_prompt": None}))
+    with pytest.raises(ValueError, match="differs from TRL's"):
+        recipe.demonstrations(suite, env_class, AutoTokenizer.from_pretrained(path), 2)
+
+
 @pytest.mark.slow
 def test_trl_grpo_trains_a_tiny_model_on_an_agentgym_env_with_multi_turn_tool_calls(tmp_path: Path) -> None:
     torch.set_num_threads(1)  # a 2-layer model on a shared 2-core machine: one thread is several times faster
