@@ -80,6 +80,9 @@ class Batcher:
         self._queue: asyncio.Queue[_Job] | None = None
         self._task: asyncio.Task[None] | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        #: Tokens the decode thread produced for streams on each event loop, not yet handed over (see _deliver).
+        self._pending: dict[asyncio.AbstractEventLoop, list[tuple[Callable[..., None], tuple[Any, ...]]]] = {}
+        self._pending_lock = threading.Lock()
 
     async def start(self) -> None:
         self._queue = asyncio.Queue()
@@ -187,9 +190,27 @@ class Batcher:
             last[0] = now
             stats.token_rate.add(now)
             if on_token is not None:
-                loop.call_soon_threadsafe(on_token, index, token, logprob, top)
+                self._deliver(loop, on_token, (index, token, logprob, top))
 
         return hook
+
+    def _deliver(self, loop: asyncio.AbstractEventLoop, on_token: Callable[..., None], args: tuple[Any, ...]) -> None:
+        """Queue one token for ``on_token`` on ``loop``; the first token queued since the loop last drained wakes
+        it, so a decode step that feeds many streaming rows costs the event loop one wake-up (a self-pipe write),
+        not one per row."""
+        with self._pending_lock:
+            pending = self._pending.setdefault(loop, [])
+            pending.append((on_token, args))
+            wake = len(pending) == 1
+        if wake:
+            loop.call_soon_threadsafe(self._drain, loop)
+
+    def _drain(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Hand the queued tokens to their streams, in the order the decode thread produced them."""
+        with self._pending_lock:
+            pending = self._pending.pop(loop, [])
+        for on_token, args in pending:
+            on_token(*args)
 
     async def _submit_batched(self, prompts: Sequence[list[int]], samplings: list[SamplingParams],
                               images: Sequence[list[Any]] | None) -> list[Generation]:
