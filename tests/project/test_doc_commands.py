@@ -147,6 +147,12 @@ PLAN: dict[str, Plan] = {
         why="the saved rollouts of the train command above (one step, not ten); 2 episodes"),
     "agentgym view runs/grpo-calc --html grpo-calc.html": Plan(
         reduced="agentgym view runs/x --html grpo-calc.html", slow=True, why="the train command's run, as above"),
+    "agentgym rescore runs/eval-.../trajectories.jsonl --rubric examples/calc_rubric.py:build --judge scripted-naive "
+    "--out rescored.jsonl": Plan(
+        reduced="agentgym rescore {eval_run}/trajectories.jsonl --rubric examples/calc_rubric.py:build "
+                "--judge scripted-naive --out rescored.jsonl",
+        why="`...` stands for a run's folder: the reference eval's"),
+    "agentgym study --list": Plan(),
     "agentgym new-env NAME": Plan(reduced="agentgym new-env my_env", why="NAME stands for the env's name"),
     "agentgym tasks build swe": Plan(
         reduced="agentgym tasks build swe --help", slow=True,
@@ -320,6 +326,10 @@ def test_the_view_commands_open_an_eval_run(workspace: Path, served: list[Served
     served.append(server)
     with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/", timeout=10) as response:
         assert response.status == 200 and b"<html" in response.read(4096).lower()
+    rescored = run_documented("agentgym rescore runs/eval-.../trajectories.jsonl --rubric examples/calc_rubric.py:build "
+                              "--judge scripted-naive --out rescored.jsonl", workspace, eval_run=eval_run)
+    summary = json.loads(rescored.stdout)
+    assert summary["compared"] == 50 and summary["judge_errors"] == 0, summary
 
 
 @pytest.mark.slow
