@@ -82,7 +82,22 @@ class JsonSchema:
         UnsupportedSchema: See the module docstring for what is supported.
     """
 
+    #: Most characters of a schema (as compact JSON), and most automaton nodes it may compile to. Why: a client
+    #: sends the schema, and every new automaton state costs the decode thread one scan of the vocabulary; a
+    #: schema whose ``$ref``s fan out (each of 20 definitions using the next twice) would otherwise compile to
+    #: millions of nodes in the server.
+    MAX_SCHEMA_CHARS = 32_768
+    MAX_NODES = 2_048
+
     def __init__(self, schema: Mapping[str, Any] | None) -> None:
+        if schema is not None:
+            try:
+                size = len(json.dumps(schema, separators=(",", ":")))
+            except (TypeError, ValueError, RecursionError):
+                raise UnsupportedSchema("a JSON schema must be plain JSON data.", "schema", "#") from None
+            if size > self.MAX_SCHEMA_CHARS:
+                raise UnsupportedSchema(f"the schema has {size} characters as JSON; the limit is "
+                                        f"{self.MAX_SCHEMA_CHARS}. Send a smaller schema.", "schema", "#")
         self.nodes: list[_Node] = []
         self._minlen: list[int] = []
         self._defs: dict[str, Any] = {}
@@ -107,6 +122,9 @@ class JsonSchema:
 
     # ---- compiling ----------------------------------------------------------------------------------------------
     def _add(self, node: _Node) -> int:
+        if len(self.nodes) >= self.MAX_NODES:
+            raise UnsupportedSchema(f"the schema compiles to more than {self.MAX_NODES} nodes (a $ref used many times "
+                                    "is expanded at each use). Send a smaller schema.", "schema", "#")
         self.nodes.append(node)
         self._minlen.append(0)
         index = len(self.nodes) - 1

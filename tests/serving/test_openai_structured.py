@@ -113,6 +113,30 @@ def test_unsupported_schema_is_a_400_naming_the_keyword(client: Any, schema: Any
     assert info.value.body["param"] == "response_format"
 
 
+def _fan_out(levels: int) -> dict[str, Any]:
+    """Each definition holds the next one twice: 2**levels nodes if every $ref were expanded without a bound."""
+    defs = {f"D{i}": {"type": "object", "properties": {"a": {"$ref": f"#/$defs/D{i + 1}"},
+                                                      "b": {"$ref": f"#/$defs/D{i + 1}"}}} for i in range(levels)}
+    defs[f"D{levels}"] = {"type": "integer"}
+    return {"$defs": defs, "type": "object", "properties": {"root": {"$ref": "#/$defs/D0"}}}
+
+
+@pytest.mark.parametrize(("schema", "limit"), [
+    (_fan_out(30), "more than 2048 nodes"),
+    ({"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(3000)}}, "the limit is 32768"),
+])
+def test_a_schema_too_large_to_compile_is_a_quick_400(client: Any, schema: Any, limit: str) -> None:
+    """A client's schema cannot make the server compile millions of automaton nodes (2**30 for the fan-out)."""
+    import time
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    start = time.monotonic()
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, response_format=fmt, max_tokens=32)
+    assert info.value.body["code"] == "unsupported_schema" and limit in info.value.body["message"]
+    assert time.monotonic() - start < 30
+
+
 def test_bad_structured_requests_are_400s(client: Any) -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
