@@ -412,19 +412,71 @@ class ContinuousSampler:
             start = end
 
     def _decode(self) -> None:
-        """One token for every live row, in one forward over the slots up to the highest live one."""
+        """One token for every live row (and the forced tokens after it, :meth:`_forced_runs`), in one forward over
+        the slots up to the highest live one."""
         rows = max(self._bound) + 1
         width = max(self._bound.values())
-        if 2 * len(self._bound) < rows:  # live rows scattered among idle (cached) slots: compute the live ones only
-            index = self.live[:rows].nonzero().squeeze(-1)
+        gathered = 2 * len(self._bound) < rows  # live rows scattered among idle (cached) slots: compute them only
+        index = self.live[:rows].nonzero().squeeze(-1)
+        if self._forced_runs(index, rows, gathered):
+            return
+        if gathered:
             logits = self.net.decode(self.last[index], self.column[index], None, width, slots=index)
             self.column[index] += 1
             self._sample(index, logits)
             return
         logits = self.net.decode(self.last[:rows], self.column[:rows], self.live[:rows], width)
-        index = self.live[:rows].nonzero().squeeze(-1)
         self.column[index] += 1
         self._sample(index, logits[index])
+
+    def _forced_runs(self, index: Any, rows: int, gathered: bool) -> bool:
+        """Feed each live row's newest token together with the forced tokens that follow it in one forward, then
+        sample position by position; ``False`` (nothing done) when no live row has a forced token next.
+
+        Why: under choice constraints most of a reply has one continuation (``move("up")`` is five tokens of which
+        one is chosen), and each such token cost a whole decode step, a read of every live row's keys and values,
+        for a draw that has one outcome. Its log-prob and entropy are still the model's, read off the logits at
+        the position before it, so every recorded number is what one token per step gives. A run stops before an
+        end-of-turn id (the row ends there, and an ended reply's last token is never fed) and inside the row's
+        ``max_tokens``; rows with stop strings, sampling rules or a TokenConstraint never run ahead (each may end
+        a reply, or change what is allowed, at a token the tables cannot see coming).
+        """
+        torch = self.torch
+        if self.rules.any() or self._constraints:
+            return False
+        node = self.node[index]
+        automaton = self.automaton
+        token = automaton.forced_token[node]
+        remaining = self.max_tokens[index] - self.count[index]
+        alive = ~self.has_stops[index]
+        fed = [self.last[index]]
+        length = torch.ones_like(remaining)
+        for j in range(1, self._steps_cap + 1):
+            alive = alive & (token >= 0) & (remaining > j) & ~torch.isin(token, self.stop_tensor)
+            if not bool(alive.any()):
+                break
+            fed.append(torch.where(alive, token, torch.full_like(token, self.pad)))
+            length += alive
+            node = torch.where(alive, automaton.next[node, token.clamp(min=0)], node)
+            token = automaton.forced_token[node]
+        if len(fed) == 1:
+            return False
+        slots = index.tolist()
+        columns = self.column[index].tolist()
+        runs = [ids[:n] for ids, n in zip(torch.stack(fed, 1).tolist(), length.tolist())]
+        if gathered:
+            logits = self.net.prefill(slots, runs, columns, all_logits=True)
+        else:  # every slot up to the highest live one, idle ones with no tokens: the rows are read as a view
+            feed: list[list[int]] = [[] for _ in range(rows)]
+            starts = [0] * rows
+            for slot, run, column in zip(slots, runs, columns):
+                feed[slot], starts[slot] = run, column
+            logits = self.net.prefill(list(range(rows)), feed, starts, all_logits=True)[index]
+        self.column[index] += length
+        for j in range(len(fed)):
+            take = (length > j) & self.live[index]  # a row that ended early (never, by the checks above) stops
+            self._sample(index[take], logits[take, j])
+        return True
 
     def _sample(self, rows: Any, logits: Any) -> None:
         """Draw each row's next token as the reference sampler does, record it, and finish the rows that end."""

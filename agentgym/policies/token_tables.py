@@ -38,6 +38,8 @@ class ChoiceAutomaton:
         self.allowed = torch.ones((1, vocab), dtype=torch.bool, device=device)
         self.next = torch.zeros((1, vocab), dtype=torch.long, device=device)
         self.forced = torch.zeros(1, dtype=torch.bool, device=device)
+        #: The one id a forced node allows (-1 elsewhere): the sampler feeds runs of them in one forward.
+        self.forced_token = torch.full((1,), -1, dtype=torch.long, device=device)
 
     def root(self, tree: ChoiceTree) -> int:
         """The node id of ``tree``'s root (its nodes are added to the tables the first time it is seen)."""
@@ -67,7 +69,10 @@ class ChoiceAutomaton:
                 nxt[i, token] = base + index[id(child)]
         self.allowed = torch.cat([self.allowed, allowed.to(self.device)])
         self.next = torch.cat([self.next, nxt.to(self.device)])
-        self.forced = torch.cat([self.forced, (allowed.sum(-1) == 1).to(self.device)])
+        forced = allowed.sum(-1) == 1
+        self.forced = torch.cat([self.forced, forced.to(self.device)])
+        only = torch.where(forced, allowed.int().argmax(-1), torch.full_like(forced, -1, dtype=torch.long))
+        self.forced_token = torch.cat([self.forced_token, only.to(self.device)])
         self._roots[id(tree)] = (tree, base)
         return base
 
@@ -77,6 +82,7 @@ class ChoiceAutomaton:
         self.allowed = torch.ones((1, self.vocab), dtype=torch.bool, device=self.device)
         self.next = torch.zeros((1, self.vocab), dtype=torch.long, device=self.device)
         self.forced = torch.zeros(1, dtype=torch.bool, device=self.device)
+        self.forced_token = torch.full((1,), -1, dtype=torch.long, device=self.device)
 
 
 class StopCandidates:

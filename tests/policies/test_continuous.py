@@ -210,3 +210,28 @@ def test_rollout_engine_gets_identical_trajectories(model_dir, fast, ref):
     assert ids(got) == ids(want)
     assert sum(len(tr.turns) for tr in got) > len(specs)
     assert not fast._continuous._of_episode  # the engine's end_episode freed every slot
+
+
+def test_forced_tokens_of_a_choice_run_in_one_forward_with_the_reference_numbers(model_dir, ref):
+    """``move("up")``'s tokens after the choice have one continuation each: one forward feeds them all, and every
+    recorded id, log-prob, entropy and forced flag is still what the reference gets token by token."""
+    policy = HFPolicy.from_pretrained(model_dir, max_batch_size=8)
+    choices = ('move("up")', 'move("down")', 'move("left")')
+    sampling = [SamplingParams(max_tokens=12, temperature=1.0, seed=i, choices=choices) for i in range(5)]
+    forwards = []
+    act(policy, requests(policy, sampling[:1]))  # starts the decode thread and its slot model
+    net = policy._continuous.net
+    for name in ("prefill", "decode"):
+        original = getattr(net, name)
+        setattr(net, name, lambda *a, _o=original, **k: forwards.append(1) or _o(*a, **k))
+    got = act(policy, requests(policy, sampling))
+    want = act(ref, requests(ref, sampling))
+    for g, w in zip(got, want):
+        assert (g.token_ids, g.text, g.finish_reason, g.forced) == (w.token_ids, w.text, w.finish_reason, w.forced)
+        assert g.logprobs == pytest.approx(w.logprobs, abs=1e-5)
+        assert g.entropies == pytest.approx(w.entropies, abs=1e-5)
+    steps = max(len(g.token_ids) for g in got)
+    assert sum(g.forced.count(True) for g in got) > 0
+    # One prefill, then one forward per free choice and the runs of forced tokens between (not one per token).
+    assert len(forwards) < steps, (len(forwards), steps)
+    policy.close()
