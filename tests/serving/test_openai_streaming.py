@@ -62,6 +62,8 @@ def _timed_stream(client: Any, **kwargs: Any) -> tuple[list[float], list[Any], f
 
 
 def test_tokens_leave_as_they_are_sampled(client: Any) -> None:
+    # The server's first request also builds the sampler's slots: not part of what this measures.
+    _timed_stream(client, max_tokens=2, temperature=0)
     # min_tokens = max_tokens: the reply runs its full length whatever the tiny model would end with.
     times, chunks, total = _timed_stream(client, max_tokens=200, temperature=0,
                                          extra_body={"min_tokens": 200, "return_token_ids": True})
@@ -206,3 +208,46 @@ def test_metrics_report_latency_histograms_and_load(client: Any, server: Any) ->
         assert f'agentgym:{name}_bucket{{model_name="{MODEL}",le="+Inf"}}' in text
     for gauge in ("generation_tokens_per_second", "num_requests_waiting", "num_requests_running"):
         assert f"agentgym:{gauge}{{" in text
+
+
+@pytest.mark.parametrize("skip_special", [True, False])
+def test_stream_text_decodes_each_id_a_bounded_number_of_times(hf_policy: Any, skip_special: bool) -> None:
+    """A streamed choice's text is extended from its new ids (plus a few of context), not decoded whole at every
+    token: the ids handed to the tokenizer per token stay bounded however long the reply, and the text still equals
+    the whole reply's decoding at every step (multi-byte characters split across ids, special tokens)."""
+    import random
+
+    from agentgym.serving.openai_generation import ServedModel
+    from agentgym.serving.openai_protocol import Sampling
+    from agentgym.serving.openai_streaming import ChoiceText
+
+    tokenizer = hf_policy.tokenizer
+    decoded = [0]
+
+    class CountingTokenizer:
+        def decode(self, ids: list[int], **kwargs: Any) -> str:
+            decoded[0] += len(ids)
+            return tokenizer.decode(ids, **kwargs)
+
+    class Model:
+        apply_stop = staticmethod(ServedModel.apply_stop)
+
+    Model.tokenizer = CountingTokenizer()  # type: ignore[attr-defined]
+    s = Sampling(max_tokens=None, temperature=0.0, top_p=1.0, stop=(), seed=None, include_stop=False,
+                 return_token_ids=False, tokens_as_ids=False, skip_special_tokens=skip_special)
+    rng = random.Random(0)
+    ids = tokenizer.encode("naïve café: 12 + 30 = 42 ✓ — 東京 ok 🙂 " * 20, add_special_tokens=False)
+    specials = [tokenizer.eos_token_id, tokenizer.pad_token_id]
+    ids = [t for i in ids for t in ([i, rng.choice(specials)] if rng.random() < 0.05 else [i])]
+    ids += [rng.randrange(tokenizer.vocab_size) for _ in range(300)]  # arbitrary ids, bytes in any order
+    text = ChoiceText(Model(), s, tools=False)
+    streamed = ""
+    for n, token in enumerate(ids):
+        streamed += text.push(token)
+        if n % 37 == 0:
+            assert text._decoded(n) == tokenizer.decode(ids[:n], skip_special_tokens=skip_special)
+    final = tokenizer.decode(ids, skip_special_tokens=skip_special)
+    assert final.startswith(streamed) and streamed + text.rest(final) == final
+    assert len(streamed) > len(final) // 2
+    per_token = decoded[0] / len(ids)
+    assert per_token < 40, f"{per_token:.0f} ids decoded per token: the whole reply is decoded again each token"
