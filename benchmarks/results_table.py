@@ -24,7 +24,7 @@ DOC = ROOT / "docs" / "benchmarks.md"
 START = "<!-- generated:benchmarks:start -->"
 END = "<!-- generated:benchmarks:end -->"
 # Scripts in benchmarks/ that are not benchmarks (they write no results file).
-NOT_BENCHMARKS = frozenset({"results_table"})
+NOT_BENCHMARKS = frozenset({"results_table", "long_horizon_page"})  # page generators, not benchmarks
 
 INTRO = """# Benchmarks
 
