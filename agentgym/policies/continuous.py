@@ -402,13 +402,26 @@ class ContinuousSampler:
                     break
                 end += 1
             chunk = sorted(order[start:end], key=lambda r: r.slot)
-            logits = self.net.prefill([r.slot for r in chunk], [r.prompt[r.reused:] for r in chunk],
-                                      [r.reused for r in chunk])
             rows = torch.tensor([r.slot for r in chunk], dtype=torch.long, device=self.device)
+            suffixes = [r.prompt[r.reused:] for r in chunk]
+            forced, ahead = self._run_ahead(rows)  # a reply's forced first tokens are fed with its prompt
+            if forced is None:
+                logits = self.net.prefill([r.slot for r in chunk], suffixes, [r.reused for r in chunk])
+            else:
+                extra = ahead.tolist()
+                suffixes = [s + ids[:n] for s, ids, n in zip(suffixes, forced.tolist(), extra)]
+                last = torch.tensor([len(s) - n - 1 for s, n in zip(suffixes, extra)], device=self.device)
+                at = torch.minimum(last[:, None] + torch.arange(forced.shape[1] + 1, device=self.device),
+                                   (last + ahead)[:, None])
+                logits = self.net.prefill([r.slot for r in chunk], suffixes, [r.reused for r in chunk], at=at)
+                self.column[rows] += ahead
             for r in chunk:
                 self._bound[r.slot] = len(r.prompt) + r.params.max_tokens
             self.live[rows] = True
-            self._sample(rows, logits)
+            if forced is None:
+                self._sample(rows, logits)
+            else:
+                self._sample_positions(rows, logits, ahead)
             start = end
 
     def _decode(self) -> None:
@@ -429,53 +442,70 @@ class ContinuousSampler:
         self.column[index] += 1
         self._sample(index, logits[index])
 
-    def _forced_runs(self, index: Any, rows: int, gathered: bool) -> bool:
-        """Feed each live row's newest token together with the forced tokens that follow it in one forward, then
-        sample position by position; ``False`` (nothing done) when no live row has a forced token next.
+    def _run_ahead(self, rows: Any) -> tuple[Any, Any]:
+        """The forced tokens that come next for each of ``rows`` (``[rows, k]`` ids, padded) and how many each has;
+        ``(None, None)`` when no row has one.
 
         Why: under choice constraints most of a reply has one continuation (``move("up")`` is five tokens of which
         one is chosen), and each such token cost a whole decode step, a read of every live row's keys and values,
-        for a draw that has one outcome. Its log-prob and entropy are still the model's, read off the logits at
-        the position before it, so every recorded number is what one token per step gives. A run stops before an
-        end-of-turn id (the row ends there, and an ended reply's last token is never fed) and inside the row's
-        ``max_tokens``; rows with stop strings, sampling rules or a TokenConstraint never run ahead (each may end
-        a reply, or change what is allowed, at a token the tables cannot see coming).
+        for a draw that has one outcome. Fed in the forward that samples the token before them, they are then
+        sampled position by position as usual: their log-probs and entropies are still the model's, read off the
+        logits at the position before each, so every recorded number is what one token per step gives. A run
+        stops before an end-of-turn id (the row ends there, and an ended reply's last token is never fed) and
+        inside the row's ``max_tokens``; rows with stop strings, sampling rules or a TokenConstraint never run
+        ahead (each may end a reply, or change what is allowed, at a token the tables cannot see coming).
         """
         torch = self.torch
         if self.rules.any() or self._constraints:
-            return False
-        node = self.node[index]
+            return None, None
+        node = self.node[rows]
         automaton = self.automaton
         token = automaton.forced_token[node]
-        remaining = self.max_tokens[index] - self.count[index]
-        alive = ~self.has_stops[index]
-        fed = [self.last[index]]
-        length = torch.ones_like(remaining)
+        remaining = self.max_tokens[rows] - self.count[rows]
+        alive = ~self.has_stops[rows]
+        ahead = []
+        count = torch.zeros_like(remaining)
         for j in range(1, self._steps_cap + 1):
             alive = alive & (token >= 0) & (remaining > j) & ~torch.isin(token, self.stop_tensor)
             if not bool(alive.any()):
                 break
-            fed.append(torch.where(alive, token, torch.full_like(token, self.pad)))
-            length += alive
+            ahead.append(torch.where(alive, token, torch.full_like(token, self.pad)))
+            count += alive
             node = torch.where(alive, automaton.next[node, token.clamp(min=0)], node)
             token = automaton.forced_token[node]
-        if len(fed) == 1:
+        if not ahead:
+            return None, None
+        return torch.stack(ahead, 1), count
+
+    def _sample_positions(self, rows: Any, logits: Any, ahead: Any) -> None:
+        """Sample ``logits[:, j]`` for the rows with at least ``j`` tokens run ahead, position by position."""
+        for j in range(logits.shape[1]):
+            take = (ahead >= j) & self.live[rows]  # a row that ended early (never, by _run_ahead's checks) stops
+            self._sample(rows[take], logits[take, j])
+
+    def _forced_runs(self, index: Any, rows: int, gathered: bool) -> bool:
+        """Feed each live row's newest token and the forced tokens after it (:meth:`_run_ahead`) in one forward
+        and sample them; ``False`` (nothing done) when no live row has a forced token next."""
+        torch = self.torch
+        forced, ahead = self._run_ahead(index)
+        if forced is None:
             return False
         slots = index.tolist()
         columns = self.column[index].tolist()
-        runs = [ids[:n] for ids, n in zip(torch.stack(fed, 1).tolist(), length.tolist())]
+        fed = torch.cat([self.last[index][:, None], forced], 1)
+        runs = [ids[:n + 1] for ids, n in zip(fed.tolist(), ahead.tolist())]
         if gathered:
-            logits = self.net.prefill(slots, runs, columns, all_logits=True)
+            at = torch.arange(fed.shape[1], device=self.device).expand(len(slots), -1)
+            logits = self.net.prefill(slots, runs, columns, at=at)
         else:  # every slot up to the highest live one, idle ones with no tokens: the rows are read as a view
             feed: list[list[int]] = [[] for _ in range(rows)]
             starts = [0] * rows
             for slot, run, column in zip(slots, runs, columns):
                 feed[slot], starts[slot] = run, column
-            logits = self.net.prefill(list(range(rows)), feed, starts, all_logits=True)[index]
-        self.column[index] += length
-        for j in range(len(fed)):
-            take = (length > j) & self.live[index]  # a row that ended early (never, by the checks above) stops
-            self._sample(index[take], logits[take, j])
+            at = torch.arange(fed.shape[1], device=self.device).expand(rows, -1)
+            logits = self.net.prefill(list(range(rows)), feed, starts, at=at)[index]
+        self.column[index] += ahead + 1
+        self._sample_positions(index, logits, ahead)
         return True
 
     def _sample(self, rows: Any, logits: Any) -> None:

@@ -239,18 +239,18 @@ class SlotModel:
         return self.model.lm_head(self.inner.norm(hidden[:, -1]))
 
     def prefill(self, slots: Sequence[int], tokens: Sequence[Sequence[int]], starts: Sequence[int],
-                all_logits: bool = False) -> Any:
+                at: Any = None) -> Any:
         """Run each slot's new tokens (``tokens[j]`` at positions ``starts[j]...``) over its cached columns
         ``0..starts[j]-1``, store their keys and values, and return the logits after each row's last token.
 
         A row may have no tokens (it computes garbage and writes nothing): callers pass idle slots that way so the
         rows read stay one contiguous run of slots, a view rather than a copy of their contexts.
 
-        ``all_logits``: the logits after every token instead (``[len(slots), longest, vocab]``, padding positions
-        garbage), for a run of forced tokens whose log-probs are each read off the position before them.
+        ``at`` (``[len(slots), k]`` indices into each row's new tokens): the logits after those tokens instead, for
+        a run of forced tokens whose log-probs are each read off the position before them.
 
         Returns:
-            ``[len(slots), vocab]`` logits in the model's dtype (``[len(slots), longest, vocab]`` with ``all_logits``).
+            ``[len(slots), vocab]`` logits in the model's dtype (``[len(slots), k, vocab]`` with ``at``).
         """
         torch = self.torch
         device = self.device
@@ -289,7 +289,8 @@ class SlotModel:
                 return self._gather(i, slot, width)
 
             hidden = self._layer(layer, hidden, cos, sin, write, read, mask)
-        if all_logits:
-            return self.model.lm_head(self.inner.norm(hidden))
+        if at is not None:
+            picked = hidden[torch.arange(len(lengths), device=device)[:, None], at]
+            return self.model.lm_head(self.inner.norm(picked))
         last = hidden[torch.arange(len(lengths), device=device), (length - 1).clamp(min=0)]
         return self.model.lm_head(self.inner.norm(last))
