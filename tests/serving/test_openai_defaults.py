@@ -47,7 +47,8 @@ def trained_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 class PromptSpy:
-    """The served policy, recording every prompt it is asked to continue (to see what clients really send)."""
+    """The served policy, recording every prompt it is asked to continue (to see what clients really send), on the
+    batched path and the continuous one."""
 
     def __init__(self, policy: Any) -> None:
         self._policy = policy
@@ -62,6 +63,12 @@ class PromptSpy:
         self.prompts += [self._policy.tokenizer.decode(list(p)) for p in prompts]
         self.max_tokens += [s.max_tokens for s in samplings]
         return self._policy.generate(prompts, sampling, **kwargs)
+
+    def continuous_submit(self, prompt: Any, sampling: Any, **kwargs: Any) -> Any:
+        """The server's continuous-batching path: one sequence at a time."""
+        self.prompts.append(self._policy.tokenizer.decode(list(prompt)))
+        self.max_tokens.append(sampling.max_tokens)
+        return self._policy.continuous_submit(prompt, sampling, **kwargs)
 
 
 @pytest.fixture(scope="module")
