@@ -115,7 +115,7 @@ def test_openai_agent_spawns_subagents_merged_or_separate(script: CalcScript, tm
     scores = torch.tensor([t.score for t in rows])
     batch = SimpleNamespace(input_ids=torch.zeros(len(rows), 5, dtype=torch.long), episode_index=None)
     trainer = GatewayGrpoTrainer.__new__(GatewayGrpoTrainer)  # the advantage step alone: no model needed
-    trainer.config = SimpleNamespace(advantage="grpo", singleton_advantage="zero")
+    trainer.config = SimpleNamespace(advantage="grpo", singleton_advantage="zero", advantage_control="none")
     advantages, _ = trainer._token_advantages(rows, scores, torch.ones(len(rows), dtype=torch.bool),
                                               list(range(len(rows))), batch)
     per_row = {t.metadata["session"]: float(a[0]) for t, a in zip(rows, advantages)}
