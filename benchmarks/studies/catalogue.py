@@ -33,9 +33,17 @@ GROUP_SIZE = 8
 """Rollouts per task for the group methods at the goal scale (GRPO's usual G; ArCHer/filtered BC take as many
 tasks of one episode each, so every method sees the same episodes)."""
 
-SAMPLER_ROLLOUTS_PER_S_PER_CORE = 1.38
-"""Rollouts a second on one core of today's reference sampler for the tiny model on Sokoban (the baseline row of
-``benchmarks/results/sampler.json``: 512 rollouts, 2 torch threads); the hour estimates of ``--list`` use it."""
+SAMPLER_RESULT = Path(__file__).resolve().parents[1] / "results" / "sampler.json"
+"""The sampler benchmark's result: its first figure is rollouts a second on 2 torch threads, the default
+(continuous) sampler in the agentgym column and the reference loop as the baseline."""
+
+
+def sampler_rates_per_core() -> tuple[float, float]:
+    """``(default sampler, reference loop)`` rollouts a second per core for the tiny model on Sokoban, as last
+    measured by ``benchmarks/sampler.py``; the hour estimates of ``--list`` and the research pages use them."""
+    record = json.loads(SAMPLER_RESULT.read_text(encoding="utf-8"))
+    figure = next(f for f in record["figures"] if f.get("unit") == "rollouts/s")
+    return float(figure["agentgym"]) / 2, float(figure["baseline"]) / 2
 
 # Noise scales measured with benchmarks/gradient_noise.py (6 independent batches of 128 Sokoban rollouts at the
 # Sokoban BC warm start): (task, variant) -> rollouts a step for half signal. A committed
@@ -261,4 +269,4 @@ def expected_hours(study: Study, scale: Scale, seeds: int, cores: int = 2) -> fl
     runs = len(runs_of(study)) * seeds
     evaluations = scale.steps // scale.eval_every + 1
     rollouts = runs * (scale.steps * scale.rollouts_per_step + evaluations * scale.eval_tasks)
-    return rollouts / (SAMPLER_ROLLOUTS_PER_S_PER_CORE * cores) / 3600
+    return rollouts / (sampler_rates_per_core()[0] * cores) / 3600

@@ -348,6 +348,7 @@ def override(scale: Scale, scale_name: str, steps: int | None, bc_steps: int | N
 def list_text() -> str:
     """One line per study: task, methods, control, goal scale (rollouts a step, held-out size and se), hours."""
     lines = ["study                   task       methods (control)                                   goal scale"]
+    ours, reference = cat.sampler_rates_per_core()
     for study in cat.STUDIES.values():
         scale, sizing = cat.goal_scale(study)
         hours = cat.expected_hours(study, scale, 3)
@@ -360,9 +361,11 @@ def list_text() -> str:
         methods = f"{','.join(study.methods)} ({study.control})"
         lines.append(f"{study.name:23s} {study.task:10s} {methods:51s} {scale.rollouts_per_step} rollouts/step x "
                      f"{scale.steps} steps, {scale.eval_tasks} held-out (se {se:.3f}), 3 seeds: ~{hours:.0f} h on 2 "
-                     f"cores (~{hours / 10:.1f} h at 10x)" + (f" [{'; '.join(flags)}]" if flags else ""))
-    lines.append(f"hours: rollouts sampled / ({cat.SAMPLER_ROLLOUTS_PER_S_PER_CORE} rollouts/s a core x 2 cores), "
-                 "today's sampler on Sokoban (10x: the sampler goal); training time comes on top")
+                     f"cores (~{hours * ours / (10 * reference):.1f} h at the 10x sampler goal)"
+                     + (f" [{'; '.join(flags)}]" if flags else ""))
+    lines.append(f"hours: rollouts sampled / ({ours:.2f} rollouts/s a core x 2 cores), today's default sampler on Sokoban "
+                 f"(benchmarks/results/sampler.json; the reference loop: {reference:.2f}; the goal: 10x that); "
+                 "training time comes on top")
     return "\n".join(lines)
 
 
