@@ -13,7 +13,7 @@ deltas always join to exactly the non-streamed text.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentgym.serving.openai_protocol import SSE_DONE, APIError, Sampling, sse
@@ -114,6 +114,25 @@ def _error(exc: APIError) -> str:
     return sse({"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}})
 
 
+async def _live_lines(events: AsyncIterator[Any], texts: list[Any], held: list[list[tuple[int, float, Any]]],
+                      counts: list[int], outs: list[Output],
+                      to_line: Callable[[int, str, int, float, Any], str | None]) -> AsyncIterator[str]:
+    """The SSE lines of the tokens as they are sampled, each choice's newest token held back (it leaves with the
+    choice's finish reason once the generation is done); the finished outputs are appended to ``outs``."""
+    async for event in events:
+        if event[0] == "done":
+            outs.extend(event[1])
+            return
+        _, c, token, lp, top = event
+        delta = texts[c].push(token)
+        held[c].append((token, lp, top))
+        if len(held[c]) > 1:
+            line = to_line(c, delta, *held[c].pop(0))
+            counts[c] += 1
+            if line:
+                yield line
+
+
 async def stream_completions(model: ServedModel, prompts: list[list[int]], s: Sampling, max_tokens: list[int],
                              logprobs: int | None, rid: str, created: int) -> AsyncIterator[str]:
     """``/v1/completions`` with ``stream: true``: one chunk per token (its log-prob, its ids), the finish reason on
@@ -154,19 +173,10 @@ async def stream_completions(model: ServedModel, prompts: list[list[int]], s: Sa
     counts = [0] * choices
     outs: list[Output] = []
     try:
-        async for event in model.stream(prompts, s, max_tokens, top_logprobs=logprobs or 0):
-            if event[0] == "done":
-                outs = event[1]
-                break
-            _, c, token, lp, top = event
-            delta = texts[c].push(token)
-            held[c].append((token, lp, top))
-            if len(held[c]) > 1:
-                token0, lp0, top0 = held[c].pop(0)
-                line = chunk(c, delta, token0, lp0, top0, counts[c])
-                counts[c] += 1
-                if line:
-                    yield line
+        events = model.stream(prompts, s, max_tokens, top_logprobs=logprobs or 0)
+        async for line in _live_lines(events, texts, held, counts, outs,
+                                      lambda c, delta, token, lp, top: chunk(c, delta, token, lp, top, counts[c])):
+            yield line
     except APIError as exc:
         yield _error(exc)
         yield SSE_DONE
@@ -240,19 +250,10 @@ async def stream_chat(model: Any, prompt_ids: list[int], s: Sampling, max_tokens
                      token_ids=[token] if s.return_token_ids else None)
 
     try:
-        async for event in model.stream([prompt_ids], s, [max_tokens], top_logprobs=top_logprobs or 0,
-                                        images=[list(images)] if images else None):
-            if event[0] == "done":
-                outs = event[1]
-                break
-            _, c, token, lp, top = event
-            delta = texts[c].push(token)
-            held[c].append((token, lp, top))
-            if len(held[c]) > 1:
-                line = token_chunk(c, delta, *held[c].pop(0))
-                counts[c] += 1
-                if line:
-                    yield line
+        events = model.stream([prompt_ids], s, [max_tokens], top_logprobs=top_logprobs or 0,
+                              images=[list(images)] if images else None)
+        async for line in _live_lines(events, texts, held, counts, outs, token_chunk):
+            yield line
     except APIError as exc:
         yield _error(exc)
         yield SSE_DONE
