@@ -25,7 +25,9 @@ pytestmark = pytest.mark.timeout(600)
 def small_node() -> Iterator[None]:
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # address="local": a new 2-CPU instance even while another test's cluster is up on this machine (without it,
+    # ray.init() joins the newest cluster recorded in Ray's temp dir and refuses num_cpus).
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         yield
     finally:
