@@ -53,7 +53,7 @@ from agentgym.policies.base import Generation, Policy, SamplingParams
 from agentgym.rollout.batching import act_per_request
 from agentgym.rollout.env_reuse import EnvPool, discard_env
 from agentgym.rollout.executor import EnvExecutor, call_env, run_coroutine
-from agentgym.rollout.segments import EpisodeContext, limit_outcome
+from agentgym.rollout.segments import EpisodeContext, SummaryDidNotFit, limit_outcome
 from agentgym.rollout.specs import EpisodeSpec, RolloutConfig
 from agentgym.rollout.turns import (
     action_choices_of,
@@ -421,6 +421,10 @@ class BranchingSampler:
             summary = await context.compact(live.agent, live.observation, self._sampling(live), live.traj_id,
                                             generate, state_key)
             live.timing["policy_s"] += time.perf_counter() - t0
+        except SummaryDidNotFit:  # a truncation like any prompt too long; the context keeps the note
+            live.outcome = context_limit_outcome()
+            live.done = live.healthy = True
+            return False
         except Exception as exc:  # noqa: BLE001 - one trajectory's failure must not end the others
             self._fail(live, exc)
             return False

@@ -53,7 +53,8 @@ class ContextConfig:
             which the model answers next).
         stub: ``drop_tool_outputs``: what an older observation becomes.
         trigger_tokens: Rewrite when the segment's prompt plus a full turn passes this many tokens. ``None``: the
-            engine's ``max_context_tokens`` (for ``summarize``, less room for the summary request and the summary).
+            engine's ``max_context_tokens`` (for ``summarize``, less room for the summary request and the summary,
+            checked one turn ahead: the largest turn so far must still leave room for the request after it).
         trigger_turns: Rewrite when the segment holds this many turns (also for policies without a tokenizer,
             which count no tokens). ``None``: only the token trigger.
         summary_prompt: ``summarize``: appended to the latest observation to ask for the summary.

@@ -33,7 +33,7 @@ from agentgym.policies.base import Policy, SamplingParams
 from agentgym.rollout.batching import PolicyBatcher
 from agentgym.rollout.env_reuse import EnvPool
 from agentgym.rollout.executor import EnvExecutor, call_env, run_coroutine
-from agentgym.rollout.segments import EpisodeContext, limit_outcome
+from agentgym.rollout.segments import EpisodeContext, SummaryDidNotFit, limit_outcome
 from agentgym.rollout.specs import EpisodeSpec, RolloutConfig
 from agentgym.rollout.summaries import EpisodeProgress, error_reason
 from agentgym.rollout.turns import (
@@ -236,9 +236,14 @@ class RolloutEngine:
                 if keeper is not None:
                     base = fixed_sampling if fixed_sampling is not None else self._sampling_for(spec, index, len(turns))
                     tp = time.perf_counter()
-                    summary = await keeper.compact(
-                        agent, observation, base, episode_id, lambda request: batcher.submit(request, index),
-                        lambda: self._call_env(executor, read_state_key, env, inline=inline))
+                    try:
+                        summary = await keeper.compact(
+                            agent, observation, base, episode_id, lambda request: batcher.submit(request, index),
+                            lambda: self._call_env(executor, read_state_key, env, inline=inline))
+                    except SummaryDidNotFit:  # a truncation like any prompt too long; the keeper keeps the note
+                        outcome = context_limit_outcome()
+                        healthy = True
+                        break
                     policy_s += time.perf_counter() - tp
                     if summary is not None:
                         turns.append(summary)

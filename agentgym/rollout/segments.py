@@ -11,23 +11,48 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agentgym.agent import ChatAgent
-from agentgym.errors import ConfigError
+from agentgym.errors import ConfigError, ContextLengthExceeded
 from agentgym.policies.base import Generation, GenerationRequest, Policy, SamplingParams
 from agentgym.rollout.context import ContextConfig, resolve_strategy, summary_history
 from agentgym.rollout.specs import RolloutConfig
 from agentgym.rollout.turns import make_turn, record_action
 from agentgym.trajectory import Turn
 
-__all__ = ["EpisodeContext", "limit_outcome"]
+__all__ = ["EpisodeContext", "SummaryDidNotFit", "limit_outcome"]
+
+logger = logging.getLogger(__name__)
 
 Generate = Callable[[GenerationRequest], Awaitable[Generation]]
 
 #: Room left for the summary request's own text and template glue when ``summarize`` derives its trigger.
 _SUMMARY_GLUE_TOKENS = 32
+
+
+class SummaryDidNotFit(ContextLengthExceeded):
+    """The summary request of ``summarize`` does not fit the model's context (the model refused it as too long, or
+    its prompt plus the summary's budget passes ``max_context_tokens``).
+
+    The conversation outgrew the model before it could be compacted, so the episode ends as a ``context_limit``
+    truncation, like any prompt the model cannot take; the message says which settings make the request fit.
+    """
+
+
+_summary_refusal_logged = False
+
+
+def _log_summary_refusal(note: str) -> None:
+    """Warn once per process (every episode of a run with this setting would hit it); later ones at DEBUG."""
+    global _summary_refusal_logged
+    if _summary_refusal_logged:
+        logger.debug("%s", note)
+        return
+    _summary_refusal_logged = True
+    logger.warning("%s (said once per run; each such trajectory has it in metadata['context_limit'])", note)
 
 
 def limit_outcome(reason: str) -> dict[str, Any]:
@@ -57,6 +82,9 @@ class EpisodeContext:
         self.turns_in_segment = 0
         self.sampled = 0
         self.summaries: list[str] = []
+        self.note: str | None = None  # why the episode ended at the context limit, when a summary did not fit
+        self.growth = 0  # most tokens one turn (action and observation) added to a segment so far
+        self._last_tokens: int | None = None  # the segment's length at the previous check
         self.trigger = self._trigger_tokens()
         if self.context.rewrites and self.trigger is None and self.context.trigger_turns is None:
             raise ConfigError(f"context strategy {self.context.strategy!r} has nothing to trigger it: set "
@@ -119,16 +147,31 @@ class EpisodeContext:
     # ---- rewrites ---------------------------------------------------------------------------------
     def due(self, agent: ChatAgent) -> bool:
         """Whether the history should be rewritten before the next action (never in a segment without a turn)."""
-        if not self.context.rewrites or self.turns_in_segment == 0:
+        if not self.context.rewrites:
+            return False
+        tokens = agent.num_tokens
+        if self._last_tokens is not None and tokens > self._last_tokens:
+            self.growth = max(self.growth, tokens - self._last_tokens)
+        self._last_tokens = tokens
+        if self.turns_in_segment == 0:
             return False
         if self.context.trigger_turns is not None and self.turns_in_segment >= self.context.trigger_turns:
             return True
-        return self.trigger is not None and agent.num_tokens + self.config.sampling.max_tokens > self.trigger
+        if self.trigger is None:
+            return False
+        ahead = self.config.sampling.max_tokens
+        if self.context.strategy == "summarize" and self.context.trigger_tokens is None:
+            # The summary is asked for after the next turn's observation has come in, so the derived trigger must
+            # leave room for that whole turn: the largest one so far stands in for it. (A rewrite in place needs no
+            # such room: it happens before the action it makes room for.)
+            ahead = max(ahead, self.growth)
+        return tokens + ahead > self.trigger
 
     def _new_segment(self, agent: ChatAgent, messages: list[dict[str, Any]]) -> None:
         agent.restart(messages)
         self.segment += 1
         self.turns_in_segment = 0
+        self._last_tokens = None
 
     async def compact(self, agent: ChatAgent, observation: str, sampling: SamplingParams, episode_id: str,
                       generate: Generate, state_key: Callable[[], Awaitable[str | None]]) -> Turn | None:
@@ -147,13 +190,23 @@ class EpisodeContext:
         if self.summarizer is not None:
             messages = [*before[:-1], {**before[-1], "content": request_text}]
             request = GenerationRequest(tuple(messages), None, summary_sampling, episode_id)
-            generation = (await self.summarizer.act([request]))[0]
+            try:
+                generation = (await self.summarizer.act([request]))[0]
+            except ContextLengthExceeded as exc:
+                raise self._did_not_fit(f"the summarizer refused it as too long ({exc})") from exc
             self.summaries.append(generation.text)
             self._new_segment(agent, summary_history(before, generation.text))
             return None
         key = await state_key()
         agent.amend_observation(request_text)
-        generation = await generate(agent.request(summary_sampling, episode_id))
+        limit = self.config.max_context_tokens
+        if self.tokenized and limit is not None and agent.num_tokens + summary_sampling.max_tokens > limit:
+            raise self._did_not_fit(f"its prompt of {agent.num_tokens} tokens plus the summary's "
+                                    f"{summary_sampling.max_tokens} passes max_context_tokens={limit}")
+        try:
+            generation = await generate(agent.request(summary_sampling, episode_id))
+        except ContextLengthExceeded as exc:
+            raise self._did_not_fit(f"the model refused it as too long ({exc})") from exc
         self.count(generation)
         prompt_ids, images, action_ids = record_action(self.policy, agent, generation)
         turn = self.stamp(make_turn(request_text, generation, 0.0, {"turn": {"kind": "summary", "calls": []}},
@@ -162,6 +215,16 @@ class EpisodeContext:
         self._new_segment(agent, summary_history(before, generation.text))
         return turn
 
+    def _did_not_fit(self, why: str) -> SummaryDidNotFit:
+        """The error that ends the episode as ``context_limit``, with the note its trajectory keeps."""
+        trigger = ("context.trigger_tokens" if self.context.trigger_tokens is not None
+                   else "context.trigger_tokens (derived from max_context_tokens now)")
+        self.note = (f"the summary prompt did not fit: {why}; the episode ends as context_limit. Summarize earlier: "
+                     f"lower {trigger} or set context.trigger_turns, or lower context.summary_max_tokens, shorten "
+                     "context.summary_prompt, or serve the model with a longer context.")
+        _log_summary_refusal(self.note)
+        return SummaryDidNotFit(self.note)
+
     def fork(self) -> EpisodeContext:
         """An independent copy for a branch that continues this episode (its counts go on separately)."""
         other = copy.copy(self)
@@ -169,8 +232,9 @@ class EpisodeContext:
         return other
 
     def metadata(self) -> dict[str, Any]:
-        """Trajectory metadata of the strategy (only when it rewrote something)."""
+        """Trajectory metadata of the strategy (only when it rewrote something, or a summary did not fit)."""
+        note = {"context_limit": self.note} if self.note is not None else {}
         if not self.segment:
-            return {}
-        return {"segments": self.segment + 1, "context_strategy": self.context.strategy,
+            return note
+        return {**note, "segments": self.segment + 1, "context_strategy": self.context.strategy,
                 "summaries": list(self.summaries), "sampled_tokens": self.sampled}

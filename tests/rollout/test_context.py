@@ -173,6 +173,42 @@ def custom_keep_last_two(messages: Sequence[Mapping[str, Any]], config: ContextC
     return [dict(messages[0]), dict(messages[1]), dict(messages[-2]), dict(messages[-1])] if len(messages) > 4 else None
 
 
+def test_a_summary_prompt_the_model_refuses_ends_as_context_limit_and_says_what_to_change(tokenizer: Any) -> None:
+    """A model that refuses the summary request as too long ends the episode as a truncation (``context_limit``,
+    trained on), not as an error; the trajectory says the summary prompt did not fit and which settings fix it."""
+    from agentgym.errors import ContextLengthExceeded
+    from agentgym.trajectory import TERMINATION
+
+    def reply(messages: Sequence[Mapping[str, Any]]) -> str:
+        if "Reply with the summary only" in str(messages[-1]["content"]):
+            raise ContextLengthExceeded("prompt of 900 tokens plus max_tokens=24 is longer than the context (800)")
+        return solver_reply(messages)
+
+    trajectory = run(tokenizer, ContextConfig("summarize", summary_max_tokens=24), reply=reply,
+                     max_context_tokens=700)
+    assert trajectory.end_reason == "context_limit" and TERMINATION[trajectory.end_reason].trains
+    assert trajectory.turns and not any(t.kind == "summary" for t in trajectory.turns)
+    note = trajectory.metadata["context_limit"]
+    assert "summary" in note and "did not fit" in note
+    assert "context.trigger_tokens" in note and "context.summary_max_tokens" in note
+
+
+def test_a_summary_prompt_past_max_context_tokens_ends_as_context_limit(tokenizer: Any) -> None:
+    """A trigger set past what the summary request can fit: the request is not sent (the prompt plus the summary
+    would pass ``max_context_tokens``); the episode ends as ``context_limit`` with the same note."""
+    asked: list[int] = []
+
+    def reply(messages: Sequence[Mapping[str, Any]]) -> str:
+        if "Reply with the summary only" in str(messages[-1]["content"]):
+            asked.append(1)
+        return solver_reply(messages)
+
+    trajectory = run(tokenizer, ContextConfig("summarize", summary_max_tokens=24, trigger_tokens=690), reply=reply,
+                     max_context_tokens=700)
+    assert trajectory.end_reason == "context_limit" and not asked, "the summary request was never sent"
+    assert "summary" in trajectory.metadata["context_limit"]
+
+
 def test_a_users_own_strategy_by_dotted_path(tokenizer: Any) -> None:
     trajectory = run(tokenizer, {"strategy": "tests.rollout.test_context:custom_keep_last_two", "trigger_turns": 10})
     assert trajectory.success and trajectory.num_segments == 6  # a rewrite every 10 turns of a 60-turn episode
