@@ -146,8 +146,8 @@ class GrpoTrainer(OnlineTrainer):
         self._control_step = step  # seeds advantage_control: shuffle (a resumed run deals the same permutation)
         batch.advantages, estimate = self._token_advantages(trajectories, scores, stats_mask, usable, batch)
         batch = self._attribute(batch, kept)
-        # saved rollouts' token data (row i of the batch is trajectory usable[i] unless episodes were segmented)
-        self._learned_batch = (usable, batch) if self.config.save_rollouts and len(batch) == len(usable) else None
+        # saved rollouts' token data: the batch's rows belong to trajectories usable[batch.episode_index]
+        self._learned_batch = (usable, batch) if self.config.save_rollouts else None
         signal = self._zero_signal(step, kept, batch)
         update = self._update(batch, self.optimizer, self.scheduler, step)
         return {"train/score_mean": float(scores.mean()) if len(scores) else 0.0, **counts, **estimate, **signal,

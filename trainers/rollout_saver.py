@@ -8,6 +8,10 @@ beside them, as eval's trajectories.jsonl), each with ``metadata["train_step"]``
 ``{"traj_id", "train_step", "tokens": [text of each token], "mask": [[value, run length], ...],
 "logprob": [sampling log-prob per token, 3 decimals], "advantage": [[value, run length], ...]}``
 
+An episode whose history a context strategy rewrote is several token sequences, its segments (one training row
+each): its record holds them one after the other in those same fields and adds ``"segments": [length, ...]``, the
+number of tokens of each segment in order (absent for an unsegmented episode, whose record is as it always was).
+
 The loss mask and advantages are run-length encoded: GRPO puts one advantage on every token of an episode and
 the mask changes only at turn boundaries, so a 2,000-token episode takes a handful of pairs instead of 2,000
 numbers. Token texts are each id decoded on its own (cached per id), so they need no tokenizer to read.
@@ -47,7 +51,7 @@ class StepTokens:
         advantages: Per row, the advantage on each token.
     """
 
-    rows: list[int]
+    rows: list[int]  # an episode in segments has one row per segment, in segment order
     loss_mask: list[list[float]]
     advantages: list[list[float]]
 
@@ -63,8 +67,9 @@ def save_step_rollouts(trainer: Any, step: int, trajectories: Sequence[Trajector
     learned = getattr(trainer, "_learned_batch", None)
     tokens = None
     if learned is not None:
-        rows, batch = learned
-        tokens = StepTokens(list(rows), batch.loss_mask.tolist(), batch.advantages.tolist())
+        rows, batch = learned  # rows: the trajectory of each episode the batch was built from
+        owners = list(rows) if batch.episode_index is None else [rows[e] for e in batch.episode_index.tolist()]
+        tokens = StepTokens(owners, batch.loss_mask.tolist(), batch.advantages.tolist())
     trainer._learned_batch = None  # never paired with a later step's episodes
     return saver.save(step, trajectories, tokens)
 
@@ -143,22 +148,40 @@ class RolloutSaver:
         return path
 
     def _token_records(self, step: int, trajectories: Sequence[Trajectory], tokens: StepTokens | None) -> list[dict[str, Any]]:
-        by_row = {i: r for r, i in enumerate(tokens.rows)} if tokens is not None else {}
+        rows_of: dict[int, list[int]] = {}
+        for r, i in enumerate(tokens.rows if tokens is not None else ()):
+            rows_of.setdefault(i, []).append(r)
         records = []
         for i, t in enumerate(trajectories):
             if not t.has_tokens:
                 continue
             try:
-                view = t.token_view()
+                views = t.token_views()
             except ValueError:  # inconsistent token records: the episode is shown as text only
                 continue
-            n = len(view)
-            row = by_row.get(i)
-            mask = list(view.loss_mask) if row is None else tokens.loss_mask[row][:n]  # type: ignore[union-attr]
-            advantage = [0.0] * n if row is None else tokens.advantages[row][:n]  # type: ignore[union-attr]
-            records.append({"traj_id": t.traj_id, "train_step": step, "tokens": [self._piece(tid) for tid in view.input_ids],
-                            "mask": run_length(mask, 0), "logprob": [_compact(x) for x in view.logprobs],
-                            "advantage": run_length(advantage), "trained": row is not None})
+            rows = rows_of.get(i, [])
+            trained = tokens is not None and len(rows) == len(views)
+            ids: list[int] = []
+            mask: list[float] = []
+            logprob: list[float] = []
+            advantage: list[float] = []
+            for k, view in enumerate(views):
+                n = len(view)
+                ids += view.input_ids
+                logprob += view.logprobs
+                if trained:
+                    mask += tokens.loss_mask[rows[k]][:n]  # type: ignore[union-attr]
+                    advantage += tokens.advantages[rows[k]][:n]  # type: ignore[union-attr]
+                else:
+                    mask += view.loss_mask
+                    advantage += [0.0] * n
+            record: dict[str, Any] = {
+                "traj_id": t.traj_id, "train_step": step, "tokens": [self._piece(tid) for tid in ids],
+                "mask": run_length(mask, 0), "logprob": [_compact(x) for x in logprob],
+                "advantage": run_length(advantage), "trained": trained}
+            if len(views) > 1:
+                record["segments"] = [len(v) for v in views]
+            records.append(record)
         return records
 
     def _piece(self, token_id: int) -> str:

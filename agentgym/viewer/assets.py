@@ -77,6 +77,7 @@ figure.curve circle{fill:#1f5fbf}
 .msg img{display:block;image-rendering:pixelated;border:1px solid #ccc;margin:4px 0;max-width:100%;height:auto}
 .tokens{font:12px/1.9 ui-monospace,Menlo,Consolas,monospace;white-space:pre-wrap;overflow-wrap:anywhere}
 .tok{border-radius:2px;padding:0 1px}
+.seg-break{display:block;border-top:1px dashed var(--muted);color:var(--muted);font:11px/1.6 system-ui,sans-serif;margin:8px 0 4px}
 .legend{font-size:12px;color:var(--muted);margin-bottom:6px}
 .legend .swatch{display:inline-block;width:28px;height:10px;vertical-align:middle;margin:0 4px}
 .empty{color:var(--muted);padding:16px}
@@ -187,7 +188,11 @@ function tokenView(i){
   const mask = expand(rec.mask), adv = expand(rec.advantage), lps = rec.logprob || [];
   let maxAdv = 0; for (let k = 0; k < adv.length; k++) if (mask[k] > 0) maxAdv = Math.max(maxAdv, Math.abs(adv[k]));
   const box = el("div", "tokens");
+  // an episode in segments (its history was rewritten): each later segment starts with a fresh prompt
+  const starts = new Map(); let at = 0;
+  (rec.segments || []).forEach((n, j) => { if (j) starts.set(at, j); at += n; });
   rec.tokens.forEach((text, k) => {
+    if (starts.has(k)) box.appendChild(el("div", "seg-break", "segment " + (starts.get(k) + 1) + " of " + rec.segments.length + ": the history was rewritten; the model saw this prompt afresh"));
     const s = el("span", "tok", text);
     const m = mask[k] || 0, lp = lps[k] || 0, a = adv[k] || 0;
     s.style.background = tokenColour(state.colour, m, lp, a, maxAdv);

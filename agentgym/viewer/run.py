@@ -181,7 +181,8 @@ def _read_tokens(run: ViewerRun, path: Path) -> dict[str, dict[str, Any]]:
 
 def _is_token_record(record: Any) -> bool:
     """Whether ``record`` has the shape the token view draws (so a hand-edited or foreign line cannot break the
-    page): token texts, per-token log-prob numbers, and ``[value, count]`` runs covering every token."""
+    page): token texts, per-token log-prob numbers, ``[value, count]`` runs covering every token, and for an
+    episode in segments their lengths adding up to its tokens."""
     if not (isinstance(record, dict) and isinstance(record.get("traj_id"), str)):
         return False
     tokens, logprob = record.get("tokens"), record.get("logprob")
@@ -196,6 +197,11 @@ def _is_token_record(record: Any) -> bool:
             return False
         if sum(r[1] for r in runs) != len(tokens):
             return False
+    segments = record.get("segments")  # an episode in segments: their lengths, in order
+    if segments is not None and not (isinstance(segments, list) and segments
+                                     and all(type(n) is int and n > 0 for n in segments)
+                                     and sum(segments) == len(tokens)):
+        return False
     return True
 
 

@@ -376,3 +376,42 @@ def test_an_eval_report_opens_in_chromium(tmp_path: Path, browser: Any) -> None:
     page.click("#pane-toolbar button[data-view=tokens]")
     assert "No token data" in page.inner_text("#pane-body")
     page.close()
+
+
+def _segmented_run(out: Path) -> Path:
+    """A saved step with one episode in two segments (its history was rewritten after the first turn)."""
+    turns = (Turn("What is 2+2?", "calc(2+2)", info={"kind": "tool_call"}, prompt_token_ids=(0, 1, 2, 3, 4),
+                  action_token_ids=(11, 3), action_logprobs=(-0.1, -0.2)),
+             Turn("4", "answer(4)", reward=1.0, info={"kind": "answer"}, prompt_token_ids=(0, 1, 5),
+                  action_token_ids=(6, 7, 8, 9), action_logprobs=(-0.1, -0.2, -0.3, -0.4), segment_index=1))
+    episode = Trajectory(env_id="agentgym/Calculator-v0", task_id="calc-1", seed=1, turns=turns, end_reason="answered",
+                         outcome={"success": True, "score": 1.0}, traj_id="calc-1-1", policy="grpo")
+    masks = [[0.0] * 5 + [1.0] * 2, [0.0] * 3 + [1.0] * 4]
+    advantages = [[1.0] * 7, [1.0] * 7]
+    assert RolloutSaver(out, 1, tokenizer=_Vocab()).save(1, [episode], StepTokens([0, 0], masks, advantages))
+    return out
+
+
+def test_a_segmented_episode_loads_with_its_segments(tmp_path: Path) -> None:
+    run = load_run(_segmented_run(tmp_path / "run"))
+    [episode] = run.episodes
+    assert episode.tokens is not None and episode.tokens["segments"] == [7, 7] and len(episode.tokens["tokens"]) == 14
+    sidecar = tmp_path / "run" / "rollouts" / "step-000001.tokens.jsonl"
+    record = json.loads(sidecar.read_text())
+    sidecar.write_text(json.dumps({**record, "segments": [7, "7"]}) + "\n")  # lengths that are not token counts
+    run = load_run(tmp_path / "run")
+    assert run.episodes[0].tokens is None and any("not token records" in note for note in run.notes)
+
+
+@needs_browser
+def test_the_token_view_marks_where_each_segment_starts(tmp_path: Path, browser: Any) -> None:
+    report = tmp_path / "report.html"
+    assert main(["view", str(_segmented_run(tmp_path / "run")), "--html", str(report)]) == 0
+    page, problems = _open(browser, report.as_uri())
+    page.locator("#episode-list .ep-row").nth(0).click()
+    page.click("#pane-toolbar button[data-view=tokens]")
+    assert page.locator("#pane-body .tok").count() == 14 and page.locator("#pane-body .tok[data-mask='1']").count() == 6
+    breaks = page.locator("#pane-body .seg-break")
+    assert breaks.count() == 1 and "segment 2 of 2" in breaks.inner_text()
+    assert problems == []
+    page.close()

@@ -73,3 +73,41 @@ def test_a_tiny_grpo_run_keeps_rollouts_the_viewer_reads(tmp_path: Path) -> None
     run = load_run(out)
     assert run.kind == "train" and len(run.episodes) == 8 and all(e.tokens is not None for e in run.episodes)
     assert {e.train_step for e in run.episodes} == {1, 2} and run.metrics and run.settings["save_rollouts"] == 1
+
+
+def test_a_segmented_episode_keeps_each_segments_tokens(tmp_path: Path) -> None:
+    """An episode in two segments (its history was rewritten) is one record whose token fields hold both segments
+    in order, ``segments`` their lengths; rows of the update map to segments in order; the viewer reads it."""
+    from agentgym.trainers.rollout_saver import StepTokens
+    from agentgym.trajectory import Trajectory, Turn
+
+    turns = tuple(Turn(observation=f"o{i}", action=f"a{i}", info={"kind": "tool_call"}, prompt_token_ids=(10 * i + 1,),
+                       action_token_ids=(10 * i + 2,), action_logprobs=(-0.5,), segment_index=i // 2)
+                  for i in range(3))
+    trajectory = Trajectory(env_id="e", task_id="t", seed=0, turns=turns, end_reason="solved",
+                            outcome={"success": True, "score": 1.0, "end_reason": "solved"}, traj_id="x")
+    tokens = StepTokens(rows=[0, 0], loss_mask=[[0, 1, 0, 1], [0, 1, 0, 0]],
+                        advantages=[[0.5, 0.5, 0.5, 0.5], [0.25, 0.25, 0, 0]])
+    saver = RolloutSaver(tmp_path, 1)
+    assert saver.save(1, [trajectory], tokens) is not None
+    [record] = [json.loads(line) for line in (tmp_path / "rollouts" / "step-000001.tokens.jsonl").read_text().splitlines()]
+    assert record["segments"] == [4, 2] and record["trained"] is True
+    assert record["tokens"] == ["<1>", "<2>", "<11>", "<12>", "<21>", "<22>"]
+    assert record["mask"] == [[0, 1], [1, 1], [0, 1], [1, 1], [0, 1], [1, 1]]
+    assert record["advantage"] == [[0.5, 4], [0.25, 2]]
+    assert record["logprob"] == [0, -0.5, 0, -0.5, 0, -0.5]
+    [episode] = load_run(tmp_path).episodes
+    assert episode.tokens == record
+
+
+def test_an_unsegmented_episode_keeps_the_record_it_always_had(tmp_path: Path) -> None:
+    from agentgym.trajectory import Trajectory, Turn
+
+    turn = Turn(observation="o", action="a", info={"kind": "answer"}, prompt_token_ids=(1,), action_token_ids=(2,),
+                action_logprobs=(-0.5,))
+    trajectory = Trajectory(env_id="e", task_id="t", seed=0, turns=(turn,), end_reason="answered",
+                            outcome={"success": True, "score": 1.0, "end_reason": "answered"}, traj_id="y")
+    RolloutSaver(tmp_path, 1).save(1, [trajectory])
+    [record] = [json.loads(line) for line in (tmp_path / "rollouts" / "step-000001.tokens.jsonl").read_text().splitlines()]
+    assert record == {"traj_id": "y", "train_step": 1, "tokens": ["<1>", "<2>"], "mask": [[0, 1], [1, 1]],
+                      "logprob": [0, -0.5], "advantage": [[0, 2]], "trained": False}

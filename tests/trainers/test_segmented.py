@@ -154,3 +154,39 @@ def test_replay_states_restart_at_each_segment() -> None:
     assert shorter.num_segments == 3
     with pytest.raises(ValueError, match="count up"):
         dataclasses.replace(trajectory, turns=turns[2:]).segment_bounds()
+
+
+def test_saved_rollouts_keep_every_segments_token_data(model_dir: Path, tmp_path: Path) -> None:
+    """``save_rollouts`` keeps a segmented episode's token data (each segment's tokens, loss mask, log-probs and
+    advantages, in order, with the segments' lengths) and the viewer shows it."""
+    import json
+
+    from agentgym.trainers.config import GrpoConfig
+    from agentgym.trainers.grpo import GrpoTrainer
+    from agentgym.trainers.rollout_saver import save_step_rollouts
+    from agentgym.viewer.run import load_run
+
+    trainer = bare(GrpoTrainer, GrpoConfig(model=str(model_dir), output_dir=str(tmp_path), save_rollouts=1,
+                                           **SEGMENTED), model_dir)
+    trajectories = sampled(trainer)
+    _, batch = learn_recording_batch(trainer, trajectories)
+    assert save_step_rollouts(trainer, 1, trajectories) is not None
+    sidecar = tmp_path / "rollouts" / "step-000001.tokens.jsonl"
+    records = [json.loads(line) for line in sidecar.read_text().splitlines()]
+    assert [r["traj_id"] for r in records] == [t.traj_id for t in trajectories]
+    row = 0
+    for record, trajectory in zip(records, trajectories):
+        views = trajectory.token_views()
+        assert record["segments"] == [len(v) for v in views] and record["trained"] is True
+        assert len(record["tokens"]) == len(record["logprob"]) == sum(len(v) for v in views)
+        mask = [v for v, n in record["mask"] for _ in range(n)]
+        advantage = [v for v, n in record["advantage"] for _ in range(n)]
+        start = 0
+        for view in views:  # each segment's slice is its batch row: the update's mask and advantages
+            stop = start + len(view)
+            assert mask[start:stop] == batch.loss_mask[row][:len(view)].tolist()
+            assert advantage[start:stop] == [round(x, 3) + 0.0 for x in batch.advantages[row][:len(view)].tolist()]
+            assert record["logprob"][start:stop] == [round(x, 3) + 0.0 for x in view.logprobs]
+            start, row = stop, row + 1
+    run = load_run(tmp_path)
+    assert all(e.tokens is not None and e.tokens["segments"] for e in run.episodes)
