@@ -70,11 +70,15 @@ class GatewayGrpoTrainer(GrpoTrainer):
         config: A GRPO config (``max_in_flight`` bounds how many sessions run at once).
         agent: The agent program, called as ``agent(base_url)`` once per session, from worker threads.
         subagents: ``merge`` or ``separate``: how the turns of sub-agent sessions train (see the module docstring).
+        split_segments: Read a session whose history the agent rewrote as one trajectory per segment instead of one
+            trajectory in segments (the rows, advantages and statistics are the same; see
+            :func:`~agentgym.serving.sessions.sessions_to_trajectories`).
     """
 
     supports_distributed = False
 
-    def __init__(self, config: GrpoConfig, agent: AgentProgram, *, subagents: str = "merge") -> None:
+    def __init__(self, config: GrpoConfig, agent: AgentProgram, *, subagents: str = "merge",
+                 split_segments: bool = False) -> None:
         from agentgym.serving.sessions import SUBAGENT_MODES
 
         if subagents not in SUBAGENT_MODES:
@@ -88,6 +92,7 @@ class GatewayGrpoTrainer(GrpoTrainer):
         super().__init__(config)
         self.agent = agent
         self.subagents = subagents
+        self.split_segments = split_segments
         self.record_dir = Path(config.output_dir) / "sessions"
         self._server: Any = None
         self.session_stats: dict[str, float] = {}
@@ -132,7 +137,8 @@ class GatewayGrpoTrainer(GrpoTrainer):
                     for i, (task, seed, group) in enumerate(plan)]
         self.model.eval()
         self._play(sessions)
-        recorded = sessions_to_trajectories(self.record_dir, sessions, subagents=self.subagents)
+        recorded = sessions_to_trajectories(self.record_dir, sessions, subagents=self.subagents,
+                                            split_segments=self.split_segments)
         for t in recorded.trajectories:
             temperature = t.metadata.get("temperature")
             if temperature is not None and abs(float(temperature) - self.config.temperature) > 1e-6:
@@ -164,8 +170,9 @@ class GatewayGrpoTrainer(GrpoTrainer):
         trajectories, stats = self._run_sessions(f"e{step}", [(t, i, f"eval/{step}/{i}")
                                                               for i, t in enumerate(self.eval_tasks)],
                                                   self.eval_suite)
-        # one trajectory per session: a session that split into segments, or spawned sub-agents, counts once
-        firsts = [t for t in trajectories if t.metadata.get("segment") == 0 and t.metadata.get("parent") is None]
+        # one trajectory per session: a session's sub-agents (and, with split_segments, its later segments) count
+        # with it
+        firsts = [t for t in trajectories if t.metadata.get("segment", 0) == 0 and t.metadata.get("parent") is None]
         result: dict[str, Any] = summarize(firsts)
         result["success_rate"] = sum(t.success for t in firsts) / max(len(self.eval_tasks), 1)
         result["sessions_ended"] = stats["gateway/sessions"]

@@ -9,15 +9,21 @@ Merging calls into training sequences. A session's calls form one training seque
 starts exactly with an earlier call's prompt plus its sampled ids (the tokens in between are the observation and
 template glue: loss mask 0). A call whose prompt extends no open sequence (the agent rewrote or truncated its
 history, or the server re-rendered an earlier turn differently) starts a new sequence (a *segment*) and counts as
-a mismatch; every segment becomes its own trajectory, carrying the session's outcome and group.
+a mismatch. A session is one trajectory in segments, as the rollout engine makes an episode whose history a context
+strategy rewrote: each turn carries its ``segment_index`` and :meth:`~agentgym.trajectory.Trajectory.token_views` is
+one token-exact row per segment. The turns are grouped by segment, in the order the segments began; a call that
+extends an earlier segment than the latest (an agent alternating two conversations in one session, not a compacting
+harness) is counted in ``metadata["interleaved_calls"]``, since its turn then comes before turns called earlier.
+``split_segments=True`` gives the older form instead: one trajectory per segment (``traj_id`` ``<session>#<k>``,
+``metadata["segment"]``), linked by ``metadata["episode"]``.
 
 Sub-agents. A session opened as another's sub-agent (the gateway's ``X-Agentgym-Parent-Session`` header) names its
 parent in its head record, and the parent's file holds a ``subagent`` record for it. Its calls are read with its
 root session (the top of the parent chain), never on their own, in one of two ways (``subagents``):
 
-* ``merge`` (the default): the sub-agent's turns are part of the root's episode. Its segments are trajectories with
-  the root's outcome, group and ``episode`` id (``metadata["episode"]``), so a trainer gives them the episode's one
-  return; a reward the sub-agent reported itself is ignored.
+* ``merge`` (the default): the sub-agent's turns are part of the root's episode. Its trajectory has the root's
+  outcome, group and ``episode`` id (``metadata["episode"]``), so a trainer gives it the episode's one return; a
+  reward the sub-agent reported itself is ignored.
 * ``separate``: each sub-agent session is an episode of its own (``episode`` is its session id), in the group
   ``<root group>/sub`` (sub-agents of one task's rollouts compare with each other), with the reward it reported
   itself, or else the root's outcome.
@@ -58,11 +64,12 @@ class RecordedSessions:
     """What :func:`sessions_to_trajectories` made of a set of sessions.
 
     Attributes:
-        trajectories: One per segment of each ended session (ordered by session, then segment).
+        trajectories: One per ended session and per sub-agent session read with it, in segments (with
+            ``split_segments``: one per segment of each, ordered by session, then segment).
         sessions: Sessions read that had ended (their reward is known).
         open_sessions: Sessions without an end record (skipped: no reward yet).
         calls: Calls of the ended sessions.
-        segments: Training sequences made (``len(trajectories)``).
+        segments: Training sequences made (segments of all sessions read; trainer rows).
         mismatches: Calls whose prompt extended no earlier call of their session (each began a segment).
         untrainable_calls: Calls recorded without token ids (skipped).
         tokenized_calls: Calls whose ids the gateway tokenised itself (not token-exact).
@@ -85,12 +92,14 @@ class RecordedSessions:
             "subagent_sessions")}
 
 
-def _segments(calls: Sequence[Mapping[str, Any]]) -> tuple[list[list[tuple[Mapping[str, Any], list[int]]]], int]:
+def _segments(calls: Sequence[Mapping[str, Any]]) -> tuple[list[list[tuple[Mapping[str, Any], list[int]]]], int, int]:
     """Group calls into segments: each call extends the open segment whose full ids (prompt + sampled so far) are
-    the longest prefix of its prompt; the new prompt tokens in between are its observation ids."""
+    the longest prefix of its prompt; the new prompt tokens in between are its observation ids. Also counts the
+    mismatches (calls that began a segment after the first) and the calls that extended an earlier segment than
+    the latest one."""
     segments: list[list[tuple[Mapping[str, Any], list[int]]]] = []
     full: list[list[int]] = []
-    mismatches = 0
+    mismatches = interleaved = 0
     for call in calls:
         prompt = call["prompt_token_ids"]
         best, best_len = None, -1
@@ -103,9 +112,10 @@ def _segments(calls: Sequence[Mapping[str, Any]]) -> tuple[list[list[tuple[Mappi
             segments.append([(call, list(prompt))])
             full.append(list(prompt) + list(call["token_ids"]))
         else:
+            interleaved += best != len(segments) - 1
             segments[best].append((call, list(prompt[best_len:])))
             full[best] = list(prompt) + list(call["token_ids"])
-    return segments, mismatches
+    return segments, mismatches, interleaved
 
 
 def _descendants(root: Path, records: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
@@ -127,8 +137,9 @@ def _descendants(root: Path, records: Sequence[Mapping[str, Any]]) -> list[tuple
 
 def _session_trajectories(sid: str, records: Sequence[Mapping[str, Any]], head: Mapping[str, Any],
                           end: Mapping[str, Any], group_id: str, episode: str,
-                          counts: dict[str, int]) -> list[Trajectory]:
-    """One trajectory per segment of one session's calls, with ``end``'s outcome, in ``group_id``."""
+                          counts: dict[str, int], split_segments: bool = False) -> list[Trajectory]:
+    """One session's calls as one trajectory in segments (``split_segments``: one per segment), with ``end``'s
+    outcome, in ``group_id``."""
     calls: list[Mapping[str, Any]] = []
     step_of: dict[int, Mapping[str, Any]] = {}  # call position -> the env step it was the action of
     for r in records:
@@ -141,39 +152,46 @@ def _session_trajectories(sid: str, records: Sequence[Mapping[str, Any]], head: 
             calls.append(r)
         elif r.get("type") == "step" and calls and id(calls[-1]) not in step_of:
             step_of[id(calls[-1])] = r
-    segments, mismatches = _segments(calls)
+    segments, mismatches, interleaved = _segments(calls)
     counts["mismatches"] += mismatches
+    counts["segments"] += len(segments)
     outcome = dict(end.get("outcome") or {})
     own_head = next((r for r in records if r.get("type") == "session"), {})
-    out = []
-    for k, segment in enumerate(segments):
-        turns = []
-        for call, prompt_ids in segment:
-            step = step_of.get(id(call), {})
-            lps = call.get("logprobs")
-            turns.append(Turn(
-                observation=str(call.get("observation") or ""), action=str(call.get("text") or ""),
-                reward=float(step.get("reward", 0.0)), info=step.get("turn") or {},
-                prompt_token_ids=tuple(prompt_ids), action_token_ids=tuple(call["token_ids"]),
-                action_logprobs=None if lps is None else tuple(float(v) for v in lps),
-                finish_reason=call.get("finish_reason")))
-        out.append(Trajectory(
+
+    def turn_of(call: Mapping[str, Any], prompt_ids: list[int], segment: int) -> Turn:
+        step = step_of.get(id(call), {})
+        lps = call.get("logprobs")
+        return Turn(
+            observation=str(call.get("observation") or ""), action=str(call.get("text") or ""),
+            reward=float(step.get("reward", 0.0)), info=step.get("turn") or {},
+            prompt_token_ids=tuple(prompt_ids), action_token_ids=tuple(call["token_ids"]),
+            action_logprobs=None if lps is None else tuple(float(v) for v in lps),
+            finish_reason=call.get("finish_reason"), segment_index=segment)
+
+    def trajectory(traj_id: str, turns: list[Turn], temperature: Any, own: dict[str, Any]) -> Trajectory:
+        return Trajectory(
             env_id=str(head.get("env_id") or "gateway"), task_id=str(head.get("task_id") or head.get("session") or sid),
             seed=head.get("seed"), turns=tuple(turns), outcome=outcome,
             end_reason=str(end.get("end_reason") or outcome.get("end_reason") or "answered"),
-            policy="gateway", traj_id=f"{sid}#{k}", group_id=group_id,
-            metadata={"session": sid, "segment": k, "segments": len(segments), "mismatches": mismatches,
+            policy="gateway", traj_id=traj_id, group_id=group_id,
+            metadata={"session": sid, **own, "segments": len(segments), "mismatches": mismatches,
                       "episode": episode, "parent": own_head.get("parent"),
-                      "reward_source": end.get("source"),
-                      "temperature": segment[0][0].get("temperature"),
+                      "reward_source": end.get("source"), "temperature": temperature,
                       **({"final_observation": records[-2].get("observation")}
-                         if len(records) > 1 and records[-2].get("type") == "step" else {})}))
-        counts["segments"] += 1
-    return out
+                         if len(records) > 1 and records[-2].get("type") == "step" else {})})
+
+    if split_segments:
+        return [trajectory(f"{sid}#{k}", [turn_of(call, ids, 0) for call, ids in segment],
+                           segment[0][0].get("temperature"), {"segment": k})
+                for k, segment in enumerate(segments)]
+    if not segments:
+        return []
+    turns = [turn_of(call, ids, k) for k, segment in enumerate(segments) for call, ids in segment]
+    return [trajectory(sid, turns, segments[0][0][0].get("temperature"), {"interleaved_calls": interleaved})]
 
 
 def sessions_to_trajectories(record_dir: str | Path, sessions: Iterable[str] | None = None, *,
-                             subagents: str = "merge") -> RecordedSessions:
+                             subagents: str = "merge", split_segments: bool = False) -> RecordedSessions:
     """Turn recorded sessions into trajectories (see the module docstring for how calls merge).
 
     Args:
@@ -182,6 +200,8 @@ def sessions_to_trajectories(record_dir: str | Path, sessions: Iterable[str] | N
             The sub-agent sessions of each are read with it.
         subagents: ``merge`` (a sub-agent's turns belong to its root session's episode) or ``separate`` (each
             sub-agent session is an episode of its own); see the module docstring.
+        split_segments: One trajectory per segment of a session (linked by ``metadata["episode"]``) instead of
+            one trajectory in segments per session.
 
     Returns:
         The trajectories and counts. A session's turns carry the env's step reward and turn info (a call is the
@@ -212,12 +232,13 @@ def sessions_to_trajectories(record_dir: str | Path, sessions: Iterable[str] | N
         counts["sessions"] += 1
         sid = path.stem
         group = str(head.get("group_id") or sid)
-        out += _session_trajectories(sid, records, head, end, group, sid, counts)
+        out += _session_trajectories(sid, records, head, end, group, sid, counts, split_segments)
         for child, child_records in _descendants(root, records):
             counts["subagent_sessions"] += 1
             if subagents == "merge":
-                out += _session_trajectories(child, child_records, head, end, group, sid, counts)
+                out += _session_trajectories(child, child_records, head, end, group, sid, counts, split_segments)
             else:
                 own_end = next((r for r in child_records if r.get("type") == "end"), None)
-                out += _session_trajectories(child, child_records, head, own_end or end, f"{group}/sub", child, counts)
+                out += _session_trajectories(child, child_records, head, own_end or end, f"{group}/sub", child, counts,
+                                             split_segments)
     return RecordedSessions(out, **counts)

@@ -169,10 +169,13 @@ def test_rewritten_history_starts_a_counted_segment_and_reported_rewards_end_ses
     recorded = sessions_to_trajectories(record)
     assert (recorded.sessions, recorded.open_sessions, recorded.calls, recorded.segments,
             recorded.mismatches) == (1, 2, 3, 2, 1)
-    first, second = recorded.trajectories
-    assert [len(first.turns), len(second.turns)] == [2, 1]
-    assert all(t.score == 0.75 and t.success and t.group_id == "own-1" for t in recorded.trajectories)
-    assert second.metadata["segment"] == 1 and second.turns[0].prompt_token_ids[:1] == first.turns[0].prompt_token_ids[:1]
+    [session] = recorded.trajectories  # one trajectory in two segments, as the rollout engine makes one
+    assert session.score == 0.75 and session.success and session.group_id == "own-1"
+    assert [t.segment_index for t in session.turns] == [0, 0, 1] and session.metadata["segments"] == 2
+    first, second = session.token_views()
+    assert second.input_ids[:1] == first.input_ids[:1] and len(second) > len(first), "the rewritten history, whole"
+    split = sessions_to_trajectories(record, split_segments=True).trajectories
+    assert [t.metadata["segment"] for t in split] == [0, 1] and [len(t.turns) for t in split] == [2, 1]
 
 
 def test_streams_and_a_proxied_server_record_the_same_ids(hf_policy: Any, tmp_path: Path) -> None:
