@@ -42,8 +42,8 @@ __all__ = ["ContinuousSampler"]
 
 logger = logging.getLogger(__name__)
 
-# Prefill chunks: most (rows x new tokens x context columns) attention scores computed at once.
-_PREFILL_SCORES = 1 << 24
+# Prefill chunks: most new tokens run in one forward (bounds the activations, [tokens, intermediate] per layer).
+_PREFILL_TOKENS = 8192
 
 
 @dataclass
@@ -389,19 +389,15 @@ class ContinuousSampler:
             self._top_buffers(max(wanted))
         self.want_top[index] = torch.tensor(wanted, dtype=torch.long, device=self.device)
         self.rules.set_rows(slots, [r.params for r in requests], [r.prompt for r in requests])
-        # Chunks of rows of similar context length, so padded attention columns and the scores stay bounded; each
-        # chunk in slot order, so that the rows of a chunk that holds a run of slots are read as a view.
-        order = sorted(requests, key=lambda r: len(r.prompt))
+        # Chunks of at most _PREFILL_TOKENS new tokens (a prompt longer than that is a chunk of its own), in slot order.
+        order = sorted(requests, key=lambda r: r.slot)
         start = 0
         while start < len(order):
-            end, longest = start + 1, len(order[start].prompt) - order[start].reused
-            while end < len(order):
-                longest = max(longest, len(order[end].prompt) - order[end].reused)
-                width = len(order[end].prompt)
-                if (end + 1 - start) * longest * width > _PREFILL_SCORES or width > 2 * len(order[start].prompt) + 64:
-                    break
+            end, tokens = start + 1, len(order[start].prompt) - order[start].reused
+            while end < len(order) and tokens + len(order[end].prompt) - order[end].reused <= _PREFILL_TOKENS:
+                tokens += len(order[end].prompt) - order[end].reused
                 end += 1
-            chunk = sorted(order[start:end], key=lambda r: r.slot)
+            chunk = order[start:end]
             rows = torch.tensor([r.slot for r in chunk], dtype=torch.long, device=self.device)
             suffixes = [r.prompt[r.reused:] for r in chunk]
             forced, ahead = self._run_ahead(rows)  # a reply's forced first tokens are fed with its prompt
@@ -431,7 +427,7 @@ class ContinuousSampler:
         width = max(self._bound.values())
         gathered = 2 * len(self._bound) < rows  # live rows scattered among idle (cached) slots: compute them only
         index = self.live[:rows].nonzero().squeeze(-1)
-        if self._forced_runs(index, rows, gathered):
+        if self._forced_runs(index):
             return
         if gathered:
             logits = self.net.decode(self.last[index], self.column[index], None, width, slots=index)
@@ -483,7 +479,7 @@ class ContinuousSampler:
             take = (ahead >= j) & self.live[rows]  # a row that ended early (never, by _run_ahead's checks) stops
             self._sample(rows[take], logits[take, j])
 
-    def _forced_runs(self, index: Any, rows: int, gathered: bool) -> bool:
+    def _forced_runs(self, index: Any) -> bool:
         """Feed each live row's newest token and the forced tokens after it (:meth:`_run_ahead`) in one forward
         and sample them; ``False`` (nothing done) when no live row has a forced token next."""
         torch = self.torch
@@ -494,16 +490,8 @@ class ContinuousSampler:
         columns = self.column[index].tolist()
         fed = torch.cat([self.last[index][:, None], forced], 1)
         runs = [ids[:n + 1] for ids, n in zip(fed.tolist(), ahead.tolist())]
-        if gathered:
-            at = torch.arange(fed.shape[1], device=self.device).expand(len(slots), -1)
-            logits = self.net.prefill(slots, runs, columns, at=at)
-        else:  # every slot up to the highest live one, idle ones with no tokens: the rows are read as a view
-            feed: list[list[int]] = [[] for _ in range(rows)]
-            starts = [0] * rows
-            for slot, run, column in zip(slots, runs, columns):
-                feed[slot], starts[slot] = run, column
-            at = torch.arange(fed.shape[1], device=self.device).expand(rows, -1)
-            logits = self.net.prefill(list(range(rows)), feed, starts, at=at)[index]
+        at = torch.arange(fed.shape[1], device=self.device).expand(len(slots), -1)
+        logits = self.net.prefill(slots, runs, columns, at=at)
         self.column[index] += ahead + 1
         self._sample_positions(index, logits, ahead)
         return True

@@ -86,6 +86,7 @@ class SlotModel:
         self.values: list[Any] = []
         self._cos = self._sin = None
         self._gather_buffers: tuple[Any, Any] | None = None
+        self._mask_table: Any = None
         self.ensure_capacity(min(capacity, self.max_positions, max_tokens // slots if max_tokens else capacity), 1)
 
     # ---- storage ------------------------------------------------------------------------------------------------
@@ -243,8 +244,14 @@ class SlotModel:
         """Run each slot's new tokens (``tokens[j]`` at positions ``starts[j]...``) over its cached columns
         ``0..starts[j]-1``, store their keys and values, and return the logits after each row's last token.
 
-        A row may have no tokens (it computes garbage and writes nothing): callers pass idle slots that way so the
-        rows read stay one contiguous run of slots, a view rather than a copy of their contexts.
+        The new tokens of all rows are packed into one sequence (no padding): norms, projections, rotary and MLP
+        run once over exactly the tokens there are, and each row attends over a view of its own slot, as wide as
+        its own context. Why not one padded batch: rows come with 1 to hundreds of new tokens over contexts of
+        different lengths, and padding every row to the longest suffix and the widest context computed 1.3-1.5x the
+        tokens and scores there were, plus a copy of the rows' keys and values whenever the slots were not one run
+        (measured on Sokoban rollouts of the tiny model: 1.3-2x less time per call packed).
+
+        A row may have no tokens: it computes nothing and writes nothing, and its returned logits are garbage.
 
         ``at`` (``[len(slots), k]`` indices into each row's new tokens): the logits after those tokens instead, for
         a run of forced tokens whose log-probs are each read off the position before them.
@@ -255,42 +262,79 @@ class SlotModel:
         torch = self.torch
         device = self.device
         lengths = [len(t) for t in tokens]
-        longest = max(max(lengths), 1)
         ends = [s + n for s, n in zip(starts, lengths)]
         self.ensure_capacity(max(ends), max(slots) + 1)
-        width = max(ends)
-        ids = torch.tensor([list(t) + [0] * (longest - len(t)) for t in tokens], dtype=torch.long, device=device)
-        start = torch.tensor(list(starts), dtype=torch.long, device=device)
-        length = torch.tensor(lengths, dtype=torch.long, device=device)
-        slot = torch.tensor(list(slots), dtype=torch.long, device=device)
-        first = slots[0]
-        contiguous = list(slots) == list(range(first, first + len(slots)))
-        offset = torch.arange(longest, device=device)
-        valid = offset[None] < length[:, None]  # [rows, longest]
-        pos = start[:, None] + offset[None]  # [rows, longest]
-        pos_clamped = torch.where(valid, pos, torch.zeros_like(pos))
-        cos, sin = self._cos[pos_clamped], self._sin[pos_clamped]  # [rows, longest, head_dim]
-        columns = torch.arange(width, device=device)
-        # Token i of row j sees its slot's columns up to its own position (the cached part, then causally).
-        mask = self._additive((columns[None, None] <= pos[:, :, None])[:, None])  # [rows, 1, longest, width]
-        write_slot = slot[:, None].expand_as(pos)[valid]
-        write_col = pos[valid]
-        hidden = self.inner.embed_tokens(ids)
+        offsets = [0]
+        for n in lengths:
+            offsets.append(offsets[-1] + n)
+        total = offsets[-1]
+        if total == 0:
+            shape = (len(lengths), at.shape[1]) if at is not None else (len(lengths),)
+            return torch.zeros((*shape, self.model.lm_head.out_features), dtype=self.dtype, device=device)
+        ids = torch.tensor([t for row in tokens for t in row], dtype=torch.long, device=device)
+        position = torch.tensor([s + a for s, n in zip(starts, lengths) for a in range(n)], dtype=torch.long,
+                                device=device)
+        slot_of = torch.tensor([slot for slot, n in zip(slots, lengths) for _ in range(n)], dtype=torch.long,
+                               device=device)
+        cos, sin = self._cos[position], self._sin[position]  # [tokens, head_dim]
+        rows = [(slot, offsets[j], n, end, self._causal_mask(n, end))
+                for j, (slot, n, end) in enumerate(zip(slots, lengths, ends)) if n]
+        hidden = self.inner.embed_tokens(ids)  # [tokens, hidden]
         for i, layer in enumerate(self.layers):
-            def write(k: Any, v: Any, i: int = i) -> None:
-                # k: [rows, kv_heads, longest, dim] -> the valid tokens' [n, kv_heads, dim] into their columns
-                self.keys[i][write_slot, :, write_col] = k.transpose(1, 2)[valid]
-                self.values[i][write_slot, :, write_col] = v.transpose(1, 2)[valid]
-
-            def read(i: int = i) -> tuple[Any, Any]:
-                if contiguous:  # a view: no copy of the rows' contexts
-                    return self.keys[i][first:first + len(slots), :, :width], \
-                        self.values[i][first:first + len(slots), :, :width]
-                return self._gather(i, slot, width)
-
-            hidden = self._layer(layer, hidden, cos, sin, write, read, mask)
+            hidden = self._packed_layer(i, layer, hidden, cos, sin, slot_of, position, rows)
+        first = torch.tensor(offsets[:-1], dtype=torch.long, device=device)
         if at is not None:
-            picked = hidden[torch.arange(len(lengths), device=device)[:, None], at]
+            picked = hidden[(first[:, None] + at).clamp(max=total - 1)]
             return self.model.lm_head(self.inner.norm(picked))
-        last = hidden[torch.arange(len(lengths), device=device), (length - 1).clamp(min=0)]
-        return self.model.lm_head(self.inner.norm(last))
+        last = (first + torch.tensor(lengths, dtype=torch.long, device=device) - 1).clamp(0, total - 1)
+        return self.model.lm_head(self.inner.norm(hidden[last]))
+
+    def _causal_mask(self, new: int, width: int) -> Any:
+        """The additive mask of ``new`` tokens that end a context of ``width`` columns: token ``a`` sees columns
+        ``0..width-new+a``. Up to 256 new tokens it is a view of one table kept between calls (a decode-sized run
+        allocates nothing); longer runs build their own."""
+        torch = self.torch
+        if new > 256:
+            columns = torch.arange(width, device=self.device)
+            limit = torch.arange(width - new, width, device=self.device)[:, None]
+            return torch.zeros((new, width), dtype=self.dtype, device=self.device).masked_fill_(
+                columns[None] > limit, float("-inf"))
+        table = self._mask_table
+        if table is None or table.shape[1] < width:
+            cols = max(width, self.capacity + 1)
+            r = torch.arange(256, device=self.device)[:, None]
+            c = torch.arange(cols, device=self.device)[None]
+            table = torch.zeros((256, cols), dtype=self.dtype, device=self.device).masked_fill_(
+                c - (cols - 256) > r, float("-inf"))
+            self._mask_table = table
+        rows, cols = table.shape
+        return table[rows - new:, cols - width:]
+
+    def _packed_layer(self, i: int, layer: Any, hidden: Any, cos: Any, sin: Any, slot_of: Any, position: Any,
+                      rows: list[tuple[int, int, int, int, Any]]) -> Any:
+        """Decoder layer ``i`` over packed tokens ``[tokens, hidden]``; ``rows``: (slot, first token, count, context
+        width, mask) of each row with tokens."""
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        torch = self.torch
+        attn = layer.self_attn
+        count = hidden.shape[0]
+        x = layer.input_layernorm(hidden)
+        shape = (count, -1, self.head_dim)
+        q, k, v = attn.q_proj(x).view(shape), attn.k_proj(x).view(shape), attn.v_proj(x).view(shape)
+        if hasattr(attn, "q_norm"):  # Qwen3 normalises queries and keys per head before the rotation
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)  # [tokens, heads, head_dim]
+        keys, values = self.keys[i], self.values[i]
+        keys[slot_of, :, position] = k
+        values[slot_of, :, position] = v
+        out = torch.empty((count, self.heads, self.head_dim), dtype=self.dtype, device=self.device)
+        gqa = self.kv_heads != self.heads
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        for slot, first, n, width, mask in rows:
+            query = q[first:first + n].transpose(0, 1)[None]  # [1, heads, n, head_dim]
+            att = sdpa(query, keys[slot:slot + 1, :, :width], values[slot:slot + 1, :, :width], attn_mask=mask,
+                       scale=attn.scaling, enable_gqa=gqa)
+            out[first:first + n] = att[0].transpose(0, 1)
+        hidden = hidden + attn.o_proj(out.view(count, -1))
+        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
