@@ -77,7 +77,8 @@ class ChatAgent:
             family renders them in its native format; ``None`` renders without tools.
         check_forks: After each observation, compare the linear ids with the ids of a fresh render of the
             messages and count differing turns in ``template_forks`` (measured about 13 ms per turn at 30k tokens
-            with a byte-level tokenizer on a loaded 2-core CPU, against 0.4 ms without; off saves that).
+            with a byte-level tokenizer on a loaded 2-core CPU, against 0.4 ms without; off saves that, and
+            :meth:`check_template_fork` checks once when asked).
         images: The policy reads images: observation images go into the messages as content parts. ``False``
             (text-only policies) keeps only the text of an image observation.
         processor: A Hugging Face processor of a vision-language model (``AutoProcessor``), needed with ``images``
@@ -261,9 +262,20 @@ class ChatAgent:
             ids = ids[1:]
         self.pending_prompt_ids = ids
         self.token_ids.extend(ids)
-        if self.check_forks and self.token_ids != self._encode_images(
-                self._render(self.messages, add_generation_prompt=True), self.all_images()):
-            self.template_forks += 1
+        if self.check_forks:
+            self.check_template_fork()
+
+    def check_template_fork(self) -> bool:
+        """Compare the linear ids with the ids of a fresh render of the messages now; a difference is counted in
+        ``template_forks`` and returned. It renders and encodes the whole conversation (O(context)), which is why
+        the rollout engine asks once at the end of each segment rather than after every observation: a fork persists
+        (the linear ids keep their differing prefix), so the end of the segment still shows it."""
+        if self.tokenizer is None:
+            return False
+        forked = self.token_ids != self._encode_images(self._render(self.messages, add_generation_prompt=True),
+                                                       self.all_images())
+        self.template_forks += forked
+        return forked
 
     def restart(self, messages: Sequence[Mapping[str, Any]]) -> None:
         """Continue from a rewritten conversation (a context strategy's window or summary): ``messages`` become the

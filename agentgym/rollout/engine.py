@@ -75,8 +75,8 @@ def _note_template_forks(forks: int, mismatches: int) -> None:
     _forks_noted = True
     extra = (f"; {mismatches} action(s) were sampled from another prompt and kept as text without token ids"
              if mismatches else "")
-    logger.info("note: in %d turn(s) the chat template, re-rendering the conversation, gives other tokens than the "
-                "model produced (harmless: episodes keep and train on the tokens the model produced; counted per "
+    logger.info("note: in %d episode segment(s) the chat template, re-rendering the conversation, gives other tokens "
+                "than the model produced (harmless: episodes keep and train on the tokens the model produced; counted per "
                 "run as template_forks in rollout summaries; said once per run)%s", forks, extra)
 
 

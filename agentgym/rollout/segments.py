@@ -168,6 +168,7 @@ class EpisodeContext:
         return tokens + ahead > self.trigger
 
     def _new_segment(self, agent: ChatAgent, messages: list[dict[str, Any]]) -> None:
+        agent.check_template_fork()  # the ending segment's fork check (its ids are left behind by the restart)
         agent.restart(messages)
         self.segment += 1
         self.turns_in_segment = 0

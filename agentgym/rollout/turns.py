@@ -42,8 +42,11 @@ def open_conversation(policy: Policy, config: RolloutConfig, reset_info: Mapping
     (``template_tools: auto``; templates without tools ignore them). Shared by the engine and the branching
     sampler, so a branched group is prompted exactly as independent rollouts are."""
     system_prompt = config.system_prompt if config.system_prompt is not None else policy.default_system_prompt
+    # Template forks are checked once per segment, at its end (final_state, and before a context rewrite), not after
+    # every observation: each check renders and encodes the whole conversation, which on Sokoban rollouts of the
+    # tiny model was a quarter of the sampling time.
     agent = ChatAgent(policy.tokenizer, system_prompt=system_prompt, observation_role=config.observation_role,
-                      images=policy.accepts_images, processor=policy.processor)
+                      images=policy.accepts_images, processor=policy.processor, check_forks=False)
     tools = reset_info.get("tools") if config.template_tools == "auto" else None
     text, images = observation_parts(observation)
     agent.start(str(reset_info.get("instructions", "")), text, tools=tools or None, images=images)
@@ -183,8 +186,9 @@ def final_state(agent: ChatAgent, observation: str) -> dict[str, Any]:
         out["final_images"] = list(agent.observation_images)
     if agent.tokenizer is not None:
         out["final_prompt_token_ids"] = list(agent.pending_prompt_ids)
-        # Turns where a fresh template render differs from the linear sampled sequence, and actions sampled
-        # from a prompt other than the agent's (their ids are not recorded): see ChatAgent.
+        # Segments whose linear sampled sequence differs from a fresh template render at their end, and actions
+        # sampled from a prompt other than the agent's (their ids are not recorded): see ChatAgent.
+        agent.check_template_fork()
         out["template_forks"] = agent.template_forks
         out["prompt_mismatches"] = agent.prompt_mismatches
     return out
