@@ -352,7 +352,8 @@ def test_arpo_search_config_trains_a_step_through_the_cli(model_dir: Path, tmp_p
     import sys
 
     repo = Path(__file__).resolve().parents[2]
-    sets = {**SMOKE, "model": str(model_dir), "suite": "search-smoke", "output_dir": str(tmp_path / "run")}
+    sets = {**SMOKE, "model": str(model_dir), "suite": "search-smoke", "output_dir": str(tmp_path / "run"),
+            "device": "cpu", "dtype": "float32"}  # the shipped config is a GPU recipe
     cmd = [sys.executable, "-m", "agentgym.cli", "train", str(repo / "configs" / "arpo_search.yaml")]
     for key, value in sets.items():
         cmd += ["--set", f"{key}={value}"]
