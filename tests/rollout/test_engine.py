@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
@@ -327,7 +328,14 @@ def test_a_run_never_formats_its_trajectories_on_the_way_out() -> None:
 
     result = run_coroutine(make())
     assert len(result) == 1 and isinstance(result[0], Loud) and formatted == []
-    asyncio.run(make())  # what RolloutEngine.run used: the cost this guards against, where the Python has it
+    # What RolloutEngine.run used: the cost this guards against, where the Python has it. asyncio.run formats the
+    # task only when it installs its own Ctrl-C handler: on the main thread, over Python's default one (a test
+    # worker may have been left another).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        asyncio.run(make())
+    finally:
+        signal.signal(signal.SIGINT, previous)
     if sys.version_info[:2] == (3, 11):
         assert formatted
 
