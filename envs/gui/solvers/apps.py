@@ -27,7 +27,10 @@ _EMAIL = r"""
   if (open('reply')) return [...fill(byId('reply-text'), message), click(byId('send-reply'))];
   const email = open('email');
   if (email) {
-    if (txt(email.querySelector('.email-sender')) !== by) return [click(byId('close-email'))];
+    if (txt(email.querySelector('.email-sender')) !== by) {
+      const close = byId('close-email');
+      return close && !pointOf(close) ? [] : [click(close)];  // still sliding: plan again once it settles
+    }
     const target = {delete: '.email-actions .trash', important: '.email-actions .star', reply: '.email-reply',
                     forward: '.email-forward'}[task];
     const button = email.querySelector(target);
