@@ -163,28 +163,37 @@ class SlotModel:
         return mask.masked_fill_(~allowed, float("-inf"))
 
     # ---- forward passes -----------------------------------------------------------------------------------------
-    def _layer(self, layer: Any, hidden: Any, cos: Any, sin: Any, write: Any, read: Any, mask: Any) -> Any:
-        """One decoder layer; ``write(k, v)`` stores the new keys/values, ``read(i)`` returns what to attend."""
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-        torch = self.torch
+    def _layer(self, layer: Any, hidden: Any, attend: Any) -> Any:
+        """One decoder layer. ``attend(attn, q, k, v)`` (projections ``[..., heads, head_dim]``, queries and keys not
+        yet rotated) stores the new keys and values, attends, and returns ``[..., heads * head_dim]``: the batched
+        forwards (:meth:`_batched_attention`) and the packed prefill (:meth:`_packed_attention`) differ only there."""
         attn = layer.self_attn
-        residual = hidden
         x = layer.input_layernorm(hidden)
         shape = (*x.shape[:-1], -1, self.head_dim)
         q, k, v = attn.q_proj(x).view(shape), attn.k_proj(x).view(shape), attn.v_proj(x).view(shape)
         if hasattr(attn, "q_norm"):  # Qwen3 normalises queries and keys per head before the rotation
             q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        write(k, v)
-        keys, values = read()
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=self.kv_heads != self.heads)
-        out = attn.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
-        hidden = residual + out
-        residual = hidden
-        return residual + layer.mlp(layer.post_attention_layernorm(hidden))
+        hidden = hidden + attn.o_proj(attend(attn, q, k, v))
+        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
+    def _batched_attention(self, cos: Any, sin: Any, write: Any, read: Any, mask: Any) -> Any:
+        """``attend`` for rows of equal length ``[rows, seq, ...]``: ``write(k, v)`` stores the new keys/values,
+        ``read()`` returns what to attend, ``mask`` is additive ``[rows, 1, seq, width]``."""
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        torch = self.torch
+
+        def attend(attn: Any, q: Any, k: Any, v: Any) -> Any:
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            write(k, v)
+            keys, values = read()
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=self.kv_heads != self.heads)
+            out = out.transpose(1, 2)  # [rows, seq, heads, head_dim]
+            return out.reshape(*out.shape[:2], -1)
+
+        return attend
 
     def decode(self, tokens: Any, columns: Any, live: Any, width: int, slots: Any = None) -> Any:
         """One token for each of the slots ``0..len(tokens)-1``: slot ``s`` feeds ``tokens[s]`` at position
@@ -218,7 +227,7 @@ class SlotModel:
             def read(i: int = i) -> tuple[Any, Any]:
                 return self.keys[i][:rows, :, :width], self.values[i][:rows, :, :width]
 
-            hidden = self._layer(layer, hidden, cos, sin, write, read, mask)
+            hidden = self._layer(layer, hidden, self._batched_attention(cos, sin, write, read, mask))
         return self.model.lm_head(self.inner.norm(hidden[:, -1]))
 
     def _decode_gathered(self, tokens: Any, columns: Any, width: int, slots: Any) -> Any:
@@ -236,7 +245,7 @@ class SlotModel:
             def read(i: int = i) -> tuple[Any, Any]:
                 return self._gather(i, slots, width)
 
-            hidden = self._layer(layer, hidden, cos, sin, write, read, mask)
+            hidden = self._layer(layer, hidden, self._batched_attention(cos, sin, write, read, mask))
         return self.model.lm_head(self.inner.norm(hidden[:, -1]))
 
     def prefill(self, slots: Sequence[int], tokens: Sequence[Sequence[int]], starts: Sequence[int],
@@ -281,7 +290,7 @@ class SlotModel:
                 for j, (slot, n, end) in enumerate(zip(slots, lengths, ends)) if n]
         hidden = self.inner.embed_tokens(ids)  # [tokens, hidden]
         for i, layer in enumerate(self.layers):
-            hidden = self._packed_layer(i, layer, hidden, cos, sin, slot_of, position, rows)
+            hidden = self._layer(layer, hidden, self._packed_attention(i, cos, sin, slot_of, position, rows))
         first = torch.tensor(offsets[:-1], dtype=torch.long, device=device)
         if at is not None:
             picked = hidden[(first[:, None] + at).clamp(max=total - 1)]
@@ -310,31 +319,27 @@ class SlotModel:
         rows, cols = table.shape
         return table[rows - new:, cols - width:]
 
-    def _packed_layer(self, i: int, layer: Any, hidden: Any, cos: Any, sin: Any, slot_of: Any, position: Any,
-                      rows: list[tuple[int, int, int, int, Any]]) -> Any:
-        """Decoder layer ``i`` over packed tokens ``[tokens, hidden]``; ``rows``: (slot, first token, count, context
-        width, mask) of each row with tokens."""
+    def _packed_attention(self, i: int, cos: Any, sin: Any, slot_of: Any, position: Any,
+                          rows: list[tuple[int, int, int, int, Any]]) -> Any:
+        """``attend`` of layer ``i`` for packed tokens ``[tokens, ...]``; ``rows``: (slot, first token, count,
+        context width, mask) of each row with tokens, which attends over a view of its own slot."""
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         torch = self.torch
-        attn = layer.self_attn
-        count = hidden.shape[0]
-        x = layer.input_layernorm(hidden)
-        shape = (count, -1, self.head_dim)
-        q, k, v = attn.q_proj(x).view(shape), attn.k_proj(x).view(shape), attn.v_proj(x).view(shape)
-        if hasattr(attn, "q_norm"):  # Qwen3 normalises queries and keys per head before the rotation
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)  # [tokens, heads, head_dim]
-        keys, values = self.keys[i], self.values[i]
-        keys[slot_of, :, position] = k
-        values[slot_of, :, position] = v
-        out = torch.empty((count, self.heads, self.head_dim), dtype=self.dtype, device=self.device)
-        gqa = self.kv_heads != self.heads
         sdpa = torch.nn.functional.scaled_dot_product_attention
-        for slot, first, n, width, mask in rows:
-            query = q[first:first + n].transpose(0, 1)[None]  # [1, heads, n, head_dim]
-            att = sdpa(query, keys[slot:slot + 1, :, :width], values[slot:slot + 1, :, :width], attn_mask=mask,
-                       scale=attn.scaling, enable_gqa=gqa)
-            out[first:first + n] = att[0].transpose(0, 1)
-        hidden = hidden + attn.o_proj(out.view(count, -1))
-        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        gqa = self.kv_heads != self.heads
+
+        def attend(attn: Any, q: Any, k: Any, v: Any) -> Any:
+            q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)  # [tokens, heads, head_dim]
+            keys, values = self.keys[i], self.values[i]
+            keys[slot_of, :, position] = k
+            values[slot_of, :, position] = v
+            out = torch.empty((q.shape[0], self.heads, self.head_dim), dtype=self.dtype, device=self.device)
+            for slot, first, n, width, mask in rows:
+                query = q[first:first + n].transpose(0, 1)[None]  # [1, heads, n, head_dim]
+                att = sdpa(query, keys[slot:slot + 1, :, :width], values[slot:slot + 1, :, :width], attn_mask=mask,
+                           scale=attn.scaling, enable_gqa=gqa)
+                out[first:first + n] = att[0].transpose(0, 1)
+            return out.view(q.shape[0], -1)
+
+        return attend
