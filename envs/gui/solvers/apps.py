@@ -23,19 +23,22 @@ _EMAIL = r"""
   if (!task) task = to ? 'forward' : message !== undefined ? 'reply' : fail('cannot read the task: ' + U);
   if (task === 'star') task = 'important';  // the natural-language variants' name for it
   const open = (id) => { const el = byId(id); return el && shown(el) && !el.classList.contains('hide') ? el : null; };
-  if (open('forward')) return [...fill(document.querySelector('#forward .forward-sender'), to), click(byId('send-forward'))];
-  if (open('reply')) return [...fill(byId('reply-text'), message), click(byId('send-reply'))];
+  // A form still sliding in has fields without a clickable point yet: plan again once it settles.
+  const settled = (el) => !el || !!pointOf(el);
+  // The field and the send button are planned together, so both must have a point.
+  const form = (field, send, text) => (settled(field) && settled(send) ? [...fill(field, text), click(send)] : []);
+  if (open('forward')) return form(document.querySelector('#forward .forward-sender'), byId('send-forward'), to);
+  if (open('reply')) return form(byId('reply-text'), byId('send-reply'), message);
   const email = open('email');
   if (email) {
     if (txt(email.querySelector('.email-sender')) !== by) {
       const close = byId('close-email');
-      return close && !pointOf(close) ? [] : [click(close)];  // still sliding: plan again once it settles
+      return settled(close) ? [click(close)] : [];
     }
     const target = {delete: '.email-actions .trash', important: '.email-actions .star', reply: '.email-reply',
                     forward: '.email-forward'}[task];
     const button = email.querySelector(target);
-    if (button && !pointOf(button)) return [];  // the pane is still sliding in or out: plan again once it settles
-    return [click(button), wait(50)];
+    return settled(button) ? [click(button), wait(50)] : [];
   }
   const thread = $$('#main .email-thread').find((t) => txt(t.querySelector('.email-sender')) === by);
   if (!thread) fail('no email by ' + by);
