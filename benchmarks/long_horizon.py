@@ -118,10 +118,12 @@ def mean(rows: list[dict[str, Any]], key: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scale", choices=sorted(SCALES), default="tiny")
+    parser.add_argument("--scale", choices=sorted(SCALES), default="tiny",
+                        help="tiny: 12-room quests, ~20 min on 2 cores; long: the 40/60-room quests as designed with "
+                             "the tiny budget, ~1 h; goal: the default model and 8x the rollouts, about a day")
     parser.add_argument("--strategies", default="window", help="comma-separated arms besides full: "
                         + ", ".join(s for s in CONTEXTS if s != "full"))
-    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     parser.add_argument("--steps", type=int, default=None, help="override the scale's training steps")
     parser.add_argument("--workdir", default="runs/long_horizon")
     args = parser.parse_args(argv)
@@ -129,7 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [s for s in strategies if s not in CONTEXTS or s == "full"]
     if unknown:
         parser.error(f"unknown strategies {unknown}; choose from {[s for s in CONTEXTS if s != 'full']}")
-    seeds = [int(s) for s in args.seeds.split(",")]
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--seeds takes comma-separated integers such as 0,1,2, not {args.seeds!r}")
+    if not seeds:
+        parser.error("--seeds needs at least one seed, e.g. --seeds 0")
     scale = dict(SCALES[args.scale])
     if args.steps is not None:
         scale["steps"] = args.steps
