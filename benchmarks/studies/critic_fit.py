@@ -69,4 +69,33 @@ def held_out_explained_variance(run_dir: Path, config: dict[str, Any], episodes:
     value = explained_variance(torch.tensor(fitted), torch.tensor(returns)) if turns else float("nan")
     return {"explained_variance": None if value != value else float(value), "turns": len(turns),
             "episodes": len(trajectories), "split": cfg.eval_split, "critic_input": cfg.critic_input,
-            "success": sum(t.success for t in trajectories) / max(len(trajectories), 1)}
+            "success": sum(t.success for t in trajectories) / max(len(trajectories), 1),
+            "distance_explained_variance": distance_explained_variance(turns)}
+
+
+def distance_explained_variance(turns: list[Any]) -> float | None:
+    """How much of the same returns the maze's one defining feature explains: each turn predicted by the mean
+    return of all these turns at its shortest-path distance to the exit (``None`` off the maze). A state that shows
+    no grid (the error after a malformed call, when the critic reads the observation alone) is its own group.
+
+    Fit on the very turns it scores, over a dozen distances, this is what a critic that knew each state's
+    distance and the policy's success from it would reach; what it leaves is mostly the coin flips of sampling
+    at temperature 1, which no critic of the state can predict. It puts the critic's figure on a scale.
+    """
+    import statistics
+
+    import torch
+    from archer_critic_fit import maze_distance
+
+    from agentgym.trainers.algorithms.archer import explained_variance
+
+    distances = [maze_distance(t.state) for t in turns]
+    if len(turns) < 2 or all(d is None for d in distances):
+        return None
+    groups: dict[int | None, list[float]] = {}
+    for d, t in zip(distances, turns):
+        groups.setdefault(d, []).append(t.mc_return)
+    means = {d: statistics.fmean(r) for d, r in groups.items()}
+    value = explained_variance(torch.tensor([means[d] for d in distances]),
+                               torch.tensor([t.mc_return for t in turns]))
+    return None if value != value else float(value)

@@ -51,6 +51,8 @@ def test_every_study_runs_its_whole_code_path_at_the_smoke_scale(name: str, work
         if cat.METHODS[run["method"]][0] == "archer":  # the final critic, read on fresh held-out episodes
             fit = run["critic_held_out"]
             assert fit["episodes"] == cat.SMOKE.eval_tasks and fit["turns"] > 0 and fit["split"] == details["eval_split"]
+            distance = fit["distance_explained_variance"]  # the maze's reference for the critic's figure; None when
+            assert distance is None or -1.0 <= distance <= 1.0  # no state shows a grid (an untrained smoke policy)
     assert set(details["summary"]) == set(cat.runs_of(study))
     assert {"token_correlation", "sign_disagreement", "step_episode_correlation"} <= set(details["agreement"])
     assert details["goals"] and all(isinstance(g["met"], bool) for g in details["goals"])
@@ -169,3 +171,24 @@ def test_agreement_alone_through_the_command(workdir: Path, tmp_path: Path, capf
                  "--workdir", str(workdir)]) == 0
     assert "GRPO vs GiGPO on 8 rollouts" in capfd.readouterr().out
     assert not list(tmp_path.glob("study_*.json"))  # no result file: nothing was trained
+
+
+def test_distance_reference_explains_returns_that_depend_on_the_distance_alone() -> None:
+    from types import SimpleNamespace
+
+    from studies.critic_fit import distance_explained_variance
+
+    def grid(row: int) -> str:  # @ in column 1 of row `row`, the exit two columns right of it in row 4, no walls
+        cells = [["."] * 5 for _ in range(5)]
+        cells[row][1], cells[4][3] = "@", "E"
+        return "You moved.\n" + "\n".join(["#" * 7] + ["#" + "".join(r) + "#" for r in cells] + ["#" * 7])
+
+    # the return is a function of the distance alone: the reference explains all of it
+    turns = [SimpleNamespace(state=grid(r), mc_return=0.9 ** (4 - r)) for r in (0, 2, 4) for _ in range(3)]
+    assert distance_explained_variance(turns) == pytest.approx(1.0)
+    # coin flips at one distance: nothing to explain; an error observation (no grid) is its own group
+    flips = [SimpleNamespace(state=grid(0), mc_return=float(i % 2)) for i in range(8)]
+    assert distance_explained_variance(flips) == pytest.approx(0.0, abs=1e-6)
+    with_error = flips + [SimpleNamespace(state="Error: no tool call found.", mc_return=0.0)] * 4
+    assert 0.0 < distance_explained_variance(with_error) < 1.0
+    assert distance_explained_variance([SimpleNamespace(state="no maze here", mc_return=1.0)] * 3) is None
