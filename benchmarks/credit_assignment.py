@@ -269,8 +269,13 @@ def read_metrics(path: Path, config: dict[str, Any]) -> dict[str, Any]:
         values = [float(r[key]) for r in records if isinstance(r.get(key), (int, float))]
         return values[-1] if values else None
 
+    offsets = [abs(float(r["actor/advantage_mean"])) / float(r["actor/advantage_std"]) for r in records
+               if isinstance(r.get("actor/advantage_mean"), (int, float)) and r.get("actor/advantage_std")]
     return {
         "curve": curve,
+        # an advantage offset shared by the whole batch only adds noise to the policy gradient (a sampled action's
+        # score has mean zero); ArCHer's min(Q) - min(V) carries one when V lags the Q of fresh samples
+        "actor_advantage_offset": statistics.mean(offsets) if offsets else None,
         "eval_mean_turns": final.get("eval/mean_turns"), "eval_mean_tool_calls": final.get("eval/mean_tool_calls"),
         "train_success": [float(r["train/success_rate"]) for r in records if "train/success_rate" in r],
         "train_tool_calls_mean": mean_of("train/mean_tool_calls"),

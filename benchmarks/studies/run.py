@@ -198,12 +198,14 @@ def summarize(runs: list[dict[str, Any]], eval_tasks: int) -> dict[str, dict[str
         distance = [r["critic_held_out"]["distance_explained_variance"] for r in own
                     if (r.get("critic_held_out") or {}).get("distance_explained_variance") is not None]
         calls = [r["eval_mean_tool_calls"] for r in own if r.get("eval_mean_tool_calls") is not None]
+        offsets = [r["actor_advantage_offset"] for r in own if r.get("actor_advantage_offset") is not None]
         out[method] = {"seeds": [r["seed"] for r in own], "final": finals, "start": starts, "final_mean": mean,
                        "final_se": se, "start_mean": start, "start_se": start_se,
                        "critic_explained_variance": statistics.mean(ev) if ev else None,
                        "critic_explained_variance_held_out": statistics.mean(held) if held else None,
                        "critic_explained_variance_held_out_per_seed": held,
                        "distance_explained_variance_held_out": statistics.mean(distance) if distance else None,
+                       "actor_advantage_offset": statistics.mean(offsets) if offsets else None,
                        "eval_tool_calls": statistics.mean(calls) if calls else None}
     return out
 
@@ -251,6 +253,7 @@ def goals(study: Study, summary: dict[str, dict[str, Any]]) -> list[dict[str, An
     if study.name == "archer_vs_filtered_bc":
         ev, own = summary[lead]["critic_explained_variance_held_out"], summary[lead]["critic_explained_variance"]
         distance = summary[lead].get("distance_explained_variance_held_out")
+        offset = summary[lead].get("actor_advantage_offset")
         per_seed = ", ".join(f"{v:.3f}" for v in summary[lead].get("critic_explained_variance_held_out_per_seed", []))
         row(f"{lead}'s critic explains >= 50% of the return variance on held-out trajectories", ev, None,
             ev is not None and ev >= 0.5,
@@ -259,7 +262,9 @@ def goals(study: Study, summary: dict[str, dict[str, Any]]) -> list[dict[str, An
             + ("-" if own is None else f"{own:.3f}")
             + ("" if distance is None else f"; the mean return at each state's distance to the exit explains "
                f"{distance:.3f} of the same returns (the rest is mostly sampling at temperature 1, which no "
-               "critic of the state can predict)"))
+               "critic of the state can predict)")
+            + ("" if offset is None else f"; each actor batch's mean advantage was {offset:.1f}x the advantages' "
+               "spread around it (an offset shared by the batch adds only noise to the gradient)"))
     return rows
 
 
