@@ -61,7 +61,7 @@ def study_section(study: cat.Study, record: dict[str, Any] | None) -> tuple[str,
              f"{sizing['held_out_se_at_p_0.5']:.3f} at p = 0.5" +
              ("" if sizing["se_bound_met"] else
               f"; above the 0.025 target: the split has only {sizing['held_out_available']} tasks") +
-             f"). About {hours:.0f} hours on 2 idle cores at today's sampler rate.", "",
+             f"). About {hours:.0f} hour{'' if round(hours) == 1 else 's'} on 2 idle cores at today's sampler rate.", "",
              f"Run: `agentgym study {study.name}` (`--device cuda` on a GPU; `--scale smoke` checks the code path).", ""]
     if record is None:
         lines += ["**Status: not yet run** at the goal scale.", ""]
