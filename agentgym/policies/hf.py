@@ -34,6 +34,7 @@ import concurrent.futures
 import inspect
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -351,9 +352,15 @@ class HFPolicy(InProcessTokenPolicy):
     def _continuous_sampler(self) -> ContinuousSampler:
         if self._continuous is None:
             logger.debug("%s: continuous batching over %d slots", self.name, self.max_batch_size)
+            # The decode thread holds the sampler (its slot cache: hundreds of MB to GBs). It must not hold the
+            # policy too (hence a weak reference for the weights' version), and it is closed when the policy is
+            # collected: a process that trained run after run without close() (a sweep, a notebook, the studies)
+            # grew by a whole sampler per run until the OOM killer stopped it.
+            version = weakref.WeakMethod(self._weights_version)
             self._continuous = ContinuousSampler(self.model, self.tokenizer, self._stop_ids, self._pad_id,
                                                  self.max_batch_size, self._choice_trees, self.kv_cache,
-                                                 self._weights_version, self._slot_tokens())
+                                                 lambda: (method := version()) and method(), self._slot_tokens())
+            weakref.finalize(self, self._continuous.close)
         return self._continuous
 
     def generate(

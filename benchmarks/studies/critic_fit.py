@@ -56,7 +56,10 @@ def held_out_explained_variance(run_dir: Path, config: dict[str, Any], episodes:
                             sampling=SamplingParams(max_tokens=cfg.max_tokens_per_turn, temperature=cfg.temperature,
                                                     top_p=cfg.top_p))
     policy = HFPolicy(trainer.model, trainer.tokenizer, max_batch_size=64, device=cfg.device)
-    trajectories = RolloutEngine(policy, rollout).run(specs)
+    try:
+        trajectories = RolloutEngine(policy, rollout).run(specs)
+    finally:
+        policy.close()  # its slot cache now, not whenever the collector finds it
     turns = trainer._transitions(0, trajectories, cfg.gamma)
     fitted: list[float] = []
     with torch.no_grad():

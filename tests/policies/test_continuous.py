@@ -240,3 +240,27 @@ def test_forced_tokens_of_a_choice_run_in_one_forward_with_the_reference_numbers
     # One prefill, then one forward per free choice and the runs of forced tokens between (not one per token).
     assert len(forwards) < steps, (len(forwards), steps)
     policy.close()
+
+
+def test_a_policy_dropped_without_close_ends_its_decode_thread_and_frees_its_cache(model_dir):
+    import gc
+    import threading
+    import weakref
+
+    def sampler_threads() -> int:
+        return sum(t.name == "agentgym-continuous-sampler" and t.is_alive() for t in threading.enumerate())
+
+    gc.collect()
+    before = sampler_threads()
+    policy = HFPolicy.from_pretrained(model_dir, max_batch_size=4)
+    act(policy, requests(policy, SamplingParams(max_tokens=3, temperature=1.0, seed=1))[:2])
+    assert sampler_threads() == before + 1
+    sampler = weakref.ref(policy._continuous)
+    del policy  # no close(): a training loop or a notebook that simply lets it go
+    gc.collect()
+    for _ in range(100):  # the finalizer asks the thread to stop; it ends within one wake-up
+        if sampler_threads() == before and sampler() is None:
+            break
+        threading.Event().wait(0.05)
+        gc.collect()
+    assert sampler_threads() == before and sampler() is None  # the thread, and with it the slot cache, are gone
