@@ -104,6 +104,7 @@ class ContinuousSampler:
         self._cond = threading.Condition()
         self._pending: list[_Request] = []
         self._closed = False
+        self._draining = False  # release(): serve what is queued, then end the thread
         self._thread: threading.Thread | None = None
         # Slot ownership: which episode holds each slot, the ids its columns hold, and idle episodes by last use.
         self._owner: list[str | None] = [None] * slots
@@ -201,7 +202,7 @@ class ContinuousSampler:
                 self.choice_trees.get(p.choices, p.max_tokens)
             requests.append(request)
         with self._cond:
-            if self._closed:
+            if self._closed or self._draining:
                 raise RuntimeError("the sampler was closed")
             self._pending.extend(requests)
             if self._thread is None:
@@ -226,11 +227,19 @@ class ContinuousSampler:
                 self._release(slot)
 
     def close(self) -> None:
+        """End the decode thread now; requests still queued or running fail with "the sampler was closed"."""
         with self._cond:
             self._closed = True
             self._cond.notify()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=60)
+
+    def release(self) -> None:
+        """End the decode thread once the requests it holds are done, without waiting for it. For an owner that
+        went away: futures it handed out may still be awaited, and they resolve as usual; nothing new is taken."""
+        with self._cond:
+            self._draining = True
+            self._cond.notify()
 
     def _release(self, slot: int) -> None:
         owner = self._owner[slot]
@@ -246,9 +255,9 @@ class ContinuousSampler:
         torch = self.torch
         while True:
             with self._cond:
-                while not self._closed and not self._pending and not self._bound:
+                while not self._closed and not self._pending and not self._bound and not self._draining:
                     self._cond.wait()
-                if self._closed:
+                if self._closed or (self._draining and not self._pending and not self._bound):
                     failing = self._pending + [r for r in self._busy if r is not None]
                     self._pending = []
                     break

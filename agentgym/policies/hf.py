@@ -353,14 +353,14 @@ class HFPolicy(InProcessTokenPolicy):
         if self._continuous is None:
             logger.debug("%s: continuous batching over %d slots", self.name, self.max_batch_size)
             # The decode thread holds the sampler (its slot cache: hundreds of MB to GBs). It must not hold the
-            # policy too (hence a weak reference for the weights' version), and it is closed when the policy is
-            # collected: a process that trained run after run without close() (a sweep, a notebook, the studies)
-            # grew by a whole sampler per run until the OOM killer stopped it.
+            # policy too (hence a weak reference for the weights' version), and it ends once the policy is collected
+            # and what was queued is served: a process that trained run after run without close() (a sweep, a
+            # notebook, the studies) grew by a whole sampler per run until the OOM killer stopped it.
             version = weakref.WeakMethod(self._weights_version)
             self._continuous = ContinuousSampler(self.model, self.tokenizer, self._stop_ids, self._pad_id,
                                                  self.max_batch_size, self._choice_trees, self.kv_cache,
                                                  lambda: (method := version()) and method(), self._slot_tokens())
-            weakref.finalize(self, self._continuous.close)
+            weakref.finalize(self, self._continuous.release)
         return self._continuous
 
     def generate(
