@@ -177,8 +177,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.group_size < 2:
         p.error("--group-size must be >= 2: GRPO and GiGPO compare rollouts of one task")
     if not Path(args.model, "config.json").is_file():
-        p.error(f"--model {args.model}: no config.json there; build the warm start first "
-                "(python benchmarks/credit_assignment.py --tasks sokoban --build-only)")
+        build = (f"python benchmarks/credit_assignment.py --tasks {args.task} --build-only" if args.task in credit.TASKS
+                 else f"agentgym study grpo_{args.task} builds runs/studies/warm-{args.task} before it trains")
+        p.error(f"--model {args.model}: no config.json there; build the warm start first ({build})")
     if args.load and not Path(args.load).is_file():
         p.error(f"--load {args.load}: no such file (write one with --save)")
     # the benchmark's parser knows only its own tasks (and checks the split against their suites); the task itself
