@@ -356,10 +356,15 @@ class HFPolicy(InProcessTokenPolicy):
             # policy too (hence a weak reference for the weights' version), and it ends once the policy is collected
             # and what was queued is served: a process that trained run after run without close() (a sweep, a
             # notebook, the studies) grew by a whole sampler per run until the OOM killer stopped it.
-            version = weakref.WeakMethod(self._weights_version)
+            method = weakref.WeakMethod(self._weights_version)
+
+            def weights_version() -> tuple[int, int, int] | None:
+                bound = method()
+                return None if bound is None else bound()
+
             self._continuous = ContinuousSampler(self.model, self.tokenizer, self._stop_ids, self._pad_id,
                                                  self.max_batch_size, self._choice_trees, self.kv_cache,
-                                                 lambda: (method := version()) and method(), self._slot_tokens())
+                                                 weights_version, self._slot_tokens())
             weakref.finalize(self, self._continuous.release)
         return self._continuous
 

@@ -85,20 +85,11 @@ def distance_explained_variance(turns: list[Any]) -> float | None:
     distance and the policy's success from it would reach; what it leaves is mostly the coin flips of sampling
     at temperature 1, which no critic of the state can predict. It puts the critic's figure on a scale.
     """
-    import statistics
-
-    import torch
-    from archer_critic_fit import maze_distance
-
-    from agentgym.trainers.algorithms.archer import explained_variance
+    from archer_critic_fit import explained, maze_distance, tabulated
 
     distances = [maze_distance(t.state) for t in turns]
     if len(turns) < 2 or all(d is None for d in distances):
         return None
-    groups: dict[int | None, list[float]] = {}
-    for d, t in zip(distances, turns):
-        groups.setdefault(d, []).append(t.mc_return)
-    means = {d: statistics.fmean(r) for d, r in groups.items()}
-    value = explained_variance(torch.tensor([means[d] for d in distances]),
-                               torch.tensor([t.mc_return for t in turns]))
+    by_distance = tabulated(turns, lambda t: maze_distance(t.state))
+    value = explained([by_distance(t) for t in turns], [t.mc_return for t in turns])
     return None if value != value else float(value)

@@ -160,8 +160,8 @@ def train_one(study_name: str, scale_name: str, method: str, seed: int, model: s
         previous = {"fingerprint": fingerprint, "config": config, "seconds": seconds}
         marker.write_text(json.dumps(previous))
     held_out_fit = previous.get("critic_held_out")
-    # the goal's critic figure: held-out episodes, not its own batches (measured again for a run measured before
-    # the figure gained its distance reference)
+    # the goal's critic figure: held-out episodes, not its own batches (a stored one without its distance reference
+    # is measured again)
     if base == "archer" and (held_out_fit is None or "distance_explained_variance" not in held_out_fit):
         from studies.critic_fit import held_out_explained_variance
 
