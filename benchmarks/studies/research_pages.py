@@ -19,6 +19,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from studies import catalogue as cat  # noqa: E402
+from studies import lr_tuning  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results"
@@ -48,7 +49,30 @@ def load(name: str, results: Path) -> dict[str, Any] | None:
     return record if str(details.get("scale_name", "")).startswith("goal") else None
 
 
-def study_section(study: cat.Study, record: dict[str, Any] | None) -> tuple[str, str | None]:
+def tuning_lines(study: cat.Study, results: Path, record: dict[str, Any] | None) -> list[str]:
+    """The learning rate a study trains at (the one its result file records, once it has run) and, when it was
+    tuned, the tuning runs behind the choice."""
+    sizing = ((record or {}).get("details") or {}).get("sizing") or {}
+    rate, source = ((sizing["learning_rate"], sizing["learning_rate_source"]) if "learning_rate" in sizing
+                    else lr_tuning.learning_rate_of(study, results))
+    lines = [f"**Learning rate.** {rate:g}, every method and the control ({source}).", ""]
+    path = results / f"lr_tuning_{study.name}.json"
+    if path.is_file():
+        details = json.loads(path.read_text(encoding="utf-8"))["details"]
+        lines += [f"Tuned with `agentgym study {study.name} --tune-learning-rate ...`: {details['method']}, seed 0, "
+                  f"{details['steps']} steps of {details['rollouts_per_step']} rollouts at each rate, greedy success "
+                  f"on {details['eval_tasks']} tasks of the `{details['split']}` split (drawn like the training tasks; "
+                  "the held-out split is not looked at).", "",
+                  "| learning rate | start | after | change |", "|---|---|---|---|"]
+        for c in details["candidates"]:
+            chosen = " (chosen)" if c["learning_rate"] == details["chosen"] else ""
+            lines.append(f"| {c['learning_rate']:g}{chosen} | {_num(c['curve'][0][1])} | {_num(c['curve'][-1][1])} | "
+                         f"{c['gain']:+.3f} |")
+        lines.append("")
+    return lines
+
+
+def study_section(study: cat.Study, record: dict[str, Any] | None, results: Path = RESULTS) -> tuple[str, str | None]:
     """``(markdown, plot file name or None)`` of one study."""
     scale, sizing = cat.goal_scale(study)
     hours = cat.expected_hours(study, scale, 3)
@@ -62,7 +86,8 @@ def study_section(study: cat.Study, record: dict[str, Any] | None) -> tuple[str,
              ("" if sizing["se_bound_met"] else
               f"; above the 0.025 target: the split has only {sizing['held_out_available']} tasks") +
              f"). About {hours:.0f} hour{'' if round(hours) == 1 else 's'} on 2 idle cores at today's sampler rate.", "",
-             f"Run: `agentgym study {study.name}` (`--device cuda` on a GPU; `--scale smoke` checks the code path).", ""]
+             f"Run: `agentgym study {study.name}` (`--device cuda` on a GPU; `--scale smoke` checks the code path).", "",
+             *tuning_lines(study, results, record)]
     if record is None:
         lines += ["**Status: not yet run** at the goal scale.", ""]
         return "\n".join(lines), None
@@ -106,7 +131,7 @@ def render(method: str, results: Path) -> tuple[str, list[str]]:
              "exceeds two standard errors over seeds. See `agentgym study --list`.", ""]
     plots = []
     for name in names:
-        text, plot = study_section(cat.STUDIES[name], load(name, results))
+        text, plot = study_section(cat.STUDIES[name], load(name, results), results)
         parts.append(text)
         if plot:
             plots.append(plot)

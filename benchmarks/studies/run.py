@@ -33,6 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from studies import catalogue as cat  # noqa: E402
+from studies import lr_tuning  # noqa: E402
 from studies.catalogue import Scale, Study, credit  # noqa: E402
 
 SMOKE_MODEL = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=64)
@@ -49,13 +50,15 @@ def task_for(study: Study, scale_name: str) -> Any:
 eval_split = cat.eval_split_of
 
 
-def run_args(study: Study, scale: Scale, scale_name: str, device: str, jobs: int) -> argparse.Namespace:
+def run_args(study: Study, scale: Scale, scale_name: str, device: str, jobs: int,
+             learning_rate: float = lr_tuning.DEFAULT_LEARNING_RATE) -> argparse.Namespace:
     """The credit-assignment benchmark's settings for this study (its checks apply), with packing on."""
     credit_task = study.task if study.task in credit.TASKS else "maze"  # parse_args knows only its own tasks
     args = credit.parse_args(["--tasks", credit_task, "--methods", "grpo", "--seeds", "1", "--steps", str(scale.steps),
                               "--tasks-per-step", str(scale.tasks_per_step), "--group-size", str(scale.group_size),
                               "--eval-every", str(scale.eval_every), "--eval-tasks", str(scale.eval_tasks),
-                              "--device", device, "--jobs", str(jobs)])
+                              "--device", device, "--jobs", str(jobs),
+                              "--learning-rate", repr(learning_rate)])
     args.eval_split = eval_split(study, scale_name)
     args.packing = True  # the same loss, about 3x faster updates for the tiny model (benchmarks/train_step.py)
     return args
@@ -401,6 +404,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None,
                    help="train this many steps instead of the scale's (the result says so: 'goal, N steps')")
     p.add_argument("--max-bc-steps", type=int, default=None, help="most BC steps of the warm start (goal scale: 400)")
+    p.add_argument("--learning-rate", type=float, default=None,
+                   help="train every method at this rate (default: the study's tuned rate from "
+                        "benchmarks/results/lr_tuning_NAME.json at the goal scale, else 1e-4)")
+    p.add_argument("--tune-learning-rate", default=None, metavar="LR,LR,...",
+                   help="instead of the study: train its lead method (seed 0) at each rate for --tune-steps steps, "
+                        "pick the best greedy success on a split drawn like the training tasks (never the held-out one) and write "
+                        "lr_tuning_NAME.json, which the study then uses")
+    p.add_argument("--tune-steps", type=int, default=5, help="steps of each --tune-learning-rate run (default 5)")
     args = p.parse_args(argv)
     if args.list:
         return args
@@ -416,12 +427,60 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--seeds must be >= 1, got {args.seeds}")
     if args.jobs < 1:
         p.error(f"--jobs must be >= 1, got {args.jobs}")
-    for flag in ("steps", "max_bc_steps"):
+    if args.learning_rate is not None and not args.learning_rate > 0:
+        p.error(f"--learning-rate must be > 0 (1e-4 is the benchmark's default), got {args.learning_rate:g}")
+    if args.tune_learning_rate is not None:
+        try:
+            args.tune_learning_rate = lr_tuning.parse_rates(args.tune_learning_rate)
+        except ValueError as exc:
+            p.error(str(exc))
+        try:
+            lr_tuning.tuning_split(cat.STUDIES[args.name])
+        except ValueError as exc:
+            p.error(str(exc))
+        if args.learning_rate is not None:
+            p.error("--learning-rate and --tune-learning-rate exclude each other: tune first, then the study uses the "
+                    "chosen rate (or pass --learning-rate alone to force one)")
+    for flag in ("steps", "max_bc_steps", "tune_steps"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.device != "cpu" and not args.device.startswith("cuda"):
         p.error(f"--device must be cpu or cuda (cuda:N for one GPU of several), got {args.device!r}")
     return args
+
+
+def run_jobs(jobs: list[tuple[str, int, argparse.Namespace, str]], call: tuple[str, str], model: str, n_jobs: int,
+             failed: list[str]) -> list[dict[str, Any] | None]:
+    """Train ``(method, seed, settings, workdir)`` jobs, ``n_jobs`` at a time in fresh processes, printing each
+    curve as it finishes. A run that fails is recorded in ``failed`` (its result ``None``) and does not lose the
+    others'; it resumes next time."""
+    results: list[dict[str, Any] | None] = [None] * len(jobs)
+
+    def keep(i: int, result: Any) -> None:
+        method, seed = jobs[i][:2]
+        try:
+            run = result()
+        except Exception as exc:  # noqa: BLE001 - one broken run must not lose the others'
+            failed.append(f"{method} seed {seed}: {type(exc).__name__}: {exc}")
+            print(f"{method} seed {seed}: FAILED ({type(exc).__name__}: {exc})", flush=True)
+            return
+        results[i] = run
+        print(f"{run['method']} seed {run['seed']} (lr {jobs[i][2].learning_rate:g}): {run['curve']} "
+              f"({run['seconds']:.0f} s{', reused' if run['reused'] else ''})", flush=True)
+
+    if n_jobs == 1:
+        for i, (method, seed, settings, workdir) in enumerate(jobs):
+            keep(i, lambda m=method, s=seed, a=settings, w=workdir: train_one(*call, m, s, model, a, w))
+        return results
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(n_jobs, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1) as pool:
+        futures = {pool.submit(train_one, *call, method, seed, model, settings, workdir): i
+                   for i, (method, seed, settings, workdir) in enumerate(jobs)}
+        for future in as_completed(futures):
+            keep(futures[future], future.result)
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -439,48 +498,40 @@ def main(argv: list[str] | None = None) -> int:
     study = cat.STUDIES[args.name]
     scale, sizing = cat.scale_of(study, args.scale)
     scale, scale_name = override(scale, args.scale, args.steps, args.max_bc_steps)
-    workdir = Path(args.workdir) / f"{study.name}-{args.scale}"
+    if args.learning_rate is not None:
+        rate, rate_source = args.learning_rate, "--learning-rate"
+    elif args.scale == "goal":
+        rate, rate_source = lr_tuning.learning_rate_of(study)
+    else:
+        rate, rate_source = lr_tuning.DEFAULT_LEARNING_RATE, "the benchmark's default (the smoke scale is never tuned)"
+    workdir = Path(args.workdir) / lr_tuning.workdir_name(study, args.scale, rate)
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     model, warm = start_model(study, scale, args.scale, Path(args.workdir), args.device)
-    settings = run_args(study, scale, args.scale, args.device, args.jobs)
+    settings = run_args(study, scale, args.scale, args.device, args.jobs, learning_rate=rate)
+    call = (study.name, args.scale)
+    failed: list[str] = []
+    if args.tune_learning_rate:
+        print(f"{study.name}: tuning the learning rate over {', '.join(f'{r:g}' for r in args.tune_learning_rate)} on "
+              f"the {lr_tuning.tuning_split(study)} split ({args.tune_steps} steps each)", flush=True)
+        report = lr_tuning.tune(study, scale, args.tune_learning_rate, args.tune_steps, settings,
+                                Path(args.workdir) / f"{study.name}-{args.scale}",
+                                lambda jobs: run_jobs(jobs, call, str(model), args.jobs, failed))
+        path = lr_tuning.write(study, report, Path(args.out), _results_into)
+        print(lr_tuning.format_report(report))
+        print(f"result: {path}" + (f"; {len(failed)} run(s) failed: {'; '.join(failed)}" if failed else ""))
+        return 1 if failed else 0
+    print(f"{study.name}: learning rate {rate:g} ({rate_source})", flush=True)
     agreed = agreement(study, scale, args.scale, model, settings, workdir)
     print(f"{study.name}: {format_agreement(agreed)}", flush=True)
     if args.agreement:
         return 0
     seeds = list(range(args.seeds))
     jobs = [(m, s) for s in seeds for m in cat.runs_of(study)]
-    runs: list[dict[str, Any]] = []
-    failed: list[str] = []
-
-    def keep(job: tuple[str, int], result: Any) -> None:
-        try:
-            run = result()
-        except Exception as exc:  # noqa: BLE001 - one broken run must not lose the others'; it resumes next time
-            failed.append(f"{job[0]} seed {job[1]}: {type(exc).__name__}: {exc}")
-            print(f"{job[0]} seed {job[1]}: FAILED ({type(exc).__name__}: {exc})", flush=True)
-            return
-        runs.append(run)
-        print(f"{run['method']} seed {run['seed']}: {run['curve']} ({run['seconds']:.0f} s"
-              f"{', reused' if run['reused'] else ''})", flush=True)
-
-    call = (study.name, args.scale)
-    if args.jobs == 1:
-        for job in jobs:
-            keep(job, lambda job=job: train_one(*call, *job, str(model), settings, str(workdir)))
-    else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"),
-                                 max_tasks_per_child=1) as pool:
-            futures = {pool.submit(train_one, *call, *job, str(model), settings, str(workdir)): job for job in jobs}
-            for future in as_completed(futures):
-                keep(futures[future], future.result)
-    order = {job: i for i, job in enumerate(jobs)}
-    runs.sort(key=lambda r: order[(r["method"], r["seed"])])
-    path = write(study, scale_name, scale, sizing, seeds, args.device, warm, agreed, runs, failed, Path(args.out),
-                 time.perf_counter() - t0)
+    results = run_jobs([(m, s, settings, str(workdir)) for m, s in jobs], call, str(model), args.jobs, failed)
+    runs = [r for r in results if r is not None]
+    path = write(study, scale_name, scale, {**sizing, "learning_rate": rate, "learning_rate_source": rate_source},
+                 seeds, args.device, warm, agreed, runs, failed, Path(args.out), time.perf_counter() - t0)
     for g in goals(study, summarize(runs, scale.eval_tasks)) if runs and not failed else []:
         print(f"goal: {g['goal']}: {'MET' if g['met'] else 'NOT met'} ({g['note']})")
     print(f"result: {path}; plot: {path.with_suffix('.png')}")

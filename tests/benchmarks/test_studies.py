@@ -16,7 +16,7 @@ from tests.helpers.scripts import REPO  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from studies import catalogue as cat  # noqa: E402
-from studies import research_pages  # noqa: E402
+from studies import lr_tuning, research_pages  # noqa: E402
 from studies import run as study_run  # noqa: E402
 
 
@@ -192,3 +192,40 @@ def test_distance_reference_explains_returns_that_depend_on_the_distance_alone()
     with_error = flips + [SimpleNamespace(state="Error: no tool call found.", mc_return=0.0)] * 4
     assert 0.0 < distance_explained_variance(with_error) < 1.0
     assert distance_explained_variance([SimpleNamespace(state="no maze here", mc_return=1.0)] * 3) is None
+
+
+def test_learning_rate_tuning_never_looks_at_the_held_out_split(workdir: Path, tmp_path: Path,
+                                                                capfd: pytest.CaptureFixture[str]) -> None:
+    """The smoke tuning: the lead method at each rate on the tuning split, a result file the study then reads."""
+    argv = ["grpo_babyai", "--scale", "smoke", "--tune-learning-rate", "1e-3,1e-4", "--tune-steps", "1",
+            "--out", str(tmp_path), "--workdir", str(workdir)]
+    assert study_run.main(argv) == 0
+    details = json.loads((tmp_path / "lr_tuning_grpo_babyai.json").read_text())["details"]
+    assert details["split"] == "tune" != cat.eval_split_of(cat.STUDIES["grpo_babyai"])
+    assert [c["learning_rate"] for c in details["candidates"]] == [1e-3, 1e-4]
+    assert details["chosen"] in (1e-3, 1e-4) and "<- chosen" in capfd.readouterr().out
+    for rate in ("0.001", "0.0001"):  # each rate its own folder, evaluated on the tuning split
+        config = json.loads((workdir / "grpo_babyai-smoke" / "lr-tuning" / f"lr{rate}" / "grpo" / "seed0" /
+                             "config.json").read_text())
+        assert config["eval_split"] == "tune" and config["learning_rate"] == float(rate)
+    rate, source = lr_tuning.learning_rate_of(cat.STUDIES["grpo_babyai"], tmp_path)
+    assert rate == details["chosen"] and "lr_tuning_grpo_babyai.json" in source
+    assert lr_tuning.learning_rate_of(cat.STUDIES["grpo_sokoban"], tmp_path)[1].endswith("not tuned for this study")
+
+
+def test_learning_rate_choice_and_its_errors(capfd: pytest.CaptureFixture[str]) -> None:
+    runs = [{"learning_rate": r, "curve": [(0, 0.3), (100, v)]} for r, v in ((1e-4, 0.2), (3e-5, 0.35), (1e-5, 0.35))]
+    assert lr_tuning.choose(runs)["learning_rate"] == 1e-5  # a tie goes to the gentler step
+    assert lr_tuning.parse_rates("1e-5, 1e-4") == [1e-4, 1e-5]
+    for bad, message in (("1e-4", "at least two"), ("1e-4,x", "'x' is not a number"), ("1e-4,0", "must be > 0")):
+        with pytest.raises(ValueError, match=message):
+            lr_tuning.parse_rates(bad)
+    assert lr_tuning.workdir_name(cat.STUDIES["grpo_babyai"], "goal", 1e-4) == "grpo_babyai-goal"  # runs resume
+    assert lr_tuning.workdir_name(cat.STUDIES["grpo_babyai"], "goal", 3e-5) == "grpo_babyai-goal-lr3e-05"
+    for argv, message in ((["grpo_sokoban", "--tune-learning-rate", "1e-4,1e-5"], "has no tuning split"),
+                          (["grpo_babyai", "--tune-learning-rate", "1e-4,1e-5", "--learning-rate", "1e-4"],
+                           "exclude each other"),
+                          (["grpo_babyai", "--learning-rate", "-1"], "must be > 0")):
+        with pytest.raises(SystemExit):
+            study_run.parse_args(argv)
+        assert message in capfd.readouterr().err
