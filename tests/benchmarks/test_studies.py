@@ -210,7 +210,7 @@ def test_learning_rate_tuning_never_looks_at_the_held_out_split(workdir: Path, t
         assert config["eval_split"] == "tune" and config["learning_rate"] == float(rate)
     rate, source = lr_tuning.learning_rate_of(cat.STUDIES["grpo_babyai"], tmp_path)
     assert rate == details["chosen"] and "lr_tuning_grpo_babyai.json" in source
-    assert lr_tuning.learning_rate_of(cat.STUDIES["grpo_sokoban"], tmp_path)[1].endswith("not tuned for this study")
+    assert lr_tuning.learning_rate_of(cat.STUDIES["arpo_vs_grpo"], tmp_path)[1].endswith("not tuned for this study")
 
 
 def test_learning_rate_choice_and_its_errors(capfd: pytest.CaptureFixture[str]) -> None:
@@ -222,7 +222,7 @@ def test_learning_rate_choice_and_its_errors(capfd: pytest.CaptureFixture[str]) 
             lr_tuning.parse_rates(bad)
     assert lr_tuning.workdir_name(cat.STUDIES["grpo_babyai"], "goal", 1e-4) == "grpo_babyai-goal"  # runs resume
     assert lr_tuning.workdir_name(cat.STUDIES["grpo_babyai"], "goal", 3e-5) == "grpo_babyai-goal-lr3e-05"
-    for argv, message in ((["grpo_sokoban", "--tune-learning-rate", "1e-4,1e-5"], "has no tuning split"),
+    for argv, message in ((["arpo_vs_grpo", "--tune-learning-rate", "1e-4,1e-5"], "has no tuning split"),
                           (["grpo_babyai", "--tune-learning-rate", "1e-4,1e-5", "--learning-rate", "1e-4"],
                            "exclude each other"),
                           (["grpo_babyai", "--learning-rate", "-1"], "must be > 0")):
