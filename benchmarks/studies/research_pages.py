@@ -53,8 +53,9 @@ def tuning_lines(study: cat.Study, results: Path, record: dict[str, Any] | None)
     """The learning rate a study trains at (the one its result file records, once it has run) and, when it was
     tuned, the tuning runs behind the choice."""
     sizing = ((record or {}).get("details") or {}).get("sizing") or {}
-    rate, source = ((sizing["learning_rate"], sizing["learning_rate_source"]) if "learning_rate" in sizing
-                    else lr_tuning.learning_rate_of(study, results))
+    rate, source = lr_tuning.learning_rate_of(study, results)
+    if "learning_rate" in sizing and sizing["learning_rate"] != rate:  # run at another rate than today's choice
+        rate, source = sizing["learning_rate"], sizing["learning_rate_source"]
     lines = [f"**Learning rate.** {rate:g}, every method and the control ({source}).", ""]
     path = results / f"lr_tuning_{study.name}.json"
     if path.is_file():
