@@ -27,7 +27,7 @@ DOCS = REPO / "docs" / "research"
 
 PAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "grpo": ("GRPO against its shuffled control", ("grpo_sokoban", "grpo_babyai", "grpo_textworld")),
-    "gigpo": ("GiGPO against GRPO at equal scale", ("gigpo_vs_grpo",)),
+    "gigpo": ("GiGPO against GRPO at equal scale", ("gigpo_vs_grpo", "gigpo_vs_grpo_babyai")),
     "archer": ("ArCHer against filtered BC", ("archer_vs_filtered_bc",)),
     "arpo": ("ARPO's tool calls against GRPO's", ("arpo_vs_grpo",)),
 }
@@ -57,10 +57,11 @@ def tuning_lines(study: cat.Study, results: Path, record: dict[str, Any] | None)
     if "learning_rate" in sizing and sizing["learning_rate"] != rate:  # run at another rate than today's choice
         rate, source = sizing["learning_rate"], sizing["learning_rate_source"]
     lines = [f"**Learning rate.** {rate:g}, every method and the control ({source}).", ""]
-    path = results / f"lr_tuning_{study.name}.json"
+    tuned = study.learning_rate_from or study.name
+    path = results / f"lr_tuning_{tuned}.json"
     if path.is_file():
         details = json.loads(path.read_text(encoding="utf-8"))["details"]
-        lines += [f"Tuned with `agentgym study {study.name} --tune-learning-rate ...`: {details['method']}, seed 0, "
+        lines += [f"Tuned with `agentgym study {tuned} --tune-learning-rate ...`: {details['method']}, seed 0, "
                   f"{details['steps']} steps of {details['rollouts_per_step']} rollouts at each rate, greedy success "
                   f"on {details['eval_tasks']} tasks of the `{details['split']}` split (drawn like the training tasks; "
                   "the held-out split is not looked at).", "",
@@ -86,7 +87,8 @@ def study_section(study: cat.Study, record: dict[str, Any] | None, results: Path
              f"{sizing['held_out_se_at_p_0.5']:.3f} at p = 0.5" +
              ("" if sizing["se_bound_met"] else
               f"; above the 0.025 target: the split has only {sizing['held_out_available']} tasks") +
-             f"). About {hours:.0f} hour{'' if round(hours) == 1 else 's'} on 2 idle cores at today's sampler rate.", "",
+             f"). Sampling alone takes about {hours:.0f} hour{'' if round(hours) == 1 else 's'} on 2 idle cores at today's "
+             "sampler rate; the updates come on top.", "",
              f"Run: `agentgym study {study.name}` (`--device cuda` on a GPU; `--scale smoke` checks the code path).", "",
              *tuning_lines(study, results, record)]
     if record is None:

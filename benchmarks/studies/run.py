@@ -129,6 +129,31 @@ def format_agreement(report: dict[str, Any]) -> str:
 
 
 # ---- one run -----------------------------------------------------------------------------------------------
+def _run_identity(config: dict[str, Any], method: str) -> str:
+    """What makes two runs the same run wherever they live: the config without its output folder, and the method."""
+    same = {k: v for k, v in config.items() if k != "output_dir"}
+    return hashlib.sha256(json.dumps([same, method], sort_keys=True).encode()).hexdigest()
+
+
+def finished_twin(root: Path, method: str, seed: int, config: dict[str, Any], out: Path) -> Path | None:
+    """A finished run of another study under ``root`` (``ROOT/STUDY-SCALE/METHOD/seedN``) with this run's exact
+    settings, or ``None``. Studies share methods (GRPO and its control on BabyAI are in two studies), and a run
+    at the same settings is the same run: its curve is reused instead of hours of training again."""
+    identity = _run_identity(config, method)
+    for marker in sorted(root.glob(f"*/{method}/seed{seed}/study.json")):
+        folder = marker.parent
+        if folder.resolve() == out.resolve() or not (folder / "summary.json").is_file():
+            continue
+        try:
+            stored = json.loads(marker.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if "seconds" in stored and isinstance(stored.get("config"), dict) \
+                and _run_identity(stored["config"], method) == identity:
+            return folder
+    return None
+
+
 def train_one(study_name: str, scale_name: str, method: str, seed: int, model: str, args: argparse.Namespace,
               workdir: str) -> dict[str, Any]:
     """Train one (method, seed) with the trainer's own loop, or reuse its finished directory."""
@@ -150,7 +175,16 @@ def train_one(study_name: str, scale_name: str, method: str, seed: int, model: s
     fingerprint = hashlib.sha256(json.dumps([config, method], sort_keys=True).encode()).hexdigest()[:16]
     marker = out / "study.json"
     previous = json.loads(marker.read_text()) if marker.is_file() else {}
-    if previous.get("fingerprint") == fingerprint and "seconds" in previous and (out / "summary.json").is_file():
+    finished = previous.get("fingerprint") == fingerprint and "seconds" in previous and (out / "summary.json").is_file()
+    twin = None if finished else finished_twin(Path(workdir).parent, method, seed, config, out)
+    if twin is not None:  # the same run, finished for another study: copied, not trained again
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(twin, out)
+        previous = {**json.loads((twin / "study.json").read_text()), "fingerprint": fingerprint, "config": config,
+                    "shared_from": json.loads((twin / "study.json").read_text()).get("shared_from") or str(twin)}
+        marker.write_text(json.dumps(previous))
+        finished = True
+    if finished:
         seconds, reused = float(previous["seconds"]), True
     else:
         if previous.get("fingerprint") != fingerprint:
@@ -171,6 +205,7 @@ def train_one(study_name: str, scale_name: str, method: str, seed: int, model: s
         held_out_fit = held_out_explained_variance(out, config, episodes=args.eval_tasks)
         marker.write_text(json.dumps({**previous, "critic_held_out": held_out_fit}))
     return {"method": method, "seed": seed, "seconds": seconds, "reused": reused,
+            "shared_from": previous.get("shared_from"),
             **credit.read_metrics(out / "metrics.jsonl", config),
             "critic_explained_variance_held_out": (held_out_fit or {}).get("explained_variance"),
             "critic_held_out": held_out_fit}
@@ -249,8 +284,8 @@ def goals(study: Study, summary: dict[str, dict[str, Any]]) -> list[dict[str, An
             f"tool calls per episode: ARPO {calls_a}, GRPO {calls_g}")
     else:
         gap, se = _gap(summary, lead, study.baseline)
-        need = 0.10 if study.name == "gigpo_vs_grpo" else 0.0
-        row(f"{lead} beats {study.baseline}" + (" by >= 10 points" if need else "") + " (difference > 2 se)",
+        need = study.margin
+        row(f"{lead} beats {study.baseline}" + (f" by >= {need * 100:.0f} points" if need else "") + " (difference > 2 se)",
             gap, se, gap >= need - 1e-9 and gap > 2 * se,
             f"{lead} {summary[lead]['final_mean']:.3f} vs {study.baseline} {summary[study.baseline]['final_mean']:.3f}")
     if study.name == "archer_vs_filtered_bc":
@@ -438,6 +473,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             lr_tuning.tuning_split(cat.STUDIES[args.name])
         except ValueError as exc:
             p.error(str(exc))
+        source = cat.STUDIES[args.name].learning_rate_from
+        if source:
+            p.error(f"{args.name} trains at {source}'s tuned rate (its methods share one advantage scale); tune that "
+                    f"one: agentgym study {source} --tune-learning-rate ...")
         if args.learning_rate is not None:
             p.error("--learning-rate and --tune-learning-rate exclude each other: tune first, then the study uses the "
                     "chosen rate (or pass --learning-rate alone to force one)")
@@ -466,7 +505,8 @@ def run_jobs(jobs: list[tuple[str, int, argparse.Namespace, str]], call: tuple[s
             return
         results[i] = run
         print(f"{run['method']} seed {run['seed']} (lr {jobs[i][2].learning_rate:g}): {run['curve']} "
-              f"({run['seconds']:.0f} s{', reused' if run['reused'] else ''})", flush=True)
+              f"({run['seconds']:.0f} s" + (f", copied from {run['shared_from']}" if run.get("shared_from") else
+                                           ", reused" if run["reused"] else "") + ")", flush=True)
 
     if n_jobs == 1:
         for i, (method, seed, settings, workdir) in enumerate(jobs):

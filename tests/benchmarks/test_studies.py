@@ -58,6 +58,10 @@ def test_every_study_runs_its_whole_code_path_at_the_smoke_scale(name: str, work
     assert details["goals"] and all(isinstance(g["met"], bool) for g in details["goals"])
     assert record["note"].startswith("smoke scale")
     assert "GRPO vs GiGPO on" in capfd.readouterr().out
+    if name == "gigpo_vs_grpo_babyai" and (workdir / "grpo_babyai-smoke").is_dir():  # grpo_babyai ran first
+        shared = {r["method"]: r["shared_from"] for r in details["runs"] if r["shared_from"]}
+        assert set(shared) == {"grpo", "grpo_shuffled"}, shared  # the same runs: copied, not trained again
+        assert all("grpo_babyai-smoke" in source for source in shared.values())
 
 
 def test_list_and_bad_names_through_the_command(capfd: pytest.CaptureFixture[str]) -> None:
@@ -229,3 +233,19 @@ def test_learning_rate_choice_and_its_errors(capfd: pytest.CaptureFixture[str]) 
         with pytest.raises(SystemExit):
             study_run.parse_args(argv)
         assert message in capfd.readouterr().err
+
+
+def test_a_run_is_shared_between_studies_only_at_identical_settings(tmp_path: Path) -> None:
+    config = {"trainer": "grpo", "learning_rate": 1e-5, "seed": 0, "output_dir": "a"}
+    donor = tmp_path / "grpo_babyai-goal-lr1e-05" / "grpo" / "seed0"
+    donor.mkdir(parents=True)
+    (donor / "summary.json").write_text("{}")
+    (donor / "study.json").write_text(json.dumps({"config": config, "seconds": 12.0}))
+    out = tmp_path / "gigpo_vs_grpo_babyai-goal-lr1e-05" / "grpo" / "seed0"
+    same = {**config, "output_dir": str(out)}  # another folder, the same run
+    assert study_run.finished_twin(tmp_path, "grpo", 0, same, out) == donor
+    assert study_run.finished_twin(tmp_path, "grpo", 0, {**same, "learning_rate": 1e-4}, out) is None
+    assert study_run.finished_twin(tmp_path, "grpo", 1, same, out) is None  # another seed
+    assert study_run.finished_twin(tmp_path, "grpo_shuffled", 0, same, out) is None  # another method
+    (donor / "summary.json").unlink()  # unfinished: nothing to copy
+    assert study_run.finished_twin(tmp_path, "grpo", 0, same, out) is None
