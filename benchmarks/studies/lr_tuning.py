@@ -131,8 +131,9 @@ def learning_rate_of(study: Study, results_dir: Path | None = None) -> tuple[flo
     if path.is_file():
         details = json.loads(path.read_text(encoding="utf-8")).get("details") or {}
         if details.get("chosen"):
-            return float(details["chosen"]), (f"tuned on the {details.get('split')} split over "
-                                              f"{len(details.get('candidates') or [])} rates: benchmarks/results/{path.name}")
+            rates = len(details.get("candidates") or [])
+            return float(details["chosen"]), (f"tuned on the {details.get('split')} split over {rates} rates: "
+                                              f"benchmarks/results/{path.name}")
     return DEFAULT_LEARNING_RATE, "the benchmark's default, not tuned for this study"
 
 

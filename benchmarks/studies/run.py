@@ -285,7 +285,8 @@ def goals(study: Study, summary: dict[str, dict[str, Any]]) -> list[dict[str, An
     else:
         gap, se = _gap(summary, lead, study.baseline)
         need = study.margin
-        row(f"{lead} beats {study.baseline}" + (f" by >= {need * 100:.0f} points" if need else "") + " (difference > 2 se)",
+        row(f"{lead} beats {study.baseline}" + (f" by >= {need * 100:.0f} points" if need else "")
+            + " (difference > 2 se)",
             gap, se, gap >= need - 1e-9 and gap > 2 * se,
             f"{lead} {summary[lead]['final_mean']:.3f} vs {study.baseline} {summary[study.baseline]['final_mean']:.3f}")
     if study.name == "archer_vs_filtered_bc":
@@ -444,8 +445,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "benchmarks/results/lr_tuning_NAME.json at the goal scale, else 1e-4)")
     p.add_argument("--tune-learning-rate", default=None, metavar="LR,LR,...",
                    help="instead of the study: train its lead method (seed 0) at each rate for --tune-steps steps, "
-                        "pick the best greedy success on a split drawn like the training tasks (never the held-out one) and write "
-                        "lr_tuning_NAME.json, which the study then uses")
+                        "pick the best greedy success on a split drawn like the training tasks (never the held-out "
+                        "one) and write lr_tuning_NAME.json, which the study then uses")
     p.add_argument("--tune-steps", type=int, default=5, help="steps of each --tune-learning-rate run (default 5)")
     args = p.parse_args(argv)
     if args.list:
@@ -545,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         rate, rate_source = lr_tuning.DEFAULT_LEARNING_RATE, "the benchmark's default (the smoke scale is never tuned)"
     workdir = Path(args.workdir) / lr_tuning.workdir_name(study, args.scale, rate)
-    workdir.mkdir(parents=True, exist_ok=True)
+    Path(args.workdir).mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     model, warm = start_model(study, scale, args.scale, Path(args.workdir), args.device)
     settings = run_args(study, scale, args.scale, args.device, args.jobs, learning_rate=rate)
@@ -562,6 +563,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"result: {path}" + (f"; {len(failed)} run(s) failed: {'; '.join(failed)}" if failed else ""))
         return 1 if failed else 0
     print(f"{study.name}: learning rate {rate:g} ({rate_source})", flush=True)
+    workdir.mkdir(parents=True, exist_ok=True)
     agreed = agreement(study, scale, args.scale, model, settings, workdir)
     print(f"{study.name}: {format_agreement(agreed)}", flush=True)
     if args.agreement:
