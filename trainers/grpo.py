@@ -233,10 +233,19 @@ class GrpoTrainer(OnlineTrainer):
         model = self.model
         t0 = time.perf_counter()
         width = int(batch.input_ids.shape[1])
+        # One optimizer step on fresh samples: every micro-batch's forward runs on the weights the samples came
+        # from, so pi_old is that forward's own detached output and a separate no-grad pass over the whole batch
+        # (a third of the update's compute) would only recompute it. Off-policy correction needs pi_old before
+        # the update; dropout would make the training forward differ from pi_old.
+        old_from_forward = (cfg.ppo_epochs == 1 and cfg.mini_batches == 1 and not cfg.corrects_off_policy
+                            and same_in_train_and_eval(model))
+        batch.old_logprobs = None
         with torch.no_grad():  # the unwrapped model: no collectives, so ranks may differ in how many passes run
             model.eval()
-            with self.sharding.full_weights(model):  # FSDP: gathered by every rank together first
-                batch.old_logprobs = _no_grad_logprobs(self._forward_logprobs, model, batch, cfg.micro_batch_size, width)
+            if not old_from_forward:
+                with self.sharding.full_weights(model):  # FSDP: gathered by every rank together first
+                    batch.old_logprobs = _no_grad_logprobs(self._forward_logprobs, model, batch,
+                                                           cfg.micro_batch_size, width)
             if self.reference is not None:
                 with self.sharding.full_weights(self.reference), self._reference_context():
                     batch.ref_logprobs = _no_grad_logprobs(self._forward_logprobs, self.reference, batch,
@@ -252,6 +261,10 @@ class GrpoTrainer(OnlineTrainer):
         else:
             off_policy = {}
         mask = batch.loss_mask
+        mismatch_sums = torch.zeros(2, dtype=torch.float64)  # |pi_old - pi_sampler| summed over trained tokens, tokens
+        if batch.old_logprobs is not None:
+            mismatch_sums += torch.tensor([float(((batch.old_logprobs - batch.sampler_logprobs).abs() * mask).sum()),
+                                           float(mask.sum())], dtype=torch.float64)
         plan = []  # per epoch, exactly mini_batches row sets (tensor_split: 5 rows into 4 gives 4, one may be empty)
         local = torch.zeros(cfg.ppo_epochs, cfg.mini_batches, 3, dtype=torch.float64)
         for epoch in range(cfg.ppo_epochs):
@@ -265,10 +278,11 @@ class GrpoTrainer(OnlineTrainer):
         counts = everyone[:, :-1].reshape(-1, cfg.ppo_epochs, cfg.mini_batches, 3)
         denominators, passes = counts[..., :2].sum(dim=0), counts[..., 2].amax(dim=0).long()
         trained_tokens = float(everyone[:, -1].sum())
-        mismatch = float(((batch.old_logprobs - batch.sampler_logprobs).abs() * mask).sum() / max(mask.sum().item(), 1.0))
-        stats: dict[str, float] = {"train/tokens": trained_tokens, "train/logprob_mismatch": mismatch, **off_policy}
+        stats: dict[str, float] = {"train/tokens": trained_tokens, **off_policy}
         if trained_tokens == 0:  # the same decision on every rank: the count is global
             stats["train/skipped_update"] = 1.0
+            if batch.old_logprobs is not None:
+                stats["train/logprob_mismatch"] = float(mismatch_sums[0] / max(float(mismatch_sums[1]), 1.0))
             return stats
         trained = self._trained_module()
         no_sync = getattr(trained, "no_sync", contextlib.nullcontext)
@@ -288,7 +302,8 @@ class GrpoTrainer(OnlineTrainer):
                 for j in range(count):
                     with no_sync() if j < count - 1 else contextlib.nullcontext():
                         if j < len(micro):
-                            loss = self._micro_batch_loss(trained, micro[j], agg, sums)
+                            loss = self._micro_batch_loss(trained, micro[j], agg, sums,
+                                                          None if batch.old_logprobs is not None else mismatch_sums)
                         else:  # this rank ran out of rows: a zero-weight pass so it joins the gradient all-reduce
                             loss = trained(_placeholder(int(self.tokenizer.pad_token_id or 0))).sum() * 0.0
                         loss.backward()
@@ -299,6 +314,7 @@ class GrpoTrainer(OnlineTrainer):
         model.eval()
         total = self.world.gather(sums).sum(dim=0).tolist()  # each rank's loss is its share of the global loss
         steps = cfg.ppo_epochs * cfg.mini_batches
+        stats["train/logprob_mismatch"] = float(mismatch_sums[0] / max(float(mismatch_sums[1]), 1.0))
         stats.update({"train/loss": total[0] / steps, "train/clip_frac": total[2] / max(total[3], 1.0),
                       "train/grad_norm": sum(norms) / len(norms), "train/optimizer_steps": float(steps),
                       "time/update_s": time.perf_counter() - t0})
@@ -306,13 +322,24 @@ class GrpoTrainer(OnlineTrainer):
             stats["train/kl"] = total[1] / steps
         return stats
 
-    def _micro_batch_loss(self, trained: Any, mb: TrainingBatch, agg: dict[str, Any], sums: torch.Tensor) -> torch.Tensor:
-        """One micro-batch's share of the mini-batch loss (global denominators in ``agg``); adds to ``sums``."""
+    def _micro_batch_loss(self, trained: Any, mb: TrainingBatch, agg: dict[str, Any], sums: torch.Tensor,
+                          mismatch_sums: torch.Tensor | None = None) -> torch.Tensor:
+        """One micro-batch's share of the mini-batch loss (global denominators in ``agg``); adds to ``sums``.
+
+        Without ``mb.old_logprobs`` (one optimizer step on fresh samples, see :meth:`_update`) pi_old is this
+        forward's own output, detached, and its gap to the sampler's log-probs is added to ``mismatch_sums``."""
         cfg = self.config
         logp = trained(mb)
         m = mb.loss_mask.to(logp.device)
+        if mb.old_logprobs is None:
+            old = logp.detach()
+            if mismatch_sums is not None:
+                gap = (old.cpu() - mb.sampler_logprobs[:, :old.shape[1]]).abs() * mb.loss_mask[:, :old.shape[1]]
+                mismatch_sums += torch.tensor([float(gap.sum()), float(mb.loss_mask.sum())], dtype=torch.float64)
+        else:
+            old = mb.old_logprobs.to(logp.device)
         per_token, metrics = alg.clipped_policy_loss(
-            logp, mb.old_logprobs.to(logp.device), mb.advantages.to(logp.device), eps_low=cfg.clip_eps_low,
+            logp, old, mb.advantages.to(logp.device), eps_low=cfg.clip_eps_low,
             eps_high=cfg.clip_eps_high, dual_clip_c=cfg.dual_clip_c, loss_mask=m)
         loss = alg.aggregate_loss(per_token, m, **agg)
         if self.reference is not None:
@@ -422,6 +449,19 @@ def longest_first(batch: TrainingBatch, rows: torch.Tensor) -> torch.Tensor:
     """
     lengths = batch.attention_mask[rows].sum(dim=1)
     return rows[torch.argsort(lengths, descending=True, stable=True)]
+
+
+def same_in_train_and_eval(model: Any) -> bool:
+    """True when no dropout is active anywhere in ``model`` (an ``nn.Dropout`` with ``p > 0``, or a dropout rate
+    in its config such as Llama's ``attention_dropout``): a forward in training mode then computes exactly what one
+    in eval mode does."""
+    config = getattr(model, "config", None)
+    for name in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop",
+                 "hidden_dropout_prob", "attention_probs_dropout_prob"):
+        value = getattr(config, name, 0)
+        if isinstance(value, (int, float)) and value > 0:
+            return False
+    return not any(isinstance(module, torch.nn.Dropout) and module.p > 0 for module in model.modules())
 
 
 def _no_grad_logprobs(forward: Any, model: Any, batch: TrainingBatch, micro_batch_size: int, width: int) -> torch.Tensor:

@@ -93,6 +93,44 @@ def test_micro_batch_size_does_not_change_the_update(model_dir: Path, tmp_path: 
     assert torch.allclose(digests[0], digests[1], atol=1e-6) and torch.allclose(digests[0], digests[2], atol=1e-6)
 
 
+@pytest.mark.parametrize("packing", [False, True])
+def test_one_step_update_reads_pi_old_off_its_own_forward(model_dir: Path, tmp_path: Path, packing: bool,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """One optimizer step on fresh samples skips the no-grad pass over the batch: the update, the loss and the
+    log-prob mismatch are those of the separate pass (forced here by pretending the model has dropout)."""
+    import agentgym.trainers.grpo as grpo_module
+    from agentgym.policies.hf import HFPolicy
+
+    results = []
+    for separate in (False, True):
+        if separate:
+            monkeypatch.setattr(grpo_module, "same_in_train_and_eval", lambda model: False)
+        trainer = GrpoTrainer(small_config(model_dir, tmp_path / str(separate), packing=packing))
+        trainer.model, trainer.tokenizer = trainer._load(model_dir)
+        trainer.reference = None
+        trainer.policy = HFPolicy(trainer.model, trainer.tokenizer)
+        batch = build_batch(trainer._sample(0), torch.tensor([1.0, -0.5, 0.25, -1.0] * 2), [True] * 8, pad_id=0)
+        calls = []
+        forward = trainer._forward_logprobs
+        trainer._forward_logprobs = lambda model, mb: calls.append(torch.is_grad_enabled()) or forward(model, mb)
+        optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=1e-3)
+        stats = trainer._update(batch, optimizer, trainer._schedule(optimizer), 0)
+        results.append((torch.cat([p.detach().flatten() for p in trainer.model.parameters()]), stats, calls))
+    (fused, fused_stats, fused_calls), (separate, separate_stats, separate_calls) = results
+    assert not any(not grad for grad in fused_calls) and any(not grad for grad in separate_calls)  # no no-grad pass
+    assert torch.allclose(fused, separate, atol=1e-6)
+    assert fused_stats["train/loss"] == pytest.approx(separate_stats["train/loss"], abs=1e-6)
+    assert fused_stats["train/logprob_mismatch"] == pytest.approx(separate_stats["train/logprob_mismatch"], abs=1e-5)
+    assert fused_stats["train/logprob_mismatch"] < 1e-4
+
+
+def test_dropout_keeps_the_separate_pass() -> None:
+    from agentgym.trainers.grpo import same_in_train_and_eval
+
+    assert same_in_train_and_eval(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.0)))
+    assert not same_in_train_and_eval(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1)))
+
+
 # ---- masks and rewards on constructed trajectories ----------------------------------------------------
 def _traj(kinds: list[str], score: float, end_reason: str, group: str = "g", error: str | None = None) -> Trajectory:
     turns = tuple(Turn(observation="o", action="a", info={"kind": k, "calls": []}, prompt_token_ids=(1, 2),
