@@ -38,6 +38,9 @@ from agentgym.trainers.grpo import GrpoTrainer  # noqa: E402
 PATHS = ("fused", "separate")
 """``fused``: pi_old off the update's own forward; ``separate``: a no-grad pass over the batch first."""
 
+original = grpo_module.same_in_train_and_eval
+"""The trainer's dropout check; the baseline path replaces it with one that always says "dropout" for one update."""
+
 
 def make_trainer(model_dir: Path, out: Path, micro_batch: int) -> GrpoTrainer:
     """A GRPO trainer on the tiny model with the studies' update settings (packing, one optimizer step)."""
@@ -61,8 +64,6 @@ def one_update(trainer: GrpoTrainer, batch: Any, state: dict[str, torch.Tensor],
     grpo_module.same_in_train_and_eval = original
     return seconds, stats, torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
 
-
-original = grpo_module.same_in_train_and_eval
 
 
 def main() -> int:
