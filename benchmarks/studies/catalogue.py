@@ -276,11 +276,21 @@ def runs_of(study: Study) -> tuple[str, ...]:
     return tuple(dict.fromkeys((*study.methods, study.control)))
 
 
+def shared_runs(study: Study) -> tuple[str, ...]:
+    """The methods whose runs this study shares with the one it takes its learning rate from (same task, scale
+    and rate: the same runs, copied from whichever study trained them first)."""
+    if not study.learning_rate_from:
+        return ()
+    source = runs_of(STUDIES[study.learning_rate_from])
+    return tuple(m for m in runs_of(study) if m in source)
+
+
 def expected_hours(study: Study, scale: Scale, seeds: int, cores: int = 2) -> float:
     """Hours on ``cores`` idle cores at today's sampler rate: rollouts sampled (training plus greedy held-out
-    evaluations, which dominate nothing at the goal scale but are counted) over the measured rollouts a second.
-    Training the tiny model costs a fraction of sampling and is left out, so this is a lower bound."""
-    runs = len(runs_of(study)) * seeds
+    evaluations, which dominate nothing at the goal scale but are counted) over the measured rollouts a second,
+    for the runs this study trains itself (not those it shares, :func:`shared_runs`). Training the model comes
+    on top, so this is a lower bound."""
+    runs = (len(runs_of(study)) - len(shared_runs(study))) * seeds
     evaluations = scale.steps // scale.eval_every + 1
     rollouts = runs * (scale.steps * scale.rollouts_per_step + evaluations * scale.eval_tasks)
     return rollouts / (sampler_rates_per_core()[0] * cores) / 3600

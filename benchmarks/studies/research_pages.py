@@ -87,7 +87,7 @@ def study_section(study: cat.Study, record: dict[str, Any] | None, results: Path
              f"{sizing['held_out_se_at_p_0.5']:.3f} at p = 0.5" +
              ("" if sizing["se_bound_met"] else
               f"; above the 0.025 target: the split has only {sizing['held_out_available']} tasks") +
-             f"). Sampling alone takes about {hours:.0f} hour{'' if round(hours) == 1 else 's'} on 2 idle cores at "
+             f"). Sampling alone takes about {hours:.1f} h on 2 idle cores at "
              "today's sampler rate; the updates come on top.", "",
              f"Run: `agentgym study {study.name}` (`--device cuda` on a GPU; `--scale smoke` checks the code path).", "",
              *tuning_lines(study, results, record)]

@@ -411,9 +411,12 @@ def list_text() -> str:
             flags.append("noise scale not measured on this task")
         if not sizing["se_bound_met"]:
             flags.append(f"held-out split has {sizing['held_out_available']} tasks: se {se:.3f} > {cat.SE_TARGET}")
+        if cat.shared_runs(study):
+            flags.append(f"{', '.join(cat.shared_runs(study))} runs copied from {study.learning_rate_from}'s, not "
+                         "counted in the hours")
         methods = f"{','.join(study.methods)} ({study.control})"
         lines.append(f"{study.name:23s} {study.task:10s} {methods:51s} {scale.rollouts_per_step} rollouts/step x "
-                     f"{scale.steps} steps, {scale.eval_tasks} held-out (se {se:.3f}), 3 seeds: ~{hours:.0f} h on 2 "
+                     f"{scale.steps} steps, {scale.eval_tasks} held-out (se {se:.3f}), 3 seeds: ~{hours:.1f} h on 2 "
                      f"cores (~{hours * ours / (10 * reference):.1f} h at the 10x sampler goal)"
                      + (f" [{'; '.join(flags)}]" if flags else ""))
     lines.append(f"hours: rollouts sampled / ({ours:.2f} rollouts/s a core x 2 cores), today's default sampler on Sokoban "
