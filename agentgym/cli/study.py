@@ -36,6 +36,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="only measure how far GRPO's and GiGPO's advantages disagree on the study's rollouts")
     p.add_argument("--steps", type=int, default=None, help="train this many steps instead of the scale's (labelled)")
     p.add_argument("--max-bc-steps", type=int, default=None, help="most BC steps of the warm start")
+    p.add_argument("--learning-rate", default=None,
+                   help="train every method at this rate (default: the study's tuned rate, else 1e-4)")
+    p.add_argument("--tune-learning-rate", default=None, metavar="LR,LR,...",
+                   help="tune the rate on the suite's tune split (never the held-out one) instead of running the study")
+    p.add_argument("--tune-steps", type=int, default=None, help="steps of each --tune-learning-rate run (default 5)")
     p.set_defaults(func=run)
 
 
@@ -62,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         argv.append("--list")
     argv += ["--scale", args.scale, "--seeds", str(args.seeds), "--device", args.device, "--jobs", str(args.jobs)]
-    for flag, number in (("--steps", args.steps), ("--max-bc-steps", args.max_bc_steps)):
+    for flag, number in (("--steps", args.steps), ("--max-bc-steps", args.max_bc_steps),
+                         ("--learning-rate", args.learning_rate), ("--tune-learning-rate", args.tune_learning_rate),
+                         ("--tune-steps", args.tune_steps)):
         if number is not None:
             argv += [flag, str(number)]
     for flag, value in (("--out", args.out), ("--workdir", args.workdir)):

@@ -74,6 +74,8 @@ def test_list_and_bad_names_through_the_command(capfd: pytest.CaptureFixture[str
     assert "h on 2 cores" in listed and "rollouts/step" in listed
     assert main(["study", "gigpo_vs_grp", "--scale", "smoke"]) == 2
     assert "did you mean 'gigpo_vs_grpo'" in capfd.readouterr().err
+    assert main(["study", "arpo_vs_grpo", "--tune-learning-rate", "1e-4,1e-5"]) == 2  # passed on, checked there
+    assert "has no tuning split" in capfd.readouterr().err
 
 
 def test_goal_scale_is_sized_by_noise_and_held_out_error() -> None:
