@@ -1,0 +1,60 @@
+"""SlotModel's packed prefill: every row's logits equal one plain forward of its whole sequence, for rows of
+different lengths in scattered slots, on a first turn and on a next turn over the cached columns."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from agentgym.models import TinyModelConfig
+from agentgym.policies.slot_model import SlotModel
+from tests.helpers.tiny_models import build_context_sensitive_tiny_model
+
+CONFIG = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
+                         max_position_embeddings=512, vocab_size=400, tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    from agentgym.models import load_tiny_model
+
+    path = build_context_sensitive_tiny_model(tmp_path_factory.mktemp("slots") / "tiny", CONFIG)
+    return load_tiny_model(path)[0].eval()
+
+
+def plain_logits(model, ids):
+    with torch.inference_mode():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def close(a, b):
+    return torch.allclose(a.float(), b, atol=1e-4, rtol=1e-4)
+
+
+def test_rows_of_different_lengths_in_scattered_slots_match_a_plain_forward(model):
+    generator = torch.Generator().manual_seed(0)
+    net = SlotModel(model, slots=24)
+    slots = [0, 1, 2, 3, 5, 6, 8, 9, 10, 11, 20, 23]  # slots in runs with holes, and far apart
+    # First turn: whole prompts of 33 to 60 tokens.
+    prompts = {s: torch.randint(0, 400, (33 + (5 * k) % 28,), generator=generator).tolist()
+               for k, s in enumerate(slots)}
+    with torch.inference_mode():
+        first = net.prefill(slots, [prompts[s] for s in slots], [0] * len(slots))
+    for j, s in enumerate(slots):
+        assert close(first[j], plain_logits(model, prompts[s])[-1]), s
+    # Next turn: suffixes of 1 to 40 tokens over the cached prompts, the logits after chosen positions too.
+    suffixes = {s: torch.randint(0, 400, (1 + (7 * k) % 40,), generator=generator).tolist()
+                for k, s in enumerate(slots)}
+    at = torch.tensor([[0, len(suffixes[s]) - 1] for s in slots])
+    with torch.inference_mode():
+        second = net.prefill(slots, [suffixes[s] for s in slots], [len(prompts[s]) for s in slots], at=at)
+    for j, s in enumerate(slots):
+        full = plain_logits(model, prompts[s] + suffixes[s])
+        assert close(second[j, 0], full[len(prompts[s])]), s
+        assert close(second[j, 1], full[-1]), s
