@@ -73,9 +73,10 @@ TEST_WORKERS ?= 3
 # A test that hangs fails after 10 minutes with its threads' stacks (the longest takes under 90 s), and a test
 # worker that dies ends the run at once, naming its test: pytest-xdist's replacement worker can wait forever under
 # --dist loadfile (pytest-xdist issue 784), which turned one crashed worker into a CI run that never finished.
+# The run ends with its 25 slowest tests, where time to trim is found.
 test: install-test
 	env -u PYTHONDONTWRITEBYTECODE $(PYTHON) -m pytest -q -p no:cacheprovider -m "not slow" -n $(TEST_WORKERS) --dist loadfile \
-		--timeout 600 --max-worker-restart 0
+		--timeout 600 --max-worker-restart 0 --durations 25
 
 # The `slow` tests alone (about an hour on 2 cores): full validations of the big suites, learning runs, images.
 test-slow: install-test
