@@ -13,7 +13,8 @@ warm start and run config are ``benchmarks/credit_assignment.py``'s; the shuffle
 trainers' own ``advantage_control: shuffle``. Runs live in
 ``WORKDIR/NAME-SCALE/METHOD/seedN`` and are reused when finished with the same settings (an interrupted study
 resumes). Writes ``OUT/study_NAME.json`` (config, git commit, machine with load average, per-seed curves, the
-control, the goal) and ``OUT/study_NAME.png``.
+control, the goal) and ``OUT/study_NAME.png``; OUT is benchmarks/results for a full goal-scale run and
+``WORKDIR/results`` for any other, unless ``--out`` names it.
 """
 
 from __future__ import annotations
@@ -397,6 +398,20 @@ def override(scale: Scale, scale_name: str, steps: int | None, bc_steps: int | N
     return scale, scale_name
 
 
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+"""Where the committed result files live (benchmarks/results), which the research pages are built from."""
+
+
+def results_folder(out: str | None, scale_name: str, workdir: Path) -> Path:
+    """Where a run writes its result files: ``--out`` when given; else :data:`RESULTS` for a run at the full goal
+    scale, and ``WORKDIR/results`` for any other. Why: a smoke run measures nothing and a shortened one less than
+    the goal, and either written to benchmarks/results would replace the committed measurement its page shows (the
+    pages then say "not yet run")."""
+    if out is not None:
+        return Path(out)
+    return RESULTS if scale_name == "goal" else workdir / "results"
+
+
 # ---- command line ------------------------------------------------------------------------------------------
 def list_text() -> str:
     """One line per study: task, methods, control, goal scale (rollouts a step, held-out size and se), hours."""
@@ -434,8 +449,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="smoke: the whole code path in seconds; goal: sized by gradient noise and held-out error")
     p.add_argument("--seeds", type=int, default=3, help="seeds per method (0..N-1)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N): where BC, rollouts and training run")
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "results"),
-                   help="folder of study_NAME.json and study_NAME.png (default benchmarks/results)")
+    p.add_argument("--out", default=None,
+                   help="folder of study_NAME.json and study_NAME.png (default: benchmarks/results at the full goal "
+                        "scale, WORKDIR/results at any other, so a smoke run never replaces a measured result)")
     p.add_argument("--workdir", default="runs/studies", help="models and runs (reused when the settings match)")
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel, the CPU cores shared evenly among them")
     p.add_argument("--agreement", action="store_true",
@@ -550,6 +566,11 @@ def main(argv: list[str] | None = None) -> int:
         rate, rate_source = lr_tuning.DEFAULT_LEARNING_RATE, "the benchmark's default (the smoke scale is never tuned)"
     workdir = Path(args.workdir) / lr_tuning.workdir_name(study, args.scale, rate)
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
+    out = results_folder(args.out, scale_name, Path(args.workdir))
+    out.mkdir(parents=True, exist_ok=True)
+    if args.out is None and out != RESULTS:
+        print(f"{study.name}: {scale_name} scale: results go to {out} (only a full goal-scale run writes "
+              "benchmarks/results; --out chooses another folder)", flush=True)
     t0 = time.perf_counter()
     model, warm = start_model(study, scale, args.scale, Path(args.workdir), args.device)
     settings = run_args(study, scale, args.scale, args.device, args.jobs, learning_rate=rate)
@@ -561,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
         report = lr_tuning.tune(study, scale, args.tune_learning_rate, args.tune_steps, settings,
                                 Path(args.workdir) / f"{study.name}-{args.scale}",
                                 lambda jobs: run_jobs(jobs, call, str(model), args.jobs, failed))
-        path = lr_tuning.write(study, report, Path(args.out), _results_into)
+        path = lr_tuning.write(study, report, out, _results_into)
         print(lr_tuning.format_report(report))
         print(f"result: {path}" + (f"; {len(failed)} run(s) failed: {'; '.join(failed)}" if failed else ""))
         return 1 if failed else 0
@@ -576,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     results = run_jobs([(m, s, settings, str(workdir)) for m, s in jobs], call, str(model), args.jobs, failed)
     runs = [r for r in results if r is not None]
     path = write(study, scale_name, scale, {**sizing, "learning_rate": rate, "learning_rate_source": rate_source},
-                 seeds, args.device, warm, agreed, runs, failed, Path(args.out), time.perf_counter() - t0)
+                 seeds, args.device, warm, agreed, runs, failed, out, time.perf_counter() - t0)
     for g in goals(study, summarize(runs, scale.eval_tasks)) if runs and not failed else []:
         print(f"goal: {g['goal']}: {'MET' if g['met'] else 'NOT met'} ({g['note']})")
     print(f"result: {path}; plot: {path.with_suffix('.png')}")

@@ -251,3 +251,19 @@ def test_a_run_is_shared_between_studies_only_at_identical_settings(tmp_path: Pa
     assert study_run.finished_twin(tmp_path, "grpo_shuffled", 0, same, out) is None  # another method
     (donor / "summary.json").unlink()  # unfinished: nothing to copy
     assert study_run.finished_twin(tmp_path, "grpo", 0, same, out) is None
+
+
+def test_only_a_full_goal_scale_run_writes_the_committed_results_by_default(workdir: Path, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch,
+                                                                           capfd: pytest.CaptureFixture[str]) -> None:
+    """A newcomer's smoke run (as the research pages suggest) must not replace the measured result its page shows."""
+    committed = tmp_path / "committed"
+    monkeypatch.setattr(study_run, "RESULTS", committed)
+    assert study_run.results_folder(None, "goal", workdir) == committed
+    assert study_run.results_folder(None, "goal, 2 steps", workdir) == workdir / "results"
+    assert study_run.results_folder(str(tmp_path / "mine"), "smoke", workdir) == tmp_path / "mine"
+    assert study_run.main(["gigpo_vs_grpo_babyai", "--scale", "smoke", "--seeds", "1", "--workdir", str(workdir)]) == 0
+    assert not committed.exists()
+    assert (workdir / "results" / "study_gigpo_vs_grpo_babyai.json").is_file()
+    assert (workdir / "results" / "study_gigpo_vs_grpo_babyai.png").is_file()
+    assert "results go to" in capfd.readouterr().out
