@@ -398,7 +398,7 @@ def override(scale: Scale, scale_name: str, steps: int | None, bc_steps: int | N
     return scale, scale_name
 
 
-RESULTS = Path(__file__).resolve().parent.parent / "results"
+RESULTS = cat.BENCHMARKS / "results"
 """Where the committed result files live (benchmarks/results), which the research pages are built from."""
 
 
