@@ -566,7 +566,8 @@ def main(argv: list[str] | None = None) -> int:
         rate, rate_source = lr_tuning.DEFAULT_LEARNING_RATE, "the benchmark's default (the smoke scale is never tuned)"
     workdir = Path(args.workdir) / lr_tuning.workdir_name(study, args.scale, rate)
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
-    out = results_folder(args.out, scale_name, Path(args.workdir))
+    out = results_folder(args.out, scale_name, Path(args.workdir)).resolve()  # printed whole: `agentgym study` runs
+    # this script in the checkout's root, which need not be the caller's directory
     out.mkdir(parents=True, exist_ok=True)
     if args.out is None and out != RESULTS:
         print(f"{study.name}: {scale_name} scale: results go to {out} (only a full goal-scale run writes "
