@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import signal
@@ -14,7 +15,7 @@ from agentgym.envs.web.app import SESSION_COOKIE, CartLine, Order, Request, Shop
 from agentgym.envs.web.catalogue import load_catalogue
 from agentgym.envs.web.goals import RESULTS_PER_PAGE, Goal, generate_tasks
 from agentgym.envs.web.reward import order_score, score_item
-from agentgym.envs.web.search import default_index
+from agentgym.envs.web.search import SearchIndex, default_index, tokenize
 
 from agentgym.registration.suites import load_suite
 from tests.helpers.browsers import needs_browser
@@ -66,6 +67,35 @@ def test_goals_are_deterministic_held_out_and_findable():
         goal = Goal.from_task(task)
         assert goal.product_id in default_index().search(goal.query, limit=RESULTS_PER_PAGE)
         assert f"{goal.price_upper:.2f} dollars" in task.prompt and goal.options["pack"] in task.prompt
+
+
+def test_search_ranks_by_okapi_bm25_with_ties_broken_by_product_id():
+    """The index's vectorised scoring against Okapi BM25 written out one posting at a time, on real titles, common
+    words (tens of thousands of postings) and a query that matches nothing."""
+    catalogue = load_catalogue()
+    index = default_index()
+    documents = {pid: tokenize(title) + tokenize(catalogue.aisle_of(pid)) for pid, title in catalogue.titles().items()}
+    average = sum(len(d) for d in documents.values()) / len(documents)
+    postings: dict[str, list[tuple[int, int]]] = {}
+    for pid, tokens in documents.items():
+        for token in dict.fromkeys(tokens):
+            postings.setdefault(token, []).append((pid, tokens.count(token)))
+
+    def reference(query: str, limit: int) -> list[int]:
+        scores: dict[int, float] = {}
+        for token in dict.fromkeys(tokenize(query)):
+            found = postings.get(token, [])
+            idf = math.log(1 + (len(documents) - len(found) + 0.5) / (len(found) + 0.5))
+            for pid, tf in found:
+                norm = SearchIndex.K1 * (1 - SearchIndex.B + SearchIndex.B * len(documents[pid]) / average)
+                scores[pid] = scores.get(pid, 0.0) + idf * tf * (SearchIndex.K1 + 1) / (tf + norm)
+        return [pid for pid, _ in sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:limit]]
+
+    titles = sorted(catalogue.titles().values())
+    queries = [titles[i].lower() for i in range(0, len(titles), len(titles) // 12)] + ["organic", "with and of"]
+    for query in queries:
+        assert index.search(query, limit=40) == reference(query, 40), query
+    assert index.search("zzqx unknownword") == [] and index.search("") == []
 
 
 def test_webshop_reward_counts_attributes_options_price_and_type():
