@@ -43,6 +43,7 @@ __all__ = ["GENERATORS", "Puzzle", "SokobanEnv", "generate_puzzle", "generate_ta
 Cell = tuple[int, int]
 Boxes = tuple[Cell, ...]
 DIRECTIONS: dict[str, tuple[int, int]] = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
+_STEPS = list(DIRECTIONS.values())  # what the generators draw a direction from (one list, not one per draw)
 #: Symbols of the text grid (the XSB convention, with ``_`` for floor so no row carries significant spaces).
 WALL, FLOOR, TARGET, BOX, BOX_ON_TARGET, PLAYER, PLAYER_ON_TARGET = "#", "_", ".", "$", "*", "@", "+"
 LEGEND = (f"{WALL} wall, {FLOOR} floor, {TARGET} target, {BOX} box, {BOX_ON_TARGET} box on a target, "
@@ -161,24 +162,40 @@ def solve(puzzle: Puzzle, max_states: int = 200_000) -> list[str] | None:
 
     Returns ``[]`` for a solved position and ``None`` when no solution exists or the search visits more than
     ``max_states`` positions (so a caller never hangs on a large room).
+
+    The search is :meth:`Puzzle.push` over bare ``(player, boxes)`` pairs: drawing a suite solves thousands of rooms
+    and visits about a million positions, and building a :class:`Puzzle` for each one took most of that time.
     """
     if puzzle.solved():
         return []
+    floor = frozenset((r, c) for r in range(puzzle.height) for c in range(puzzle.width)
+                      if (r, c) not in puzzle.walls)
+    targets = puzzle.targets
+    moves = [(name, dr, dc) for name, (dr, dc) in DIRECTIONS.items()]  # fixed order keeps the solution deterministic
     start = (puzzle.player, puzzle.boxes)
     parents: dict[tuple[Cell, Boxes], tuple[tuple[Cell, Boxes], str] | None] = {start: None}
-    queue = deque([puzzle])
+    queue = deque([start])
     while queue:
         current = queue.popleft()
-        for name in DIRECTIONS:  # fixed order keeps the solution deterministic
-            result = current.push(name)
-            if result is None:
+        (row, col), boxes = current
+        for name, dr, dc in moves:
+            nxt = (row + dr, col + dc)
+            if nxt not in floor:
                 continue
-            nxt = result[0]
-            key = (nxt.player, nxt.boxes)
+            solved = False
+            if nxt in boxes:
+                beyond = (nxt[0] + dr, nxt[1] + dc)
+                if beyond not in floor or beyond in boxes:
+                    continue
+                boxes_after = tuple(sorted(beyond if b == nxt else b for b in boxes))
+                solved = set(boxes_after) == targets
+            else:  # the boxes of a position already found unsolved
+                boxes_after = boxes
+            key = (nxt, boxes_after)
             if key in parents:
                 continue
-            parents[key] = ((current.player, current.boxes), name)
-            if nxt.solved():
+            parents[key] = (current, name)
+            if solved:
                 path: list[str] = []
                 node: tuple[Cell, Boxes] | None = key
                 while parents[node] is not None:  # type: ignore[index]
@@ -187,7 +204,7 @@ def solve(puzzle: Puzzle, max_states: int = 200_000) -> list[str] | None:
                 return path[::-1]
             if len(parents) > max_states:
                 return None
-            queue.append(nxt)
+            queue.append(key)
     return None
 
 
@@ -195,10 +212,10 @@ def _carve_room(rng: random.Random, width: int, height: int) -> set[Cell]:
     """Floor cells of a room carved by a random walk inside the outer wall (gym-sokoban's topology idea)."""
     floor: set[Cell] = set()
     cell = (rng.randrange(1, height - 1), rng.randrange(1, width - 1))
-    direction = rng.choice(list(DIRECTIONS.values()))
+    direction = rng.choice(_STEPS)
     for _ in range(int(1.5 * (width + height)) * 2):
         if rng.random() < 0.35:
-            direction = rng.choice(list(DIRECTIONS.values()))
+            direction = rng.choice(_STEPS)
         nxt = (cell[0] + direction[0], cell[1] + direction[1])
         if 1 <= nxt[0] < height - 1 and 1 <= nxt[1] < width - 1:
             cell = nxt
@@ -258,9 +275,10 @@ def generate_puzzle(rng: random.Random, width: int, height: int, boxes: int, *,
         player = rng.choice([c for c in cells if c not in targets])
         walls = frozenset((r, c) for r in range(height) for c in range(width) if (r, c) not in floor)
         box_list = list(targets)
+        target_set = set(targets)
         best: tuple[int, Cell, list[Cell]] | None = None
         for _step in range(reverse_steps):
-            dr, dc = rng.choice(list(DIRECTIONS.values()))
+            dr, dc = rng.choice(_STEPS)
             nxt = (player[0] + dr, player[1] + dc)
             if nxt not in floor or nxt in box_list:
                 continue
@@ -268,10 +286,11 @@ def generate_puzzle(rng: random.Random, width: int, height: int, boxes: int, *,
             if behind in box_list and rng.random() < 0.7:  # pull the box behind the player along
                 box_list[box_list.index(behind)] = player
             player = nxt
+            on_target = sum(b in target_set for b in box_list)
+            if on_target == len(box_list) or (on_target and not boxes_on_targets):
+                continue  # solved, or a box on a target where none may start
             displacement = sum(abs(b[0] - t[0]) + abs(b[1] - t[1]) for b, t in zip(box_list, targets))
-            on_target = set(box_list) & set(targets)
-            unsolved = not set(box_list) <= set(targets)
-            if (unsolved and (boxes_on_targets or not on_target)) and (best is None or displacement > best[0]):
+            if best is None or displacement > best[0]:
                 best = (displacement, player, list(box_list))
         if best is None:
             continue

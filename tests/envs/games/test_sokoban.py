@@ -33,6 +33,49 @@ def test_push_rules_and_solver() -> None:
     assert solve(Puzzle.parse(["####", "#@*#", "####"])) == []
 
 
+def _shortest_by_push(puzzle: Puzzle, max_states: int) -> list[str] | None:
+    """Breadth-first search written over ``Puzzle.push`` itself: what the solver must return."""
+    from collections import deque
+
+    if puzzle.solved():
+        return []
+    parents: dict = {(puzzle.player, puzzle.boxes): None}
+    queue = deque([puzzle])
+    while queue:
+        current = queue.popleft()
+        for name in sokoban.DIRECTIONS:
+            result = current.push(name)
+            if result is None or (result[0].player, result[0].boxes) in parents:
+                continue
+            key = (result[0].player, result[0].boxes)
+            parents[key] = ((current.player, current.boxes), name)
+            if result[0].solved():
+                path = []
+                while parents[key] is not None:
+                    key, move = parents[key]
+                    path.append(move)
+                return path[::-1]
+            if len(parents) > max_states:
+                return None
+            queue.append(result[0])
+    return None
+
+
+def test_the_solver_is_the_shortest_search_over_push_and_keeps_its_state_limit() -> None:
+    rng = random.Random(7)
+    for i in range(40):
+        width, height, boxes = rng.randrange(5, 9), rng.randrange(5, 8), rng.randrange(1, 4)
+        try:
+            puzzle, plan = sokoban.generate_puzzle(random.Random(i), width, height, boxes, attempts=20)
+        except TaskError:
+            continue
+        assert plan == _shortest_by_push(puzzle, 200_000)
+        for limit in (1, 5, 40):  # a search cut short gives up exactly where the plain search does
+            assert solve(puzzle, limit) == _shortest_by_push(puzzle, limit)
+    cornered = Puzzle.parse(["#####", "#$_.#", "#_@_#", "#####"])
+    assert solve(cornered) is None and _shortest_by_push(cornered, 200_000) is None
+
+
 @pytest.mark.parametrize("rows", [[], ["##", "###"], ["#@$.?#"], ["#$.#"], ["#@@$.#"], ["#@$$.#"]])
 def test_bad_grids_are_refused(rows: list[str]) -> None:
     with pytest.raises(TaskError):
