@@ -101,21 +101,30 @@ def greedy_success(model: Any, tokenizer: Any, suite: Any, split: str, count: in
     return float(summarize(RolloutEngine(policy, config).run(specs))["success_rate"])
 
 
+DEFAULT_DEMOS = 200
+"""Demonstrations of a warm start when none are asked for (fewer where the suite has fewer training tasks)."""
+
+
 def warm_start(task: CreditTask, workdir: Path, *, target: float, max_bc_steps: int, chunk: int = 25,
-               demos: int = 200, batch_size: int = 32, device: str = "cpu",
+               demos: int | None = None, batch_size: int = 32, device: str = "cpu",
                log: Any = print) -> tuple[Path, dict[str, Any]]:
     """The task's shared starting checkpoint: a tiny model behaviour-cloned until its greedy success on 64
     training tasks first reaches ``target`` (or ``max_bc_steps``). Cached in ``WORKDIR/warm-TASK``; a cached one
     that stopped short of a higher ``target`` or ``max_bc_steps`` given later is cloned further from where it
     stopped (every chunk of BC starts a fresh optimizer, so with the same ``--bc-check-every`` this equals one
     uninterrupted run). ``demos`` reference-solver demonstrations of distinct training tasks are cloned, ``batch_size``
-    at a time; a count other than 200 or a batch other than 32 gets its own cache (``warm-TASK-dN-bB``)."""
+    at a time (``None``: :data:`DEFAULT_DEMOS`, or every training task of a suite that has fewer, as guess-the-number's
+    100 secrets); a count given explicitly or a batch other than 32 gets its own cache (``warm-TASK-dN-bB``).
+
+    Raises:
+        ValueError: ``demos`` asks for more demonstrations than the suite has training tasks."""
     from agentgym.models.tiny import TinyModelConfig, build_tiny_model, load_tiny_model
     from agentgym.cli.quickstart import demonstration_texts
     from agentgym.registration.suites import load_suite
     from agentgym.trainers.bc import behaviour_clone, collect_demonstrations
 
-    name = f"warm-{task.name}" if (demos, batch_size) == (200, 32) else f"warm-{task.name}-d{demos}-b{batch_size}"
+    default = demos is None or demos == DEFAULT_DEMOS
+    name = f"warm-{task.name}" if default and batch_size == 32 else f"warm-{task.name}-d{demos}-b{batch_size}"
     out = workdir / name
     info_path = out / "warm_start.json"
     cached = json.loads(info_path.read_text()) if info_path.is_file() and (out / "config.json").is_file() else None
@@ -138,8 +147,12 @@ def warm_start(task: CreditTask, workdir: Path, *, target: float, max_bc_steps: 
         curve = [tuple(point) for point in cached["train_success_curve"]]
         steps, earlier_s = int(cached["bc_steps"]), float(cached["seconds"])
         log(f"  warm start {task.name}: continuing from {steps} BC steps (cached train success {curve[-1][1]:.3f})")
-    if demos > len(suite.split("train")):
-        raise ValueError(f"demos={demos}: suite {task.suite!r} has only {len(suite.split('train'))} training tasks")
+    available = len(suite.split("train"))
+    if demos is None:
+        demos = min(DEFAULT_DEMOS, available)
+    elif demos > available:
+        raise ValueError(f"demos={demos}: suite {task.suite!r} has only {available} training tasks; ask for at most "
+                         "that many (or leave it unset: every training task up to 200)")
     demonstrations = collect_demonstrations(suite, "train", demos, tokenizer, system_prompt="")
     info = cached
     while steps < max_bc_steps or info is None:
@@ -446,8 +459,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bc-check-every", type=int, default=25,
                    help="BC steps between the warm start's checks of its training success (each check runs 64 "
                         "greedy episodes: a long one on Sokoban)")
-    p.add_argument("--demos", type=int, default=200,
-                   help="reference-solver demonstrations of the warm start, one per training task (200: the default)")
+    p.add_argument("--demos", type=int, default=None,
+                   help="reference-solver demonstrations of the warm start, one per training task (default: 200, or "
+                        "every training task of a suite that has fewer)")
     p.add_argument("--bc-batch-size", type=int, default=32, help="demonstrations per BC step of the warm start")
     p.add_argument("--device", default="cpu", help="torch device of BC, rollouts and training: cpu (default) or cuda")
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel (the CPU cores shared evenly among them)")
@@ -489,9 +503,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.workdir, args.out = args.workdir.rstrip("/") + "-quick", str(Path(args.out).with_name("credit_assignment_quick.png"))
     for name in ("steps", "tasks_per_step", "group_size", "eval_tasks", "max_bc_steps", "bc_check_every", "jobs",
                  "eval_every", "demos", "bc_batch_size"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.demos != 200:  # each demonstration needs its own training task
+    if args.demos is not None:  # each demonstration needs its own training task
         from agentgym.registration.suites import load_suite
 
         for name in args.tasks:

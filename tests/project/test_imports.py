@@ -29,7 +29,7 @@ PROGRAMS = {"agentgym.cli.__main__"}
 _FORK_EACH = textwrap.dedent("""
     import importlib, json, os, sys, traceback, warnings
     for heavy in ("numpy", "gymnasium", "yaml", "jsonschema", "rich", "httpx", "torch", "transformers",
-                  "pydantic", "fastapi", "openenv.core"):
+                  "pydantic", "fastapi", "openenv.core", "requests", "websockets", "pettingzoo", "math_verify"):
         try:
             importlib.import_module(heavy)
         except Exception:

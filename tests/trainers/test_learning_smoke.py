@@ -96,6 +96,7 @@ def test_device_and_demonstration_flags_are_checked_before_any_work(tmp_path: Pa
                            (["--demos", "0"], "--demos must be >= 1"),
                            (["--max-context-tokens", "100"], "--max-context-tokens must be >= 256"),
                            (["--tasks", "sokoban", "--demos", "501"], "has only 500 training tasks"),
+                           (["--tasks", "guess", "--demos", "101"], "has only 100 training tasks"),
                            (["--tasks", "sokoban", "--eval-split", "train"], "pick one of those")):
         with pytest.raises(SystemExit) as exc:
             bench.parse_args(flags)
@@ -162,3 +163,19 @@ def test_the_shuffled_control_and_env_kwargs_flags(tmp_path: Path, capsys: pytes
         with pytest.raises(SystemExit):
             bench.parse_args(flags)
         assert message in capsys.readouterr().err, flags
+
+
+def test_the_default_warm_start_clones_every_training_task_of_a_suite_with_fewer_than_200(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Guess-the-number has 100 training tasks (every secret once): the default warm start clones all of them into the
+    default cache, where asking for 200 demonstrations used to stop the run (and with it the ARPO study)."""
+    import agentgym.trainers.bc as bc
+
+    bench = _benchmark()
+    cloned: list[int] = []
+    monkeypatch.setattr(bc, "behaviour_clone", lambda model, tokenizer, demos, **kwargs: cloned.append(len(demos)))
+    monkeypatch.setattr(bench, "greedy_success", lambda *args, **kwargs: 0.5)
+    out, info = bench.warm_start(bench.TASKS["guess"], tmp_path, target=0.25, max_bc_steps=25, log=lambda *a: None)
+    assert out == tmp_path / "warm-guess" and info["demonstrations"] == 100 and cloned == [100]
+    with pytest.raises(ValueError, match="has only 100 training tasks"):
+        bench.warm_start(bench.TASKS["guess"], tmp_path, target=0.25, max_bc_steps=25, demos=101, log=lambda *a: None)
