@@ -104,6 +104,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             rate = statistics.mean(float(t.success) for t in batches[-1])
             print(f"batch {k}: {len(batches[-1])} rollouts, success {rate:.2f} ({time.perf_counter() - t0:.0f} s)",
                   flush=True)
+        sampler.policy.close()  # ends its decode thread now, not at interpreter exit (where it aborted the process)
         if args.save:
             Path(args.save).parent.mkdir(parents=True, exist_ok=True)
             torch.save(batches, args.save)
@@ -170,6 +171,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--load", default=None, help="measure on batches saved by --save instead of sampling")
     p.add_argument("--workdir", default="runs/gradient_noise", help="where the variants' (unused) run dirs go")
     p.add_argument("--out", default="runs/gradient_noise.json", help="the report (JSON)")
+    p.add_argument("--replace", action="store_true",
+                   help="record this run's figures in benchmarks/results even over a measurement on more rollouts")
     args = p.parse_args(argv)
     args.variants = credit._names(args.variants, tuple(VARIANTS), "--variants", p)
     if args.batches < 2:
@@ -209,15 +212,33 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(json.dumps(report, indent=2))
     print("\n" + table(report) + f"\n\nraw: {args.out}")
     if argv is None:  # a run from the command line records its figures; a test calling main() does not
-        record(report)
+        record(report, replace=args.replace)
     return 0
 
 
-def record(report: dict[str, Any]) -> None:
+def _rollouts(report: dict[str, Any]) -> int:
+    return int(report.get("batches") or 0) * int(report.get("rollouts_per_batch") or 0)
+
+
+def record(report: dict[str, Any], *, replace: bool = False) -> Path | None:
     """The table's noise scales to ``benchmarks/results/gradient_noise.json`` (Sokoban, the default task) or
-    ``gradient_noise_TASK.json``, GRPO as the baseline (the same
-    ``vs GRPO`` ratio the table prints: GRPO's noise scale over the variant's, higher is better)."""
-    from _results import figure, write_results
+    ``gradient_noise_TASK.json``, GRPO as the baseline (the same ``vs GRPO`` ratio the table prints: GRPO's noise
+    scale over the variant's, higher is better).
+
+    The studies size their rollouts a step from that file, so a smaller try (fewer batches or rollouts) does not
+    replace a measurement on more rollouts unless ``replace``; it says so. Returns the path written, or ``None``
+    when the earlier measurement was kept."""
+    from _results import RESULTS_DIR, figure, write_results
+
+    # one file a task, so a second task's run keeps the first's (the studies size each task from its own file)
+    result = "gradient_noise" if report["task"] == "sokoban" else f"gradient_noise_{report['task']}"
+    existing = RESULTS_DIR / f"{result}.json"
+    if existing.is_file() and not replace:
+        earlier = json.loads(existing.read_text(encoding="utf-8")).get("details") or {}
+        if earlier.get("task") == report["task"] and _rollouts(earlier) > _rollouts(report):
+            print(f"kept {existing}: it was measured on {_rollouts(earlier)} rollouts, this run on "
+                  f"{_rollouts(report)} (pass --replace to record this run there anyway)")
+            return None
 
     base = report["variants"].get("grpo", {}).get("noise_scale")
     figures = []
@@ -230,9 +251,7 @@ def record(report: dict[str, Any]) -> None:
             unit="rollouts", ratio=base / r["noise_scale"] if base and r["noise_scale"] else None,
             note=f"mean pairwise cos {r['mean_cos']:+.3f} ± {r['se_cos']:.3f}; ratio is GRPO's / the variant's "
                  "(higher is better); none: not measurable at this batch count"))
-    # one file a task, so a second task's run keeps the first's (the studies size each task from its own file)
-    name = "gradient_noise" if report["task"] == "sokoban" else f"gradient_noise_{report['task']}"
-    write_results(name, figures, details=report)
+    return write_results(result, figures, details=report)
 
 
 if __name__ == "__main__":

@@ -67,3 +67,30 @@ def test_a_study_task_outside_the_benchmark_is_measured_with_its_own_settings(ma
     task = bench.task_of(args.task)
     assert task.suite == "textworld" and task.max_tokens_per_turn == 24  # TextWorld's commands, not a maze move
     assert args.credit_args.eval_split == task.eval_split
+
+
+def test_a_smaller_run_keeps_the_recorded_measurement_unless_told(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The studies size their rollouts a step from benchmarks/results/gradient_noise_TASK.json, so a quick try on
+    fewer rollouts must not replace a measurement on more; ``--replace`` does, and a larger run always does."""
+    bench = load_script("benchmarks/gradient_noise.py")
+    import _results
+
+    monkeypatch.setattr(_results, "RESULTS_DIR", tmp_path)
+
+    def report(batches: int, per_batch: int, scale: float) -> dict:
+        variant = {"noise_scale": scale, "mean_cos": 0.3, "se_cos": 0.05}
+        return {"task": "guess", "batches": batches, "rollouts_per_batch": per_batch, "success": 0.2,
+                "variants": {"grpo": variant, "gigpo": dict(variant, noise_scale=scale / 2)}}
+
+    def recorded() -> float:
+        details = json.loads((tmp_path / "gradient_noise_guess.json").read_text())["details"]
+        return details["variants"]["grpo"]["noise_scale"]
+
+    assert bench.record(report(6, 256, 536.0)) == tmp_path / "gradient_noise_guess.json"
+    assert bench.record(report(2, 16, 90.0)) is None and recorded() == 536.0
+    assert "measured on 1536 rollouts, this run on 32 (pass --replace" in capsys.readouterr().out
+    bench.record(report(2, 16, 90.0), replace=True)
+    assert recorded() == 90.0
+    bench.record(report(8, 256, 500.0))
+    assert recorded() == 500.0
