@@ -104,7 +104,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             rate = statistics.mean(float(t.success) for t in batches[-1])
             print(f"batch {k}: {len(batches[-1])} rollouts, success {rate:.2f} ({time.perf_counter() - t0:.0f} s)",
                   flush=True)
-        sampler.policy.close()  # ends its decode thread now, not at interpreter exit (where it aborted the process)
+        # End the decode thread before the gradient passes: left waiting through them, the process aborted at exit
+        # (exit status 134, 'terminate called without an active exception'), even when closed by an atexit hook.
+        sampler.policy.close()
         if args.save:
             Path(args.save).parent.mkdir(parents=True, exist_ok=True)
             torch.save(batches, args.save)
