@@ -473,24 +473,30 @@ def question_type(kind: str) -> str:
     return "single-hop" if KINDS[kind][0] == 1 else "bridge"
 
 
+@lru_cache(maxsize=1)
+def _built_questions() -> tuple[Question, ...]:
+    """What every question builder makes from the world, in order, repeats included (built once a process: each
+    entity group's pool filters the same list)."""
+    world = load_world()
+    gold = _Gold(world)
+    return tuple(question for builder in _BUILDERS for question in builder(world, gold))
+
+
 @lru_cache(maxsize=4)
 def question_pool(group: str = "all") -> dict[str, tuple[Question, ...]]:
     """Every question of every kind whose entities all lie in ``group`` (deterministic order, no duplicates)."""
     if group not in ENTITY_GROUPS:
         raise TaskError(f"Unknown entity group {group!r}.{did_you_mean(str(group), ENTITY_GROUPS)} "
                         f"Use one of: {', '.join(ENTITY_GROUPS)}.")
-    world = load_world()
-    gold = _Gold(world)
     pool: dict[str, list[Question]] = {kind: [] for kind in KINDS}
     seen: set[str] = set()
-    for builder in _BUILDERS:
-        for question in builder(world, gold):
-            if question.question in seen:
-                continue
-            if group != "all" and any(entity_group(code) != group for code in question.entities):
-                continue
-            seen.add(question.question)
-            pool[question.kind].append(question)
+    for question in _built_questions():
+        if question.question in seen:
+            continue
+        if group != "all" and any(entity_group(code) != group for code in question.entities):
+            continue
+        seen.add(question.question)
+        pool[question.kind].append(question)
     return {kind: tuple(items) for kind, items in pool.items()}
 
 
