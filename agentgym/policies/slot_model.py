@@ -22,6 +22,11 @@ from typing import Any
 __all__ = ["SlotModel", "slot_model_support"]
 
 _SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
+# A prefill's attention runs as one padded call when its padded query-key pairs are at most this multiple of the
+# real ones plus this many per row (a per-row call's fixed cost), and under this many in all (the mask's memory).
+_PAD_WASTE = 1.25
+_ROW_CALL_PAIRS = 8000
+_PAD_MAX_PAIRS = 1 << 24
 
 
 def slot_model_support(model: Any) -> str | None:
@@ -288,17 +293,85 @@ class SlotModel:
         slot_of = torch.tensor([slot for slot, n in zip(slots, lengths) for _ in range(n)], dtype=torch.long,
                                device=device)
         cos, sin = self._cos[position], self._sin[position]  # [tokens, head_dim]
-        rows = [(slot, offsets[j], n, end, self._causal_mask(n, end))
-                for j, (slot, n, end) in enumerate(zip(slots, lengths, ends)) if n]
+        padded = self._padded_plan(slots, lengths, starts)
+        if padded is None:
+            rows = [(slot, offsets[j], n, end, self._causal_mask(n, end))
+                    for j, (slot, n, end) in enumerate(zip(slots, lengths, ends)) if n]
         hidden = self.inner.embed_tokens(ids)  # [tokens, hidden]
         for i, layer in enumerate(self.layers):
-            hidden = self._layer(layer, hidden, self._packed_attention(i, cos, sin, slot_of, position, rows))
+            attend = (self._packed_attention(i, cos, sin, slot_of, position, rows) if padded is None
+                      else self._padded_attention(i, cos, sin, slot_of, position, padded))
+            hidden = self._layer(layer, hidden, attend)
         first = torch.tensor(offsets[:-1], dtype=torch.long, device=device)
         if at is not None:
             picked = hidden[(first[:, None] + at).clamp(max=total - 1)]
             return self.model.lm_head(self.inner.norm(picked))
         last = (first + torch.tensor(lengths, dtype=torch.long, device=device) - 1).clamp(0, total - 1)
         return self.model.lm_head(self.inner.norm(hidden[last]))
+
+    def _padded_plan(self, slots: Sequence[int], lengths: Sequence[int],
+                     starts: Sequence[int]) -> tuple[int, int, Any, Any] | None:
+        """How to run a prefill's attention as one batched call over the run of slots it covers, or ``None`` to
+        run it one row at a time (:meth:`_packed_attention`).
+
+        The batched call pads every slot of the run ``lo..hi-1`` (those without tokens in this call too) to the
+        most new tokens of a row and the widest context, and reads the keys and values as a view of the cache (no
+        copy). It pays when padding adds little: each per-row call carries a fixed cost (measured about 0.1 ms a
+        layer at the tiny model's shapes, the time of some 8,000 padded query-key pairs), and rows of a few
+        forced tokens, which constrained decoding makes every turn, are almost nothing but that cost (4-6x less
+        time batched for 128 rows of 2 tokens; equal at 1.5x padding for rows of about 50 tokens).
+
+        Returns:
+            ``(lo, width, index, mask)``: the first slot, the padded width, each packed token's position in the
+            padded ``[slots * most_new]`` query rows, and the additive mask ``[slots, 1, most_new, width]``.
+        """
+        torch = self.torch
+        live = [(slot, n, start) for slot, n, start in zip(slots, lengths, starts) if n]
+        lo, hi = min(s for s, _, _ in live), max(s for s, _, _ in live) + 1
+        most = max(n for _, n, _ in live)
+        width = max(start + n for _, n, start in live)
+        useful = sum(n * (start + n) for _, n, start in live)
+        padded = (hi - lo) * most * width
+        if padded > _PAD_WASTE * useful + _ROW_CALL_PAIRS * len(live) or padded > _PAD_MAX_PAIRS:
+            return None
+        device = self.device
+        span = torch.tensor([s - lo for s, _, _ in live], dtype=torch.long, device=device)
+        count = torch.tensor([n for _, n, _ in live], dtype=torch.long, device=device)
+        first = torch.tensor([start for _, _, start in live], dtype=torch.long, device=device)
+        step = torch.arange(most, device=device)
+        # Row r's query a sees columns 0..start + a; padding queries and slots without tokens see column 0 only
+        # (their outputs are dropped, but a row that sees nothing would be NaN).
+        limit = torch.zeros((hi - lo, most), dtype=torch.long, device=device)
+        limit[span] = torch.where(step[None] < count[:, None], first[:, None] + step[None], 0)
+        allowed = torch.arange(width, device=device)[None, None] <= limit[:, :, None]
+        mask = self._additive(allowed[:, None])
+        index = (span[:, None] * most + step[None])[step[None] < count[:, None]]  # row-major: the packing order
+        return lo, width, index, mask
+
+    def _padded_attention(self, i: int, cos: Any, sin: Any, slot_of: Any, position: Any,
+                          plan: tuple[int, int, Any, Any]) -> Any:
+        """``attend`` of layer ``i`` for packed tokens as one batched call over a run of slots (:meth:`_padded_plan`)."""
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        torch = self.torch
+        lo, width, index, mask = plan
+        slots, most = mask.shape[0], mask.shape[2]
+
+        def attend(attn: Any, q: Any, k: Any, v: Any) -> Any:
+            q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)  # [tokens, heads, head_dim]
+            keys, values = self.keys[i], self.values[i]
+            keys[slot_of, :, position] = k
+            values[slot_of, :, position] = v
+            query = q.new_zeros((slots * most, self.heads, self.head_dim))
+            query[index] = q
+            query = query.view(slots, most, self.heads, self.head_dim).transpose(1, 2)
+            out = torch.nn.functional.scaled_dot_product_attention(
+                query, keys[lo:lo + slots, :, :width], values[lo:lo + slots, :, :width], attn_mask=mask,
+                scale=attn.scaling, enable_gqa=self.kv_heads != self.heads)
+            out = out.transpose(1, 2).reshape(slots * most, self.heads, self.head_dim)[index]
+            return out.view(q.shape[0], -1)
+
+        return attend
 
     def _causal_mask(self, new: int, width: int) -> Any:
         """The additive mask of ``new`` tokens that end a context of ``width`` columns: token ``a`` sees columns

@@ -205,7 +205,13 @@ def train_one(study_name: str, scale_name: str, method: str, seed: int, model: s
 
         held_out_fit = held_out_explained_variance(out, config, episodes=args.eval_tasks)
         marker.write_text(json.dumps({**previous, "critic_held_out": held_out_fit}))
-    return {"method": method, "seed": seed, "seconds": seconds, "reused": reused,
+    by_outcome = previous.get("tool_calls_by_outcome")
+    if study.name == "arpo_vs_grpo" and by_outcome is None:  # the goal counts calls: where do they go?
+        from studies.tool_calls import tool_calls_by_outcome
+
+        by_outcome = tool_calls_by_outcome(out, config)
+        marker.write_text(json.dumps({**json.loads(marker.read_text()), "tool_calls_by_outcome": by_outcome}))
+    return {"method": method, "seed": seed, "seconds": seconds, "reused": reused, "tool_calls_by_outcome": by_outcome,
             "shared_from": previous.get("shared_from"),
             **credit.read_metrics(out / "metrics.jsonl", config),
             "critic_explained_variance_held_out": (held_out_fit or {}).get("explained_variance"),
@@ -238,6 +244,10 @@ def summarize(runs: list[dict[str, Any]], eval_tasks: int) -> dict[str, dict[str
                     if (r.get("critic_held_out") or {}).get("distance_explained_variance") is not None]
         calls = [r["eval_mean_tool_calls"] for r in own if r.get("eval_mean_tool_calls") is not None]
         offsets = [r["actor_advantage_offset"] for r in own if r.get("actor_advantage_offset") is not None]
+        solved = [r["tool_calls_by_outcome"]["calls_solved"] for r in own
+                  if (r.get("tool_calls_by_outcome") or {}).get("calls_solved") is not None]
+        failed = [r["tool_calls_by_outcome"]["calls_failed"] for r in own
+                  if (r.get("tool_calls_by_outcome") or {}).get("calls_failed") is not None]
         out[method] = {"seeds": [r["seed"] for r in own], "final": finals, "start": starts, "final_mean": mean,
                        "final_se": se, "start_mean": start, "start_se": start_se,
                        "critic_explained_variance": statistics.mean(ev) if ev else None,
@@ -245,7 +255,10 @@ def summarize(runs: list[dict[str, Any]], eval_tasks: int) -> dict[str, dict[str
                        "critic_explained_variance_held_out_per_seed": held,
                        "distance_explained_variance_held_out": statistics.mean(distance) if distance else None,
                        "actor_advantage_offset": statistics.mean(offsets) if offsets else None,
-                       "eval_tool_calls": statistics.mean(calls) if calls else None}
+                       "eval_tool_calls": statistics.mean(calls) if calls else None,
+                       "eval_tool_calls_solved": statistics.mean(solved) if solved else None,
+                       "eval_tool_calls_solved_per_seed": solved,
+                       "eval_tool_calls_failed": statistics.mean(failed) if failed else None}
     return out
 
 
@@ -253,6 +266,19 @@ def _gap(summary: dict[str, dict[str, Any]], a: str, b: str) -> tuple[float, flo
     """Difference of two methods' final means and its standard error."""
     return (summary[a]["final_mean"] - summary[b]["final_mean"],
             (summary[a]["final_se"] ** 2 + summary[b]["final_se"] ** 2) ** 0.5)
+
+
+def _calls_note(summary: dict[str, dict[str, Any]]) -> str:
+    """ARPO's and GRPO's held-out tool calls per episode, per solved episode and per failed one."""
+    def fmt(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    parts = []
+    for what, key in (("per episode", "eval_tool_calls"), ("per solved episode", "eval_tool_calls_solved"),
+                      ("per failed episode", "eval_tool_calls_failed")):
+        if summary["arpo"].get(key) is not None or summary["grpo"].get(key) is not None:
+            parts.append(f"{what}: ARPO {fmt(summary['arpo'].get(key))}, GRPO {fmt(summary['grpo'].get(key))}")
+    return "tool calls " + "; ".join(parts)
 
 
 def goals(study: Study, summary: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -282,7 +308,7 @@ def goals(study: Study, summary: dict[str, dict[str, Any]]) -> list[dict[str, An
         row("ARPO's held-out success is not below GRPO's by more than 2 se", gap, se, gap >= -2 * se,
             f"ARPO {summary['arpo']['final_mean']:.3f} vs GRPO {summary['grpo']['final_mean']:.3f}")
         row("ARPO's held-out tool calls <= 0.8x GRPO's", ratio, None, ratio is not None and ratio <= 0.8,
-            f"tool calls per episode: ARPO {calls_a}, GRPO {calls_g}")
+            _calls_note(summary))
     else:
         gap, se = _gap(summary, lead, study.baseline)
         need = study.margin

@@ -1,5 +1,6 @@
 """SlotModel's packed prefill: every row's logits equal one plain forward of its whole sequence, for rows of
-different lengths in scattered slots, on a first turn and on a next turn over the cached columns."""
+different lengths in scattered slots, on a first turn and on a next turn over the cached columns, with attention
+run one row at a time and as one padded call over the run of slots."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from agentgym.models import TinyModelConfig
+from agentgym.policies import slot_model
 from agentgym.policies.slot_model import SlotModel
 from tests.helpers.tiny_models import build_context_sensitive_tiny_model
 
@@ -37,7 +39,18 @@ def close(a, b):
     return torch.allclose(a.float(), b, atol=1e-4, rtol=1e-4)
 
 
-def test_rows_of_different_lengths_in_scattered_slots_match_a_plain_forward(model):
+@pytest.fixture(params=["per_row", "padded"])
+def attention(request, monkeypatch):
+    """Force one attention path: the per-row calls, or one padded call however much padding it takes."""
+    if request.param == "per_row":
+        monkeypatch.setattr(slot_model, "_PAD_WASTE", 0)
+        monkeypatch.setattr(slot_model, "_ROW_CALL_PAIRS", 0)
+    else:
+        monkeypatch.setattr(slot_model, "_PAD_WASTE", float("inf"))
+    return request.param
+
+
+def test_rows_of_different_lengths_in_scattered_slots_match_a_plain_forward(model, attention):
     generator = torch.Generator().manual_seed(0)
     net = SlotModel(model, slots=24)
     slots = [0, 1, 2, 3, 5, 6, 8, 9, 10, 11, 20, 23]  # slots in runs with holes, and far apart
@@ -58,3 +71,12 @@ def test_rows_of_different_lengths_in_scattered_slots_match_a_plain_forward(mode
         full = plain_logits(model, prompts[s] + suffixes[s])
         assert close(second[j, 0], full[len(prompts[s])]), s
         assert close(second[j, 1], full[-1]), s
+
+
+def test_the_padded_call_is_taken_for_short_runs_over_dense_slots_only(model):
+    """Forced runs of 2 tokens over a dense run of slots go padded; rows of 1 and 60 tokens over contexts of 10
+    and 600 columns, or two slots far apart, go one row at a time (padding would compute twice the work or more)."""
+    net = SlotModel(model, slots=64)
+    assert net._padded_plan(list(range(32)), [2] * 32, [100 + k for k in range(32)]) is not None
+    assert net._padded_plan(list(range(16)), [1, 60] * 8, [10, 600] * 8) is None
+    assert net._padded_plan([0, 63], [30, 30], [100, 100]) is None
