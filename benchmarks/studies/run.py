@@ -278,6 +278,12 @@ def _calls_note(summary: dict[str, dict[str, Any]]) -> str:
                       ("per failed episode", "eval_tool_calls_failed")):
         if summary["arpo"].get(key) is not None or summary["grpo"].get(key) is not None:
             parts.append(f"{what}: ARPO {fmt(summary['arpo'].get(key))}, GRPO {fmt(summary['grpo'].get(key))}")
+    arpo, grpo = summary["arpo"], summary["grpo"]
+    success, failed = arpo["final_mean"], arpo.get("eval_tool_calls_failed")
+    if failed is not None and grpo.get("eval_tool_calls") and success > 0:
+        # failed episodes spend (1 - success) * failed calls of the mean: what is left for the solved ones
+        need = (0.8 * grpo["eval_tool_calls"] - (1 - success) * failed) / success
+        parts.append(f"0.8x at ARPO's success {success:.2f} needs solved episodes of <= {need:.2f} calls")
     return "tool calls " + "; ".join(parts)
 
 
