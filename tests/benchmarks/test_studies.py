@@ -53,6 +53,10 @@ def test_every_study_runs_its_whole_code_path_at_the_smoke_scale(name: str, work
             assert fit["episodes"] == cat.SMOKE.eval_tasks and fit["turns"] > 0 and fit["split"] == details["eval_split"]
             distance = fit["distance_explained_variance"]  # the maze's reference for the critic's figure; None when
             assert distance is None or -1.0 <= distance <= 1.0  # no state shows a grid (an untrained smoke policy)
+        if name == "arpo_vs_grpo":  # the final policy's own held-out evaluation again, its calls split by outcome
+            calls = run["tool_calls_by_outcome"]
+            assert calls["episodes"] == cat.SMOKE.eval_tasks and calls["success"] == run["curve"][-1][1]
+            assert calls["calls"] == pytest.approx(run["eval_mean_tool_calls"])
     assert set(details["summary"]) == set(cat.runs_of(study))
     assert {"token_correlation", "sign_disagreement", "step_episode_correlation"} <= set(details["agreement"])
     assert details["goals"] and all(isinstance(g["met"], bool) for g in details["goals"])
@@ -133,6 +137,12 @@ def test_goals_need_the_bar_and_two_standard_errors() -> None:
     rows = study_run.goals(arpo, study_run.summarize(_runs({"arpo": [0.5] * 3, "grpo": [0.5] * 3, "grpo_shuffled": [0.1] * 3},
                                                            calls={"arpo": 3.0, "grpo": 5.0}), 64))
     assert [g["met"] for g in rows] == [True, True, True] and rows[2]["value"] == pytest.approx(0.6)
+    # Half the episodes fail at the 8-call cap: 0.8x of GRPO's 7.0 leaves (5.6 - 0.5 * 8) / 0.5 = 3.2 per solved one.
+    runs = _runs({"arpo": [0.5] * 3, "grpo": [0.5] * 3, "grpo_shuffled": [0.1] * 3}, calls={"arpo": 6.0, "grpo": 7.0})
+    for run in runs:
+        run["tool_calls_by_outcome"] = {"calls_solved": 4.0 if run["method"] == "arpo" else 6.0, "calls_failed": 8.0}
+    note = study_run.goals(arpo, study_run.summarize(runs, 64))[2]["note"]
+    assert "per solved episode: ARPO 4.00, GRPO 6.00" in note and "solved episodes of <= 3.20 calls" in note, note
 
 
 def test_the_critic_goal_reads_held_out_trajectories_not_its_own_batches() -> None:
