@@ -292,6 +292,10 @@ def read_metrics(path: Path, config: dict[str, Any]) -> dict[str, Any]:
         "eval_mean_turns": final.get("eval/mean_turns"), "eval_mean_tool_calls": final.get("eval/mean_tool_calls"),
         "train_success": [float(r["train/success_rate"]) for r in records if "train/success_rate" in r],
         "train_tool_calls_mean": mean_of("train/mean_tool_calls"),
+        # the calls its envs ran per training episode: ARPO's branches copy their prefix's (None from a run logged
+        # before ARPO counted them); independent rollouts run every call they hold
+        "train_tool_calls_run_mean": (mean_of("arpo/tool_calls_run_per_episode") if config.get("trainer") == "arpo"
+                                      else mean_of("train/mean_tool_calls")),
         "gigpo_steps_in_shared_anchor": mean_of("gigpo/steps_in_shared_anchor"),
         "gigpo_anchor_group_size_mean": mean_of("gigpo/anchor_group_size_mean"),
         "critic_explained_variance": last_of("critic/explained_variance"),

@@ -172,6 +172,7 @@ class _Live:
     entropies: list[float | None] = field(default_factory=list)
     h_init: float | None = None
     born_at: int = 0  # turns shared with the parent at creation
+    calls_run: int = 0  # tool calls this trajectory's own env ran (a copied prefix's are its parent's)
     done: bool = False
     healthy: bool = False
     outcome: dict[str, Any] = field(default_factory=dict)
@@ -470,6 +471,7 @@ class BranchingSampler:
             step = await apply_action(self.policy, live.agent, live.env, live.observation, generation, executor,
                                       self.rollout.step_timeout_s, inline=live.inline)
             live.timing["env_s"] += step.env_s
+            live.calls_run += len(step.turn.info.get("calls", ()))
             live.turns.append(step.turn if context is None else context.stamp(step.turn))
             live.observation = step.observation
             if step.outcome is not None:
@@ -531,6 +533,7 @@ class BranchingSampler:
         await asyncio.gather(*(self._fork_env(parent, child, pool, executor, counters) for parent, child in pending))
         for parent, child in pending:
             if child.origin == "abandoned":
+                counters["abandoned_calls_run"] += child.calls_run  # ran, then dropped: still spent
                 created[child.group].remove(child)  # its budget slot is free again
             else:
                 self.policy.begin_episode(child.traj_id, child.env)
@@ -567,6 +570,7 @@ class BranchingSampler:
             if text_of(observation) != turn.observation:
                 raise BranchReplayMismatch(f"replayed observation before turn {i} differs from the recorded one")
             observation, _, terminated, truncated, _ = env.step(turn.action)
+            child.calls_run += len(turn.info.get("calls", ()))  # a replay runs the prefix's calls again
             if terminated or truncated:
                 raise BranchReplayMismatch(f"the replayed episode ended at turn {i}, the recorded one went on")
         if text_of(observation) != child.observation:
@@ -636,6 +640,11 @@ class BranchingSampler:
             "replay_mismatches": counters["replay_mismatches"],
             "fork_errors": counters["fork_errors"],
             "tool_calls_per_episode": sum(_tool_calls(live) for live in kept) / max(len(kept), 1),
+            # What the tree saves: calls the envs actually ran (every created trajectory, abandoned ones too), per
+            # kept trajectory; a prefix copied into a branch is not run again. Independent rollouts run all of
+            # tool_calls_per_episode.
+            "tool_calls_run_per_episode": (sum(live.calls_run for group in created for live in group)
+                                           + counters["abandoned_calls_run"]) / max(len(kept), 1),
             "entropy_after_tool": float(np.mean(after_tool)) if after_tool else float("nan"),
             "entropy_initial": float(np.mean(initial)) if initial else float("nan"),
             "distinct_action_sequences": float(np.mean(distinct)) if distinct else float("nan"),

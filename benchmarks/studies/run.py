@@ -243,6 +243,7 @@ def summarize(runs: list[dict[str, Any]], eval_tasks: int) -> dict[str, dict[str
         distance = [r["critic_held_out"]["distance_explained_variance"] for r in own
                     if (r.get("critic_held_out") or {}).get("distance_explained_variance") is not None]
         calls = [r["eval_mean_tool_calls"] for r in own if r.get("eval_mean_tool_calls") is not None]
+        calls_run = [r["train_tool_calls_run_mean"] for r in own if r.get("train_tool_calls_run_mean") is not None]
         offsets = [r["actor_advantage_offset"] for r in own if r.get("actor_advantage_offset") is not None]
         solved = [r["tool_calls_by_outcome"]["calls_solved"] for r in own
                   if (r.get("tool_calls_by_outcome") or {}).get("calls_solved") is not None]
@@ -258,7 +259,9 @@ def summarize(runs: list[dict[str, Any]], eval_tasks: int) -> dict[str, dict[str
                        "eval_tool_calls": statistics.mean(calls) if calls else None,
                        "eval_tool_calls_solved": statistics.mean(solved) if solved else None,
                        "eval_tool_calls_solved_per_seed": solved,
-                       "eval_tool_calls_failed": statistics.mean(failed) if failed else None}
+                       "eval_tool_calls_failed": statistics.mean(failed) if failed else None,
+                       # None unless every seed logged it (a mean over some seeds would not compare)
+                       "train_tool_calls_run": statistics.mean(calls_run) if len(calls_run) == len(own) else None}
     return out
 
 
@@ -315,6 +318,13 @@ def goals(study: Study, summary: dict[str, dict[str, Any]]) -> list[dict[str, An
             f"ARPO {summary['arpo']['final_mean']:.3f} vs GRPO {summary['grpo']['final_mean']:.3f}")
         row("ARPO's held-out tool calls <= 0.8x GRPO's", ratio, None, ratio is not None and ratio <= 0.8,
             _calls_note(summary))
+        # ARPO's own claim is about the training budget: a branch copies its prefix, whose calls are not run again
+        run_a, run_g = summary["arpo"]["train_tool_calls_run"], summary["grpo"]["train_tool_calls_run"]
+        budget = run_a / run_g if run_a is not None and run_g else None
+        row("ARPO's training rollouts run <= 0.8x the tool calls GRPO's run", budget, None,
+            budget is not None and budget <= 0.8,
+            "not counted by these runs (ARPO logs arpo/tool_calls_run_per_episode since this row was added)"
+            if budget is None else f"tool calls run per training episode: ARPO {run_a:.2f}, GRPO {run_g:.2f}")
     else:
         gap, se = _gap(summary, lead, study.baseline)
         need = study.margin

@@ -58,6 +58,9 @@ def test_every_study_runs_its_whole_code_path_at_the_smoke_scale(name: str, work
             assert calls["episodes"] == cat.SMOKE.eval_tasks and calls["success"] == run["curve"][-1][1]
             assert calls["calls"] == pytest.approx(run["eval_mean_tool_calls"])
     assert set(details["summary"]) == set(cat.runs_of(study))
+    if name == "arpo_vs_grpo":  # the training tool-call budget of both, ARPO's from the calls its envs ran
+        assert details["summary"]["arpo"]["train_tool_calls_run"] is not None
+        assert details["summary"]["grpo"]["train_tool_calls_run"] is not None
     assert {"token_correlation", "sign_disagreement", "step_episode_correlation"} <= set(details["agreement"])
     assert details["goals"] and all(isinstance(g["met"], bool) for g in details["goals"])
     assert record["note"].startswith("smoke scale")
@@ -121,10 +124,12 @@ def test_fewer_steps_make_a_labelled_scale_never_the_goal(capfd: pytest.CaptureF
     assert "--steps must be >= 1" in capfd.readouterr().err
 
 
-def _runs(finals: dict[str, list[float]], start: float = 0.3, calls: dict[str, float] | None = None) -> list[dict]:
+def _runs(finals: dict[str, list[float]], start: float = 0.3, calls: dict[str, float] | None = None,
+          calls_run: dict[str, float] | None = None) -> list[dict]:
     return [{"method": m, "seed": s, "curve": [(0, start), (100, v)], "critic_explained_variance": 0.6,
-             "critic_explained_variance_held_out": 0.55,
-             "eval_mean_tool_calls": (calls or {}).get(m)} for m, values in finals.items() for s, v in enumerate(values)]
+             "critic_explained_variance_held_out": 0.55, "eval_mean_tool_calls": (calls or {}).get(m),
+             "train_tool_calls_run_mean": (calls_run or {}).get(m)}
+            for m, values in finals.items() for s, v in enumerate(values)]
 
 
 def test_goals_need_the_bar_and_two_standard_errors() -> None:
@@ -134,9 +139,15 @@ def test_goals_need_the_bar_and_two_standard_errors() -> None:
     noisy = study_run.goals(grpo, study_run.summarize(_runs({"grpo": [0.1, 0.8, 0.4], "grpo_shuffled": [0.3, 0.31, 0.29]}), 400))
     assert [g["met"] for g in noisy] == [False, False]  # +0.13 on average, but inside the seeds' spread
     arpo = cat.STUDIES["arpo_vs_grpo"]
-    rows = study_run.goals(arpo, study_run.summarize(_runs({"arpo": [0.5] * 3, "grpo": [0.5] * 3, "grpo_shuffled": [0.1] * 3},
-                                                           calls={"arpo": 3.0, "grpo": 5.0}), 64))
-    assert [g["met"] for g in rows] == [True, True, True] and rows[2]["value"] == pytest.approx(0.6)
+    finals = {"arpo": [0.5] * 3, "grpo": [0.5] * 3, "grpo_shuffled": [0.1] * 3}
+    rows = study_run.goals(arpo, study_run.summarize(_runs(finals, calls={"arpo": 3.0, "grpo": 5.0},
+                                                           calls_run={"arpo": 4.0, "grpo": 6.0}), 64))
+    assert [g["met"] for g in rows] == [True] * 4 and rows[2]["value"] == pytest.approx(0.6)
+    assert rows[3]["value"] == pytest.approx(4 / 6) and "ARPO 4.00, GRPO 6.00" in rows[3]["note"]
+    # ARPO runs logged before the sampler counted the calls its envs ran: the training-budget row is not met
+    uncounted = study_run.goals(arpo, study_run.summarize(_runs(finals, calls={"arpo": 3.0, "grpo": 5.0},
+                                                                calls_run={"grpo": 6.0}), 64))[3]
+    assert uncounted["value"] is None and not uncounted["met"] and "not counted" in uncounted["note"]
     # Half the episodes fail at the 8-call cap: 0.8x of GRPO's 7.0 leaves (5.6 - 0.5 * 8) / 0.5 = 3.2 per solved one.
     runs = _runs({"arpo": [0.5] * 3, "grpo": [0.5] * 3, "grpo_shuffled": [0.1] * 3}, calls={"arpo": 6.0, "grpo": 7.0})
     for run in runs:

@@ -242,6 +242,12 @@ def test_guess_number_branch_copies_the_game_and_leaves_the_parent_untouched(tok
     for parent, child in pairs:
         b = child.metadata["tree"]["branch_turn"]
         assert b >= 1 and (b == len(parent.turns) or child.turns[b].action != parent.turns[b].action)
+    # A copied prefix's calls are run once, by the parent: the tree runs fewer calls than its trajectories hold.
+    calls = sum(len(turn.info.get("calls", ())) for t in trajectories for turn in t.turns)
+    shared = sum(len(turn.info.get("calls", ())) for _, child in pairs
+                 for turn in child.turns[: child.metadata["tree"]["branch_turn"]])
+    assert shared > 0 and sampler.stats["tool_calls_per_episode"] == calls / len(trajectories)
+    assert sampler.stats["tool_calls_run_per_episode"] == (calls - shared) / len(trajectories)
 
 
 def test_search_branch_replays_the_session_and_scores_each_sibling(tokenizer: Any) -> None:
@@ -275,6 +281,8 @@ def test_search_branch_replays_the_session_and_scores_each_sibling(tokenizer: An
         assert child.turns[1].observation == parent.turns[1].observation  # the same search results
         assert replays_exactly(child, task=task)
         assert not parent.success and child.success  # the siblings diverged after the shared search
+    # A replayed prefix runs its calls again: as many calls run as if every trajectory had been independent.
+    assert sampler.stats["tool_calls_run_per_episode"] == sampler.stats["tool_calls_per_episode"]
 
 
 # ---- failures and bad input -------------------------------------------------------------------------------
