@@ -153,7 +153,8 @@ def warm_start(task: CreditTask, workdir: Path, *, target: float, max_bc_steps: 
     elif demos > available:
         raise ValueError(f"demos={demos}: suite {task.suite!r} has only {available} training tasks; ask for at most "
                          "that many (or leave it unset: every training task up to 200)")
-    demonstrations = collect_demonstrations(suite, "train", demos, tokenizer, system_prompt="")
+    demonstrations = collect_demonstrations(suite, "train", demos, tokenizer, system_prompt="",
+                                            max_context_tokens=task.max_context_tokens)
     info = cached
     while steps < max_bc_steps or info is None:
         behaviour_clone(model, tokenizer, demonstrations, steps=chunk, learning_rate=1e-3, batch_size=batch_size,

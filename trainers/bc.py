@@ -33,7 +33,8 @@ logger = logging.getLogger(__name__)
 
 def collect_demonstrations(suite: TaskSuite, split: str, count: int, tokenizer: Any, *, shortcut_fraction: float = 0.0,
                            seed: int = 0, system_prompt: str | None = None, processor: Any = None,
-                           policy: ReferencePolicy | None = None, max_in_flight: int = 256) -> list[Trajectory]:
+                           policy: ReferencePolicy | None = None, max_in_flight: int = 256,
+                           max_context_tokens: int | None = None) -> list[Trajectory]:
     """Reference-solver (and optionally shortcut) episodes on the first ``count`` tasks of ``split``.
 
     With a vision-language model's ``processor``, the demonstrations see what the VLM will see: image
@@ -41,6 +42,8 @@ def collect_demonstrations(suite: TaskSuite, split: str, count: int, tokenizer: 
     screenshots, so :func:`behaviour_clone` scores the actions given the pixels. ``policy`` replaces the plain
     :class:`ReferencePolicy` (e.g. one that rewrites the solver's actions into another action space).
     ``max_in_flight`` bounds the episodes run at once (browser envs on a small machine need few).
+    ``max_context_tokens`` ends a demonstration where the learner's own episodes will end (the rollout's context
+    limit), so cloning never trains on contexts longer than the policy will see, nor past the model's positions.
     """
     tasks = suite.split(split)[:count]
     specs = [EpisodeSpec(suite.env_id, task=t, seed=seed + i, env_kwargs=dict(suite.env_kwargs)) for i, t in enumerate(tasks)]
@@ -49,7 +52,7 @@ def collect_demonstrations(suite: TaskSuite, split: str, count: int, tokenizer: 
     if processor is not None:  # a scripted teacher reads no pixels; the recorded prompts must carry them all the same
         policy.accepts_images, policy.processor = True, processor
     config = RolloutConfig(max_in_flight=max_in_flight, sampling=SamplingParams(max_tokens=1), system_prompt=system_prompt,
-                           deterministic=True)
+                           deterministic=True, max_context_tokens=max_context_tokens)
     demos = RolloutEngine(policy, config).run(specs)
     return [d for d in demos if d.error is None and d.has_tokens]
 

@@ -126,3 +126,28 @@ def test_held_out_suites_validate() -> None:
     for split in ("train", "validation", "test"):
         report = suite.validate(split, limit=3)
         assert report.ok, str(report)
+
+
+def test_games_started_on_many_threads_at_once_all_start() -> None:
+    """Rollouts reset their envs on worker threads. TextWorld parses a game's logic with one shared parser, so
+    games started at once used to fail with parser errors; every one of these must start and give its intro."""
+    import concurrent.futures
+    import threading
+
+    suite = load_suite("textworld-smoke")
+    tasks = list(suite.train) + list(suite.test)
+    envs = [gym.make("agentgym/TextWorld-v0") for _ in range(4 * len(tasks))]
+    barrier = threading.Barrier(len(envs))
+
+    def start(k: int) -> str:
+        barrier.wait(timeout=60)  # every thread starts its game at the same moment
+        obs, _ = envs[k].reset(seed=k, options={"task": tasks[k % len(tasks)]})
+        return obs
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(len(envs)) as pool:
+            observations = list(pool.map(start, range(len(envs))))
+    finally:
+        for env in envs:
+            env.close()
+    assert all(obs.strip() for obs in observations)
