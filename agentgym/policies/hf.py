@@ -96,8 +96,8 @@ class HFPolicy(InProcessTokenPolicy):
 
     Args:
         model: A causal LM (``AutoModelForCausalLM``-style: called with ``input_ids``, ``attention_mask``,
-            ``position_ids``, ``past_key_values``, ``use_cache`` and returning ``logits`` and
-            ``past_key_values``).
+            ``position_ids``, ``past_key_values`` (``cache`` in transformers 5), ``use_cache`` and returning
+            ``logits`` and the cache under the same name).
         tokenizer: Its tokenizer, with a chat template (the :class:`~agentgym.agent.ChatAgent` reads it
             from ``policy.tokenizer`` to build exact prompt ids).
         device: Where the model runs (``"cpu"``, ``"cuda"``, ``"cuda:1"``); the model is moved there.
@@ -188,6 +188,9 @@ class HFPolicy(InProcessTokenPolicy):
         except (TypeError, ValueError):  # pragma: no cover - exotic callables
             params = {}
         self._keep_last_logits = "logits_to_keep" in params
+        # transformers 5 names the KV cache argument and output field ``cache``; before, ``past_key_values`` (the
+        # old name still works there, but warns once a process through transformers' logger)
+        self._cache_name = "cache" if "cache" in params else "past_key_values"
         self._lock = threading.Lock()
         self._choice_trees = ChoiceTrees(tokenizer, self._stop_ids)
         self.kv_cache = EpisodeKVCache(kv_cache_episodes, kv_cache_tokens)
@@ -573,15 +576,15 @@ class HFPolicy(InProcessTokenPolicy):
                 kwargs: dict[str, Any] = dict(vision_inputs) if t == 0 else {}
                 if self._keep_last_logits:
                     kwargs["logits_to_keep"] = 1
+                kwargs[self._cache_name] = past
                 out = self.model(
                     input_ids=step_input,
                     attention_mask=mask[:, :total],
                     position_ids=step_pos,
-                    past_key_values=past,
                     use_cache=True,
                     **kwargs,
                 )
-                past = out.past_key_values
+                past = getattr(out, self._cache_name)
                 logits = out.logits[:, -1, :].float()
                 logp = torch.log_softmax(logits / scale[:, None], dim=-1)
                 probs = logp.exp()

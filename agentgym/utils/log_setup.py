@@ -32,9 +32,9 @@ _CHATTY = ("httpx", "httpcore", "urllib3", "filelock", "asyncio")
 
 #: Warnings other libraries raise about how agentgym calls them, which a user of agentgym cannot act on:
 #: (message regex, category, module regex of the line the warning is attributed to).
-#: * transformers 5.x renamed the forward argument ``past_key_values`` to ``cache`` and warns on each call with the
-#:   old name (once per process under Python's default filter; once per forward call, hundreds per rollout, under
-#:   ``-W always`` or pytest); the policies pass the old name because transformers before 5 knows no other.
+#: * transformers renamed the forward argument ``past_key_values`` to ``cache`` (5.x) and, in some releases, warns
+#:   on each call with the old name (once per forward call, hundreds per rollout, under ``-W always`` or pytest);
+#:   the policies pass ``cache`` where the model's forward takes it and the old name where it does not.
 #: * transformers 5.x renamed the model property ``is_gradient_checkpointing`` to ``is_activation_checkpointing``;
 #:   peft (wrapping a model for LoRA) and the model loader read the old name, which every release still answers.
 KNOWN_FOREIGN_WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (

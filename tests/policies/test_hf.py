@@ -425,3 +425,27 @@ def test_choices_are_checked(policy, prompts):
         SamplingParams(choices=("done()", "done()"))
     with pytest.raises(ConfigError, match="raise max_tokens"):
         policy.generate(prompts[:1], SamplingParams(max_tokens=2, choices=CHOICES))
+
+
+def test_the_reference_loop_passes_the_cache_under_the_name_the_model_takes(model_dir, prompts):
+    """transformers 5 renamed the forward's ``past_key_values`` to ``cache``: the old name raises a FutureWarning
+    on every forward (it is to be removed) and logs a deprecation once a process through transformers' own logger.
+    Neither may come from our sampling."""
+    import logging
+    import warnings
+
+    reference = HFPolicy.from_pretrained(model_dir, max_batch_size=8, sampler="reference")
+    logged: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())  # type: ignore[method-assign]
+    transformers_logger = logging.getLogger("transformers")
+    transformers_logger.addHandler(handler)
+    logging.Logger.warning_once.cache_clear()  # transformers' "once" must not hide a message an earlier test logged
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            reference.generate([prompts[0]], SamplingParams(max_tokens=4, temperature=0.0))
+    finally:
+        transformers_logger.removeHandler(handler)
+    messages = [str(w.message) for w in caught] + logged
+    assert not [m for m in messages if "past_key_values" in m], messages
