@@ -89,6 +89,14 @@ class AgentEnv(gym.Env[str, str]):
     #: keeps the checker's score. See :mod:`agentgym.rewards.env_reward`.
     reward_rubric: Rubric | None = None
 
+    @classmethod
+    def prepare_tasks(cls, tasks: Sequence[Task]) -> None:
+        """Build what these tasks' episodes need and do not have yet (generated game files, say), before any of
+        them starts. The rollout engines call it once a run with the run's tasks of this class, on a worker
+        thread and outside ``RolloutConfig.step_timeout_s``: work that takes seconds a task, done inside
+        ``reset`` by hundreds of episodes at once on a few cores, would exceed any step timeout. The default
+        builds nothing (the env prepares what it needs in ``reset``)."""
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Every family takes ``reward=`` (a rubric or ``"module:name"``) without declaring it in its own
         ``__init__``, so a rubric can score any env, ours or a user's."""

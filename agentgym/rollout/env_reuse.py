@@ -15,12 +15,13 @@ import logging
 import threading
 from collections import OrderedDict, defaultdict
 from types import MappingProxyType
+from collections.abc import Sequence
 from typing import Any
 
 from agentgym.rollout.specs import EpisodeSpec, RolloutConfig
 from agentgym.suite import Task
 
-__all__ = ["DISCARD_THREAD_NAME", "IDLE_CHEAP_ENVS", "EnvPool", "IdleCheapEnvs", "discard_env"]
+__all__ = ["DISCARD_THREAD_NAME", "IDLE_CHEAP_ENVS", "EnvPool", "IdleCheapEnvs", "discard_env", "prepare_tasks"]
 
 logger = logging.getLogger(__name__)
 
@@ -257,8 +258,8 @@ def _shown_by_value(value: Any) -> bool:
     return False
 
 
-def _class_says_cheap(env_id: str) -> bool:
-    """``cheap_steps`` of the class ``env_id`` is registered with (``False`` when it is not a class, or unknown)."""
+def _registered_class(env_id: str) -> type | None:
+    """The class ``env_id`` is registered with (``None`` when its entry point is not a class, or unknown)."""
     import gymnasium as gym
     from gymnasium.envs.registration import load_env_creator
 
@@ -266,8 +267,29 @@ def _class_says_cheap(env_id: str) -> bool:
         entry_point = gym.spec(env_id).entry_point
         creator = load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
     except Exception:  # noqa: BLE001 - gym.make raises the real error, in the worker thread as before
-        return False
-    return isinstance(creator, type) and getattr(creator, "cheap_steps", False) is True
+        return None
+    return creator if isinstance(creator, type) else None
+
+
+def _class_says_cheap(env_id: str) -> bool:
+    """``cheap_steps`` of the class ``env_id`` is registered with (``False`` when it is not a class, or unknown)."""
+    return getattr(_registered_class(env_id), "cheap_steps", False) is True
+
+
+def prepare_tasks(episodes: Sequence[EpisodeSpec], config: RolloutConfig) -> None:
+    """Call each env class's ``prepare_tasks`` (:meth:`agentgym.env.AgentEnv.prepare_tasks`) with the distinct
+    tasks the episodes name, before any episode starts. Skipped for ``env_backend: ray``: its envs run on other
+    nodes, whose files this process cannot build."""
+    if config.env_backend == "ray":
+        return
+    by_env: dict[str, dict[str, Task]] = defaultdict(dict)
+    for spec in episodes:
+        if spec.task is not None:
+            by_env[spec.env_id].setdefault(spec.task.id, spec.task)
+    for env_id, tasks in by_env.items():
+        prepare = getattr(_registered_class(env_id), "prepare_tasks", None)
+        if prepare is not None:
+            prepare(list(tasks.values()))
 
 
 DISCARD_THREAD_NAME = "agentgym-env-discard"

@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-__all__ = ["CACHE_ENV", "build_once", "cache_root", "file_lock"]
+__all__ = ["CACHE_ENV", "build_once", "cache_root", "file_lock", "is_built"]
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +68,13 @@ def file_lock(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
+def is_built(target: Path, *, directory: bool = True) -> bool:
+    """Whether :func:`build_once` has a complete entry at ``target`` (it would return without building)."""
+    return (Path(target) / _COMPLETE).is_file() if directory else Path(target).is_file()
+
+
 def _is_complete(target: Path, directory: bool) -> bool:
-    return (target / _COMPLETE).is_file() if directory else target.is_file()
+    return is_built(target, directory=directory)
 
 
 def _remove(path: Path) -> None:

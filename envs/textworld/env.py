@@ -21,7 +21,7 @@ import numpy as np
 from agentgym.env import AgentEnv, ReferenceSolver
 from agentgym.envs.games._common import games_parser
 from agentgym.envs.textworld.games import (KINDS, LEVELS, GameSpec, check_content, game_content, game_path,
-                                           require_textworld, spec_from_task, task_for)
+                                           prepare_games, require_textworld, spec_from_task, task_for)
 from agentgym.errors import EnvCrashed, TaskError
 from agentgym.parsers import ToolCallParser
 from agentgym.suite import Task
@@ -109,6 +109,18 @@ class TextWorldEnv(AgentEnv):
     description: ClassVar[str] = "TextWorld cooking and household games played with command(text); the game's score."
     native_format_hint: ClassVar[str] = (
         'You may also write a command as a plain function call, e.g. command("open fridge").')
+
+    @classmethod
+    def prepare_tasks(cls, tasks: Sequence[Task]) -> None:
+        """Generate the games these tasks name that are not cached yet, in parallel, before their episodes start
+        (tasks that name no game are left to ``reset``, which says what they lack)."""
+        specs = []
+        for task in tasks:
+            try:
+                specs.append(spec_from_task(task))
+            except TaskError:
+                continue
+        prepare_games(specs)
 
     def __init__(
         self,

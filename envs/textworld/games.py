@@ -44,12 +44,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentgym.utils.cache import build_once, cache_root
+from agentgym.utils.cache import build_once, cache_root, is_built
 from agentgym.errors import DependencyNotInstalled, TaskError
 from agentgym.suite import Task
 
 __all__ = ["DISTRIBUTIONS", "KINDS", "LEVELS", "GameSpec", "check_content", "game_content", "game_path",
-           "generate_tasks", "layout_distribution", "require_textworld", "spec_from_task", "task_for"]
+           "generate_tasks", "layout_distribution", "prepare_games", "require_textworld", "spec_from_task", "task_for"]
 
 KINDS = ("cooking", "household")
 LEVELS = (1, 2, 3)
@@ -185,10 +185,39 @@ def game_content(spec: GameSpec) -> dict[str, Any]:
         raise TaskError(f"Cannot read {path} ({exc}); delete {path.parent} to regenerate the game.") from exc
 
 
+def _game_dir(spec: GameSpec) -> Path:
+    return cache_root() / "textworld" / "games-v3" / spec.name
+
+
+def prepare_games(specs: Sequence[GameSpec], workers: int | None = None) -> int:
+    """Generate the games among ``specs`` that are not cached yet, ``workers`` at a time (default: one per CPU
+    core; each game is a child process of about 10 s of CPU), and return how many were generated.
+
+    Why ahead of the episodes: generated on first use inside ``reset``, a batch of new games (a held-out split's
+    first evaluation) started hundreds of generations at once on a few cores, and every one of them ran past the
+    rollout's step timeout."""
+    missing = list({spec.name: spec for spec in specs if not is_built(_game_dir(spec))}.values())
+    if not missing:
+        return 0
+    import concurrent.futures
+    import logging
+    import time
+
+    log = logging.getLogger(__name__)
+    workers = max(1, workers or os.cpu_count() or 1)
+    log.warning("TextWorld: generating %d game(s) not cached yet, %d at a time (about 10 s of CPU each; they are "
+                "kept in %s)", len(missing), workers, _game_dir(missing[0]).parent)
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        list(pool.map(game_path, missing))
+    log.warning("TextWorld: %d game(s) generated in %.0f s", len(missing), time.perf_counter() - started)
+    return len(missing)
+
+
 def game_path(spec: GameSpec) -> Path:
     """Path of the compiled game file (``.z8``, with its ``.json`` and ``content.json`` beside it), generating it
     on first use."""
-    target = cache_root() / "textworld" / "games-v3" / spec.name
+    target = _game_dir(spec)
 
     def build(tmp: Path) -> None:
         require_textworld()  # a clear error here rather than a traceback from the child

@@ -161,6 +161,45 @@ def test_step_timeout_counts_only_execution_not_queueing() -> None:
     assert engine.stats["errors"] == 0
 
 
+class PreparedEnv(EchoEnv):
+    """Echo env whose tasks need 1.5 s of building each run (``prepare_tasks``), more than the step timeout; an
+    episode whose task was not built first fails at reset."""
+
+    built: list[list[str]] = []
+
+    @classmethod
+    def prepare_tasks(cls, tasks):  # type: ignore[no-untyped-def]
+        time.sleep(1.5)
+        cls.built.append(sorted(t.id for t in tasks))
+
+    def _begin_episode(self, task):  # type: ignore[no-untyped-def]
+        if not any(task.id in ids for ids in PreparedEnv.built):
+            raise RuntimeError(f"task {task.id} was not built before its episode")
+        return super()._begin_episode(task)
+
+
+if "agentgym-test/Prepared-v0" not in gym.registry:
+    gym.register(id="agentgym-test/Prepared-v0", entry_point=PreparedEnv)
+
+
+@pytest.mark.parametrize("sampler", ["engine", "branching"])
+def test_env_classes_build_their_tasks_once_a_run_before_any_episode_and_outside_the_step_timeout(sampler: str) -> None:
+    from agentgym.rollout.branching import BranchingConfig, BranchingSampler
+    from agentgym.suite import Task
+
+    PreparedEnv.built.clear()
+    tasks = [Task(id=f"t{k}", prompt="echo something") for k in range(3)]
+    specs = [EpisodeSpec("agentgym-test/Prepared-v0", task=tasks[i % 3], seed=i, group_id=str(i % 3)) for i in range(6)]
+    config = RolloutConfig(max_in_flight=6, step_timeout_s=1.0)
+    if sampler == "engine":
+        trajectories = RolloutEngine(ScriptedPolicy([ECHO, STOP]), config).run(specs)
+    else:
+        trajectories = BranchingSampler(ScriptedPolicy([ECHO, STOP]), config,
+                                        BranchingConfig(budget=2, initial_rollouts=2, entropy_weight=0.0)).run(specs)
+    assert [t.end_reason for t in trajectories] == ["answered"] * 6, [t.error for t in trajectories]
+    assert PreparedEnv.built == [["t0", "t1", "t2"]]  # each distinct task once, in one call
+
+
 def test_the_error_warning_names_the_reason_the_env_gave() -> None:
     """An env that ends an episode with an error (a crashed browser) reports why on its last turn, not in
     ``Trajectory.error``; the engine's warning must still say why, not "first: None"."""

@@ -151,3 +151,21 @@ def test_games_started_on_many_threads_at_once_all_start() -> None:
         for env in envs:
             env.close()
     assert all(obs.strip() for obs in observations)
+
+
+def test_a_rollout_generates_its_new_games_before_the_episodes_start(tmp_path, monkeypatch) -> None:
+    """A game is generated on first use (about 10 s of CPU). Inside reset, a held-out split's first evaluation ran
+    hundreds of generations at once and every episode passed the step timeout; the engine has the env class
+    generate them first, outside the timeout."""
+    from agentgym.policies import ScriptedPolicy
+    from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
+    from agentgym.utils.cache import CACHE_ENV
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))  # an empty cache: the game below is not generated yet
+    task = task_for(GameSpec("household", 1, "train", 7))
+    task = Task(task.id, task.prompt, metadata={**task.metadata, "max_turns": 2})
+    specs = [EpisodeSpec("agentgym/TextWorld-v0", task=task, seed=i) for i in range(2)]
+    config = RolloutConfig(max_in_flight=2, step_timeout_s=3.0)
+    trajectories = RolloutEngine(ScriptedPolicy([_call("look")]), config).run(specs)
+    assert [t.error for t in trajectories] == [None, None] and all(len(t.turns) == 2 for t in trajectories)
+    assert list(tmp_path.glob("textworld/games-v3/*/game.z8"))
