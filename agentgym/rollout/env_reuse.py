@@ -14,8 +14,8 @@ import dataclasses
 import logging
 import threading
 from collections import OrderedDict, defaultdict
-from types import MappingProxyType
 from collections.abc import Sequence
+from types import MappingProxyType
 from typing import Any
 
 from agentgym.rollout.specs import EpisodeSpec, RolloutConfig
@@ -288,8 +288,13 @@ def prepare_tasks(episodes: Sequence[EpisodeSpec], config: RolloutConfig) -> Non
             by_env[spec.env_id].setdefault(spec.task.id, spec.task)
     for env_id, tasks in by_env.items():
         prepare = getattr(_registered_class(env_id), "prepare_tasks", None)
-        if prepare is not None:
+        if prepare is None:
+            continue
+        try:
             prepare(list(tasks.values()))
+        except Exception as exc:  # noqa: BLE001 - a task that cannot be built fails its own episodes, in reset
+            logger.warning("%s: preparing %d task(s) failed (%s: %s); their episodes build what they need in reset",
+                           env_id, len(tasks), type(exc).__name__, exc)
 
 
 DISCARD_THREAD_NAME = "agentgym-env-discard"

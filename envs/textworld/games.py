@@ -32,13 +32,16 @@ reset, so a suite's ``validate()`` fails on a held-out game that could repeat a 
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import random
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +53,8 @@ from agentgym.suite import Task
 
 __all__ = ["DISTRIBUTIONS", "KINDS", "LEVELS", "GameSpec", "check_content", "game_content", "game_path",
            "generate_tasks", "layout_distribution", "prepare_games", "require_textworld", "spec_from_task", "task_for"]
+
+logger = logging.getLogger(__name__)
 
 KINDS = ("cooking", "household")
 LEVELS = (1, 2, 3)
@@ -199,19 +204,23 @@ def prepare_games(specs: Sequence[GameSpec], workers: int | None = None) -> int:
     missing = list({spec.name: spec for spec in specs if not is_built(_game_dir(spec))}.values())
     if not missing:
         return 0
-    import concurrent.futures
-    import logging
-    import time
-
-    log = logging.getLogger(__name__)
     workers = max(1, workers or os.cpu_count() or 1)
-    log.warning("TextWorld: generating %d game(s) not cached yet, %d at a time (about 10 s of CPU each; they are "
-                "kept in %s)", len(missing), workers, _game_dir(missing[0]).parent)
+    logger.warning("TextWorld: generating %d game(s) not cached yet, %d at a time (about 10 s of CPU each; kept in "
+                   "%s)", len(missing), workers, _game_dir(missing[0]).parent)
     started = time.perf_counter()
+
+    def generate(spec: GameSpec) -> str | None:
+        try:
+            game_path(spec)
+        except Exception as exc:  # noqa: BLE001 - one bad game fails its own episodes (in reset), not the others
+            return f"{spec.name}: {exc}"
+        return None
+
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        list(pool.map(game_path, missing))
-    log.warning("TextWorld: %d game(s) generated in %.0f s", len(missing), time.perf_counter() - started)
-    return len(missing)
+        failed = [error for error in pool.map(generate, missing) if error]
+    logger.warning("TextWorld: %d game(s) generated in %.0f s%s", len(missing) - len(failed),
+                   time.perf_counter() - started, f"; {len(failed)} failed, first: {failed[0]}" if failed else "")
+    return len(missing) - len(failed)
 
 
 def game_path(spec: GameSpec) -> Path:

@@ -200,6 +200,25 @@ def test_env_classes_build_their_tasks_once_a_run_before_any_episode_and_outside
     assert PreparedEnv.built == [["t0", "t1", "t2"]]  # each distinct task once, in one call
 
 
+class UnpreparableEnv(EchoEnv):
+    @classmethod
+    def prepare_tasks(cls, tasks):  # type: ignore[no-untyped-def]
+        raise OSError("disk full")
+
+
+if "agentgym-test/Unpreparable-v0" not in gym.registry:
+    gym.register(id="agentgym-test/Unpreparable-v0", entry_point=UnpreparableEnv)
+
+
+def test_a_failed_preparation_leaves_the_episodes_to_build_in_reset(caplog: pytest.LogCaptureFixture) -> None:
+    from agentgym.suite import Task
+
+    specs = [EpisodeSpec("agentgym-test/Unpreparable-v0", task=Task(id="t", prompt="echo"), seed=i) for i in range(2)]
+    trajectories = RolloutEngine(ScriptedPolicy([ECHO, STOP]), RolloutConfig()).run(specs)
+    assert [t.end_reason for t in trajectories] == ["answered"] * 2
+    assert "preparing 1 task(s) failed (OSError: disk full)" in caplog.text
+
+
 def test_the_error_warning_names_the_reason_the_env_gave() -> None:
     """An env that ends an episode with an error (a crashed browser) reports why on its last turn, not in
     ``Trajectory.error``; the engine's warning must still say why, not "first: None"."""
