@@ -51,7 +51,7 @@ from agentgym.env import fork_env
 from agentgym.errors import AgentGymError, ConfigError, ContextLengthExceeded
 from agentgym.policies.base import Generation, Policy, SamplingParams
 from agentgym.rollout.batching import act_per_request
-from agentgym.rollout.env_reuse import EnvPool, discard_env, prepare_tasks
+from agentgym.rollout.env_reuse import EnvPool, discard_env, prepare_tasks, tasks_to_prepare
 from agentgym.rollout.executor import EnvExecutor, call_env, run_coroutine
 from agentgym.rollout.segments import EpisodeContext, SummaryDidNotFit, limit_outcome
 from agentgym.rollout.specs import EpisodeSpec, RolloutConfig
@@ -236,7 +236,9 @@ class BranchingSampler:
         """Async version of :meth:`run`."""
         groups = self._group(specs)
         cfg = self.config
-        await asyncio.get_running_loop().run_in_executor(None, prepare_tasks, specs, self.rollout)
+        preparing = tasks_to_prepare(specs, self.rollout)
+        if preparing:  # slow one-off work of the env classes, before the episodes and their step timeout
+            await asyncio.get_running_loop().run_in_executor(None, prepare_tasks, preparing)
         run_id = uuid.uuid4().hex[:8]
         started = time.perf_counter()
         pool = EnvPool(self.rollout)

@@ -31,7 +31,7 @@ from typing import Any
 from agentgym.errors import ConfigError, ContextLengthExceeded
 from agentgym.policies.base import Policy, SamplingParams
 from agentgym.rollout.batching import PolicyBatcher
-from agentgym.rollout.env_reuse import EnvPool, prepare_tasks
+from agentgym.rollout.env_reuse import EnvPool, prepare_tasks, tasks_to_prepare
 from agentgym.rollout.executor import EnvExecutor, call_env, run_coroutine
 from agentgym.rollout.segments import EpisodeContext, SummaryDidNotFit, limit_outcome
 from agentgym.rollout.specs import EpisodeSpec, RolloutConfig
@@ -138,7 +138,9 @@ class RolloutEngine:
         if self.config.context.rewrites:  # bad strategy settings fail the run now, not every episode
             EpisodeContext(self.config, self.policy, self.summarizer)
         self._run_id = uuid.uuid4().hex[:8]
-        await asyncio.get_running_loop().run_in_executor(None, prepare_tasks, episodes, self.config)
+        preparing = tasks_to_prepare(episodes, self.config)
+        if preparing:  # slow one-off work of the env classes, before the episodes and their step timeout
+            await asyncio.get_running_loop().run_in_executor(None, prepare_tasks, preparing)
         results: list[Trajectory | None] = [None] * len(episodes)
         batcher = PolicyBatcher(self.policy, self.config.batch_window_s, self.config.deterministic)
         batcher.start()

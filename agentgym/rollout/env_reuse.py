@@ -21,7 +21,7 @@ from typing import Any
 from agentgym.rollout.specs import EpisodeSpec, RolloutConfig
 from agentgym.suite import Task
 
-__all__ = ["DISCARD_THREAD_NAME", "IDLE_CHEAP_ENVS", "EnvPool", "IdleCheapEnvs", "discard_env", "prepare_tasks"]
+__all__ = ["DISCARD_THREAD_NAME", "IDLE_CHEAP_ENVS", "EnvPool", "IdleCheapEnvs", "discard_env", "prepare_tasks", "tasks_to_prepare"]
 
 logger = logging.getLogger(__name__)
 
@@ -276,23 +276,34 @@ def _class_says_cheap(env_id: str) -> bool:
     return getattr(_registered_class(env_id), "cheap_steps", False) is True
 
 
-def prepare_tasks(episodes: Sequence[EpisodeSpec], config: RolloutConfig) -> None:
-    """Call each env class's ``prepare_tasks`` (:meth:`agentgym.env.AgentEnv.prepare_tasks`) with the distinct
-    tasks the episodes name, before any episode starts. Skipped for ``env_backend: ray``: its envs run on other
-    nodes, whose files this process cannot build."""
+def tasks_to_prepare(episodes: Sequence[EpisodeSpec], config: RolloutConfig) -> list[tuple[str, Any, list[Task]]]:
+    """``(env id, its class's prepare_tasks, the distinct tasks the episodes name)`` for each env class that
+    overrides :meth:`agentgym.env.AgentEnv.prepare_tasks` (cheap: most classes build nothing, and a run then starts
+    no thread for it). None for ``env_backend: ray``: its envs run on other nodes, whose files this process cannot
+    build."""
+    from agentgym.env import AgentEnv
+
     if config.env_backend == "ray":
-        return
+        return []
     by_env: dict[str, dict[str, Task]] = defaultdict(dict)
     for spec in episodes:
         if spec.task is not None:
             by_env[spec.env_id].setdefault(spec.task.id, spec.task)
+    jobs = []
     for env_id, tasks in by_env.items():
         prepare = getattr(_registered_class(env_id), "prepare_tasks", None)
-        if prepare is None:
-            continue
+        if prepare is not None and getattr(prepare, "__func__", None) is not AgentEnv.prepare_tasks.__func__:
+            jobs.append((env_id, prepare, list(tasks.values())))
+    return jobs
+
+
+def prepare_tasks(jobs: Sequence[tuple[str, Any, list[Task]]]) -> None:
+    """Run :func:`tasks_to_prepare`'s jobs; one that fails is logged, and its episodes build what they need in
+    ``reset`` (where a task that cannot be built fails its own episode, never the run)."""
+    for env_id, prepare, tasks in jobs:
         try:
-            prepare(list(tasks.values()))
-        except Exception as exc:  # noqa: BLE001 - a task that cannot be built fails its own episodes, in reset
+            prepare(tasks)
+        except Exception as exc:  # noqa: BLE001
             logger.warning("%s: preparing %d task(s) failed (%s: %s); their episodes build what they need in reset",
                            env_id, len(tasks), type(exc).__name__, exc)
 
