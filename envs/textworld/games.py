@@ -204,7 +204,7 @@ def prepare_games(specs: Sequence[GameSpec], workers: int | None = None) -> int:
     missing = list({spec.name: spec for spec in specs if not is_built(_game_dir(spec))}.values())
     if not missing:
         return 0
-    workers = max(1, workers or os.cpu_count() or 1)
+    workers = min(len(missing), max(1, workers or os.cpu_count() or 1))
     logger.warning("TextWorld: generating %d game(s) not cached yet, %d at a time (about 10 s of CPU each; kept in "
                    "%s)", len(missing), workers, _game_dir(missing[0]).parent)
     started = time.perf_counter()
