@@ -19,6 +19,12 @@ final sequences, every sampled token's log-prob from each sampler must equal one
 sequence within 1e-4 (the tests hold the continuous sampler to 1e-5 on fixed sequences). Times are the best of
 the rounds (other processes only ever add time); the load average at the start and the end is recorded.
 
+The floor: the continuous sampler's FLOPs at this machine's measured rates, matrix products at the matmul rate of
+the model's shapes and attention at the rate of one ``scaled_dot_product_attention`` call a turn and layer over a
+sample of the workload's own (new tokens, context) shapes (the fastest way measured for them: batching rows by
+padding or a hand-written ``softmax(q k^T) v`` was slower). The reference loop's time over the floor is the most any
+float32 sampler built on these kernels could gain here; the 10x goal is out of reach where that ratio is below 10.
+
 The FLOP estimate counts the model's matrix products per computed token (2 x weights, the output layer included)
 plus attention (4 x layers x hidden x position) over the tokens each sampler actually computes (prompt suffixes not
 covered by the cached prefix, and fed sampled tokens), against the machine's matmul rate measured here at the
@@ -89,28 +95,67 @@ def matmul_gflops(shape: tuple[int, int, int], seconds: float = 1.0) -> float:
     return 2 * m * k * n / best / 1e9
 
 
-def flops(model: Any, trajectories: list[Any]) -> float:
-    """Matrix-product and attention FLOPs of the tokens computed: per turn, the prompt past the previous turn's
-    cached part (its prompt and fed tokens) and every fed sampled token."""
-    config = model.config
-    per_token = 2 * sum(p.numel() for name, p in model.named_parameters()
-                        if p.dim() == 2 and "embed_tokens" not in name)
-    if config.tie_word_embeddings:
-        per_token += 2 * model.get_input_embeddings().weight.numel()
-    attention = 4 * config.num_hidden_layers * config.hidden_size
-    total = 0.0
+def computed_turns(trajectories: list[Any]) -> list[tuple[int, int]]:
+    """``(new tokens, context width)`` of every forward run a turn needs: the prompt past the previous turn's cached
+    part (its prompt and fed tokens) and every fed sampled token (the last sampled token is never fed)."""
+    runs = []
     for trajectory in trajectories:
         cached = length = 0
         for turn in trajectory.turns:  # a turn stores only the tokens added since the previous action
             length += len(turn.prompt_token_ids)
             g = len(turn.action_token_ids)
             start = min(cached, length - 1)
-            end = length + max(g - 1, 0)  # the last sampled token is never fed
-            count = end - start
-            total += count * per_token + attention * (start + end - 1) * count / 2
+            end = length + max(g - 1, 0)
+            runs.append((end - start, end))
             cached = end
             length += g
-    return total
+    return runs
+
+
+def flops(model: Any, trajectories: list[Any]) -> tuple[float, float]:
+    """``(matrix products, attention)`` FLOPs of the tokens computed (:func:`computed_turns`): 2 x weights a token
+    (the output layer included) and 4 x layers x hidden x position for attention (query-key scores and the values),
+    the token at position ``p`` attending to ``p + 1`` columns."""
+    config = model.config
+    per_token = 2 * sum(p.numel() for name, p in model.named_parameters()
+                        if p.dim() == 2 and "embed_tokens" not in name)
+    if config.tie_word_embeddings:
+        per_token += 2 * model.get_input_embeddings().weight.numel()
+    attention = 4 * config.num_hidden_layers * config.hidden_size
+    linear = attend = 0.0
+    for count, end in computed_turns(trajectories):
+        linear += count * per_token
+        attend += attention * (2 * end - count + 1) * count / 2
+    return linear, attend
+
+
+def attention_gflops(model: Any, trajectories: list[Any], sample: int = 256, seconds: float = 2.0) -> float:
+    """Best measured rate of the attention the workload needs, run the fastest way measured for these shapes (one
+    ``scaled_dot_product_attention`` call per turn and layer, each turn's new tokens over its own context, as the
+    sampler runs it), over ``sample`` of the workload's turns; FLOPs counted as :func:`flops` counts them."""
+    config = model.config
+    heads = config.num_attention_heads
+    head_dim = config.hidden_size // heads
+    runs = computed_turns(trajectories)
+    runs = runs[:: max(1, len(runs) // sample)][:sample]
+    width = max(end for _, end in runs)
+    keys, values = torch.randn(1, heads, width, head_dim), torch.randn(1, heads, width, head_dim)
+    calls = []
+    for count, end in runs:
+        columns = torch.arange(end)
+        limit = torch.arange(end - count, end)[:, None]
+        mask = torch.zeros(count, end).masked_fill_(columns[None] > limit, float("-inf"))
+        calls.append((torch.randn(1, heads, count, head_dim), end, mask))
+    work = sum(4 * config.hidden_size * (2 * end - count + 1) * count / 2 for count, end in runs)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    best, stop = float("inf"), time.perf_counter() + seconds
+    with torch.inference_mode():
+        while time.perf_counter() < stop:
+            t = time.perf_counter()
+            for query, end, mask in calls:
+                sdpa(query, keys[:, :, :end], values[:, :, :end], attn_mask=mask)
+            best = min(best, time.perf_counter() - t)
+    return work / best / 1e9
 
 
 def full_forward_gap(model: Any, trajectories: list[Any], limit: int) -> float:
@@ -181,9 +226,16 @@ def main(argv: list[str] | None = None) -> int:
                for a, b in zip(ref_traj, new_traj))
     gaps = {name: full_forward_gap(model, traj, 64) for name, (_, traj, _) in best.items()}
     ratio = ref_s / new_s
-    rate = {name: flops(model, traj) / s / 1e9 for name, (s, traj, _) in best.items()}
+    work = {name: flops(model, traj) for name, (_, traj, _) in best.items()}
+    rate = {name: sum(work[name]) / s / 1e9 for name, (s, _, _) in best.items()}
     model_mm = matmul_gflops((256, 128, 512))
     big_mm = matmul_gflops((1024, 1024, 1024))
+    attention_rate = attention_gflops(model, new_traj)
+    # The floor: the continuous sampler's FLOPs at the machine's measured rates (products at the matmul rate of the
+    # model's shapes, attention at its own), with no other work. No sampler that computes these tokens in float32
+    # on this machine's kernels can take less time.
+    linear_flops, attention_flops = work["continuous"]
+    floor_s = linear_flops / model_mm / 1e9 + attention_flops / attention_rate / 1e9
     print(f"reference : {ref_s:7.2f} s  {len(ref_traj) / ref_s:7.2f} rollouts/s  {tokens['reference'] / ref_s:8.0f} "
           f"rollout tokens/s  {rate['reference']:.2f} GFLOP/s")
     print(f"continuous: {new_s:7.2f} s  {len(new_traj) / new_s:7.2f} rollouts/s  {tokens['continuous'] / new_s:8.0f} "
@@ -193,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
           f"reference {gaps['reference']:.2e}, continuous {gaps['continuous']:.2e}")
     print(f"machine matmul: {model_mm:.1f} GFLOP/s at the model's shapes, {big_mm:.1f} GFLOP/s at 1024^3; "
           f"continuous sampler reaches {100 * rate['continuous'] / model_mm:.0f}% of the former")
+    print(f"floor: {floor_s:.2f} s ({linear_flops / 1e12:.2f} TFLOP of products at {model_mm:.0f} GFLOP/s, "
+          f"{attention_flops / 1e12:.2f} TFLOP of attention at {attention_rate:.0f} GFLOP/s): the most any float32 "
+          f"sampler could gain over the reference here is {ref_s / floor_s:.2f}x")
     print(f"prompt tokens computed: reference {ref_stats['prompt_tokens'] - ref_stats['reused_tokens']:,}, "
           f"continuous {new_stats['prompt_tokens'] - new_stats['reused_tokens']:,}")
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
@@ -210,9 +265,18 @@ def main(argv: list[str] | None = None) -> int:
         figure("model FLOP rate (estimate) against measured matmul at the model's shapes", rate["continuous"],
                rate["reference"], unit="GFLOP/s", note=f"matmul {model_mm:.1f} GFLOP/s at [256,128]x[128,512], "
                                                        f"{big_mm:.1f} at 1024^3"),
+        figure("the floor: seconds of the continuous sampler's FLOPs at the machine's measured rates (products at "
+               "the matmul rate of the model's shapes, attention at the rate of one attention call a turn and layer "
+               "at the workload's shapes), against the reference loop's measured time", floor_s, ref_s, unit="s",
+               ratio=ref_s / floor_s, note=f"{linear_flops / 1e12:.2f} TFLOP of products at {model_mm:.0f} GFLOP/s "
+                                          f"and {attention_flops / 1e12:.2f} TFLOP of attention at "
+                                          f"{attention_rate:.0f} GFLOP/s; the ratio is the most a float32 sampler "
+                                          "could gain over the reference on this machine"),
     ]
     write_results("sampler", figures, details={
-        "seconds": {"reference": ref_s, "continuous": new_s}, "tokens": tokens, "identical_episodes": same,
+        "seconds": {"reference": ref_s, "continuous": new_s, "floor": floor_s}, "tokens": tokens,
+        "flops": {name: {"products": w[0], "attention": w[1]} for name, w in work.items()},
+        "attention_gflops": attention_rate, "identical_episodes": same,
         "logprob_gap": gaps, "matmul_gflops": {"model_shapes": model_mm, "1024^3": big_mm},
         "prompt_tokens": {"reference": ref_stats, "continuous": new_stats}},
         note="--quick: 32 rollouts, one round" if args.quick else None)
