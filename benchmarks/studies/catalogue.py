@@ -285,11 +285,36 @@ def shared_runs(study: Study) -> tuple[str, ...]:
     return tuple(m for m in runs_of(study) if m in source)
 
 
+def measured_hours(study: Study, results_dir: Path | None = None) -> dict[str, Any] | None:
+    """What the study's last goal-scale run cost, read from its committed result: ``{"hours", "jobs", "runs",
+    "warm_start_s", "date"}``, or ``None`` when it has none.
+
+    ``hours``: the BC warm start plus the runs it trained itself (not those copied from another study,
+    :func:`shared_runs`), each run's own wall time divided by the runs that ran at once (``--jobs``, which shares
+    the cores among them). Sampling, updates and evaluations all count, so this is what a rerun on a like machine
+    takes, where :func:`expected_hours` counts the sampling alone, at Sokoban's rollout rate."""
+    path = (results_dir or BENCHMARKS / "results") / f"study_{study.name}.json"
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text(encoding="utf-8"))
+    details = record.get("details") or {}
+    if details.get("scale_name") != "goal":
+        return None
+    words = str(record.get("command", "")).split()
+    jobs = int(words[words.index("--jobs") + 1]) if "--jobs" in words[:-1] else 1
+    runs = [r for r in details.get("runs") or [] if not r.get("shared_from") and isinstance(r.get("seconds"), (int, float))]
+    warm = float((details.get("warm_start") or {}).get("seconds") or 0.0)
+    hours = (warm + sum(float(r["seconds"]) for r in runs) / max(jobs, 1)) / 3600
+    return {"hours": hours, "jobs": jobs, "runs": len(runs), "warm_start_s": warm,
+            "date": str(record.get("date", ""))[:10]}
+
+
 def expected_hours(study: Study, scale: Scale, seeds: int, cores: int = 2) -> float:
     """Hours on ``cores`` idle cores at today's sampler rate: rollouts sampled (training plus greedy held-out
     evaluations, which dominate nothing at the goal scale but are counted) over the measured rollouts a second,
-    for the runs this study trains itself (not those it shares, :func:`shared_runs`). Training the model comes
-    on top, so this is a lower bound."""
+    for the runs this study trains itself (not those it shares, :func:`shared_runs`). The rate is Sokoban's, so a
+    task whose episodes run shorter samples faster; training the model comes on top. What a finished run really
+    took is :func:`measured_hours`."""
     runs = (len(runs_of(study)) - len(shared_runs(study))) * seeds
     evaluations = scale.steps // scale.eval_every + 1
     rollouts = runs * (scale.steps * scale.rollouts_per_step + evaluations * scale.eval_tasks)

@@ -74,6 +74,15 @@ def tuning_lines(study: cat.Study, results: Path, record: dict[str, Any] | None)
     return lines
 
 
+def _took(study: cat.Study, results: Path) -> str:
+    """How long the committed goal-scale run took in all, as a clause (empty when there is none)."""
+    last = cat.measured_hours(study, results)
+    if last is None:
+        return ""
+    return (f": the last goal-scale run took {last['hours']:.1f} h on 2 cores in all (its warm start and "
+            f"{last['runs']} runs of its own, {last['jobs']} at a time)")
+
+
 def study_section(study: cat.Study, record: dict[str, Any] | None, results: Path = RESULTS) -> tuple[str, str | None]:
     """``(markdown, plot file name or None)`` of one study."""
     scale, sizing = cat.goal_scale(study)
@@ -87,8 +96,9 @@ def study_section(study: cat.Study, record: dict[str, Any] | None, results: Path
              f"{sizing['held_out_se_at_p_0.5']:.3f} at p = 0.5" +
              ("" if sizing["se_bound_met"] else
               f"; above the 0.025 target: the split has only {sizing['held_out_available']} tasks") +
-             f"). Sampling alone takes about {hours:.1f} h on 2 idle cores at "
-             "today's sampler rate; the updates come on top.", "",
+             f"). Sampling alone takes about {hours:.1f} h on 2 idle cores at today's sampler rate on Sokoban (this "
+             "task's episodes may run longer or shorter); the updates and evaluations come on top" +
+             _took(study, results) + ".", "",
              f"Run: `agentgym study {study.name}` (`--device cuda` on a GPU; `--scale smoke` checks the code path).", "",
              *tuning_lines(study, results, record)]
     if record is None:

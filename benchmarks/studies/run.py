@@ -463,6 +463,9 @@ def list_text() -> str:
         scale, sizing = cat.goal_scale(study)
         hours = cat.expected_hours(study, scale, 3)
         se = sizing["held_out_se_at_p_0.5"]
+        last = cat.measured_hours(study)
+        took = (f"last run took {last['hours']:.1f} h ({last['date']}, --jobs {last['jobs']})" if last
+                else "never run to the end")
         flags = []
         if not sizing["noise_measured"]:
             flags.append("noise scale not measured on this task")
@@ -473,12 +476,15 @@ def list_text() -> str:
                          "counted in the hours")
         methods = f"{','.join(study.methods)} ({study.control})"
         lines.append(f"{study.name:23s} {study.task:10s} {methods:51s} {scale.rollouts_per_step} rollouts/step x "
-                     f"{scale.steps} steps, {scale.eval_tasks} held-out (se {se:.3f}), 3 seeds: ~{hours:.1f} h on 2 "
-                     f"cores (~{hours * ours / (10 * reference):.1f} h at the 10x sampler goal)"
+                     f"{scale.steps} steps, {scale.eval_tasks} held-out (se {se:.3f}), 3 seeds: sampling ~"
+                     f"{hours:.1f} h on 2 cores (~{hours * ours / (10 * reference):.1f} h at the 10x sampler goal); "
+                     f"{took}"
                      + (f" [{'; '.join(flags)}]" if flags else ""))
-    lines.append(f"hours: rollouts sampled / ({ours:.2f} rollouts/s a core x 2 cores), today's default sampler on Sokoban "
-                 f"(benchmarks/results/sampler.json; the reference loop: {reference:.2f}; the goal: 10x that); "
-                 "training time comes on top")
+    lines.append(f"sampling: rollouts sampled / ({ours:.2f} rollouts/s a core x 2 cores), today's default sampler on "
+                 f"Sokoban (benchmarks/results/sampler.json; the reference loop: {reference:.2f}; the goal: 10x that): "
+                 "updates and evaluations come on top, and a task's episodes run longer or shorter than Sokoban's. "
+                 "last run: the warm start plus the study's own runs, as its committed result measured "
+                 "them on 2 cores (what a rerun on a like machine takes)")
     return "\n".join(lines)
 
 

@@ -288,3 +288,20 @@ def test_only_a_full_goal_scale_run_writes_the_committed_results_by_default(work
     assert (workdir / "results" / "study_gigpo_vs_grpo_babyai.json").is_file()
     assert (workdir / "results" / "study_gigpo_vs_grpo_babyai.png").is_file()
     assert "results go to" in capfd.readouterr().out
+
+
+def test_measured_hours_count_the_warm_start_and_own_runs_shared_among_the_jobs(tmp_path: Path) -> None:
+    study = cat.STUDIES["gigpo_vs_grpo_babyai"]
+    assert cat.measured_hours(study, tmp_path) is None  # never run: the page and --list say so
+    runs = [{"method": "gigpo_equal_scale", "seed": 0, "seconds": 3600.0, "shared_from": None},
+            {"method": "gigpo_equal_scale", "seed": 1, "seconds": 1800.0, "shared_from": None},
+            {"method": "grpo", "seed": 0, "seconds": 9000.0, "shared_from": "runs/studies/grpo_babyai/grpo/seed0"}]
+    record = {"command": "python benchmarks/studies/run.py gigpo_vs_grpo_babyai --jobs 2", "date": "2026-11-29T01:00",
+              "details": {"scale_name": "goal", "runs": runs, "warm_start": {"seconds": 900.0}}}
+    (tmp_path / "study_gigpo_vs_grpo_babyai.json").write_text(json.dumps(record))
+    last = cat.measured_hours(study, tmp_path)
+    assert last is not None and last["runs"] == 2 and last["jobs"] == 2
+    assert last["hours"] == pytest.approx((900 + (3600 + 1800) / 2) / 3600)  # the copied run costs nothing here
+    record["details"]["scale_name"] = "smoke"  # a smoke or reduced run measures nothing about the goal scale
+    (tmp_path / "study_gigpo_vs_grpo_babyai.json").write_text(json.dumps(record))
+    assert cat.measured_hours(study, tmp_path) is None
