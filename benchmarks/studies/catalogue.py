@@ -300,8 +300,13 @@ def measured_hours(study: Study, results_dir: Path | None = None) -> dict[str, A
     details = record.get("details") or {}
     if details.get("scale_name") != "goal":
         return None
+    jobs = 1
     words = str(record.get("command", "")).split()
-    jobs = int(words[words.index("--jobs") + 1]) if "--jobs" in words[:-1] else 1
+    for i, word in enumerate(words):  # "--jobs N" or "--jobs=N"; the last one wins, as argparse reads it
+        value = word.partition("=")[2] if word.startswith("--jobs=") else (
+            words[i + 1] if word == "--jobs" and i + 1 < len(words) else "")
+        if value.isdigit() and int(value) > 0:
+            jobs = int(value)
     runs = [r for r in details.get("runs") or [] if not r.get("shared_from") and isinstance(r.get("seconds"), (int, float))]
     warm = float((details.get("warm_start") or {}).get("seconds") or 0.0)
     hours = (warm + sum(float(r["seconds"]) for r in runs) / max(jobs, 1)) / 3600

@@ -302,6 +302,9 @@ def test_measured_hours_count_the_warm_start_and_own_runs_shared_among_the_jobs(
     last = cat.measured_hours(study, tmp_path)
     assert last is not None and last["runs"] == 2 and last["jobs"] == 2
     assert last["hours"] == pytest.approx((900 + (3600 + 1800) / 2) / 3600)  # the copied run costs nothing here
+    record["command"] = "agentgym study gigpo_vs_grpo_babyai --jobs=2"
+    (tmp_path / "study_gigpo_vs_grpo_babyai.json").write_text(json.dumps(record))
+    assert cat.measured_hours(study, tmp_path)["jobs"] == 2  # type: ignore[index]
     record["details"]["scale_name"] = "smoke"  # a smoke or reduced run measures nothing about the goal scale
     (tmp_path / "study_gigpo_vs_grpo_babyai.json").write_text(json.dumps(record))
     assert cat.measured_hours(study, tmp_path) is None
