@@ -97,6 +97,9 @@ class AgentEnv(gym.Env[str, str]):
         ``reset`` by hundreds of episodes at once on a few cores, would exceed any step timeout. The default
         builds nothing (the env prepares what it needs in ``reset``)."""
 
+    # Marks the default: callers skip classes that keep it (no thread, no call) without importing this module.
+    prepare_tasks.__func__.builds_nothing = True  # type: ignore[attr-defined]
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Every family takes ``reward=`` (a rubric or ``"module:name"``) without declaring it in its own
         ``__init__``, so a rubric can score any env, ours or a user's."""

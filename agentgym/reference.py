@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentgym.trajectory import Trajectory, Turn, jsonable
@@ -20,7 +20,8 @@ from agentgym.utils.images import observation_parts
 if TYPE_CHECKING:  # the suite plays its tasks through this module: it imports this one, not the other way round
     from agentgym.suite import Task
 
-__all__ = ["episode_outcome", "keyed_step", "read_state_key", "run_reference_episode"]
+__all__ = ["episode_outcome", "keyed_step", "prepare_env_tasks", "prepares_tasks", "read_state_key",
+           "run_reference_episode"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,34 @@ def read_state_key(env: Any) -> str | None:
         logger.debug("state_key() failed: %s: %s", type(exc).__name__, exc)
         return None
     return None if key is None else str(key)
+
+
+def prepares_tasks(env_class: Any) -> bool:
+    """Whether ``env_class`` overrides :meth:`agentgym.env.AgentEnv.prepare_tasks` (the default builds nothing)."""
+    prepare = getattr(env_class, "prepare_tasks", None)
+    return callable(prepare) and not getattr(getattr(prepare, "__func__", prepare), "builds_nothing", False)
+
+
+def prepare_env_tasks(env_class: Any, tasks: Sequence[Task], label: str | None = None) -> bool:
+    """Have ``env_class`` build what ``tasks`` need before their episodes start
+    (:meth:`agentgym.env.AgentEnv.prepare_tasks`), where the class overrides that hook; ``env_class`` may also be
+    an env, wrapped or not. Returns whether it ran.
+
+    For any loop that plays many tasks: TextWorld, for one, generates the games they name there, one per core and
+    logged, where each ``reset`` would build its own game in turn and say nothing. A preparation that fails is
+    logged and the episodes build what they need in ``reset``, where a task that cannot be built fails its own
+    episode, never the loop.
+    """
+    if not isinstance(env_class, type):
+        env_class = type(getattr(env_class, "unwrapped", env_class))
+    if not tasks or not prepares_tasks(env_class):
+        return False
+    try:
+        env_class.prepare_tasks(list(tasks))
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("%s: preparing %d task(s) failed (%s: %s); their episodes build what they need in reset",
+                       label or env_class.__name__, len(tasks), type(exc).__name__, exc)
+    return True
 
 
 def run_reference_episode(env: Any, task: Task, seed: int | None = None) -> Trajectory:

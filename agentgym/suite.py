@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from agentgym.errors import TaskError, did_you_mean
-from agentgym.reference import run_reference_episode
+from agentgym.reference import prepare_env_tasks, run_reference_episode
 
 __all__ = ["SPLITS", "Task", "TaskSuite", "ValidationReport", "list_suites", "load_suite"]
 
@@ -138,6 +138,7 @@ class TaskSuite:
         failures: list[tuple[str, str]] = []
         env = self.make_env()
         try:
+            prepare_env_tasks(env, tasks, label=self.name)  # what the tasks need, built before they are played
             for i, task in enumerate(tasks):
                 traj = run_reference_episode(env, task, seed=self.seed + i)
                 if not traj.outcome.get("success"):

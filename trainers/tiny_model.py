@@ -38,6 +38,7 @@ def is_tiny_spec(model: str) -> bool:
 def demonstration_texts(suite_name: str, limit: int) -> list[str]:
     """Instructions, observations and reference actions of ``limit`` training tasks (the tokenizer corpus); for
     every other task also the env's shortcut answer, so imperfect demonstrations tokenize as well."""
+    from agentgym.reference import prepare_env_tasks
     from agentgym.registration.suites import load_suite
     from agentgym.rollout import run_reference_episode
 
@@ -45,6 +46,7 @@ def demonstration_texts(suite_name: str, limit: int) -> list[str]:
     env = suite.make_env()
     texts: list[str] = []
     try:
+        prepare_env_tasks(env, suite.train[:limit], label=suite.name)  # e.g. TextWorld's games, built in parallel
         _, info = env.reset(seed=0)
         texts.append(info["instructions"])
         try:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
+from agentgym.reference import prepare_env_tasks, prepares_tasks
 from agentgym.rollout.specs import EpisodeSpec, RolloutConfig
 from agentgym.suite import Task
 
@@ -276,13 +277,11 @@ def _class_says_cheap(env_id: str) -> bool:
     return getattr(_registered_class(env_id), "cheap_steps", False) is True
 
 
-def tasks_to_prepare(episodes: Sequence[EpisodeSpec], config: RolloutConfig) -> list[tuple[str, Any, list[Task]]]:
-    """``(env id, its class's prepare_tasks, the distinct tasks the episodes name)`` for each env class that
-    overrides :meth:`agentgym.env.AgentEnv.prepare_tasks` (cheap: most classes build nothing, and a run then starts
-    no thread for it). None for ``env_backend: ray``: its envs run on other nodes, whose files this process cannot
+def tasks_to_prepare(episodes: Sequence[EpisodeSpec], config: RolloutConfig) -> list[tuple[str, type, list[Task]]]:
+    """``(env id, its class, the distinct tasks the episodes name)`` for each env class that overrides
+    :meth:`agentgym.env.AgentEnv.prepare_tasks` (cheap: most classes build nothing, and a run then starts no
+    thread for it). None for ``env_backend: ray``: its envs run on other nodes, whose files this process cannot
     build."""
-    from agentgym.env import AgentEnv
-
     if config.env_backend == "ray":
         return []
     by_env: dict[str, dict[str, Task]] = defaultdict(dict)
@@ -291,21 +290,17 @@ def tasks_to_prepare(episodes: Sequence[EpisodeSpec], config: RolloutConfig) -> 
             by_env[spec.env_id].setdefault(spec.task.id, spec.task)
     jobs = []
     for env_id, tasks in by_env.items():
-        prepare = getattr(_registered_class(env_id), "prepare_tasks", None)
-        if prepare is not None and getattr(prepare, "__func__", None) is not AgentEnv.prepare_tasks.__func__:
-            jobs.append((env_id, prepare, list(tasks.values())))
+        cls = _registered_class(env_id)
+        if cls is not None and prepares_tasks(cls):
+            jobs.append((env_id, cls, list(tasks.values())))
     return jobs
 
 
-def prepare_tasks(jobs: Sequence[tuple[str, Any, list[Task]]]) -> None:
-    """Run :func:`tasks_to_prepare`'s jobs; one that fails is logged, and its episodes build what they need in
-    ``reset`` (where a task that cannot be built fails its own episode, never the run)."""
-    for env_id, prepare, tasks in jobs:
-        try:
-            prepare(tasks)
-        except Exception as exc:  # noqa: BLE001
-            logger.warning("%s: preparing %d task(s) failed (%s: %s); their episodes build what they need in reset",
-                           env_id, len(tasks), type(exc).__name__, exc)
+def prepare_tasks(jobs: Sequence[tuple[str, type, list[Task]]]) -> None:
+    """Run :func:`tasks_to_prepare`'s jobs (:func:`agentgym.reference.prepare_env_tasks`: one that fails is logged,
+    and its episodes build what they need in ``reset``)."""
+    for env_id, cls, tasks in jobs:
+        prepare_env_tasks(cls, tasks, label=env_id)
 
 
 DISCARD_THREAD_NAME = "agentgym-env-discard"

@@ -668,3 +668,23 @@ class _TasksByAddress(list):  # type: ignore[type-arg]
 
     def __repr__(self) -> str:
         return object.__repr__(self)
+
+
+def test_loops_that_play_tasks_one_by_one_build_them_first(caplog: pytest.LogCaptureFixture) -> None:
+    """Suite validation (and the tiny model's tokenizer corpus) play tasks in turn on one env: they too let the class
+    build every task first, once, so a reset never waits on its own build; a failed build is logged, not fatal."""
+    from agentgym.reference import prepare_env_tasks
+    from agentgym.suite import Task, TaskSuite
+
+    PreparedEnv.built.clear()
+    tasks = tuple(Task(id=f"v{k}", prompt="echo something") for k in range(3))
+    suite = TaskSuite(name="prepared", version=1, env_id="agentgym-test/Prepared-v0", splits={"train": tasks})
+    report = suite.validate("train")
+    assert report.failures == () and PreparedEnv.built == [["v0", "v1", "v2"]]
+    env = gym.make("agentgym-test/Unpreparable-v0")
+    try:
+        assert prepare_env_tasks(env, tasks[:1], label="unpreparable")  # the wrapped env's class: it ran, and failed
+    finally:
+        env.close()
+    assert "unpreparable: preparing 1 task(s) failed (OSError: disk full)" in caplog.text
+    assert not prepare_env_tasks(EchoEnv, tasks)  # a class that builds nothing is not called
