@@ -41,6 +41,7 @@ goal (GiGPO >= GRPO + 0.10; ArCHer > filtered BC) was met.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import logging
@@ -107,7 +108,7 @@ DEFAULT_DEMOS = 200
 
 def warm_start(task: CreditTask, workdir: Path, *, target: float, max_bc_steps: int, chunk: int = 25,
                demos: int | None = None, batch_size: int = 32, device: str = "cpu",
-               log: Any = print) -> tuple[Path, dict[str, Any]]:
+               log: Any = None) -> tuple[Path, dict[str, Any]]:
     """The task's shared starting checkpoint: a tiny model behaviour-cloned until its greedy success on 64
     training tasks first reaches ``target`` (or ``max_bc_steps``). Cached in ``WORKDIR/warm-TASK``; a cached one
     that stopped short of a higher ``target`` or ``max_bc_steps`` given later is cloned further from where it
@@ -120,6 +121,8 @@ def warm_start(task: CreditTask, workdir: Path, *, target: float, max_bc_steps: 
         ValueError: ``demos`` asks for more demonstrations than the suite has training tasks."""
     from agentgym.models.tiny import TinyModelConfig, build_tiny_model, load_tiny_model
     from agentgym.cli.quickstart import demonstration_texts
+
+    log = log or functools.partial(print, flush=True)  # each stage takes minutes: show it as it starts
     from agentgym.registration.suites import load_suite
     from agentgym.trainers.bc import behaviour_clone, collect_demonstrations
 
@@ -135,6 +138,8 @@ def warm_start(task: CreditTask, workdir: Path, *, target: float, max_bc_steps: 
     started = time.perf_counter()
     suite = load_suite(task.suite)
     if cached is None:
+        log(f"  warm start {task.name}: building the tiny model in {workdir / f'base-{task.name}'} (its tokenizer "
+            f"trained on 200 reference episodes of {task.suite})")
         base = build_tiny_model(workdir / f"base-{task.name}", texts=demonstration_texts(task.suite, 200),
                                 config=TinyModelConfig())
         model, tokenizer = load_tiny_model(base)
@@ -153,6 +158,9 @@ def warm_start(task: CreditTask, workdir: Path, *, target: float, max_bc_steps: 
     elif demos > available:
         raise ValueError(f"demos={demos}: suite {task.suite!r} has only {available} training tasks; ask for at most "
                          "that many (or leave it unset: every training task up to 200)")
+    log(f"  warm start {task.name}: playing {demos} reference demonstrations, then behaviour cloning {chunk} steps "
+        f"at a time until greedy success on 64 training tasks reaches {target:g} (at most {max_bc_steps} steps; "
+        f"cached in {out})")
     demonstrations = collect_demonstrations(suite, "train", demos, tokenizer, system_prompt="",
                                             max_context_tokens=task.max_context_tokens)
     info = cached
