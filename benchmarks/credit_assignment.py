@@ -184,11 +184,14 @@ def warm_start(task: CreditTask, workdir: Path, *, target: float, max_bc_steps: 
 
 def _save_warm_start(model: Any, tokenizer: Any, out: Path, info: dict[str, Any]) -> dict[str, Any]:
     """Write the checkpoint, then its record (the record last: a record on disk always names a whole checkpoint)."""
+    from agentgym.models.tiny import quiet_progress_bars
+
     out.mkdir(parents=True, exist_ok=True)
     device = next(model.parameters()).device
-    model.to("cpu").save_pretrained(out)
-    model.to(device)
-    tokenizer.save_pretrained(out)
+    with quiet_progress_bars():  # a one-file write every chunk: its bar is only noise in the study's output
+        model.to("cpu").save_pretrained(out)
+        model.to(device)
+        tokenizer.save_pretrained(out)
     (out / "warm_start.json").write_text(json.dumps(info, indent=2))
     return info
 

@@ -229,7 +229,7 @@ def load_model(path: str | Path, options: LoadOptions = LoadOptions(), *, adapte
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agentgym.models.tiny import _quiet_progress_bars
+    from agentgym.models.tiny import quiet_progress_bars
     from agentgym.models.vision import is_vision_model_dir
 
     directory = resolve_model_dir(path)
@@ -251,7 +251,7 @@ def load_model(path: str | Path, options: LoadOptions = LoadOptions(), *, adapte
         kwargs["device_map"] = {"": options.device}
         kwargs["dtype"] = compute
     tokenizer_dir = adapter_dir if adapter_dir is not None and _has_tokenizer(Path(adapter_dir)) else directory
-    with _quiet_progress_bars():
+    with quiet_progress_bars():
         model = model_class.from_pretrained(directory, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
     if not options.load_in_4bit:

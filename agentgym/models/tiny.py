@@ -43,6 +43,7 @@ __all__ = [
     "create_model",
     "default_corpus",
     "load_tiny_model",
+    "quiet_progress_bars",
     "train_tokenizer",
 ]
 
@@ -306,8 +307,8 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
 
 
 @contextlib.contextmanager
-def _quiet_progress_bars() -> Iterator[None]:
-    """Hide transformers' per-file progress bars while saving/loading a tiny model.
+def quiet_progress_bars() -> Iterator[None]:
+    """Hide transformers' per-file progress bars while saving or loading a small model.
 
     A tiny model loads in milliseconds; the bars would only clutter the quickstart's and the CLI's
     output. The previous setting is restored afterwards.
@@ -402,7 +403,7 @@ def build_tiny_model(
     tokenizer.model_max_length = config.max_position_embeddings
     model = create_model(tokenizer, config)
     out.mkdir(parents=True, exist_ok=True)
-    with _quiet_progress_bars():
+    with quiet_progress_bars():
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
     return out
@@ -429,7 +430,7 @@ def load_tiny_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokeni
         )
     _require("torch")
     transformers = _require("transformers")
-    with _quiet_progress_bars():
+    with quiet_progress_bars():
         model = transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
         tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
     return model.eval(), tokenizer

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym.errors import ConfigError
-from agentgym.models.tiny import IM_END, _quiet_progress_bars, _require, default_corpus, train_tokenizer
+from agentgym.models.tiny import IM_END, _require, default_corpus, quiet_progress_bars, train_tokenizer
 
 __all__ = ["IMAGE_TOKEN", "VLM_CHAT_TEMPLATE", "TinyVLMConfig", "build_tiny_vlm", "create_tiny_vlm"]
 
@@ -149,7 +149,7 @@ def build_tiny_vlm(output_dir: str | Path, *, texts: Iterable[str] | None = None
     out = Path(output_dir)
     model, processor = create_tiny_vlm(texts, config)
     out.mkdir(parents=True, exist_ok=True)
-    with _quiet_progress_bars():
+    with quiet_progress_bars():
         model.save_pretrained(out)
         processor.save_pretrained(out)
     return out

@@ -243,9 +243,9 @@ class HFPolicy(InProcessTokenPolicy):
         hub_name = str(path) if is_hub_id(path) and not Path(str(path)).is_dir() else None
         transformers = _import_transformers()
         _import_torch()
-        from agentgym.models.tiny import _quiet_progress_bars
+        from agentgym.models.tiny import quiet_progress_bars
 
-        with _quiet_progress_bars():
+        with quiet_progress_bars():
             if is_vision_model_dir(directory):  # a VLM: its processor and its image-text-to-text model class
                 processor = transformers.AutoProcessor.from_pretrained(directory, local_files_only=True)
                 model = transformers.AutoModelForImageTextToText.from_pretrained(directory, local_files_only=True)
