@@ -23,7 +23,9 @@ The floor: the continuous sampler's FLOPs at this machine's measured rates, matr
 the model's shapes and attention at the rate of one ``scaled_dot_product_attention`` call a turn and layer over a
 sample of the workload's own (new tokens, context) shapes (the fastest way measured for them: batching rows by
 padding or a hand-written ``softmax(q k^T) v`` was slower). The reference loop's time over the floor is the most any
-float32 sampler built on these kernels could gain here; the 10x goal is out of reach where that ratio is below 10.
+float32 sampler that computes the same tokens on these kernels could gain here; the 10x goal is out of reach where
+that ratio is below 10. (The only tokens a sampler could skip are the repeats of a group's shared first prompt: its
+8 rollouts start from the same text, which is about 5% of the tokens computed here.)
 
 The FLOP estimate counts the model's matrix products per computed token (2 x weights, the output layer included)
 plus attention (4 x layers x hidden x position) over the tokens each sampler actually computes (prompt suffixes not
