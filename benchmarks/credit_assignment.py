@@ -162,7 +162,8 @@ def warm_start(task: CreditTask, workdir: Path, *, target: float, max_bc_steps: 
         f"at a time until greedy success on 64 training tasks reaches {target:g} (at most {max_bc_steps} steps; "
         f"cached in {out})")
     demonstrations = collect_demonstrations(suite, "train", demos, tokenizer, system_prompt="",
-                                            max_context_tokens=task.max_context_tokens)
+                                            max_context_tokens=task.max_context_tokens,
+                                            max_action_tokens=task.max_tokens_per_turn)
     info = cached
     while steps < max_bc_steps or info is None:
         behaviour_clone(model, tokenizer, demonstrations, steps=chunk, learning_rate=1e-3, batch_size=batch_size,

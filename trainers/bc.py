@@ -34,7 +34,8 @@ logger = logging.getLogger(__name__)
 def collect_demonstrations(suite: TaskSuite, split: str, count: int, tokenizer: Any, *, shortcut_fraction: float = 0.0,
                            seed: int = 0, system_prompt: str | None = None, processor: Any = None,
                            policy: ReferencePolicy | None = None, max_in_flight: int = 256,
-                           max_context_tokens: int | None = None) -> list[Trajectory]:
+                           max_context_tokens: int | None = None,
+                           max_action_tokens: int | None = None) -> list[Trajectory]:
     """Reference-solver (and optionally shortcut) episodes on the first ``count`` tasks of ``split``.
 
     With a vision-language model's ``processor``, the demonstrations see what the VLM will see: image
@@ -44,6 +45,8 @@ def collect_demonstrations(suite: TaskSuite, split: str, count: int, tokenizer: 
     ``max_in_flight`` bounds the episodes run at once (browser envs on a small machine need few).
     ``max_context_tokens`` ends a demonstration where the learner's own episodes will end (the rollout's context
     limit), so cloning never trains on contexts longer than the policy will see, nor past the model's positions.
+    ``max_action_tokens`` (the tokens a turn may sample): demonstrated actions longer than that are counted and
+    logged as a warning with the fix, since the policy's own turns are cut there and can never produce them.
     """
     tasks = suite.split(split)[:count]
     specs = [EpisodeSpec(suite.env_id, task=t, seed=seed + i, env_kwargs=dict(suite.env_kwargs)) for i, t in enumerate(tasks)]
@@ -53,8 +56,22 @@ def collect_demonstrations(suite: TaskSuite, split: str, count: int, tokenizer: 
         policy.accepts_images, policy.processor = True, processor
     config = RolloutConfig(max_in_flight=max_in_flight, sampling=SamplingParams(max_tokens=1), system_prompt=system_prompt,
                            deterministic=True, max_context_tokens=max_context_tokens)
-    demos = RolloutEngine(policy, config).run(specs)
-    return [d for d in demos if d.error is None and d.has_tokens]
+    demos = [d for d in RolloutEngine(policy, config).run(specs) if d.error is None and d.has_tokens]
+    if max_action_tokens is not None:
+        _warn_of_long_actions(demos, max_action_tokens, suite.name)
+    return demos
+
+
+def _warn_of_long_actions(demos: Sequence[Trajectory], limit: int, suite: str) -> None:
+    """Log how many demonstrated actions a turn of ``limit`` tokens would cut (the policy cannot learn to finish
+    them: its own turns stop at the limit, mid-call)."""
+    lengths = [len(t.action_token_ids) for d in demos for t in d.turns if t.action_token_ids]
+    long = [n for n in lengths if n > limit]
+    if long:
+        logger.warning("%s: %d of %d demonstrated actions are longer than the %d tokens a turn may sample (longest "
+                       "%d): the policy's turns are cut there, so it can never produce them; raise the turn limit "
+                       "(max_tokens_per_turn) to at least %d", suite, len(long), len(lengths), limit, max(long),
+                       max(long))
 
 
 def behaviour_clone(model: Any, tokenizer: Any, demonstrations: Sequence[Trajectory], *, steps: int, learning_rate: float,

@@ -354,3 +354,23 @@ def test_dense_index_build_logs_its_size(tmp_path: Path, caplog: pytest.LogCaptu
     assert len(messages) == 2, messages
     assert messages[0].startswith("dense index: encoding 5 documents with ") and str(tmp_path) in messages[0]
     assert re.fullmatch(r"dense index: 5 documents encoded in [0-9.]+ s \(384-dim embeddings, 0\.0 MB\)", messages[1])
+
+
+def test_demonstrated_actions_longer_than_a_turn_are_reported_with_the_fix(tiny_dir: Path,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    """A warm start that clones actions the policy's turns would cut teaches what can never be sampled (a TextWorld
+    study ran 150 BC steps at 0.000 success that way): the demonstrations say so, with the length to set."""
+    from agentgym.models.tiny import load_tiny_model
+    from agentgym.registration.suites import load_suite
+    from agentgym.trainers.bc import collect_demonstrations
+
+    _, tokenizer = load_tiny_model(tiny_dir)
+    suite = load_suite("games-calc")
+    with caplog.at_level(logging.WARNING, logger="agentgym.trainers.bc"):
+        demos = collect_demonstrations(suite, "train", 2, tokenizer, system_prompt="", max_action_tokens=3)
+    longest = max(len(t.action_token_ids) for d in demos for t in d.turns)
+    assert longest > 3 and f"(longest {longest})" in caplog.text and f"to at least {longest}" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="agentgym.trainers.bc"):
+        collect_demonstrations(suite, "train", 2, tokenizer, system_prompt="", max_action_tokens=longest)
+    assert "longer than" not in caplog.text
