@@ -50,10 +50,10 @@ def sampler_rates_per_core() -> tuple[float, float]:
 # benchmarks/results/gradient_noise.json for the task replaces these (see noise_scale).
 MEASURED_NOISE: dict[tuple[str, str], float] = {("sokoban", "grpo"): 1000.0, ("sokoban", "gigpo_seq_mean"): 555.0}
 
-# TextWorld is not one of the credit-assignment benchmark's tasks. Its reference solver writes each command as a
-# Hermes tool call (<tool_call>{"name": "command", "arguments": {"text": ...}}</tool_call>), up to 40 tokens with
-# the task's tokenizer on the first 40 training walkthroughs: a turn may hold 48 (at 24, every command longer than
-# a few words was cut mid-call, and greedy training success stayed at 0.000 through 150 BC steps).
+# TextWorld is not one of the credit-assignment benchmark's tasks, and its commands are longer than a maze move: on
+# the first 40 training walkthroughs they run to 23 tokens as native calls (command("...")), as the reference solver
+# writes them, and to 40 as Hermes tool calls, a form a policy may use as well. A turn may hold 48: at 24, every
+# Hermes call longer than a few words was cut mid-call (greedy training success 0.000 through 150 BC steps).
 EXTRA_TASKS = {"textworld": credit.CreditTask("textworld", "textworld", "test", max_tokens_per_turn=48,
                                               max_context_tokens=1536)}
 SMOKE_SUITES = {"textworld": "textworld-smoke"}

@@ -408,7 +408,7 @@ class ScienceWorldEnv(AgentEnv):
 
         def solve(observation: str) -> str:
             action = actions.pop(0) if actions else "look around"
-            return "<tool_call>" + json.dumps({"name": "command", "arguments": {"text": action}}) + "</tool_call>"
+            return f"command({json.dumps(action)})"  # the native call: the shortest text a model must clone
 
         return solve
 

@@ -65,7 +65,7 @@ def test_a_study_task_outside_the_benchmark_is_measured_with_its_own_settings(ma
     bench = load_script("benchmarks/gradient_noise.py")
     args = bench.parse_args(["--task", "textworld", "--model", str(maze_model)])
     task = bench.task_of(args.task)
-    assert task.suite == "textworld" and task.max_tokens_per_turn == 24  # TextWorld's commands, not a maze move
+    assert task.suite == "textworld" and task.max_tokens_per_turn == 48  # TextWorld's commands, not a maze move
     assert args.credit_args.eval_split == task.eval_split
 
 
