@@ -14,8 +14,10 @@ import concurrent.futures
 import queue
 import threading
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
+
+from agentgym.utils.coroutines import run_coroutine
 
 __all__ = ["EnvExecutor", "call_env", "run_coroutine"]
 
@@ -155,22 +157,3 @@ async def call_env(executor: concurrent.futures.Executor, timeout_s: float, fn: 
 def _resolve(future: asyncio.Future[Any], value: Any) -> None:
     if not future.done():
         future.set_result(value)
-
-
-_Result = TypeVar("_Result")
-
-
-def run_coroutine(coroutine: Coroutine[Any, Any, _Result]) -> _Result:
-    """``asyncio.run(coroutine)`` for a coroutine with a large result, without Python formatting that result.
-
-    Why: on the main thread ``asyncio.run`` puts back its Ctrl-C handler on the way out, and on CPython 3.11
-    reading the handler formats ``repr`` of the finished main task, result included: for a list of trajectories,
-    every turn of the first six in full, about 8 ms for 256 episodes of 20 turns with token ids, per run.
-    """
-    results: list[_Result] = []
-
-    async def main() -> None:
-        results.append(await coroutine)
-
-    asyncio.run(main())
-    return results[0]

@@ -21,7 +21,6 @@ an in-process Hugging Face policy through ``SamplingParams.constraint`` (a
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import hashlib
 import json
@@ -38,6 +37,7 @@ from agentgym.rewards.rubric import Rubric, RubricScore
 from agentgym.rewards.sample import sample_from_trajectory
 from agentgym.rollout.batching import PolicyBatcher
 from agentgym.rollout.executor import run_coroutine
+from agentgym.utils.coroutines import run_blocking
 from agentgym.trajectory import Trajectory
 
 __all__ = ["JUDGE_MODES", "NAIVE_JUDGE", "PolicyJudge", "SchemaConstraint", "judge_policy", "ajudge_trajectories",
@@ -162,12 +162,7 @@ class PolicyJudge:
         """Synchronous :meth:`ajudge`, for envs (``reward=rubric``) and scripts. Called on a thread whose event loop
         is running (an env the rollout engine steps inline), it runs on a thread of its own: a loop cannot wait
         on a second loop in its own thread."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return run_coroutine(self.ajudge(prompts))
-        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentgym-judge") as pool:
-            return pool.submit(run_coroutine, self.ajudge(prompts)).result()
+        return run_blocking(self.ajudge(prompts))
 
     async def ajudge(self, prompts: Sequence[JudgePrompt]) -> list[JudgeReply]:
         """One reply per prompt; identical prompts are asked once, cached ones not at all."""

@@ -16,10 +16,8 @@ from the episode seed), so self-play episodes replay exactly.
 from __future__ import annotations
 
 import abc
-import asyncio
-import concurrent.futures
 import threading
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,7 @@ import numpy as np
 from agentgym.agent import ChatAgent
 from agentgym.errors import ConfigError
 from agentgym.policy import Generation, Policy, SamplingParams
+from agentgym.utils.coroutines import run_blocking
 
 from .chess import START_FEN
 from .stockfish import StockfishConfig, StockfishEngine
@@ -127,16 +126,6 @@ class StockfishOpponent(Opponent):
 
 
 
-def run_coroutine(coroutine: Coroutine[Any, Any, Any]) -> Any:
-    """Run ``coroutine`` to completion from synchronous code, even when this thread runs an event loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine)
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentgym-opponent") as pool:
-        return pool.submit(asyncio.run, coroutine).result()
-
-
 class PolicyOpponent(Opponent):
     """Any agentgym policy as an opponent: it sees the seat's text observations and instructions.
 
@@ -176,7 +165,7 @@ class PolicyOpponent(Opponent):
         sampling = SamplingParams(self.sampling.max_tokens, self.sampling.temperature, self.sampling.top_p,
                                   self.sampling.stop, seed)
         request = self._agent.request(sampling, episode_id=f"opponent-{id(self)}-{self._episode}")
-        generations: list[Generation] = run_coroutine(self.policy.act([request]))
+        generations: list[Generation] = run_blocking(self.policy.act([request]))
         self._agent.record_action(generations[0])
         return generations[0].text
 

@@ -404,6 +404,60 @@ def test_a_run_never_formats_its_trajectories_on_the_way_out() -> None:
         run_coroutine(fail())
 
 
+def test_ctrl_c_while_the_loop_is_built_leaves_nothing_to_complain_at_exit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C that lands inside ``new_event_loop`` (a narrow window, hit by one training run in thousands) used to
+    leave a half-built loop whose finalizer printed a traceback, and the episode coroutines unawaited."""
+    import asyncio
+    import gc
+    import warnings
+
+    from agentgym.rollout import run_coroutine
+
+    built = asyncio.events.new_event_loop
+
+    def interrupted_while_building() -> asyncio.AbstractEventLoop:
+        signal.raise_signal(signal.SIGINT)  # delivered at once, half-way through building the loop
+        return built()
+
+    monkeypatch.setattr(asyncio.events, "new_event_loop", interrupted_while_building)
+    unraisable: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    started: list[int] = []
+
+    async def episode() -> int:
+        started.append(1)
+        return 1
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught, pytest.raises(KeyboardInterrupt):
+            warnings.simplefilter("always")
+            run_coroutine(episode())
+        gc.collect()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert started == [] and unraisable == []
+    assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]
+    monkeypatch.undo()
+    assert run_coroutine(episode()) == 1  # and the next run works
+
+
+def test_interrupts_held_delays_ctrl_c_to_the_end_of_the_region() -> None:
+    from agentgym.utils.coroutines import interrupts_held
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    reached = []
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with interrupts_held():
+                signal.raise_signal(signal.SIGINT)
+                reached.append("after the signal")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert reached == ["after the signal"]
+
+
 class RefusesLongPrompts(ScriptedPolicy):
     """Echoes, in batches, but refuses (as a server would, for the whole request) any batch holding a
     conversation longer than ``limit`` messages: only episode 0 is scripted to grow that long."""

@@ -14,22 +14,19 @@ whenever the policy is (greedy decoding or a fixed sampling seed, which we pass 
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import hashlib
 from collections import OrderedDict
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 from agentgym.tools.retrieval.base import Document, Hit, RetrievalError, Retriever
 
 from agentgym.errors import ConfigError
 from agentgym.policy import GenerationRequest, Policy, SamplingParams
+from agentgym.utils.coroutines import run_blocking
 
 __all__ = ["SimulatedSearchEngine", "curriculum_noise"]
-
-T = TypeVar("T")
 
 SYSTEM_PROMPT = (
     "You are a web search engine. For the user's query, write one search result: a title on the first line, "
@@ -63,16 +60,6 @@ def curriculum_noise(step: int, total_steps: int, *, start: float = 0.0, end: fl
 def _uniform(key: str) -> float:
     """A reproducible draw in [0, 1) from a string (sha256; ``random.Random(str)`` correlates similar strings)."""
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
-
-
-def _run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a policy coroutine from synchronous env code, also when this thread already runs an event loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, coro).result()
 
 
 class SimulatedSearchEngine(Retriever):
@@ -171,7 +158,7 @@ class SimulatedSearchEngine(Retriever):
         kinds = self.slot_kinds(query, k)
         written = [i for i, kind in enumerate(kinds) if kind != "distractor"]
         requests = [self._request(query, kinds[i], i) for i in written]
-        generations = _run_sync(self.policy.act(requests)) if requests else []
+        generations = run_blocking(self.policy.act(requests)) if requests else []
         texts = {i: g.text for i, g in zip(written, generations)}
         hits = []
         for slot, kind in enumerate(kinds):
