@@ -94,6 +94,8 @@ def study_section(study: cat.Study, record: dict[str, Any] | None, results: Path
              f"Goal scale: {scale.rollouts_per_step} rollouts a step (noise scale {sizing['noise_scale']:.0f}: "
              f"{sizing['noise_source']}), {scale.steps} steps, {scale.eval_tasks} held-out tasks (one evaluation's se "
              f"{sizing['held_out_se_at_p_0.5']:.3f} at p = 0.5" +
+             (f": the split is the task's whole space of {sizing['task_space']} tasks, so a greedy policy's success on it "
+              "is exact" if sizing.get("task_space") and scale.eval_tasks >= sizing["task_space"] else "") +
              ("" if sizing["se_bound_met"] else
               f"; above the 0.025 target: the split has only {sizing['held_out_available']} tasks") +
              f"). Sampling alone takes about {hours:.1f} h on 2 idle cores at today's sampler rate on Sokoban (this "
