@@ -49,6 +49,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,9 @@ class CreditTask:
     eval_split: str
     max_tokens_per_turn: int
     max_context_tokens: int
+    context: Mapping[str, Any] | None = None
+    """The rollouts' context strategy (``RolloutConfig.context``) in training, evaluation and the warm start's
+    demonstrations alike; ``None``: the whole history, up to ``max_context_tokens``."""
 
 
 TASKS = {
@@ -87,7 +91,7 @@ DEFAULT_TASKS = ("maze", "guess")
 
 # ---- warm start --------------------------------------------------------------------------------------------
 def greedy_success(model: Any, tokenizer: Any, suite: Any, split: str, count: int, max_tokens: int,
-                   max_context_tokens: int) -> float:
+                   max_context_tokens: int, context: Mapping[str, Any] | None = None) -> float:
     """Greedy success of ``model`` on the first ``count`` tasks of ``split`` (no system prompt, as in training)."""
     from agentgym.policies import SamplingParams
     from agentgym.policies.hf import HFPolicy
@@ -96,7 +100,8 @@ def greedy_success(model: Any, tokenizer: Any, suite: Any, split: str, count: in
     specs = [EpisodeSpec(suite.env_id, task=t, seed=i, env_kwargs=dict(suite.env_kwargs))
              for i, t in enumerate(suite.split(split)[:count])]
     config = RolloutConfig(max_in_flight=256, sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0),
-                           system_prompt="", max_context_tokens=max_context_tokens, deterministic=True)
+                           system_prompt="", max_context_tokens=max_context_tokens, deterministic=True,
+                           context=context)
     model.eval()
     policy = HFPolicy(model, tokenizer, max_batch_size=64, device=str(next(model.parameters()).device))
     return float(summarize(RolloutEngine(policy, config).run(specs))["success_rate"])
@@ -131,6 +136,10 @@ def warm_start(task: CreditTask, workdir: Path, *, target: float, max_bc_steps: 
     out = workdir / name
     info_path = out / "warm_start.json"
     cached = json.loads(info_path.read_text()) if info_path.is_file() and (out / "config.json").is_file() else None
+    if cached is not None and cached.get("context") != (dict(task.context) if task.context else None):
+        log(f"  warm start {task.name}: the cached one in {out} was cloned with another context strategy "
+            f"({cached.get('context')}); building it again")
+        cached = None
     if cached is not None:
         reached = max((s for _, s in cached["train_success_curve"]), default=0.0)
         if reached >= target or cached["bc_steps"] >= max_bc_steps:
@@ -162,14 +171,15 @@ def warm_start(task: CreditTask, workdir: Path, *, target: float, max_bc_steps: 
         f"at a time until greedy success on 64 training tasks reaches {target:g} (at most {max_bc_steps} steps; "
         f"cached in {out})")
     demonstrations = collect_demonstrations(suite, "train", demos, tokenizer, system_prompt="",
-                                            max_context_tokens=task.max_context_tokens,
+                                            max_context_tokens=task.max_context_tokens, context=task.context,
                                             max_action_tokens=task.max_tokens_per_turn)
     info = cached
     while steps < max_bc_steps or info is None:
         behaviour_clone(model, tokenizer, demonstrations, steps=chunk, learning_rate=1e-3, batch_size=batch_size,
                         seed=steps, device=device, progress=False)
         steps += chunk
-        success = greedy_success(model, tokenizer, suite, "train", 64, task.max_tokens_per_turn, task.max_context_tokens)
+        success = greedy_success(model, tokenizer, suite, "train", 64, task.max_tokens_per_turn, task.max_context_tokens,
+                                 task.context)
         curve.append((steps, success))
         log(f"  warm start {task.name}: {steps} BC steps -> train success {success:.3f} "
             f"({time.perf_counter() - started:.0f} s)")
@@ -177,7 +187,7 @@ def warm_start(task: CreditTask, workdir: Path, *, target: float, max_bc_steps: 
         info = _save_warm_start(model, tokenizer, out, {
             "bc_steps": steps, "train_success_curve": curve, "target": target,
             "seconds": earlier_s + time.perf_counter() - started, "demonstrations": len(demonstrations),
-            "batch_size": batch_size, "device": device})
+            "batch_size": batch_size, "device": device, "context": dict(task.context) if task.context else None})
         if success >= target:
             break
     return out, info
@@ -236,6 +246,8 @@ def run_config(task: CreditTask, method: str, seed: int, model: Path, out: Path,
             config["packing"] = True
     else:
         config.update(actor_steps=3, batch_size=16, actor_warmup_steps=1)
+    if task.context:  # only when set, likewise
+        config["context"] = dict(task.context)
     if args.env_kwargs:  # only when set, likewise
         config["env_kwargs"] = args.env_kwargs
     if method == "archer":

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -19,6 +19,7 @@ import torch
 from agentgym.policies import ReferencePolicy, SamplingParams
 from agentgym.utils.progress import track
 from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
+from agentgym.rollout.context import ContextConfig
 from agentgym.suite import TaskSuite
 from agentgym.trainers.batch import build_batch, sequence_logprobs, vision_inputs
 from agentgym.trainers.interrupt import BCInterrupted
@@ -35,6 +36,7 @@ def collect_demonstrations(suite: TaskSuite, split: str, count: int, tokenizer: 
                            seed: int = 0, system_prompt: str | None = None, processor: Any = None,
                            policy: ReferencePolicy | None = None, max_in_flight: int = 256,
                            max_context_tokens: int | None = None,
+                           context: ContextConfig | Mapping[str, Any] | str | None = None,
                            max_action_tokens: int | None = None) -> list[Trajectory]:
     """Reference-solver (and optionally shortcut) episodes on the first ``count`` tasks of ``split``.
 
@@ -45,6 +47,9 @@ def collect_demonstrations(suite: TaskSuite, split: str, count: int, tokenizer: 
     ``max_in_flight`` bounds the episodes run at once (browser envs on a small machine need few).
     ``max_context_tokens`` ends a demonstration where the learner's own episodes will end (the rollout's context
     limit), so cloning never trains on contexts longer than the policy will see, nor past the model's positions.
+    ``context`` (the rollouts' context strategy, e.g. ``{"strategy": "window", "keep_turns": 4}``) rewrites the
+    demonstrations' history as the learner's episodes will be rewritten, so the policy clones actions from the
+    contexts it will act in (each rewrite starts a segment, a row of its own in :func:`behaviour_clone`).
     ``max_action_tokens`` (the tokens a turn may sample): demonstrated actions longer than that are counted and
     logged as a warning with the fix, since the policy's own turns are cut there and can never produce them.
     """
@@ -55,7 +60,7 @@ def collect_demonstrations(suite: TaskSuite, split: str, count: int, tokenizer: 
     if processor is not None:  # a scripted teacher reads no pixels; the recorded prompts must carry them all the same
         policy.accepts_images, policy.processor = True, processor
     config = RolloutConfig(max_in_flight=max_in_flight, sampling=SamplingParams(max_tokens=1), system_prompt=system_prompt,
-                           deterministic=True, max_context_tokens=max_context_tokens)
+                           deterministic=True, max_context_tokens=max_context_tokens, context=context)
     demos = [d for d in RolloutEngine(policy, config).run(specs) if d.error is None and d.has_tokens]
     if max_action_tokens is not None:
         _warn_of_long_actions(demos, max_action_tokens, suite.name)

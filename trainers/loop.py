@@ -166,6 +166,7 @@ class OnlineTrainer:
         demos = collect_demonstrations(self.suite, cfg.train_split, cfg.bc_demos, self.tokenizer,
                                        shortcut_fraction=cfg.bc_shortcut_fraction, seed=cfg.seed,
                                        system_prompt=cfg.system_prompt, processor=self._processor(),
+                                       max_context_tokens=cfg.max_context_tokens, context=cfg.context,
                                        max_action_tokens=cfg.max_tokens_per_turn)
         self._bc_done = start
         try:

@@ -54,8 +54,13 @@ MEASURED_NOISE: dict[tuple[str, str], float] = {("sokoban", "grpo"): 1000.0, ("s
 # the first 40 training walkthroughs they run to 23 tokens as native calls (command("...")), as the reference solver
 # writes them, and to 40 as Hermes tool calls, a form a policy may use as well. A turn may hold 48: at 24, every
 # Hermes call longer than a few words was cut mid-call (greedy training success 0.000 through 150 BC steps).
+# Its room descriptions are long (about 190 tokens a turn with the task's tokenizer): with the whole history, 20
+# of the first 60 training walkthroughs (7.7 turns on average) end at the 1,536-token context before the game is
+# won. Older observations become a stub instead (``drop_tool_outputs``, the latest two kept whole; every command
+# stays), and all 60 fit, in 1.4 segments on average.
+TEXTWORLD_CONTEXT = {"strategy": "drop_tool_outputs", "keep_tool_outputs": 2, "stub": "..."}
 EXTRA_TASKS = {"textworld": credit.CreditTask("textworld", "textworld", "test", max_tokens_per_turn=48,
-                                              max_context_tokens=1536)}
+                                              max_context_tokens=1536, context=TEXTWORLD_CONTEXT)}
 SMOKE_SUITES = {"textworld": "textworld-smoke"}
 """A smaller suite the smoke scale uses instead (no game generation: its training games are the env's default)."""
 

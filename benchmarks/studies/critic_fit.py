@@ -52,7 +52,7 @@ def held_out_explained_variance(run_dir: Path, config: dict[str, Any], episodes:
     specs = [EpisodeSpec(suite.env_id, task=task, seed=i, env_kwargs=dict(env_kwargs), sampling_seed=i)
              for i, task in enumerate(suite.split(cfg.eval_split)[:episodes])]
     rollout = RolloutConfig(max_in_flight=256, system_prompt=cfg.system_prompt,
-                            max_context_tokens=cfg.max_context_tokens,
+                            max_context_tokens=cfg.max_context_tokens, context=cfg.context,
                             sampling=SamplingParams(max_tokens=cfg.max_tokens_per_turn, temperature=cfg.temperature,
                                                     top_p=cfg.top_p))
     policy = HFPolicy(trainer.model, trainer.tokenizer, max_batch_size=64, device=cfg.device)

@@ -83,6 +83,17 @@ def _took(study: cat.Study, results: Path) -> str:
             f"{last['runs']} runs of its own, {last['jobs']} at a time)")
 
 
+def _context_line(study: cat.Study) -> str:
+    """How the task's rollouts keep a long history, where they do not keep all of it."""
+    context = cat.task_of(study.task).context
+    if not context:
+        return ""
+    settings = ", ".join(f"{key} {value!r}" for key, value in context.items() if key != "strategy")
+    return (f" Every rollout (demonstrations, training, evaluation) keeps its context with `{context['strategy']}`"
+            f"{f' ({settings})' if settings else ''}, up to {cat.task_of(study.task).max_context_tokens} tokens a "
+            "segment.")
+
+
 def study_section(study: cat.Study, record: dict[str, Any] | None, results: Path = RESULTS) -> tuple[str, str | None]:
     """``(markdown, plot file name or None)`` of one study."""
     scale, sizing = cat.goal_scale(study)
@@ -100,7 +111,7 @@ def study_section(study: cat.Study, record: dict[str, Any] | None, results: Path
               f"; above the 0.025 target: the split has only {sizing['held_out_available']} tasks") +
              f"). Sampling alone takes about {hours:.1f} h on 2 idle cores at today's sampler rate on Sokoban (this "
              "task's episodes may run longer or shorter); the updates and evaluations come on top" +
-             _took(study, results) + ".", "",
+             _took(study, results) + "." + _context_line(study), "",
              f"Run: `agentgym study {study.name}` (`--device cuda` on a GPU; `--scale smoke` checks the code path).", "",
              *tuning_lines(study, results, record)]
     if record is None:

@@ -38,7 +38,7 @@ def tool_calls_by_outcome(run_dir: Path, config: dict[str, Any]) -> dict[str, An
     specs = [EpisodeSpec(suite.env_id, task=task, seed=i, env_kwargs=dict(suite.env_kwargs))
              for i, task in enumerate(suite.split(cfg.eval_split)[:cfg.eval_tasks])]
     rollout = RolloutConfig(max_in_flight=256, system_prompt=cfg.system_prompt,
-                            max_context_tokens=cfg.max_context_tokens, deterministic=True,
+                            max_context_tokens=cfg.max_context_tokens, context=cfg.context, deterministic=True,
                             sampling=SamplingParams(max_tokens=cfg.max_tokens_per_turn, temperature=0.0))
     policy = HFPolicy(model.eval(), tokenizer, max_batch_size=64, device=cfg.device)
     try:

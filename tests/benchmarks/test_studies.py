@@ -308,3 +308,38 @@ def test_measured_hours_count_the_warm_start_and_own_runs_shared_among_the_jobs(
     record["details"]["scale_name"] = "smoke"  # a smoke or reduced run measures nothing about the goal scale
     (tmp_path / "study_gigpo_vs_grpo_babyai.json").write_text(json.dumps(record))
     assert cat.measured_hours(study, tmp_path) is None
+
+
+def test_the_textworld_study_keeps_one_context_strategy_in_every_rollout(tmp_path: Path) -> None:
+    """Demonstrations, the warm start's checks, training and evaluation all rewrite TextWorld's long history the
+    same way; a warm start cached with another strategy is not reused."""
+    import argparse
+
+    import credit_assignment as credit
+
+    from agentgym.trainers.config import config_from_dict
+
+    task = cat.task_of("textworld")
+    assert task.context == cat.TEXTWORLD_CONTEXT
+    args = argparse.Namespace(**{**vars(credit.parse_args([])), "steps": 1})
+    config = config_from_dict(credit.run_config(task, "grpo", 0, tmp_path / "m", tmp_path / "out", args))
+    assert dict(config.context) == cat.TEXTWORLD_CONTEXT
+    assert "context" not in credit.run_config(cat.task_of("maze"), "grpo", 0, tmp_path / "m", tmp_path / "o", args)
+
+    cached = tmp_path / "warm-textworld"
+    cached.mkdir()
+    (cached / "config.json").write_text("{}")
+    (cached / "warm_start.json").write_text(json.dumps({"bc_steps": 400, "train_success_curve": [[400, 0.5]],
+                                                        "seconds": 1.0, "context": None}))
+    said: list[str] = []
+
+    class Rebuilt(Exception):
+        pass
+
+    def log(line: str) -> None:
+        said.append(line)
+        raise Rebuilt
+
+    with pytest.raises(Rebuilt):
+        credit.warm_start(task, tmp_path, target=0.25, max_bc_steps=400, log=log)
+    assert "cloned with another context strategy" in said[0]
