@@ -100,7 +100,8 @@ class TrainerConfig:
     context: Mapping[str, Any] | None = None
     """How rollouts keep a growing conversation: ``{strategy: window, keep_turns: 4}``, ``drop_tool_outputs``,
     ``summarize`` or ``package.module:function`` (fields of ``agentgym.rollout.context.ContextConfig``); ``null``:
-    the whole history (``full``). A rewrite starts a new segment; its rows train with the episode's advantage."""
+    the whole history (``full``). A rewrite starts a new segment; its rows train with the episode's advantage. The
+    BC warm start's demonstrations are rewritten the same way, so the policy clones actions in these contexts."""
     max_turn_tokens: int | None = None
     """An action that uses this many tokens is cut and ends its episode with turn_token_limit (None: no limit)."""
     max_episode_tokens: int | None = None
