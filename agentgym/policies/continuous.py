@@ -21,9 +21,11 @@ seeded stream (:mod:`agentgym.policies.seeding`), so a seeded request samples th
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import logging
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +43,27 @@ from agentgym.policies.token_tables import ChoiceAutomaton, StopCandidates
 __all__ = ["ContinuousSampler"]
 
 logger = logging.getLogger(__name__)
+
+_RUNNING: weakref.WeakSet[ContinuousSampler] = weakref.WeakSet()
+"""Samplers whose decode thread is running (the thread holds its sampler until the thread ends)."""
+_DECODE_THREADS: set[threading.Thread] = set()
+"""Every decode thread started and not yet seen finished."""
+
+
+@atexit.register
+def _end_decode_threads() -> None:
+    """Close every running sampler and wait for its decode thread before the interpreter tears down.
+
+    Why: a decode thread ends by dropping its sampler, which frees the slot cache's tensors one by one, each
+    dealloc releasing and retaking the GIL. A policy dropped just before the script ended left that thread still
+    freeing tensors when the interpreter began to finalize; a daemon thread retaking the GIL then is unwound
+    through torch's C++ frames, and the process aborted ("terminate called without an active exception", exit
+    status 134) after the script had done its work.
+    """
+    for sampler in list(_RUNNING):
+        sampler.close()
+    for thread in list(_DECODE_THREADS):
+        thread.join(timeout=60)
 
 # Prefill chunks: most new tokens run in one forward (bounds the activations, [tokens, intermediate] per layer).
 _PREFILL_TOKENS = 8192
@@ -208,6 +231,10 @@ class ContinuousSampler:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="agentgym-continuous-sampler", daemon=True)
                 self._thread.start()
+                _RUNNING.add(self)
+                for finished in [t for t in list(_DECODE_THREADS) if not t.is_alive()]:
+                    _DECODE_THREADS.discard(finished)
+                _DECODE_THREADS.add(self._thread)
             self._cond.notify()
         return [r.future for r in requests]
 

@@ -14,6 +14,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest
 
+from tests.helpers.scripts import REPO
 from tests.helpers.tiny_models import build_context_sensitive_tiny_model
 
 torch = pytest.importorskip("torch")
@@ -264,3 +265,37 @@ def test_a_policy_dropped_without_close_ends_its_decode_thread_and_frees_its_cac
         threading.Event().wait(0.05)
         gc.collect()
     assert sampler_threads() == before and sampler() is None  # the thread, and with it the slot cache, are gone
+
+
+EXIT_SCRIPT = """
+import asyncio, sys, threading
+from agentgym.policies import GenerationRequest, HFPolicy, SamplingParams
+from agentgym.policies import continuous
+
+policy = HFPolicy.from_pretrained(sys.argv[1], max_batch_size=4)
+ids = tuple(policy.tokenizer.encode("guess(50)", add_special_tokens=False))
+request = GenerationRequest(({"role": "user", "content": "-"},), ids, SamplingParams(max_tokens=3, temperature=1.0, seed=1))
+asyncio.run(policy.act([request, request]))
+if sys.argv[2] == "dropped":
+    del policy  # a script that lets its policy go just before it ends: its thread is ending as the script does
+continuous._end_decode_threads()  # what the interpreter's exit hooks run before it finalizes
+alive = [t for t in threading.enumerate() if t.name == "agentgym-continuous-sampler" and t.is_alive()]
+print("decode threads alive at finalization:", len(alive), flush=True)
+"""
+
+
+@pytest.mark.parametrize("policy_at_exit", ["dropped", "kept"])
+def test_no_decode_thread_runs_while_the_interpreter_finalizes(model_dir, tmp_path, policy_at_exit):
+    """A decode thread still ending (freeing its slot cache tensor by tensor) when the interpreter finalizes is
+    unwound through torch's C++ frames and aborts the process (exit status 134, seen after TextWorld and BabyAI
+    rollouts with a 256-slot cache) once the script's work is done. The exit hook closes every sampler and waits
+    for each decode thread, whether its policy is still held or was just dropped."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "ends.py"
+    script.write_text(EXIT_SCRIPT)
+    done = subprocess.run([sys.executable, str(script), str(model_dir), policy_at_exit], capture_output=True,
+                          text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "decode threads alive at finalization: 0" in done.stdout, done.stdout + done.stderr[-2000:]
