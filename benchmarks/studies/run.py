@@ -611,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.scale == "goal":
         rate, rate_source = lr_tuning.learning_rate_of(study)
     else:
-        rate, rate_source = lr_tuning.DEFAULT_LEARNING_RATE, "the benchmark's default (the smoke scale is never tuned)"
+        rate, rate_source = lr_tuning.DEFAULT_LEARNING_RATE, "the benchmark's default: the smoke scale is never tuned"
     workdir = Path(args.workdir) / lr_tuning.workdir_name(study, args.scale, rate)
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     out = results_folder(args.out, scale_name, Path(args.workdir)).resolve()  # printed whole: `agentgym study` runs
