@@ -15,7 +15,9 @@ its outcome score**. ``add_reward`` pays credit early (progress, penalties); ``f
 the outcome score (``float(success)`` when no score is given; 0.0 when the episode is truncated without
 ``finish``); on the episode's last step the env pays the remainder, ``score - (rewards paid so far)``, as the
 reward component ``"outcome"``. So ``add_reward`` moves credit in time but never changes the return, and the
-return a Gymnasium user sums equals ``outcome["score"]``, the number the trainers use.
+return a Gymnasium user sums equals ``outcome["score"]``, the number the trainers use. The rollout engine's
+context limit ends an episode between two steps; :meth:`AgentEnv.truncate_episode` then gives the outcome any
+truncation gets from the env and the remainder, which the engine adds to the episode's last turn.
 """
 
 from __future__ import annotations
@@ -309,6 +311,28 @@ class AgentEnv(gym.Env[str, str]):
         self._transcript.append(("action", action if isinstance(action, str) else repr(action)))
         self._transcript.append(("observation", observation))
         return observation, reward, terminated, truncated, info
+
+    def truncate_episode(self, reason: str) -> tuple[dict[str, Any], float]:
+        """End the episode from outside, between two steps (the rollout engine's context limit): ``(outcome,
+        reward still due)``.
+
+        The outcome is the one this env gives any truncated episode (a turn-limit truncation gets the same; e.g.
+        TextWorld keeps the points earned), with ``reason`` as its ``end_reason``. Under the reward rule the last
+        step pays the score minus the rewards already paid; there is no step here, so that remainder is returned
+        for the caller to add to the episode's last turn, and the rewards still sum to the score.
+        """
+        if not self._started:
+            raise AgentGymError("Call reset() before truncate_episode(): the episode has not started.")
+        if self._finished or self._turn >= self.turn_limit:
+            raise AgentGymError("The episode is over (terminated or truncated); call reset() to start a new one.")
+        self._step_rewards = {}
+        self._end_reason = reason
+        self._pay_outcome()
+        due = float(sum(self._step_rewards.values()))
+        self._paid += due
+        self._step_rewards = {}
+        self._turn = self.turn_limit  # over: a further step is refused like one after any truncation
+        return {"success": self._success, "score": self._score, "end_reason": reason}, due
 
     def _pay_outcome(self) -> None:
         """The reward rule: on the last step, pay what is left of the outcome score as ``"outcome"``."""

@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                                   ratio=(mean(arm, key) / mean(full, key)) if mean(full, key) else None,
                                   goal=f"{strategy} > full" if key == "score" else None,
                                   met=(mean(arm, key) > mean(full, key)) if key == "score" else None,
-                                  note="full ends at the context limit (score 0 by the termination table); progress "
+                                  note="full ends at the context limit (score 0: quest scores every truncation 0); progress "
                                        "counts rooms and keys reached before any cut" if key == "score" else None))
     note = (f"--scale {args.scale}: measured on a shared, loaded 2-core CPU (load average in machine); "
             + ("12-room quests (14 turns for the reference) at a 512-token context: a scaled-down stand-in for the "

@@ -20,7 +20,7 @@ import agentgym  # noqa: F401
 
 
 def _register_test_envs() -> None:
-    for name in ("Flaky-v0", "Echo-v0", "Unseeded-v0", "CheapEcho-v0"):
+    for name in ("Flaky-v0", "Echo-v0", "Unseeded-v0", "CheapEcho-v0", "Progress-v0"):
         env_id = f"agentgym-test/{name}"
         if env_id not in gym.registry:
             gym.register(id=env_id, entry_point=f"tests.helpers.envs:{name.split('-')[0]}Env")

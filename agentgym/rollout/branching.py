@@ -53,21 +53,22 @@ from agentgym.policies.base import Generation, Policy, SamplingParams
 from agentgym.rollout.batching import act_per_request
 from agentgym.rollout.env_reuse import EnvPool, discard_env, prepare_tasks, tasks_to_prepare
 from agentgym.rollout.executor import EnvExecutor, call_env, run_coroutine
-from agentgym.rollout.segments import EpisodeContext, SummaryDidNotFit, limit_outcome
+from agentgym.rollout.segments import EpisodeContext, SummaryDidNotFit
 from agentgym.rollout.specs import EpisodeSpec, RolloutConfig
 from agentgym.rollout.turns import (
     action_choices_of,
     apply_action,
-    context_limit_outcome,
     context_limit_reached,
     error_outcome,
     final_state,
     log_context_refusal,
     make_turn,
     open_conversation,
+    pay_due_reward,
     read_state_key,
     record_action,
     text_of,
+    truncation_outcome,
     turn_sampling,
 )
 from agentgym.trajectory import TURN_KINDS, Trajectory, Turn
@@ -358,6 +359,13 @@ class BranchingSampler:
             return turn_sampling(replace(sampling, seed=live.spec.sampling_seed), stream, len(live.turns))
         return turn_sampling(sampling, live.seed_index, len(live.turns))
 
+    async def _truncate(self, live: _Live, reason: str = "context_limit") -> None:
+        """End ``live`` at an engine limit with the outcome its env gives a truncation (and the reward due)."""
+        live.outcome, due = await call_env(self._executor, self.rollout.step_timeout_s, truncation_outcome, live.env,
+                                           reason, inline=live.inline)
+        pay_due_reward(live.turns, due)
+        live.done = live.healthy = True
+
     async def _generate(self, active: list[_Live]) -> list[Generation | None]:
         """One policy turn for every active trajectory, batched in index order (context limits end some)."""
         rollout = self.rollout
@@ -367,8 +375,7 @@ class BranchingSampler:
             if live.context is not None and not await self._compact(live):
                 continue
             if context_limit_reached(live.agent, self.policy, rollout):
-                live.outcome = context_limit_outcome()
-                live.done = live.healthy = True
+                await self._truncate(live)
             else:
                 asking.append(i)
         order = sorted(asking, key=lambda i: active[i].seed_index)
@@ -389,8 +396,7 @@ class BranchingSampler:
                 live.timing["policy_s"] += elapsed
                 if isinstance(gen, ContextLengthExceeded):  # the model refused this prompt as too long
                     log_context_refusal(gen, turns_taken=len(live.turns))
-                    live.outcome = context_limit_outcome()
-                    live.done = live.healthy = True
+                    await self._truncate(live)
                     continue
                 results[i] = gen
                 h = self._entropy(gen)
@@ -426,8 +432,7 @@ class BranchingSampler:
                                             generate, state_key)
             live.timing["policy_s"] += time.perf_counter() - t0
         except SummaryDidNotFit:  # a truncation like any prompt too long; the context keeps the note
-            live.outcome = context_limit_outcome()
-            live.done = live.healthy = True
+            await self._truncate(live)
             return False
         except Exception as exc:  # noqa: BLE001 - one trajectory's failure must not end the others
             self._fail(live, exc)
@@ -436,8 +441,7 @@ class BranchingSampler:
             live.turns.append(summary)
             live.entropies.append(None)  # no branch point: the env never saw a summary
         if context.spent():
-            live.outcome = limit_outcome("episode_token_limit")
-            live.done = live.healthy = True
+            await self._truncate(live, "episode_token_limit")
             return False
         return True
 
@@ -468,8 +472,7 @@ class BranchingSampler:
                     live.turns.append(context.stamp(make_turn(live.observation, generation, 0.0,
                                                               {"turn": {"kind": "invalid", "calls": []}},
                                                               prompt_ids, action_ids, None, images)))
-                    live.outcome = limit_outcome("turn_token_limit")
-                    live.done = live.healthy = True
+                    await self._truncate(live, "turn_token_limit")
                     return
             step = await apply_action(self.policy, live.agent, live.env, live.observation, generation, executor,
                                       self.rollout.step_timeout_s, inline=live.inline)
@@ -482,8 +485,7 @@ class BranchingSampler:
                 live.healthy = live.outcome.get("end_reason") != "error"
                 live.done = True
             elif context is not None and context.spent():
-                live.outcome = limit_outcome("episode_token_limit")
-                live.done = live.healthy = True
+                await self._truncate(live, "episode_token_limit")
         except TimeoutError:
             self._fail(live, TimeoutError(f"env call exceeded step_timeout_s={self.rollout.step_timeout_s}"))
         except Exception as exc:  # noqa: BLE001

@@ -33,23 +33,24 @@ from agentgym.policies.base import Policy, SamplingParams
 from agentgym.rollout.batching import PolicyBatcher
 from agentgym.rollout.env_reuse import EnvPool, prepare_tasks, tasks_to_prepare
 from agentgym.rollout.executor import EnvExecutor, call_env, run_coroutine
-from agentgym.rollout.segments import EpisodeContext, SummaryDidNotFit, limit_outcome
+from agentgym.rollout.segments import EpisodeContext, SummaryDidNotFit
 from agentgym.rollout.specs import EpisodeSpec, RolloutConfig
 from agentgym.rollout.summaries import EpisodeProgress, error_reason
 from agentgym.rollout.turns import (
     action_choices_of,
     apply_action,
     apply_action_inline,
-    context_limit_outcome,
     context_limit_reached,
     error_outcome,
     final_state,
     log_context_refusal,
     make_turn,
     open_conversation,
+    pay_due_reward,
     read_state_key,
     record_action,
     text_of,
+    truncation_outcome,
     turn_sampling,
 )
 from agentgym.storage import TrajectoryWriter
@@ -244,18 +245,21 @@ class RolloutEngine:
                             agent, observation, base, episode_id, lambda request: batcher.submit(request, index),
                             lambda: self._call_env(executor, read_state_key, env, inline=inline))
                     except SummaryDidNotFit:  # a truncation like any prompt too long; the keeper keeps the note
-                        outcome = context_limit_outcome()
+                        outcome, due = await self._call_env(executor, truncation_outcome, env, inline=inline)
+                        pay_due_reward(turns, due)
                         healthy = True
                         break
                     policy_s += time.perf_counter() - tp
                     if summary is not None:
                         turns.append(summary)
                     if keeper.spent():
-                        outcome = limit_outcome("episode_token_limit")
+                        outcome, due = await self._call_env(executor, truncation_outcome, env, "episode_token_limit", inline=inline)
+                        pay_due_reward(turns, due)
                         healthy = True
                         break
                 if limited and context_limit_reached(agent, self.policy, cfg):
-                    outcome = context_limit_outcome()
+                    outcome, due = await self._call_env(executor, truncation_outcome, env, inline=inline)
+                    pay_due_reward(turns, due)
                     healthy = True
                     break
                 sampling = fixed_sampling if fixed_sampling is not None else self._sampling_for(spec, index, len(turns))
@@ -269,7 +273,8 @@ class RolloutEngine:
                     generation = await batcher.submit(agent.request(sampling, episode_id), index)
                 except ContextLengthExceeded as exc:  # the model refused the prompt as too long: a truncation
                     log_context_refusal(exc, turns_taken=len(turns))
-                    outcome = context_limit_outcome()
+                    outcome, due = await self._call_env(executor, truncation_outcome, env, inline=inline)
+                    pay_due_reward(turns, due)
                     healthy = True
                     break
                 policy_s += time.perf_counter() - tp
@@ -280,7 +285,8 @@ class RolloutEngine:
                         turns.append(keeper.stamp(make_turn(observation, generation, 0.0,
                                                             {"turn": {"kind": "invalid", "calls": []}},
                                                             prompt_ids, action_ids, None, images)))
-                        outcome = limit_outcome("turn_token_limit")
+                        outcome, due = await self._call_env(executor, truncation_outcome, env, "turn_token_limit", inline=inline)
+                        pay_due_reward(turns, due)
                         healthy = True
                         break
                 step = apply_action_inline(self.policy, agent, env, observation, generation) if inline else \
@@ -294,7 +300,8 @@ class RolloutEngine:
                     healthy = outcome.get("end_reason") != "error"
                     break
                 if keeper is not None and keeper.spent():
-                    outcome = limit_outcome("episode_token_limit")
+                    outcome, due = await self._call_env(executor, truncation_outcome, env, "episode_token_limit", inline=inline)
+                    pay_due_reward(turns, due)
                     healthy = True
                     break
         except TimeoutError:

@@ -115,6 +115,10 @@ def _host_class() -> Any:
                 method = getattr(self.env.unwrapped, "action_choices", None)
                 return None if method is None else method()
 
+            def truncate_episode(self, reason: str) -> tuple[dict[str, Any], float] | None:
+                method = getattr(self.env.unwrapped, "truncate_episode", None)
+                return None if method is None else method(reason)
+
             def start_solver(self, kind: str) -> None:
                 self.solver = getattr(self.env.unwrapped, f"{kind}_solver")()
 
@@ -213,6 +217,11 @@ class RayEnv(gym.Env):
         """The remote env's valid replies this turn (``constrain_actions``; one actor call, asked only then)."""
         choices = self._call("action_choices")
         return None if choices is None else tuple(choices)
+
+    def truncate_episode(self, reason: str) -> tuple[dict[str, Any], float] | None:
+        """The remote env's outcome for a truncation from outside (the rollout engine's context limit) and the
+        reward still due (``AgentEnv.truncate_episode``); ``None`` when its env cannot say (the default applies)."""
+        return self._call("truncate_episode", reason)
 
     def reference_solver(self) -> Any:
         """The remote env's reference solver for this episode (it runs beside the env; each call is one actor

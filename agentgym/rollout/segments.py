@@ -23,7 +23,7 @@ from agentgym.rollout.specs import RolloutConfig
 from agentgym.rollout.turns import make_turn, record_action
 from agentgym.trajectory import Turn
 
-__all__ = ["EpisodeContext", "SummaryDidNotFit", "limit_outcome"]
+__all__ = ["EpisodeContext", "SummaryDidNotFit"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,11 +53,6 @@ def _log_summary_refusal(note: str) -> None:
         return
     _summary_refusal_logged = True
     logger.warning("%s (said once per run; each such trajectory has it in metadata['context_limit'])", note)
-
-
-def limit_outcome(reason: str) -> dict[str, Any]:
-    """The outcome of an episode a budget stopped: a truncation that failed, score 0."""
-    return {"success": False, "score": 0.0, "end_reason": reason}
 
 
 class EpisodeContext:

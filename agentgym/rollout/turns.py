@@ -27,6 +27,7 @@ from agentgym.utils.fast_records import quick_init
 from agentgym.utils.images import ImageRef, observation_parts
 
 __all__ = ["TurnResult", "action_choices_of", "apply_action", "apply_action_inline", "context_limit_outcome",
+           "pay_due_reward", "truncation_outcome",
            "context_limit_reached", "episode_outcome", "error_outcome", "final_state", "keyed_step",
            "log_context_refusal", "make_turn", "open_conversation", "read_state_key", "record_action", "text_of",
            "turn_sampling"]
@@ -65,8 +66,42 @@ def context_limit_reached(agent: ChatAgent, policy: Policy, config: RolloutConfi
 
 
 def context_limit_outcome() -> dict[str, Any]:
-    """The outcome of an episode stopped by the context limit: a truncation that failed, score 0."""
+    """The default outcome of an episode stopped by the context limit: a truncation that failed, score 0 (what
+    :func:`truncation_outcome` gives for an env that does not say otherwise)."""
     return {"success": False, "score": 0.0, "end_reason": "context_limit"}
+
+
+def truncation_outcome(env: Any, reason: str = "context_limit") -> tuple[dict[str, Any], float]:
+    """``(outcome, reward still due)`` of an episode the engine ends between steps (its context limit or token
+    budgets).
+
+    The env says what a truncation is worth (``AgentEnv.truncate_episode``: its own truncation rule, e.g.
+    TextWorld's points earned so far, and the remainder the reward rule still owes). An env that cannot say (a plain
+    Gymnasium env, a remote one) gets the default: failed, score 0, nothing due.
+    """
+    method = getattr(getattr(env, "unwrapped", env), "truncate_episode", None)
+    answer = None
+    if method is not None:
+        try:
+            answer = method(reason)
+        except Exception as exc:  # noqa: BLE001 - the episode is over either way; its turns must not be lost
+            logger.warning("truncate_episode() failed (%s: %s); the episode ends with score 0", type(exc).__name__,
+                           exc)
+    if answer is None:  # no such method, a proxy whose env has none, or a failure
+        return {**context_limit_outcome(), "end_reason": reason}, 0.0
+    outcome, due = answer
+    return dict(outcome), float(due)
+
+
+def pay_due_reward(turns: list[Turn], due: float) -> None:
+    """Add the reward a truncation still owes to the episode's last turn (component ``"outcome"``, as a last step
+    would pay it), so the turns' rewards sum to the outcome score."""
+    if not due or not turns:
+        return
+    last = turns[-1]
+    rewards = dict(last.info.get("rewards") or {})
+    rewards["outcome"] = rewards.get("outcome", 0.0) + due
+    turns[-1] = dataclasses.replace(last, reward=last.reward + due, info={**last.info, "rewards": rewards})
 
 
 _first_prompt_refusal_logged = False

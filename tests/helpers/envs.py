@@ -81,3 +81,26 @@ class CheapEchoEnv(EchoEnv):
     """Like EchoEnv, but ``cheap_steps``: the engine builds and steps it on its event loop."""
 
     cheap_steps = True
+
+
+class ProgressEnv(EchoEnv):
+    """Like EchoEnv, but each echo pays 0.25 of progress (``add_reward``), and a truncated episode keeps what it
+    earned, as TextWorld scores a truncated game by the points it has."""
+
+    @tool
+    def echo(self, text: str) -> str:
+        """Echo the text back, for a quarter point of progress.
+
+        Args:
+            text: Anything.
+        """
+        self.add_reward("progress", 0.25)
+        return f"echo: {text}"
+
+    def _build_tools(self) -> ToolSet:
+        return ToolSet([self.echo, self.stop])
+
+    def _pay_outcome(self) -> None:
+        if not self._finished:
+            self._score = self._paid + float(sum(self._step_rewards.values()))
+        super()._pay_outcome()

@@ -488,6 +488,44 @@ def test_a_prompt_too_long_for_the_model_ends_only_its_episode_as_a_context_limi
     assert summarize(trajectories)["errors"] == 0
 
 
+def test_a_context_limit_scores_the_episode_as_its_env_scores_a_truncation() -> None:
+    """An episode the engine ends at the context limit gets the outcome its env gives any truncation (here, like
+    TextWorld, the points earned; before, always 0 while the progress rewards stayed paid), and its turns' rewards
+    still sum to that score."""
+    policy = RefusesLongPrompts(limit=4)
+    specs = [EpisodeSpec("agentgym-test/Progress-v0", seed=i, env_kwargs={"max_turns": 4}) for i in range(4)]
+    first, *others = RolloutEngine(policy, RolloutConfig(max_in_flight=4, deterministic=True)).run(specs)
+    assert first.end_reason == "context_limit" and len(first.turns) == 2
+    assert first.outcome["score"] == pytest.approx(0.5) and first.outcome["end_reason"] == "context_limit"
+    assert sum(t.reward for t in first.turns) == pytest.approx(first.outcome["score"])
+    for trajectory in others:  # the same rule at the env's own turn limit
+        assert trajectory.end_reason == "max_turns" and trajectory.outcome["score"] == pytest.approx(1.0)
+
+
+def test_truncate_episode_pays_what_the_reward_rule_still_owes_and_ends_the_episode() -> None:
+    from agentgym.env import AgentEnv
+    from agentgym.errors import AgentGymError
+    from tests.helpers.envs import ProgressEnv
+
+    class ScoresTruncationsZero(ProgressEnv):  # the contract's default: a truncation without finish() scores 0
+        _pay_outcome = AgentEnv._pay_outcome
+
+    env = ScoresTruncationsZero(max_turns=6)
+    with pytest.raises(AgentGymError, match="reset"):
+        env.truncate_episode("context_limit")
+    env.reset(seed=0)
+    paid = sum(env.step(ECHO)[1] for _ in range(2))
+    outcome, due = env.truncate_episode("context_limit")
+    assert outcome == {"success": False, "score": 0.0, "end_reason": "context_limit"}
+    assert paid == pytest.approx(0.5) and due == pytest.approx(-0.5)
+    with pytest.raises(AgentGymError, match="over"):
+        env.step(ECHO)
+    with pytest.raises(AgentGymError, match="over"):
+        env.truncate_episode("context_limit")
+    env.reset(seed=1)  # and the next episode starts as usual
+    assert env.step(STOP)[4]["outcome"]["score"] == 1.0
+
+
 def test_env_threads_start_only_when_calls_need_them_and_never_beyond_the_limit() -> None:
     from agentgym.rollout import EnvExecutor
 

@@ -98,7 +98,16 @@ def test_ray_env_workers_match_in_process_envs_and_spread_over_nodes(cluster: An
     for env_id in ("agentgym/GuessNumber-v0", "agentgym/Maze-v0"):  # constrain_actions asks the remote env
         env = RayEnv(env_id)
         try:
-            assert env.action_choices() == gym.make(env_id).unwrapped.action_choices()
+            here = gym.make(env_id).unwrapped
+            env.reset(seed=0)
+            here.reset(seed=0)
+            choices = here.action_choices()  # guessing is free text: no choices
+            assert env.action_choices() == choices
+            # an engine truncation (the context limit) is scored by the env in its actor, as here
+            action = choices[0] if choices else "guess(50)"
+            env.step(action)
+            here.step(action)
+            assert env.truncate_episode("context_limit") == here.truncate_episode("context_limit")
         finally:
             env.close()
 
