@@ -131,12 +131,32 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         mean = statistics.mean(cosines)
         se = statistics.stdev(cosines) / len(cosines) ** 0.5 if len(cosines) > 1 else float("nan")
         results[name] = {"cosines": cosines, "mean_cos": mean, "se_cos": se, "rollouts_per_batch": size,
-                         "noise_scale": size * (1 - mean) / mean if mean > 0 else None, "empty_batches": empty,
+                         "noise_scale": size * (1 - mean) / mean if mean > 0 else None,
+                         "noise_scale_2se": noise_range(mean, se, size), "empty_batches": empty,
                          "seconds": time.perf_counter() - t0}
         print(f"{name:22s} mean cos {mean:+.3f} ± {se:.3f} -> noise scale "
               f"{_scale(results[name]['noise_scale'], size, len(batches))}", flush=True)
     return {"task": args.task, "model": str(model), "batches": len(batches), "rollouts_per_batch": size,
             "success": statistics.mean(float(t.success) for b in batches for t in b), "variants": results}
+
+
+def noise_range(mean: float, se: float, size: int) -> tuple[float | None, float | None]:
+    """The noise scales of the cosines two standard errors above and below the mean: ``(fewest, most)`` rollouts
+    a step; ``None`` for a bound past any batch (a cosine at or below 0). A mean cosine within two se of 0 leaves
+    only the lower bound: the noise scale may be far larger than its point estimate."""
+    def scale(cos: float) -> float | None:
+        return size * (1 - cos) / cos if cos > 0 else None
+
+    if se != se:  # one pair only: no spread to bound
+        return scale(mean), scale(mean)
+    return scale(min(mean + 2 * se, 1.0)), scale(mean - 2 * se)
+
+
+def _range(bounds: Any) -> str:
+    if not bounds:
+        return "-"
+    low, high = bounds
+    return f"{low:,.0f} to {f'{high:,.0f}' if high is not None else 'unbounded'}" if low is not None else "unbounded"
 
 
 def _scale(value: float | None, size: int, batches: int) -> str:
@@ -148,12 +168,13 @@ def table(report: dict[str, Any]) -> str:
     base = report["variants"].get("grpo", {}).get("noise_scale")
     rows = [f"{report['task']}: {report['batches']} independent batches of {report['rollouts_per_batch']} rollouts "
             f"(sampled success {report['success']:.2f})", "",
-            "| variant | mean pairwise cos (± se) | noise scale (rollouts a step for half signal) | vs GRPO |",
-            "|---|---|---|---|"]
+            "| variant | mean pairwise cos (± se) | noise scale (rollouts a step for half signal) | within 2 se | vs GRPO |",
+            "|---|---|---|---|---|"]
     for name, r in report["variants"].items():
         ratio = f"{base / r['noise_scale']:.2f}x" if base and r["noise_scale"] else "-"
         rows.append(f"| {name} | {r['mean_cos']:+.3f} ± {r['se_cos']:.3f} | "
-                    f"{_scale(r['noise_scale'], report['rollouts_per_batch'], report['batches'])} | {ratio} |")
+                    f"{_scale(r['noise_scale'], report['rollouts_per_batch'], report['batches'])} | "
+                    f"{_range(r.get('noise_scale_2se'))} | {ratio} |")
     return "\n".join(rows)
 
 
@@ -251,8 +272,10 @@ def record(report: dict[str, Any], *, replace: bool = False) -> Path | None:
             f"{report['task']}: {name}, gradient noise scale (rollouts a step for half signal), {report['batches']} "
             f"batches of {report['rollouts_per_batch']} rollouts; baseline: GRPO", r["noise_scale"], base,
             unit="rollouts", ratio=base / r["noise_scale"] if base and r["noise_scale"] else None,
-            note=f"mean pairwise cos {r['mean_cos']:+.3f} ± {r['se_cos']:.3f}; ratio is GRPO's / the variant's "
-                 "(higher is better); none: not measurable at this batch count"))
+            note=f"mean pairwise cos {r['mean_cos']:+.3f} ± {r['se_cos']:.3f}; within 2 se: "
+                 f"{_range(r.get('noise_scale_2se'))} rollouts for this variant, "
+                 f"{_range(report['variants'].get('grpo', {}).get('noise_scale_2se'))} for GRPO; ratio is GRPO's / "
+                 "the variant's (higher is better); none: not measurable at this batch count"))
     return write_results(result, figures, details=report)
 
 

@@ -94,3 +94,14 @@ def test_a_smaller_run_keeps_the_recorded_measurement_unless_told(tmp_path: Path
     assert recorded() == 90.0
     bench.record(report(8, 256, 500.0))
     assert recorded() == 500.0
+
+
+def test_the_noise_range_says_when_a_cosine_is_too_close_to_zero_to_bound_the_scale() -> None:
+    bench = load_script("benchmarks/gradient_noise.py")
+    low, high = bench.noise_range(0.240, 0.053, 128)  # TextWorld GiGPO at its warm start
+    assert low == pytest.approx(128 * (1 - 0.346) / 0.346) and high == pytest.approx(128 * (1 - 0.134) / 0.134)
+    assert low < 128 * (1 - 0.24) / 0.24 < high
+    low, high = bench.noise_range(0.021, 0.055, 128)  # within two se of 0: only the lower bound is known
+    assert low == pytest.approx(128 * (1 - 0.131) / 0.131) and high is None
+    assert bench.noise_range(-0.1, 0.01, 128) == (None, None)
+    assert bench._range((low, None)) == f"{low:,.0f} to unbounded"
