@@ -85,7 +85,7 @@ def test_list_and_bad_names_through_the_command(capfd: pytest.CaptureFixture[str
     assert "has no tuning split" in capfd.readouterr().err
 
 
-def test_goal_scale_is_sized_by_noise_and_held_out_error() -> None:
+def test_goal_scale_is_sized_by_noise_and_held_out_error(tmp_path: Path) -> None:
     assert cat.held_out_needed() == 400 and cat.binomial_se(0.5, 400) == pytest.approx(0.025)
     scale, sizing = cat.goal_scale(cat.STUDIES["gigpo_vs_grpo"])
     assert scale.rollouts_per_step >= 1000 and scale.rollouts_per_step % cat.GROUP_SIZE == 0
@@ -99,8 +99,11 @@ def test_goal_scale_is_sized_by_noise_and_held_out_error() -> None:
     guess_scale, guess = cat.goal_scale(cat.STUDIES["arpo_vs_grpo"])  # every one of the 100 secrets: exact
     assert guess_scale.eval_tasks == 100 and guess["held_out_se_at_p_0.5"] == 0.0 and guess["se_bound_met"]
     assert cat.binomial_se(0.5, 50, population=100) == pytest.approx(0.5 / 50 ** 0.5 * (50 / 99) ** 0.5)
-    _, textworld = cat.goal_scale(cat.STUDIES["grpo_textworld"])  # never measured: says so, and borrows Sokoban's
-    assert not textworld["noise_measured"] and "not measured" in textworld["noise_source"]
+    _, textworld = cat.goal_scale(cat.STUDIES["grpo_textworld"])  # sized from its own measurement
+    assert textworld["noise_measured"] and "gradient_noise_textworld.json" in textworld["noise_source"]
+    empty = tmp_path / "no-results"
+    empty.mkdir()
+    assert cat.noise_scale("textworld", "grpo", empty)[1].startswith("not measured: run python benchmarks/gradient_noise.py")
 
 
 def test_a_tasks_own_noise_file_sizes_its_studies(tmp_path: Path) -> None:
