@@ -277,10 +277,7 @@ class AgentEnv(gym.Env[str, str]):
         self._time_limit = None if max_episode_steps is None else int(max_episode_steps)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if not self._started:
-            raise AgentGymError("Call reset() before step(): the episode has not started.")
-        if self._finished or self._turn >= self.turn_limit:
-            raise AgentGymError("The episode is over (terminated or truncated); call reset() to start a new one.")
+        self._require_running("step()")
         self._step_rewards = {}
         self._answered_this_turn = False
         self._turn += 1
@@ -312,6 +309,13 @@ class AgentEnv(gym.Env[str, str]):
         self._transcript.append(("observation", observation))
         return observation, reward, terminated, truncated, info
 
+    def _require_running(self, call: str) -> None:
+        """Refuse ``call`` outside a running episode, with the fix."""
+        if not self._started:
+            raise AgentGymError(f"Call reset() before {call}: the episode has not started.")
+        if self._finished or self._turn >= self.turn_limit:
+            raise AgentGymError("The episode is over (terminated or truncated); call reset() to start a new one.")
+
     def truncate_episode(self, reason: str) -> tuple[dict[str, Any], float]:
         """End the episode from outside, between two steps (the rollout engine's context limit): ``(outcome,
         reward still due)``.
@@ -321,10 +325,7 @@ class AgentEnv(gym.Env[str, str]):
         step pays the score minus the rewards already paid; there is no step here, so that remainder is returned
         for the caller to add to the episode's last turn, and the rewards still sum to the score.
         """
-        if not self._started:
-            raise AgentGymError("Call reset() before truncate_episode(): the episode has not started.")
-        if self._finished or self._turn >= self.turn_limit:
-            raise AgentGymError("The episode is over (terminated or truncated); call reset() to start a new one.")
+        self._require_running("truncate_episode()")
         self._step_rewards = {}
         self._end_reason = reason
         self._pay_outcome()
