@@ -201,6 +201,14 @@ class RolloutEngine:
                         inline: bool = False, **kwargs: Any) -> Any:
         return await call_env(executor, self.config.step_timeout_s, fn, *args, inline=inline, **kwargs)
 
+    async def _truncate(self, executor: concurrent.futures.Executor, env: Any, turns: list[Turn], inline: bool,
+                        reason: str) -> dict[str, Any]:
+        """The outcome of an episode ended at an engine limit, as its env scores a truncation; the reward still due
+        goes on the last turn."""
+        outcome, due = await self._call_env(executor, truncation_outcome, env, reason, inline=inline)
+        pay_due_reward(turns, due)
+        return outcome
+
     async def _episode(
         self, spec: EpisodeSpec, index: int, batcher: PolicyBatcher, pool: EnvPool,
         executor: concurrent.futures.Executor,
@@ -245,21 +253,18 @@ class RolloutEngine:
                             agent, observation, base, episode_id, lambda request: batcher.submit(request, index),
                             lambda: self._call_env(executor, read_state_key, env, inline=inline))
                     except SummaryDidNotFit:  # a truncation like any prompt too long; the keeper keeps the note
-                        outcome, due = await self._call_env(executor, truncation_outcome, env, inline=inline)
-                        pay_due_reward(turns, due)
+                        outcome = await self._truncate(executor, env, turns, inline, "context_limit")
                         healthy = True
                         break
                     policy_s += time.perf_counter() - tp
                     if summary is not None:
                         turns.append(summary)
                     if keeper.spent():
-                        outcome, due = await self._call_env(executor, truncation_outcome, env, "episode_token_limit", inline=inline)
-                        pay_due_reward(turns, due)
+                        outcome = await self._truncate(executor, env, turns, inline, "episode_token_limit")
                         healthy = True
                         break
                 if limited and context_limit_reached(agent, self.policy, cfg):
-                    outcome, due = await self._call_env(executor, truncation_outcome, env, inline=inline)
-                    pay_due_reward(turns, due)
+                    outcome = await self._truncate(executor, env, turns, inline, "context_limit")
                     healthy = True
                     break
                 sampling = fixed_sampling if fixed_sampling is not None else self._sampling_for(spec, index, len(turns))
@@ -273,8 +278,7 @@ class RolloutEngine:
                     generation = await batcher.submit(agent.request(sampling, episode_id), index)
                 except ContextLengthExceeded as exc:  # the model refused the prompt as too long: a truncation
                     log_context_refusal(exc, turns_taken=len(turns))
-                    outcome, due = await self._call_env(executor, truncation_outcome, env, inline=inline)
-                    pay_due_reward(turns, due)
+                    outcome = await self._truncate(executor, env, turns, inline, "context_limit")
                     healthy = True
                     break
                 policy_s += time.perf_counter() - tp
@@ -285,8 +289,7 @@ class RolloutEngine:
                         turns.append(keeper.stamp(make_turn(observation, generation, 0.0,
                                                             {"turn": {"kind": "invalid", "calls": []}},
                                                             prompt_ids, action_ids, None, images)))
-                        outcome, due = await self._call_env(executor, truncation_outcome, env, "turn_token_limit", inline=inline)
-                        pay_due_reward(turns, due)
+                        outcome = await self._truncate(executor, env, turns, inline, "turn_token_limit")
                         healthy = True
                         break
                 step = apply_action_inline(self.policy, agent, env, observation, generation) if inline else \
@@ -300,8 +303,7 @@ class RolloutEngine:
                     healthy = outcome.get("end_reason") != "error"
                     break
                 if keeper is not None and keeper.spent():
-                    outcome, due = await self._call_env(executor, truncation_outcome, env, "episode_token_limit", inline=inline)
-                    pay_due_reward(turns, due)
+                    outcome = await self._truncate(executor, env, turns, inline, "episode_token_limit")
                     healthy = True
                     break
         except TimeoutError:
