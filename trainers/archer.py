@@ -9,7 +9,8 @@ learning step, in execution order, is:
    stopping at termination), V targets from the target Q heads at a fresh policy sample, the four-MSE loss,
    then a Polyak update of the target critic after every step;
 3. after ``actor_warmup_steps``: ``actor_steps`` actor updates at buffer states with fresh utterances, whose
-   every token gets ``A = min(Q1, Q2)(s, a_pi) - min(V1, V2)(s)`` from the online critic.
+   every token gets ``A = min(Q1, Q2)(s, a_pi) - min(V1, V2)(s)`` from the online critic (with
+   ``actor_baseline: sampled``, several utterances a state and the others' mean ``min(Q1, Q2)`` in place of V).
 
 Every critic input is text decoded from token ids with special tokens kept, for buffer and fresh actions and
 states alike, so Q is read on the same kind of text it was fit on. Gradients are averaged over
@@ -214,28 +215,33 @@ class ArcherTrainer(ReplayActorTrainer):
     def _actor_phase(self, iteration: int, generator: torch.Generator) -> dict[str, float]:
         cfg = self.config
         norms, losses, advantages = [], [], []
+        per_state = cfg.actor_samples_per_state if cfg.actor_baseline == "sampled" else 1
         actor = self._actor_module()
         params = [p for p in self.model.parameters() if p.requires_grad]
         for step in range(cfg.actor_steps):
             self.optimizer.zero_grad(set_to_none=True)
             total = 0.0
             for micro in range(cfg.grad_accum_steps):
-                b = self.replay.sample(cfg.batch_size, generator)
-                mine = self.world.shard(range(len(b)))
+                b = self.replay.sample(cfg.batch_size // per_state, generator)
+                # a state's utterances stay on one rank: its baseline is the mean of the others
+                mine = [i for i in self.world.shard(range(len(b))) for _ in range(per_state)]
                 with sync_on_last(actor, micro, cfg.grad_accum_steps):
                     if not mine:
                         self.model.train()
                         self._zero_weight_actor_loss().backward()
                         continue
                     states = [b[i].state_ids for i in mine]
-                    fresh = self._sample_utterances(states, [mix_seed(cfg.seed, iteration, 4, step, micro, i)
-                                                             for i in mine])
+                    seeds = ([mix_seed(cfg.seed, iteration, 4, step, micro, i) for i in mine] if per_state == 1 else
+                             [mix_seed(cfg.seed, iteration, 4, step, micro, i, n % per_state)
+                              for n, i in enumerate(mine)])
+                    fresh = self._sample_utterances(states, seeds)
                     with torch.no_grad():  # the plain critic: no gradient, no collective
                         q, v = self.critic([b[i].state for i in mine], [self._decode(a) for a in fresh])
-                        adv = alg.utterance_advantage(q, v)
+                        adv = (alg.sampled_baseline_advantage(q, per_state) if per_state > 1
+                               else alg.utterance_advantage(q, v))
                     self.model.train()
                     logp, mask = self._utterance_logprobs(states, fresh)
-                    share = len(mine) / (len(b) * cfg.grad_accum_steps)
+                    share = len(mine) / (len(b) * per_state * cfg.grad_accum_steps)
                     loss = alg.archer_actor_loss(adv.to(logp.device), logp, mask) * share
                     loss.backward()
                 total += float(loss.detach())

@@ -48,6 +48,15 @@ class ArcherConfig(ReplayActorConfig):
     learn to ignore (hundreds per state against tens) and splits one state into many texts, so its value is fit
     from far fewer samples. The actor always reads the full prompt."""
 
+    actor_baseline: Literal["value", "sampled"] = "value"
+    """What the actor's advantage subtracts from ``min(Q1, Q2)(s, a)``: the learned ``min(V1, V2)(s)`` (the
+    reference), or ``sampled``: the mean Q of the other ``actor_samples_per_state`` utterances drawn at the same
+    state. A V that lags Q shifts every advantage of a batch by one offset, so the actor raises or lowers whatever
+    it sampled; the sampled baseline cancels such an offset exactly and keeps the gradient unbiased. Each
+    micro-batch then holds ``batch_size`` utterances at ``batch_size / actor_samples_per_state`` states."""
+    actor_samples_per_state: int = 4
+    """Utterances drawn at each buffer state when ``actor_baseline: sampled`` (>= 2, dividing ``batch_size``)."""
+
     trainer_name: ClassVar[str] = "archer"
     display_name: ClassVar[str] = "ArCHer"
     trainer_class: ClassVar[str] = "agentgym.trainers.archer:ArcherTrainer"
@@ -69,5 +78,12 @@ class ArcherConfig(ReplayActorConfig):
             raise self._fail("critic_max_tokens", f"must be >= 8, got {self.critic_max_tokens}.")
         if self.critic_input not in ("history", "observation", "state_key"):
             raise self._fail("critic_input", f"must be history, observation or state_key, got {self.critic_input!r}.")
+        if self.actor_baseline not in ("value", "sampled"):
+            raise self._fail("actor_baseline", f"must be value or sampled, got {self.actor_baseline!r}.")
+        if self.actor_baseline == "sampled" and (self.actor_samples_per_state < 2
+                                                 or self.batch_size % self.actor_samples_per_state):
+            raise self._fail("actor_samples_per_state",
+                             f"with actor_baseline: sampled it must be >= 2 and divide batch_size ({self.batch_size}), "
+                             f"got {self.actor_samples_per_state}; e.g. 4 with batch_size 16.")
         if self.critic_pooling not in ("mean", "last"):
             raise self._fail("critic_pooling", f"must be mean or last, got {self.critic_pooling!r}.")

@@ -127,6 +127,10 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "arpo": ("arpo", {}),
     "archer": ("archer", {}),
     "archer_observation": ("archer", {"critic_input": "observation"}),
+    # the actor's baseline from 4 fresh utterances a state instead of the learned V, whose lag behind Q shifted
+    # each batch's advantages by 2.6x their spread in archer_vs_filtered_bc
+    "archer_sampled": ("archer", {"critic_input": "observation", "actor_baseline": "sampled",
+                                  "actor_samples_per_state": 4}),
     "filtered_bc": ("filtered_bc", {}),
 }
 
@@ -155,6 +159,11 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           control="grpo_shuffled",
           goal="ArCHer's critic explains >= 50% of the return variance and ArCHer beats filtered BC at equal episodes",
           question="Does a critic that reads the maze state (not the whole history) make ArCHer beat filtered BC?"),
+    Study("archer_sampled_vs_filtered_bc", "maze", ("archer_sampled", "filtered_bc"), baseline="filtered_bc",
+          control="grpo_shuffled",
+          goal="ArCHer's critic explains >= 50% of the return variance and ArCHer beats filtered BC at equal episodes",
+          question="With the learned V's offset removed from the actor's advantage (the other fresh utterances' Q "
+                   "at the same state as its baseline), does ArCHer beat filtered BC?"),
     Study("arpo_vs_grpo", "guess", ("arpo", "grpo"), baseline="grpo", control="grpo_shuffled",
           goal="ARPO reaches GRPO's held-out success with <= 0.8x its tool calls",
           question="On a task where the number of calls is free, does ARPO's branching spend fewer of them?"),

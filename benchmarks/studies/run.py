@@ -332,7 +332,7 @@ def goals(study: Study, summary: dict[str, dict[str, Any]]) -> list[dict[str, An
             + " (difference > 2 se)",
             gap, se, gap >= need - 1e-9 and gap > 2 * se,
             f"{lead} {summary[lead]['final_mean']:.3f} vs {study.baseline} {summary[study.baseline]['final_mean']:.3f}")
-    if study.name == "archer_vs_filtered_bc":
+    if cat.METHODS[lead][0] == "archer":
         ev, own = summary[lead]["critic_explained_variance_held_out"], summary[lead]["critic_explained_variance"]
         distance = summary[lead].get("distance_explained_variance_held_out")
         offset = summary[lead].get("actor_advantage_offset")
@@ -457,7 +457,9 @@ def results_folder(out: str | None, scale_name: str, workdir: Path) -> Path:
 # ---- command line ------------------------------------------------------------------------------------------
 def list_text() -> str:
     """One line per study: task, methods, control, goal scale (rollouts a step, held-out size and se), hours."""
-    lines = ["study                   task       methods (control)                                   goal scale"]
+    width = max(len(name) for name in cat.STUDIES)
+    methods_width = max(len(f"{','.join(s.methods)} ({s.control})") for s in cat.STUDIES.values())
+    lines = [f"{'study':{width}s} {'task':10s} {'methods (control)':{methods_width}s} goal scale"]
     ours, reference = cat.sampler_rates_per_core()
     for study in cat.STUDIES.values():
         scale, sizing = cat.goal_scale(study)
@@ -475,7 +477,7 @@ def list_text() -> str:
             flags.append(f"{', '.join(cat.shared_runs(study))} runs copied from {study.learning_rate_from}'s, not "
                          "counted in the hours")
         methods = f"{','.join(study.methods)} ({study.control})"
-        lines.append(f"{study.name:23s} {study.task:10s} {methods:51s} {scale.rollouts_per_step} rollouts/step x "
+        lines.append(f"{study.name:{width}s} {study.task:10s} {methods:{methods_width}s} {scale.rollouts_per_step} rollouts/step x "
                      f"{scale.steps} steps, {scale.eval_tasks} held-out (se {se:.3f}), 3 seeds: sampling ~"
                      f"{hours:.1f} h on 2 cores (~{hours * ours / (10 * reference):.1f} h at the 10x sampler goal); "
                      f"{took}"

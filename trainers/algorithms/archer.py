@@ -10,7 +10,8 @@ Where this departs from the reference code, and why: TD targets stop at *termina
 *truncation*, because a time limit is not an end state (``bootstrap_truncated=False`` restores the reference
 code's ``done`` behaviour); gradients are averaged over micro-batches, not summed, so ``lr`` means the same
 whatever ``grad_accum_steps`` is; there is no token-level baseline, since the paper's optional one is only a
-stub in the released code.
+stub in the released code. :func:`sampled_baseline_advantage` is an option beside the reference advantage: the
+learned V replaced, in the actor only, by the other fresh utterances' Q at the same state.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ __all__ = [
     "explained_variance",
     "filtered_bc_selection",
     "polyak_update",
+    "sampled_baseline_advantage",
     "td_targets",
     "utterance_advantage",
 ]
@@ -107,6 +109,34 @@ def utterance_advantage(q: Tensor, v: Tensor) -> Tensor:
     if q.shape != v.shape or q.dim() not in (1, 2) or q.shape[0] < 1:
         raise ConfigError(f"q and v must both be [K] or [K, B] (K heads), got {tuple(q.shape)} and {tuple(v.shape)}.")
     return (q.min(dim=0).values - v.min(dim=0).values).detach()
+
+
+def sampled_baseline_advantage(q: Tensor, samples_per_state: int) -> Tensor:
+    """``A_j = min(Q1, Q2)(s, a_j) - mean_{k != j} min(Q1, Q2)(s, a_k)`` over ``samples_per_state`` fresh utterances
+    at each state, detached, unnormalised.
+
+    The reference advantage subtracts the learned ``min(V1, V2)(s)``, which is only as good as the V heads' fit to
+    the Q heads at fresh samples. When V lags Q (it regresses onto the *target* Q heads, and ``min`` of two V heads
+    is not ``min`` of two Q heads averaged over actions), every utterance of a batch shares one offset, and the
+    actor's REINFORCE step then raises (or lowers) whatever it sampled whatever its merit. The leave-one-out mean
+    of the other utterances' Q at the same state estimates ``E_{a ~ pi} Q(s, a)`` from the current policy
+    itself: it is independent of ``a_j``, so the gradient stays unbiased, and a shared offset cancels exactly.
+
+    Args:
+        q: ``[2, B]`` Q heads at ``B = states x samples_per_state`` utterances, each state's samples contiguous.
+        samples_per_state: Utterances drawn at each state (>= 2).
+
+    Returns:
+        ``[B]`` advantages; each state's sum to 0.
+    """
+    if q.dim() != 2 or q.shape[0] < 1:
+        raise ConfigError(f"q must be [K, B] (K heads), got {tuple(q.shape)}.")
+    if samples_per_state < 2 or q.shape[1] % samples_per_state:
+        raise ConfigError(f"need >= 2 utterances a state and B ({q.shape[1]}) a multiple of them, got "
+                          f"samples_per_state={samples_per_state}.")
+    values = q.min(dim=0).values.detach().reshape(-1, samples_per_state)
+    others = (values.sum(dim=1, keepdim=True) - values) / (samples_per_state - 1)
+    return (values - others).reshape(-1)
 
 
 def explained_variance(predictions: Tensor, targets: Tensor) -> float:
