@@ -78,8 +78,6 @@ class ArcherConfig(ReplayActorConfig):
             raise self._fail("critic_max_tokens", f"must be >= 8, got {self.critic_max_tokens}.")
         if self.critic_input not in ("history", "observation", "state_key"):
             raise self._fail("critic_input", f"must be history, observation or state_key, got {self.critic_input!r}.")
-        if self.actor_baseline not in ("value", "sampled"):
-            raise self._fail("actor_baseline", f"must be value or sampled, got {self.actor_baseline!r}.")
         if self.actor_baseline == "sampled" and (self.actor_samples_per_state < 2
                                                  or self.batch_size % self.actor_samples_per_state):
             raise self._fail("actor_samples_per_state",

@@ -170,6 +170,26 @@ def test_archer_updates_actor_critic_and_target(model_dir: Path, tmp_path: Path)
     assert not torch.equal(t0, t1) and not torch.equal(t1, online)
 
 
+def test_sampled_baseline_updates_the_actor_with_advantages_centred_at_each_state(model_dir: Path,
+                                                                                  tmp_path: Path) -> None:
+    """``actor_baseline: sampled`` draws several utterances at each buffer state, each with its own seed, and the
+    advantages of a state sum to 0: the batch has no shared offset, however far V is from Q."""
+    cfg = ArcherConfig(**common(model_dir, tmp_path / "run", steps=1, critic_steps=1, checkpoint_every=0,
+                                actor_baseline="sampled", actor_samples_per_state=2))
+    trainer = _bare_trainer(model_dir, cfg)
+    trainer.replay.extend(trainer._transitions(0, trainer._sample(0), cfg.gamma))
+    drawn: list[tuple[list[tuple[int, ...]], list[int]]] = []
+    sample = trainer._sample_utterances
+    trainer._sample_utterances = lambda states, seeds: drawn.append((states, seeds)) or sample(states, seeds)  # type: ignore[method-assign]
+    actor0 = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    stats = trainer._actor_phase(0, torch.Generator().manual_seed(0))
+    states, seeds = drawn[0]
+    assert len(states) == cfg.batch_size and states[0::2] == states[1::2]  # 2 states, 2 utterances each
+    assert len(set(seeds)) == len(seeds)
+    assert abs(stats["actor/advantage_mean"]) < 1e-6
+    assert any(not torch.equal(v, actor0[k]) for k, v in trainer.model.state_dict().items())
+
+
 def _bare_trainer(model_dir: Path, cfg: ArcherConfig) -> ArcherTrainer:
     """An ArcherTrainer with its actor, policy, critic and buffer built, without running ``train()``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -250,6 +270,12 @@ def test_config_checks_explain_the_fix(model_dir: Path, tmp_path: Path) -> None:
         FilteredBCConfig(model="m", suite="games-maze", eval_split="train")
     with pytest.raises(ConfigError, match="no split"):
         ArcherTrainer(ArcherConfig(**common(model_dir, tmp_path, eval_split="validation")))
+    with pytest.raises(ConfigError, match="divide batch_size"):
+        ArcherConfig(model="m", suite="games-maze", actor_baseline="sampled", batch_size=16, actor_samples_per_state=3)
+    with pytest.raises(ConfigError, match="must be >= 2"):
+        ArcherConfig(model="m", suite="games-maze", actor_baseline="sampled", actor_samples_per_state=1)
+    with pytest.raises(ConfigError, match="expected one of 'value', 'sampled'"):
+        ArcherConfig(model="m", suite="games-maze", actor_baseline="mean")  # type: ignore[arg-type]
 
 
 # ---- resume after SIGKILL ----------------------------------------------------------------------------

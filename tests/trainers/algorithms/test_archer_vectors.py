@@ -17,6 +17,7 @@ from agentgym.trainers.algorithms.archer import (
     explained_variance,
     filtered_bc_selection,
     polyak_update,
+    sampled_baseline_advantage,
     td_targets,
     utterance_advantage,
 )
@@ -72,6 +73,33 @@ def test_t12_advantage_min_q_minus_min_v() -> None:
     close(utterance_advantage(torch.tensor([0.7, 0.9]), torch.tensor([0.6, 0.65])), 0.1)
     batch = utterance_advantage(torch.tensor([[0.7, 0.2], [0.9, 0.1]]), torch.tensor([[0.6, 0.0], [0.65, 0.3]]))
     close(batch, [0.1, 0.1])
+
+
+def test_sampled_baseline_is_the_leave_one_out_mean_q_at_the_same_state() -> None:
+    # two states, two utterances each: min over heads [0.7, 0.5 | 0.2, 0.1], each minus the other's value
+    q = torch.tensor([[0.7, 0.9, 0.2, 0.4], [0.8, 0.5, 0.3, 0.1]])
+    close(sampled_baseline_advantage(q, 2), [0.2, -0.2, 0.1, -0.1])
+    # three at one state: 0.9 - (0.3 + 0.0) / 2 = 0.75, 0.3 - 0.45 = -0.15, 0.0 - 0.6 = -0.6
+    close(sampled_baseline_advantage(torch.tensor([[0.9, 0.3, 0.0]] * 2), 3), [0.75, -0.15, -0.6])
+
+
+def test_sampled_baseline_cancels_an_offset_the_value_baseline_keeps() -> None:
+    """A V that lags Q by a constant shifts every reference advantage by it; the sampled baseline does not move."""
+    q = torch.tensor([[0.7, 0.9, 0.2, 0.4], [0.8, 0.5, 0.3, 0.1]])
+    v = torch.tensor([[0.1, 0.1, 0.1, 0.1], [0.1, 0.1, 0.1, 0.1]])
+    shifted = utterance_advantage(q, v) - utterance_advantage(q + 0.5, v)
+    close(shifted, [-0.5] * 4)
+    close(sampled_baseline_advantage(q + 0.5, 2), sampled_baseline_advantage(q, 2).tolist())
+    close(sampled_baseline_advantage(q, 4).sum(), 0.0)
+
+
+def test_sampled_baseline_rejects_groups_that_do_not_fit() -> None:
+    with pytest.raises(ConfigError, match=">= 2 utterances"):
+        sampled_baseline_advantage(torch.zeros(2, 4), 1)
+    with pytest.raises(ConfigError, match="multiple"):
+        sampled_baseline_advantage(torch.zeros(2, 5), 2)
+    with pytest.raises(ConfigError, match=r"\[K, B\]"):
+        sampled_baseline_advantage(torch.zeros(4), 2)
 
 
 def test_t13_actor_loss() -> None:
