@@ -25,6 +25,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -75,8 +76,13 @@ def tabulated(train: Sequence, key: Callable) -> Callable:
     return lambda t: statistics.mean(groups[key(t)]) if groups.get(key(t)) else overall
 
 
-def maze_distance(state: str) -> int | None:
-    """Shortest-path moves from ``@`` to ``E`` in the last maze grid of the state, or None without one."""
+MOVES = {"north": (-1, 0), "south": (1, 0), "east": (0, 1), "west": (0, -1)}
+"""The maze's move directions as (row, column) steps on the rendered grid, where a wall-or-gap cell sits between
+two cells."""
+
+
+def _maze(state: str) -> tuple[dict[tuple[int, int], str], tuple[int, int], tuple[int, int]] | None:
+    """The last maze grid of the state as ``(cells, start, exit)``, or None without one."""
     grids = _GRID.findall(state)
     if not grids:
         return None
@@ -84,8 +90,11 @@ def maze_distance(state: str) -> int | None:
     cells = {(r, c): ch for r, row in enumerate(rows) for c, ch in enumerate(row)}
     start = next((rc for rc, ch in cells.items() if ch == "@"), None)
     goal = next((rc for rc, ch in cells.items() if ch == "E"), None)
-    if start is None or goal is None:
-        return None
+    return None if start is None or goal is None else (cells, start, goal)
+
+
+def _moves_to(cells: dict[tuple[int, int], str], start: tuple[int, int], goal: tuple[int, int]) -> int | None:
+    """Shortest-path moves from ``start`` to ``goal`` (grid steps halved: each move crosses a gap cell)."""
     seen, queue = {start: 0}, deque([start])
     while queue:
         r, c = queue.popleft()
@@ -93,7 +102,63 @@ def maze_distance(state: str) -> int | None:
             if cells.get(nxt, "#") != "#" and nxt not in seen:
                 seen[nxt] = seen[(r, c)] + 1
                 queue.append(nxt)
-    return seen[goal] // 2 if goal in seen else None  # the rendering puts a wall-or-gap cell between cells
+    return seen[goal] // 2 if goal in seen else None
+
+
+def maze_distance(state: str) -> int | None:
+    """Shortest-path moves from ``@`` to ``E`` in the last maze grid of the state, or None without one."""
+    maze = _maze(state)
+    return None if maze is None else _moves_to(*maze)
+
+
+def maze_moves(state: str) -> dict[str, int | None] | None:
+    """Per direction, the shortest-path distance to the exit after that move from the state's last grid (None
+    where a wall blocks it), or None without a grid: a move whose distance is below the state's own heads for the
+    exit, every other one wastes a turn or leads away."""
+    maze = _maze(state)
+    if maze is None:
+        return None
+    cells, (r, c), goal = maze
+    return {name: (_moves_to(cells, (r + 2 * dr, c + 2 * dc), goal) if cells.get((r + dr, c + dc), "#") != "#"
+                   else None)
+            for name, (dr, dc) in MOVES.items()}
+
+
+def move_ranking(critic: Any, turns: list[Any], actions: list[str], chunk: int = 64) -> dict[str, Any]:
+    """``{move_ranking, move_pairs, move_states}``: how often the critic's ``min(Q1, Q2)`` puts a move towards the
+    exit above a move that is not, at the same maze state (ties count half; 0.5 is chance, ``None`` off the maze).
+
+    Explained variance asks whether the critic predicts returns; the actor needs less and more: only that, at one
+    state, the better utterance gets the higher Q (any baseline of the state cancels in that comparison). Each
+    distinct state of ``turns`` is scored with its taken action's text (``actions``, as the critic reads it), the
+    direction swapped for each of the four, against the grid's shortest path: a move whose distance to the exit
+    drops is towards it; a blocked one, or one that does not shorten the path, is not.
+    """
+    pattern = "|".join(MOVES)
+    candidates: dict[str, tuple[list[str], list[bool]]] = {}
+    for t, action in zip(turns, actions, strict=True):
+        moves, here = maze_moves(t.state), maze_distance(t.state)
+        if t.state in candidates or moves is None or here is None or len(re.findall(pattern, action)) != 1:
+            continue
+        towards = [moves[name] is not None and moves[name] < here for name in MOVES]
+        if any(towards) and not all(towards):
+            candidates[t.state] = ([re.sub(pattern, name, action) for name in MOVES], towards)
+    if not candidates:
+        return {"move_ranking": None, "move_pairs": 0, "move_states": 0}
+    rows = [(state, text) for state, (texts, _) in candidates.items() for text in texts]
+    values: list[float] = []
+    with torch.no_grad():
+        for i in range(0, len(rows), chunk):
+            q, _ = critic([state for state, _ in rows[i:i + chunk]], [text for _, text in rows[i:i + chunk]])
+            values += q.min(dim=0).values.cpu().tolist()
+    wins = pairs = 0.0
+    for k, (_, towards) in enumerate(candidates.values()):
+        q = values[k * len(MOVES):(k + 1) * len(MOVES)]
+        for good in (q[i] for i in range(len(MOVES)) if towards[i]):
+            for bad in (q[i] for i in range(len(MOVES)) if not towards[i]):
+                wins += 1.0 if good > bad else 0.5 if good == bad else 0.0
+                pairs += 1
+    return {"move_ranking": wins / pairs, "move_pairs": int(pairs), "move_states": len(candidates)}
 
 
 def build_critic(args: argparse.Namespace):  # noqa: ANN201 (returns UtteranceCritic)
@@ -161,6 +226,11 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(f"critic step {step}: held-out EV {curve[-1][1]:.3f} "
                              f"({time.perf_counter() - started:.0f} s)\n")
             sys.stdout.flush()
+    critic.eval()
+    ranking = move_ranking(critic, test, [t.action for t in test])
+    if ranking["move_ranking"] is not None:
+        sys.stdout.write(f"the critic puts a move towards the exit above one that is not at {ranking['move_ranking']:.3f} "
+                         f"of {ranking['move_pairs']} pairs at {ranking['move_states']} held-out states (0.5: chance)\n")
     label = f"critic ({args.encoder}, {args.pooling} pooling, {args.steps} x {args.batch_size} regression on returns)"
     rows.append((label, curve[-1][1]))
     rows.append((f"critic, best held-out EV along the way (step {max(curve, key=lambda c: c[1])[0]})",
@@ -173,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio = f"{value / reference:.2f}" if reference > 0 else "n/a"
         sys.stdout.write(f"| {name} | {value:.3f} | {ratio} |\n")
     out = Path(args.replay).with_name("critic_fit.json")
-    out.write_text(json.dumps({"args": vars(args), "rows": rows, "curve": curve}, indent=2))
+    out.write_text(json.dumps({"args": vars(args), "rows": rows, "curve": curve, **ranking}, indent=2))
     sys.stdout.write(f"written {out}\n")
     if argv is None:  # a run from the command line records its figures; a test calling main() does not
         from _results import figure, write_results
@@ -183,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             figure(f"{name}: held-out explained variance, {len(test)} turns of {len(held)} held-out episodes of "
                    f"{args.replay}; baseline: {best}", value, reference, unit="explained variance",
                    ratio=value / reference if reference > 0 else None)
-            for name, value in rows[text_free:]], details={"rows": rows, "curve": curve})
+            for name, value in rows[text_free:]], details={"rows": rows, "curve": curve, **ranking})
     return 0
 
 

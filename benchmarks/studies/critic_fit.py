@@ -19,13 +19,15 @@ __all__ = ["held_out_explained_variance"]
 
 def held_out_explained_variance(run_dir: Path, config: dict[str, Any], episodes: int,
                                 chunk: int = 64) -> dict[str, Any]:
-    """``{explained_variance, turns, episodes, success, split}`` of the run's final critic on ``episodes`` fresh
-    episodes of the run's held-out split (its first tasks, one episode each, seeds 0..n-1).
+    """``{explained_variance, turns, episodes, success, split, ...}`` of the run's final critic on ``episodes``
+    fresh episodes of the run's held-out split (its first tasks, one episode each, seeds 0..n-1), with
+    ``archer_critic_fit.move_ranking``'s figures: does the critic prefer the maze's better moves at one state?
 
     Raises:
         FileNotFoundError: the run left no final model or no checkpoint with the critic (it did not finish).
     """
     import torch
+    from archer_critic_fit import move_ranking
 
     from agentgym.policies import SamplingParams
     from agentgym.policies.hf import HFPolicy
@@ -61,19 +63,19 @@ def held_out_explained_variance(run_dir: Path, config: dict[str, Any], episodes:
     finally:
         policy.close()  # its slot cache now, not whenever the collector finds it
     turns = trainer._transitions(0, trajectories, cfg.gamma)
+    actions = [trainer._decode(t.action_ids) if t.action_ids else t.action for t in turns]
     fitted: list[float] = []
     with torch.no_grad():
         for i in range(0, len(turns), chunk):
-            part = turns[i:i + chunk]
-            actions = [trainer._decode(t.action_ids) if t.action_ids else t.action for t in part]
-            q, _ = trainer.critic([t.state for t in part], actions)
+            q, _ = trainer.critic([t.state for t in turns[i:i + chunk]], actions[i:i + chunk])
             fitted += q.min(dim=0).values.cpu().tolist()
     returns = [t.mc_return for t in turns]
     value = explained_variance(torch.tensor(fitted), torch.tensor(returns)) if turns else float("nan")
     return {"explained_variance": None if value != value else float(value), "turns": len(turns),
             "episodes": len(trajectories), "split": cfg.eval_split, "critic_input": cfg.critic_input,
             "success": sum(t.success for t in trajectories) / max(len(trajectories), 1),
-            "distance_explained_variance": distance_explained_variance(turns)}
+            "distance_explained_variance": distance_explained_variance(turns),
+            **move_ranking(trainer.critic, turns, actions, chunk)}
 
 
 def distance_explained_variance(turns: list[Any]) -> float | None:

@@ -199,8 +199,9 @@ def train_one(study_name: str, scale_name: str, method: str, seed: int, model: s
         marker.write_text(json.dumps(previous))
     held_out_fit = previous.get("critic_held_out")
     # the goal's critic figure: held-out episodes, not its own batches (a stored one without its distance reference
-    # is measured again)
-    if base == "archer" and (held_out_fit is None or "distance_explained_variance" not in held_out_fit):
+    # or its move ranking is measured again)
+    measured = {"distance_explained_variance", "move_ranking"}
+    if base == "archer" and (held_out_fit is None or not measured <= set(held_out_fit)):
         from studies.critic_fit import held_out_explained_variance
 
         held_out_fit = held_out_explained_variance(out, config, episodes=args.eval_tasks)
@@ -238,8 +239,11 @@ def summarize(runs: list[dict[str, Any]], eval_tasks: int) -> dict[str, dict[str
         mean, se = mean_se(finals, eval_tasks)
         start, start_se = mean_se(starts, eval_tasks)
         ev = [r["critic_explained_variance"] for r in own if r.get("critic_explained_variance") is not None]
-        held = [r["critic_explained_variance_held_out"] for r in own
-                if r.get("critic_explained_variance_held_out") is not None]
+        # per seed, None where the seed's held-out episodes gave nothing to explain (every return equal)
+        held_per_seed = [r.get("critic_explained_variance_held_out") for r in own]
+        held = [v for v in held_per_seed if v is not None]
+        ranking_per_seed = [(r.get("critic_held_out") or {}).get("move_ranking") for r in own]
+        ranking = [v for v in ranking_per_seed if v is not None]
         distance = [r["critic_held_out"]["distance_explained_variance"] for r in own
                     if (r.get("critic_held_out") or {}).get("distance_explained_variance") is not None]
         calls = [r["eval_mean_tool_calls"] for r in own if r.get("eval_mean_tool_calls") is not None]
@@ -253,7 +257,9 @@ def summarize(runs: list[dict[str, Any]], eval_tasks: int) -> dict[str, dict[str
                        "final_se": se, "start_mean": start, "start_se": start_se,
                        "critic_explained_variance": statistics.mean(ev) if ev else None,
                        "critic_explained_variance_held_out": statistics.mean(held) if held else None,
-                       "critic_explained_variance_held_out_per_seed": held,
+                       "critic_explained_variance_held_out_per_seed": held_per_seed if held else [],
+                       "move_ranking_held_out": statistics.mean(ranking) if ranking else None,
+                       "move_ranking_held_out_per_seed": ranking_per_seed if ranking else [],
                        "distance_explained_variance_held_out": statistics.mean(distance) if distance else None,
                        "actor_advantage_offset": statistics.mean(offsets) if offsets else None,
                        "eval_tool_calls": statistics.mean(calls) if calls else None,
@@ -336,7 +342,11 @@ def goals(study: Study, summary: dict[str, dict[str, Any]]) -> list[dict[str, An
         ev, own = summary[lead]["critic_explained_variance_held_out"], summary[lead]["critic_explained_variance"]
         distance = summary[lead].get("distance_explained_variance_held_out")
         offset = summary[lead].get("actor_advantage_offset")
-        per_seed = ", ".join(f"{v:.3f}" for v in summary[lead].get("critic_explained_variance_held_out_per_seed", []))
+        per_seed = ", ".join("-" if v is None else f"{v:.3f}"
+                             for v in summary[lead].get("critic_explained_variance_held_out_per_seed", []))
+        ranking = summary[lead].get("move_ranking_held_out")
+        ranking_per_seed = ", ".join("-" if v is None else f"{v:.3f}"
+                                     for v in summary[lead].get("move_ranking_held_out_per_seed", []))
         row(f"{lead}'s critic explains >= 50% of the return variance on held-out trajectories", ev, None,
             ev is not None and ev >= 0.5,
             f"explained variance of Monte-Carlo returns by the final critic's min(Q1, Q2) on fresh episodes of the "
@@ -345,6 +355,9 @@ def goals(study: Study, summary: dict[str, dict[str, Any]]) -> list[dict[str, An
             + ("" if distance is None else f"; the mean return at each state's distance to the exit explains "
                f"{distance:.3f} of the same returns (the rest is mostly sampling at temperature 1, which no "
                "critic of the state can predict)")
+            + ("" if ranking is None else f"; at one held-out maze state its Q puts a move towards the exit above "
+               f"one that is not in {ranking:.3f} of pairs (per seed: {ranking_per_seed}; 0.5 is chance): the "
+               "actor's advantage carries that much of the one thing it needs")
             + ("" if offset is None else f"; each actor batch's mean advantage was {offset:.1f}x the advantages' "
                "spread around it (an offset shared by the batch adds only noise to the gradient)"))
     return rows

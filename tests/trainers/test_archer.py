@@ -355,6 +355,41 @@ def test_critic_fit_oracle_reads_the_exact_path_length_off_the_rendered_maze() -
     assert fit.maze_distance("no grid here") is None
 
 
+def test_move_ranking_scores_a_critic_against_the_mazes_shortest_path() -> None:
+    """The maze oracle gives each move's distance to the exit (None where a wall blocks it), and the ranking is 1
+    for a critic that prefers shorter paths, 0 for one that prefers longer ones and 0.5 for one that cannot tell."""
+    import re
+    from types import SimpleNamespace
+
+    from agentgym.envs.games.maze import Maze
+
+    fit = _critic_fit_module()
+    move_ranking = fit.move_ranking
+    turns = []
+    for seed in range(12):
+        maze = Maze(4, 4, seed)
+        start, goal = (seed % 4, 0), (3, 3)
+        state = f"You moved east.\n{maze.render(start, goal)}\nOpen directions: north."
+        moves, path = fit.maze_moves(state), maze.shortest_path(start, goal)
+        assert moves[path[0]] == len(path) - 1
+        assert [name for name, d in moves.items() if d is None] == [n for n in fit.MOVES if maze.step(start, n) is None]
+        turns.append(SimpleNamespace(state=state))
+    assert fit.maze_moves("no grid here") is None
+
+    def critic(sign: float):  # noqa: ANN202 (a scorer of the critic's shape: Q and V as [2, B])
+        def score(states: list[str], actions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+            after = [fit.maze_moves(s)[re.search("north|south|east|west", a).group()] for s, a in zip(states, actions)]
+            q = torch.tensor([[sign * -(99 if d is None else d) for d in after]] * 2)
+            return q, q
+        return score
+
+    actions = ['move("west")<|im_end|>'] * len(turns)  # the direction is swapped for each of the four
+    best, worst, blind = (move_ranking(critic(sign), turns, actions) for sign in (1.0, -1.0, 0.0))
+    assert (best["move_ranking"], worst["move_ranking"], blind["move_ranking"]) == (1.0, 0.0, 0.5)
+    assert best["move_states"] == len(turns) and best["move_pairs"] >= len(turns)
+    assert move_ranking(critic(1.0), turns[:1], ["answer(3)"])["move_ranking"] is None  # no move to swap
+
+
 def test_critic_fit_runs_on_a_replay_buffer_and_explains_its_options(model_dir: Path, tmp_path: Path) -> None:
     fit = _critic_fit_module()
     run = tmp_path / "run"
