@@ -39,6 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                    "run's starting model, from the config.json beside the replay buffer)")
     p.add_argument("--encoder", choices=("policy", "minilm"), default="policy", help="critic text encoder")
     p.add_argument("--pooling", choices=("mean", "last"), default="mean", help="critic pooling")
+    p.add_argument("--action-view", choices=("separate", "joint"), default="separate",
+                   help="what the Q heads read of an action: its text alone, or the state's text followed by it")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens the critic reads per state or utterance")
     p.add_argument("--steps", type=int, default=400, help="critic regression steps")
     p.add_argument("--batch-size", type=int, default=32, help="turns per step")
@@ -111,6 +113,18 @@ def maze_distance(state: str) -> int | None:
     return None if maze is None else _moves_to(*maze)
 
 
+def heads_for_exit(turn: Any) -> bool | None:
+    """Whether a turn's move shortened its path to the exit (or reached it), from the grids of its state and next
+    state; None when the state shows no grid."""
+    here = maze_distance(turn.state)
+    if here is None:
+        return None
+    if turn.terminated and turn.reward > 0:
+        return True
+    after = maze_distance(turn.next_state) if turn.next_state else None
+    return after is not None and after < here
+
+
 def maze_moves(state: str) -> dict[str, int | None] | None:
     """Per direction, the shortest-path distance to the exit after that move from the state's last grid (None
     where a wall blocks it), or None without a grid: a move whose distance is below the state's own heads for the
@@ -165,12 +179,14 @@ def build_critic(args: argparse.Namespace):  # noqa: ANN201 (returns UtteranceCr
     from agentgym.trainers.critic import UtteranceCritic
 
     if args.encoder == "minilm":
-        return UtteranceCritic.from_minilm(max_tokens=args.max_tokens, pooling=args.pooling)
+        return UtteranceCritic.from_minilm(max_tokens=args.max_tokens, pooling=args.pooling,
+                                           action_view=args.action_view)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(args.model, local_files_only=True)
-    return UtteranceCritic.from_policy(model, tokenizer, max_tokens=args.max_tokens, pooling=args.pooling)
+    return UtteranceCritic.from_policy(model, tokenizer, max_tokens=args.max_tokens, pooling=args.pooling,
+                                       action_view=args.action_view)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,10 +209,13 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[tuple[str, float]] = []
     by_turn = tabulated(train, lambda t: t.turn)
     rows.append(("mean return per turn index (reads no text)", explained([by_turn(t) for t in test], returns)))
-    if all(maze_distance(t.state) is not None for t in turns[:50]):
+    if any(maze_distance(t.state) is not None for t in turns[:50]):  # a maze (an error observation shows no grid)
         by_distance = tabulated(train, lambda t: maze_distance(t.state))
         rows.append(("mean return per shortest-path distance to the exit (maze oracle)",
                      explained([by_distance(t) for t in test], returns)))
+        by_move = tabulated(train, lambda t: (maze_distance(t.state), heads_for_exit(t)))
+        rows.append(("mean return per distance and whether the move heads for the exit (maze oracle of state and "
+                     "action)", explained([by_move(t) for t in test], returns)))
     text_free = len(rows)
 
     critic = build_critic(args)
@@ -231,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     if ranking["move_ranking"] is not None:
         sys.stdout.write(f"the critic puts a move towards the exit above one that is not at {ranking['move_ranking']:.3f} "
                          f"of {ranking['move_pairs']} pairs at {ranking['move_states']} held-out states (0.5: chance)\n")
-    label = f"critic ({args.encoder}, {args.pooling} pooling, {args.steps} x {args.batch_size} regression on returns)"
+    label = f"critic ({args.encoder}, {args.pooling} pooling, {args.action_view} action, {args.steps} x {args.batch_size} regression on returns)"
     rows.append((label, curve[-1][1]))
     rows.append((f"critic, best held-out EV along the way (step {max(curve, key=lambda c: c[1])[0]})",
                  max(v for _, v in curve)))

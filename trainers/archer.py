@@ -101,7 +101,8 @@ class ArcherTrainer(ReplayActorTrainer):
 
         cfg = self.config
         kwargs: dict[str, Any] = dict(hidden_size=cfg.critic_hidden_size, max_tokens=cfg.critic_max_tokens,
-                                      pooling=cfg.critic_pooling, device=cfg.device)
+                                      pooling=cfg.critic_pooling, action_view=cfg.critic_action_view,
+                                      device=cfg.device)
         if cfg.critic_encoder == "minilm":
             return UtteranceCritic.from_minilm(**kwargs)
         return UtteranceCritic.from_policy(self.model, self.tokenizer, **kwargs)
@@ -187,7 +188,8 @@ class ArcherTrainer(ReplayActorTrainer):
                                              torch.tensor([t.terminated for t in own]),
                                              torch.tensor([t.truncated for t in own]),
                                              gamma=cfg.gamma, bootstrap_truncated=cfg.bootstrap_truncated)
-                        y_v = self.target_critic.q_values(h_s_bar, self.target_critic.encode(fresh_text))
+                        y_v = self.target_critic.q_values(
+                            h_s_bar, self.target_critic.encode_actions([t.state for t in own], fresh_text))
                     # Buffer and fresh actions reach the critic as the same kind of text: decoded from their ids
                     # (special tokens kept), as the states are; Q fit on stripped text but read on raw text
                     # would judge fresh samples on inputs it never saw.

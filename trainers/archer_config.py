@@ -41,6 +41,11 @@ class ArcherConfig(ReplayActorConfig):
     critic_pooling: Literal["mean", "last"] = "mean"
     """How the critic turns token states into one vector: their mean, or the last real token (the only
     position where a causal backbone such as ``critic_encoder: policy`` has read the whole text)."""
+    critic_action_view: Literal["separate", "joint"] = "separate"
+    """What the Q heads read of an utterance: its text encoded alone (the reference), or the state's text followed
+    by it as one sequence, so the utterance's tokens attend to the state (with ``critic_pooling: last`` the pooled
+    token has read both). Encoded alone, ``move("west")`` has one embedding in every state, and whether it is good
+    there must come from the heads crossing two pooled vectors."""
     critic_input: Literal["history", "observation", "state_key"] = "history"
     """What the critic reads as the state: the whole conversation so far (the reference code), the last
     observation alone, or the env's ``state_key()`` recorded on each turn. Where the observation (or the key)

@@ -1,7 +1,7 @@
 """ArCHer's utterance-level critic: a text encoder with double Q and double V heads (Zhou et al., 2024).
 
 The state ``s`` (the conversation so far) and the action ``a`` (one whole utterance) are encoded
-separately, pooled to one vector each, and fed to ``Q_k([h_s; h_a])`` and ``V_k(h_s)`` MLPs. Long states are
+separately (or the action after its state: ``action_view``), pooled to one vector each, and fed to ``Q_k([h_s; h_a])`` and ``V_k(h_s)`` MLPs. Long states are
 truncated on the left so the most recent turns are kept. Pooling is the mean over tokens by default;
 ``last`` reads the last real token instead, the one position where a causal backbone has seen the whole text
 (as reward models on decoder LMs do). On the maze buffer with the tiny backbone, neither pooling lets the critic
@@ -25,10 +25,14 @@ from torch import Tensor, nn
 
 from agentgym.errors import ConfigError
 
-__all__ = ["CriticPooling", "UtteranceCritic"]
+__all__ = ["CriticActionView", "CriticPooling", "UtteranceCritic"]
 
 CriticPooling = Literal["mean", "last"]
 """How token states become one vector: their mean, or the last real token's (for causal encoders)."""
+
+CriticActionView = Literal["separate", "joint"]
+"""What the Q heads read of the action: its text encoded alone (ArCHer's critic), or the state's text followed by
+the action's, encoded as one sequence, so the action's tokens attend to the state."""
 
 
 def _mlp(width_in: int, hidden: int) -> nn.Sequential:
@@ -46,17 +50,24 @@ class UtteranceCritic(nn.Module):
         max_tokens: Tokens kept per state or action (left truncation).
         pooling: ``mean`` over the tokens, or the ``last`` real token (the one that has seen the whole text
             in a causal encoder).
+        action_view: ``separate``: ``Q([h_s; enc(a)])``; ``joint``: ``Q([h_s; enc(s + a)])``. Encoded alone, a
+            move such as ``move("west")`` has the same embedding in every state, and whether it is good there must
+            come from the heads crossing two pooled vectors; read after the state, its tokens see the grid.
         device: Where the critic runs.
     """
 
     def __init__(self, encoder: nn.Module, tokenizer: Any, *, hidden_size: int | None = None, max_tokens: int = 256,
-                 pooling: CriticPooling = "mean", device: str = "cpu") -> None:
+                 pooling: CriticPooling = "mean", action_view: CriticActionView = "separate",
+                 device: str = "cpu") -> None:
         super().__init__()
         if max_tokens < 8:
             raise ConfigError(f"critic max_tokens must be >= 8, got {max_tokens}.")
         if pooling not in ("mean", "last"):
             raise ConfigError(f"critic pooling must be 'mean' or 'last', got {pooling!r}.")
+        if action_view not in ("separate", "joint"):
+            raise ConfigError(f"critic action_view must be 'separate' or 'joint', got {action_view!r}.")
         self.pooling = pooling
+        self.action_view = action_view
         self.encoder = encoder
         self.tokenizer = copy.copy(tokenizer)
         self.tokenizer.truncation_side = "left"
@@ -110,8 +121,15 @@ class UtteranceCritic(nn.Module):
         m = mask.unsqueeze(-1).to(hidden.dtype)
         return (hidden * m).sum(dim=1) / m.sum(dim=1)
 
+    def encode_actions(self, states: Sequence[str], actions: Sequence[str]) -> Tensor:
+        """``[B, H]``: what the Q heads read of each action taken in its state (``action_view``). A joint text is
+        truncated on the left like any other, so the action is always read whole."""
+        if self.action_view == "joint":
+            return self.encode([f"{s}\n{a}" for s, a in zip(states, actions, strict=True)])
+        return self.encode(actions)
+
     def q_values(self, h_s: Tensor, h_a: Tensor) -> Tensor:
-        """``[2, B]``: ``Q1, Q2`` of encoded states and actions."""
+        """``[2, B]``: ``Q1, Q2`` of encoded states and actions (:meth:`encode_actions`)."""
         x = torch.cat([h_s, h_a], dim=-1)
         return torch.stack([head(x).squeeze(-1) for head in self.q_heads])
 
@@ -122,4 +140,4 @@ class UtteranceCritic(nn.Module):
     def forward(self, states: Sequence[str], actions: Sequence[str]) -> tuple[Tensor, Tensor]:
         """``(q [2, B], v [2, B])`` for state and action texts."""
         h_s = self.encode(states)
-        return self.q_values(h_s, self.encode(actions)), self.v_values(h_s)
+        return self.q_values(h_s, self.encode_actions(states, actions)), self.v_values(h_s)

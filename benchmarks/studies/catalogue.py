@@ -131,6 +131,11 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     # each batch's advantages by 2.6x their spread in archer_vs_filtered_bc
     "archer_sampled": ("archer", {"critic_input": "observation", "actor_baseline": "sampled",
                                   "actor_samples_per_state": 4}),
+    # the critic that ranked maze moves best when fit offline (the move read after the state, the last token
+    # pooled; benchmarks/archer_critic_fit.py), with the reference code's 50 critic updates a step
+    "archer_joint": ("archer", {"critic_input": "observation", "actor_baseline": "sampled",
+                                "actor_samples_per_state": 4, "critic_action_view": "joint", "critic_pooling": "last",
+                                "critic_steps": 50}),
     "filtered_bc": ("filtered_bc", {}),
 }
 
@@ -164,6 +169,11 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           goal="ArCHer's critic explains >= 50% of the return variance and ArCHer beats filtered BC at equal episodes",
           question="With the learned V's offset removed from the actor's advantage (the other fresh utterances' Q "
                    "at the same state as its baseline), does ArCHer beat filtered BC?"),
+    Study("archer_joint_vs_filtered_bc", "maze", ("archer_joint", "filtered_bc"), baseline="filtered_bc",
+          control="grpo_shuffled",
+          goal="ArCHer's critic explains >= 50% of the return variance and ArCHer beats filtered BC at equal episodes",
+          question="With a critic that reads each move after its state and five times the critic updates, does its Q "
+                   "rank the maze's moves, and does ArCHer then beat filtered BC?"),
     Study("arpo_vs_grpo", "guess", ("arpo", "grpo"), baseline="grpo", control="grpo_shuffled",
           goal="ARPO reaches GRPO's held-out success with <= 0.8x its tool calls",
           question="On a task where the number of calls is free, does ARPO's branching spend fewer of them?"),

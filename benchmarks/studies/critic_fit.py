@@ -74,24 +74,30 @@ def held_out_explained_variance(run_dir: Path, config: dict[str, Any], episodes:
     return {"explained_variance": None if value != value else float(value), "turns": len(turns),
             "episodes": len(trajectories), "split": cfg.eval_split, "critic_input": cfg.critic_input,
             "success": sum(t.success for t in trajectories) / max(len(trajectories), 1),
-            "distance_explained_variance": distance_explained_variance(turns),
-            **move_ranking(trainer.critic, turns, actions, chunk)}
+            **maze_oracles(turns), **move_ranking(trainer.critic, turns, actions, chunk)}
 
 
-def distance_explained_variance(turns: list[Any]) -> float | None:
-    """How much of the same returns the maze's one defining feature explains: each turn predicted by the mean
-    return of all these turns at its shortest-path distance to the exit (``None`` off the maze). A state that shows
-    no grid (the error after a malformed call, when the critic reads the observation alone) is its own group.
+def maze_oracles(turns: list[Any]) -> dict[str, float | None]:
+    """How much of the same returns two text-free predictors explain (``None`` off the maze), each turn predicted by
+    the mean return of all these turns that share its key: ``distance_explained_variance`` keys on the state's
+    shortest-path distance to the exit, ``move_explained_variance`` on that distance and whether the turn's move
+    heads for the exit. A state that shows no grid (the error after a malformed call, when the critic reads the
+    observation alone) is its own group.
 
-    Fit on the very turns it scores, over a dozen distances, this is what a critic that knew each state's
-    distance and the policy's success from it would reach; what it leaves is mostly the coin flips of sampling
-    at temperature 1, which no critic of the state can predict. It puts the critic's figure on a scale.
+    Fit on the very turns they score, over a few dozen keys, these are what a critic that knew each state's
+    distance (and each move's direction) and the policy's success from there would reach. What the second leaves
+    is mostly the coin flips of sampling at temperature 1, which no critic can predict; the gap between the two is
+    what Q(s, a) can explain and V(s) cannot. They put the critic's figure on a scale.
     """
-    from archer_critic_fit import explained, maze_distance, tabulated
+    from archer_critic_fit import explained, heads_for_exit, maze_distance, tabulated
 
-    distances = [maze_distance(t.state) for t in turns]
-    if len(turns) < 2 or all(d is None for d in distances):
-        return None
-    by_distance = tabulated(turns, lambda t: maze_distance(t.state))
-    value = explained([by_distance(t) for t in turns], [t.mc_return for t in turns])
-    return None if value != value else float(value)
+    if len(turns) < 2 or all(maze_distance(t.state) is None for t in turns):
+        return {"distance_explained_variance": None, "move_explained_variance": None}
+    returns = [t.mc_return for t in turns]
+    out: dict[str, float | None] = {}
+    for name, key in (("distance_explained_variance", lambda t: maze_distance(t.state)),
+                      ("move_explained_variance", lambda t: (maze_distance(t.state), heads_for_exit(t)))):
+        predict = tabulated(turns, key)
+        value = explained([predict(t) for t in turns], returns)
+        out[name] = None if value != value else float(value)
+    return out

@@ -200,7 +200,7 @@ def train_one(study_name: str, scale_name: str, method: str, seed: int, model: s
     held_out_fit = previous.get("critic_held_out")
     # the goal's critic figure: held-out episodes, not its own batches (a stored one without its distance reference
     # or its move ranking is measured again)
-    measured = {"distance_explained_variance", "move_ranking"}
+    measured = {"distance_explained_variance", "move_explained_variance", "move_ranking"}
     if base == "archer" and (held_out_fit is None or not measured <= set(held_out_fit)):
         from studies.critic_fit import held_out_explained_variance
 
@@ -242,6 +242,8 @@ def summarize(runs: list[dict[str, Any]], eval_tasks: int) -> dict[str, dict[str
         # per seed, None where the seed's held-out episodes gave nothing to explain (every return equal)
         held_per_seed = [r.get("critic_explained_variance_held_out") for r in own]
         held = [v for v in held_per_seed if v is not None]
+        move_oracle = [r["critic_held_out"]["move_explained_variance"] for r in own
+                       if (r.get("critic_held_out") or {}).get("move_explained_variance") is not None]
         ranking_per_seed = [(r.get("critic_held_out") or {}).get("move_ranking") for r in own]
         ranking = [v for v in ranking_per_seed if v is not None]
         distance = [r["critic_held_out"]["distance_explained_variance"] for r in own
@@ -261,6 +263,7 @@ def summarize(runs: list[dict[str, Any]], eval_tasks: int) -> dict[str, dict[str
                        "move_ranking_held_out": statistics.mean(ranking) if ranking else None,
                        "move_ranking_held_out_per_seed": ranking_per_seed if ranking else [],
                        "distance_explained_variance_held_out": statistics.mean(distance) if distance else None,
+                       "move_explained_variance_held_out": statistics.mean(move_oracle) if move_oracle else None,
                        "actor_advantage_offset": statistics.mean(offsets) if offsets else None,
                        "eval_tool_calls": statistics.mean(calls) if calls else None,
                        "eval_tool_calls_solved": statistics.mean(solved) if solved else None,
@@ -341,6 +344,7 @@ def goals(study: Study, summary: dict[str, dict[str, Any]]) -> list[dict[str, An
     if cat.METHODS[lead][0] == "archer":
         ev, own = summary[lead]["critic_explained_variance_held_out"], summary[lead]["critic_explained_variance"]
         distance = summary[lead].get("distance_explained_variance_held_out")
+        move = summary[lead].get("move_explained_variance_held_out")
         offset = summary[lead].get("actor_advantage_offset")
         per_seed = ", ".join("-" if v is None else f"{v:.3f}"
                              for v in summary[lead].get("critic_explained_variance_held_out_per_seed", []))
@@ -353,8 +357,10 @@ def goals(study: Study, summary: dict[str, dict[str, Any]]) -> list[dict[str, An
             f"held-out split (per seed: {per_seed or '-'}); on its own last replay batches: "
             + ("-" if own is None else f"{own:.3f}")
             + ("" if distance is None else f"; the mean return at each state's distance to the exit explains "
-               f"{distance:.3f} of the same returns (the rest is mostly sampling at temperature 1, which no "
-               "critic of the state can predict)")
+               f"{distance:.3f} of the same returns"
+               + ("" if move is None else f", and at that distance and whether the move heads for the exit "
+                  f"{move:.3f}: a critic that knew these two would reach that much (the rest is mostly sampling "
+                  "at temperature 1, which no critic can predict)"))
             + ("" if ranking is None else f"; at one held-out maze state its Q puts a move towards the exit above "
                f"one that is not in {ranking:.3f} of pairs (per seed: {ranking_per_seed}; 0.5 is chance): the "
                "actor's advantage carries that much of the one thing it needs")

@@ -51,8 +51,9 @@ def test_every_study_runs_its_whole_code_path_at_the_smoke_scale(name: str, work
         if cat.METHODS[run["method"]][0] == "archer":  # the final critic, read on fresh held-out episodes
             fit = run["critic_held_out"]
             assert fit["episodes"] == cat.SMOKE.eval_tasks and fit["turns"] > 0 and fit["split"] == details["eval_split"]
-            distance = fit["distance_explained_variance"]  # the maze's reference for the critic's figure; None when
-            assert distance is None or -1.0 <= distance <= 1.0  # no state shows a grid (an untrained smoke policy)
+            for oracle in ("distance_explained_variance", "move_explained_variance", "move_ranking"):
+                value = fit[oracle]  # the maze's references for the critic's figure; None when no state shows a
+                assert value is None or -1.0 <= value <= 1.0  # grid (an untrained smoke policy)
         if name == "arpo_vs_grpo":  # the final policy's own held-out evaluation again, its calls split by outcome
             calls = run["tool_calls_by_outcome"]
             assert calls["episodes"] == cat.SMOKE.eval_tasks and calls["success"] == run["curve"][-1][1]
@@ -203,25 +204,36 @@ def test_agreement_alone_through_the_command(workdir: Path, tmp_path: Path, capf
     assert not list(tmp_path.glob("study_*.json"))  # no result file: nothing was trained
 
 
-def test_distance_reference_explains_returns_that_depend_on_the_distance_alone() -> None:
+def test_maze_oracles_explain_returns_that_depend_on_the_distance_and_the_move() -> None:
     from types import SimpleNamespace
 
-    from studies.critic_fit import distance_explained_variance
+    from studies.critic_fit import maze_oracles
 
     def grid(row: int) -> str:  # @ in column 1 of row `row`, the exit two columns right of it in row 4, no walls
         cells = [["."] * 5 for _ in range(5)]
         cells[row][1], cells[4][3] = "@", "E"
         return "You moved.\n" + "\n".join(["#" * 7] + ["#" + "".join(r) + "#" for r in cells] + ["#" * 7])
 
-    # the return is a function of the distance alone: the reference explains all of it
-    turns = [SimpleNamespace(state=grid(r), mc_return=0.9 ** (4 - r)) for r in (0, 2, 4) for _ in range(3)]
-    assert distance_explained_variance(turns) == pytest.approx(1.0)
-    # coin flips at one distance: nothing to explain; an error observation (no grid) is its own group
-    flips = [SimpleNamespace(state=grid(0), mc_return=float(i % 2)) for i in range(8)]
-    assert distance_explained_variance(flips) == pytest.approx(0.0, abs=1e-6)
-    with_error = flips + [SimpleNamespace(state="Error: no tool call found.", mc_return=0.0)] * 4
-    assert 0.0 < distance_explained_variance(with_error) < 1.0
-    assert distance_explained_variance([SimpleNamespace(state="no maze here", mc_return=1.0)] * 3) is None
+    def turn(row: int, to: int, mc_return: float, state: str | None = None) -> SimpleNamespace:
+        return SimpleNamespace(state=state or grid(row), next_state=grid(to), mc_return=mc_return, terminated=False,
+                               reward=0.0)
+
+    def explained(turns: list[SimpleNamespace]) -> tuple[float | None, float | None]:
+        oracles = maze_oracles(turns)
+        return oracles["distance_explained_variance"], oracles["move_explained_variance"]
+
+    # the return is a function of the distance alone: both explain all of it
+    distance, move = explained([turn(r, r, 0.9 ** (4 - r)) for r in (0, 2, 4) for _ in range(3)])
+    assert distance == pytest.approx(1.0) and move == pytest.approx(1.0)
+    # one distance, the return set by the move (south heads for the exit, north leads away): only the move oracle
+    distance, move = explained([turn(2, 3, 1.0), turn(2, 1, 0.0)] * 4)
+    assert distance == pytest.approx(0.0, abs=1e-6) and move == pytest.approx(1.0)
+    # coin flips at one distance and move: nothing to explain; an error observation (no grid) is its own group
+    flips = [turn(0, 0, float(i % 2)) for i in range(8)]
+    assert explained(flips) == (pytest.approx(0.0, abs=1e-6), pytest.approx(0.0, abs=1e-6))
+    with_error = flips + [turn(0, 0, 0.0, state="Error: no tool call found.")] * 4
+    assert 0.0 < explained(with_error)[0] < 1.0
+    assert explained([turn(0, 0, 1.0, state="no maze here")] * 3) == (None, None)
 
 
 def test_learning_rate_tuning_never_looks_at_the_held_out_split(workdir: Path, tmp_path: Path,

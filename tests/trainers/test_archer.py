@@ -150,6 +150,30 @@ def test_policy_critic_reads_the_last_real_token_whatever_the_padding(model_dir:
         ArcherConfig(model="m", suite="games-maze", critic_pooling="max")  # type: ignore[arg-type]
 
 
+def test_joint_action_view_reads_the_action_after_its_state(model_dir: Path, tmp_path: Path) -> None:
+    """Encoded alone, one utterance has one embedding in every state; read after its state (``joint``), it does
+    not, the action's tokens are kept whole under left truncation, and the trainer's critic is built with it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentgym.trainers.critic import UtteranceCritic
+
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+    states, actions = ["What is 2 + 3?", "What is 9 * 9?"], ["answer(5)", "answer(5)"]
+    separate = UtteranceCritic.from_policy(model, tokenizer, max_tokens=64)
+    joint = UtteranceCritic.from_policy(model, tokenizer, max_tokens=64, pooling="last", action_view="joint")
+    with torch.no_grad():
+        alone = separate.encode_actions(states, actions)
+        read_after = joint.encode_actions(states, actions)
+        assert torch.equal(alone[0], alone[1]) and not torch.allclose(read_after[0], read_after[1])
+        assert torch.allclose(read_after, joint.encode([f"{s}\n{a}" for s, a in zip(states, actions)]))
+        q, v = joint(states, actions)
+    assert q.shape == v.shape == (2, 2) and torch.isfinite(q).all()
+    with pytest.raises(ConfigError, match="action_view"):
+        UtteranceCritic.from_policy(model, tokenizer, action_view="both")  # type: ignore[arg-type]
+    cfg = ArcherConfig(**common(model_dir, tmp_path / "run", critic_action_view="joint", critic_pooling="last"))
+    assert _bare_trainer(model_dir, cfg).critic.action_view == "joint"
+
+
 # ---- updates -----------------------------------------------------------------------------------------
 def test_archer_updates_actor_critic_and_target(model_dir: Path, tmp_path: Path) -> None:
     cfg = ArcherConfig(**common(model_dir, tmp_path / "run", steps=1, critic_steps=2, checkpoint_every=0))
