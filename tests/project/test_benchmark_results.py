@@ -20,7 +20,6 @@ results = load_script("benchmarks/_results.py")
 _NOT_RUN_YET = "a learning study (up to an hour at its defaults); not yet run on the shared machine"
 WITHOUT_RESULTS: dict[str, str] = {
     "archer_vs_bc": _NOT_RUN_YET,
-    "archer_critic_fit": "needs the replay buffer of an archer_vs_bc.py run; not yet run",
     "credit_assignment": _NOT_RUN_YET,
     "gradient_noise": "needs a warm-start model from credit_assignment.py (--model); not yet run",
     "vlm_miniwob": _NOT_RUN_YET,
