@@ -248,9 +248,11 @@ def main(argv: list[str] | None = None) -> int:
     critic.eval()
     ranking = move_ranking(critic, test, [t.action for t in test])
     if ranking["move_ranking"] is not None:
-        sys.stdout.write(f"the critic puts a move towards the exit above one that is not at {ranking['move_ranking']:.3f} "
-                         f"of {ranking['move_pairs']} pairs at {ranking['move_states']} held-out states (0.5: chance)\n")
-    label = f"critic ({args.encoder}, {args.pooling} pooling, {args.action_view} action, {args.steps} x {args.batch_size} regression on returns)"
+        sys.stdout.write(f"the critic puts a move towards the exit above one that is not at "
+                         f"{ranking['move_ranking']:.3f} of {ranking['move_pairs']} pairs at {ranking['move_states']} "
+                         "held-out states (0.5: chance)\n")
+    label = (f"critic ({args.encoder}, {args.pooling} pooling, {args.action_view} action, {args.steps} x "
+             f"{args.batch_size} regression on returns)")
     rows.append((label, curve[-1][1]))
     rows.append((f"critic, best held-out EV along the way (step {max(curve, key=lambda c: c[1])[0]})",
                  max(v for _, v in curve)))

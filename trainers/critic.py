@@ -1,8 +1,8 @@
 """ArCHer's utterance-level critic: a text encoder with double Q and double V heads (Zhou et al., 2024).
 
 The state ``s`` (the conversation so far) and the action ``a`` (one whole utterance) are encoded
-separately (or the action after its state: ``action_view``), pooled to one vector each, and fed to ``Q_k([h_s; h_a])`` and ``V_k(h_s)`` MLPs. Long states are
-truncated on the left so the most recent turns are kept. Pooling is the mean over tokens by default;
+separately (or the action after its state: ``action_view``), pooled to one vector each, and fed to
+``Q_k([h_s; h_a])`` and ``V_k(h_s)`` MLPs. Long states are truncated on the left so the most recent turns are kept. Pooling is the mean over tokens by default;
 ``last`` reads the last real token instead, the one position where a causal backbone has seen the whole text
 (as reward models on decoder LMs do). On the maze buffer with the tiny backbone, neither pooling lets the critic
 predict held-out returns (held-out explained variance -0.03 with mean pooling on a 288-episode buffer, -0.18

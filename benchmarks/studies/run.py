@@ -496,8 +496,8 @@ def list_text() -> str:
             flags.append(f"{', '.join(cat.shared_runs(study))} runs copied from {study.learning_rate_from}'s, not "
                          "counted in the hours")
         methods = f"{','.join(study.methods)} ({study.control})"
-        lines.append(f"{study.name:{width}s} {study.task:10s} {methods:{methods_width}s} {scale.rollouts_per_step} rollouts/step x "
-                     f"{scale.steps} steps, {scale.eval_tasks} held-out (se {se:.3f}), 3 seeds: sampling ~"
+        lines.append(f"{study.name:{width}s} {study.task:10s} {methods:{methods_width}s} "
+                     f"{scale.rollouts_per_step} rollouts/step x {scale.steps} steps, {scale.eval_tasks} held-out (se {se:.3f}), 3 seeds: sampling ~"
                      f"{hours:.1f} h on 2 cores (~{hours * ours / (10 * reference):.1f} h at the 10x sampler goal); "
                      f"{took}"
                      + (f" [{'; '.join(flags)}]" if flags else ""))

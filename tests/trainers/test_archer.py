@@ -204,7 +204,11 @@ def test_sampled_baseline_updates_the_actor_with_advantages_centred_at_each_stat
     trainer.replay.extend(trainer._transitions(0, trainer._sample(0), cfg.gamma))
     drawn: list[tuple[list[tuple[int, ...]], list[int]]] = []
     sample = trainer._sample_utterances
-    trainer._sample_utterances = lambda states, seeds: drawn.append((states, seeds)) or sample(states, seeds)  # type: ignore[method-assign]
+    def recorded(states: list[tuple[int, ...]], seeds: list[int]) -> list[tuple[int, ...]]:
+        drawn.append((states, seeds))
+        return sample(states, seeds)
+
+    trainer._sample_utterances = recorded  # type: ignore[method-assign]
     actor0 = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     stats = trainer._actor_phase(0, torch.Generator().manual_seed(0))
     states, seeds = drawn[0]
