@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["held_out_explained_variance"]
+__all__ = ["archer_trainer", "held_out_explained_variance", "held_out_turns", "maze_oracles"]
 
 
 def held_out_explained_variance(run_dir: Path, config: dict[str, Any], episodes: int,
@@ -29,30 +29,61 @@ def held_out_explained_variance(run_dir: Path, config: dict[str, Any], episodes:
     import torch
     from archer_critic_fit import move_ranking
 
-    from agentgym.policies import SamplingParams
-    from agentgym.policies.hf import HFPolicy
-    from agentgym.registration.suites import load_suite
-    from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
-    from agentgym.trainers import make_trainer
     from agentgym.trainers.algorithms.archer import explained_variance
     from agentgym.trainers.checkpoint import latest_checkpoint
-    from agentgym.trainers.config import config_from_dict
 
     model_dir, checkpoint = run_dir / "model", latest_checkpoint(run_dir / "checkpoints")
     if not (model_dir / "config.json").is_file() or checkpoint is None or not (checkpoint / "critic.pt").is_file():
         raise FileNotFoundError(f"{run_dir}: no final model and critic checkpoint; finish the ArCHer run first")
-    trainer = make_trainer(config_from_dict(config))
-    cfg = trainer.config
-    trainer.model, trainer.tokenizer = trainer._load(model_dir)
+    trainer = archer_trainer(config, model_dir)
     trainer.critic = trainer._build_critic()
     trainer.critic.load_state_dict(torch.load(checkpoint / "critic.pt", weights_only=False)["critic"])
     trainer.critic.eval()
-    trainer.model.eval()
+    trajectories, turns, actions = held_out_turns(trainer, episodes)
+    fitted: list[float] = []
+    with torch.no_grad():
+        for i in range(0, len(turns), chunk):
+            q, _ = trainer.critic([t.state for t in turns[i:i + chunk]], actions[i:i + chunk])
+            fitted += q.min(dim=0).values.cpu().tolist()
+    returns = [t.mc_return for t in turns]
+    value = explained_variance(torch.tensor(fitted), torch.tensor(returns)) if turns else float("nan")
+    return {"explained_variance": None if value != value else float(value), "turns": len(turns),
+            "episodes": len(trajectories), "split": trainer.config.eval_split,
+            "critic_input": trainer.config.critic_input,
+            "success": sum(t.success for t in trajectories) / max(len(trajectories), 1),
+            **maze_oracles(turns), **move_ranking(trainer.critic, turns, actions, chunk)}
 
+
+def archer_trainer(config: dict[str, Any], model_dir: Path) -> Any:
+    """An ArCHer trainer of the run's ``config`` holding the policy in ``model_dir`` in eval mode: what turns
+    played episodes into the critic's transitions (its ``critic_input`` view of each state, Monte-Carlo returns
+    under the run's ``gamma``)."""
+    from agentgym.trainers import make_trainer
+    from agentgym.trainers.config import config_from_dict
+
+    trainer = make_trainer(config_from_dict(config))
+    trainer.model, trainer.tokenizer = trainer._load(model_dir)
+    trainer.model.eval()
+    return trainer
+
+
+def held_out_turns(trainer: Any, episodes: int, per_task: int = 1) -> tuple[list[Any], list[Any], list[str]]:
+    """``(trajectories, turns, actions)``: the trainer's policy plays ``per_task`` episodes of each of the first
+    ``episodes`` tasks of the run's held-out split at its training temperature (task ``i``'s ``j``-th episode
+    samples with seed ``i + j * episodes``, so episode ``k`` plays task ``k % episodes``), each turn as the
+    transition the replay buffer would hold, and each action's decoded text."""
+    from agentgym.policies import SamplingParams
+    from agentgym.policies.hf import HFPolicy
+    from agentgym.registration.suites import load_suite
+    from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
+
+    cfg = trainer.config
     suite = load_suite(cfg.eval_suite or cfg.suite)
     env_kwargs = {**suite.env_kwargs, **cfg.env_kwargs}
-    specs = [EpisodeSpec(suite.env_id, task=task, seed=i, env_kwargs=dict(env_kwargs), sampling_seed=i)
-             for i, task in enumerate(suite.split(cfg.eval_split)[:episodes])]
+    tasks = suite.split(cfg.eval_split)[:episodes]
+    specs = [EpisodeSpec(suite.env_id, task=task, seed=i, env_kwargs=dict(env_kwargs),
+                         sampling_seed=i + j * len(tasks))
+             for j in range(per_task) for i, task in enumerate(tasks)]
     rollout = RolloutConfig(max_in_flight=256, system_prompt=cfg.system_prompt,
                             max_context_tokens=cfg.max_context_tokens, context=cfg.context,
                             sampling=SamplingParams(max_tokens=cfg.max_tokens_per_turn, temperature=cfg.temperature,
@@ -64,17 +95,7 @@ def held_out_explained_variance(run_dir: Path, config: dict[str, Any], episodes:
         policy.close()  # its slot cache now, not whenever the collector finds it
     turns = trainer._transitions(0, trajectories, cfg.gamma)
     actions = [trainer._decode(t.action_ids) if t.action_ids else t.action for t in turns]
-    fitted: list[float] = []
-    with torch.no_grad():
-        for i in range(0, len(turns), chunk):
-            q, _ = trainer.critic([t.state for t in turns[i:i + chunk]], actions[i:i + chunk])
-            fitted += q.min(dim=0).values.cpu().tolist()
-    returns = [t.mc_return for t in turns]
-    value = explained_variance(torch.tensor(fitted), torch.tensor(returns)) if turns else float("nan")
-    return {"explained_variance": None if value != value else float(value), "turns": len(turns),
-            "episodes": len(trajectories), "split": cfg.eval_split, "critic_input": cfg.critic_input,
-            "success": sum(t.success for t in trajectories) / max(len(trajectories), 1),
-            **maze_oracles(turns), **move_ranking(trainer.critic, turns, actions, chunk)}
+    return trajectories, turns, actions
 
 
 def maze_oracles(turns: list[Any]) -> dict[str, float | None]:
