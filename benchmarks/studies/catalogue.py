@@ -340,6 +340,29 @@ def measured_hours(study: Study, results_dir: Path | None = None) -> dict[str, A
             "date": str(record.get("date", ""))[:10]}
 
 
+def progress_on_disk(study: Study, scale: Scale, seeds: int, workdir: Path) -> dict[str, Any] | None:
+    """How far an unfinished goal-scale run of the study in ``workdir`` has got, from its runs' ``metrics.jsonl``:
+    ``{"steps_done", "steps", "step_s"}`` (``step_s``: the median training step, sampling and update, as the runs
+    measured it with the cores they shared), or ``None`` when nothing is on disk."""
+    import statistics
+
+    root = workdir / f"{study.name}-goal"
+    done: dict[Path, dict[int, float]] = {}
+    for metrics in sorted(root.glob("*/seed*/metrics.jsonl")) if root.is_dir() else []:
+        for line in metrics.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by a killed run
+                continue
+            if isinstance(row.get("time/step_s"), (int, float)):  # a resumed step counts once, its last time
+                done.setdefault(metrics, {})[int(row["step"])] = float(row["time/step_s"])
+    times = [t for steps in done.values() for t in steps.values()]
+    if not times:
+        return None
+    return {"steps_done": len(times), "steps": (len(study.methods) + 1) * seeds * scale.steps,
+            "step_s": statistics.median(times)}
+
+
 def expected_hours(study: Study, scale: Scale, seeds: int, cores: int = 2) -> float:
     """Hours on ``cores`` idle cores at today's sampler rate: rollouts sampled (training plus greedy held-out
     evaluations, which dominate nothing at the goal scale but are counted) over the measured rollouts a second,

@@ -474,8 +474,9 @@ def results_folder(out: str | None, scale_name: str, workdir: Path) -> Path:
 
 
 # ---- command line ------------------------------------------------------------------------------------------
-def list_text() -> str:
-    """One line per study: task, methods, control, goal scale (rollouts a step, held-out size and se), hours."""
+def list_text(workdir: str = "runs/studies") -> str:
+    """One line per study: task, methods, control, goal scale (rollouts a step, held-out size and se), hours, and
+    for a goal-scale run under way in ``workdir``, how far it is and the hours it still needs at its own pace."""
     width = max(len(name) for name in cat.STUDIES)
     methods_width = max(len(f"{','.join(s.methods)} ({s.control})") for s in cat.STUDIES.values())
     lines = [f"{'study':{width}s} {'task':10s} {'methods (control)':{methods_width}s} goal scale"]
@@ -487,6 +488,11 @@ def list_text() -> str:
         last = cat.measured_hours(study)
         took = (f"last run took {last['hours']:.1f} h ({last['date']}, --jobs {last['jobs']})" if last
                 else "never run to the end")
+        now = cat.progress_on_disk(study, scale, 3, Path(workdir))
+        if now and now["steps_done"] < now["steps"]:  # the hours a run under way still needs, at its own pace
+            left = (now["steps"] - now["steps_done"]) * now["step_s"] / 2 / 3600
+            took += (f"; under way in {workdir}: {now['steps_done']}/{now['steps']} training steps, "
+                     f"{now['step_s']:.0f} s a step (2 at once) -> ~{left:.1f} h more on 2 cores")
         flags = []
         if not sizing["noise_measured"]:
             flags.append("noise scale not measured on this task")
@@ -615,7 +621,7 @@ def run_jobs(jobs: list[tuple[str, int, argparse.Namespace, str]], call: tuple[s
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.list:
-        print(list_text())
+        print(list_text(args.workdir))
         return 0
     import torch
 
