@@ -3,10 +3,12 @@ the trainer does) and sequence packing, side by side in one run.
 
 One GRPO-style update as ``GrpoTrainer._update`` does it (forward in float32, per-token log-probs,
 clipped policy loss with clip-higher, token-mean aggregation with the exact global token count,
-backward per micro-batch, gradient clipping, one AdamW step) on CPU, for two models:
+backward per micro-batch, gradient clipping, one AdamW step) on CPU, for two models in three setups:
 
 * ``tiny``: the built-in tiny model (``TinyModelConfig()`` defaults: Llama, hidden 128, 4 layers, the
   512-token local tokenizer);
+* ``tiny-games``: the tiny model on long rows (640-1024 tokens, most near 900), the shape of multi-turn game
+  episodes such as Sokoban's 15 turns of board and move, where attention is a larger share of the work;
 * ``100M``: a from-config Llama (hidden 768, 12 layers, 12 heads, intermediate 2048, vocab 32000, tied
   embeddings), the smallest size people fine-tune agents with.
 
@@ -32,7 +34,7 @@ warm-up update of each, and report the fastest update: other processes on a shar
 add time, and interleaving spreads their load over both methods. Peak memory comes from a fresh
 subprocess per (model, method) running two updates, so each ``ru_maxrss`` is its own.
 
-Run: python benchmarks/train_step.py [--quick] [--only tiny|100M]
+Run: python benchmarks/train_step.py [--quick] [--only tiny|tiny-games|100M]
 """
 
 from __future__ import annotations
@@ -90,8 +92,10 @@ class Setup:
 def setups(quick: bool) -> dict[str, Setup]:
     if quick:
         return {"tiny": Setup("tiny", 24, 64, 1024, 200, 0.9, 8, 2),
+                "tiny-games": Setup("tiny-games", 16, 640, 1024, 900, 0.15, 8, 2),
                 "100M": Setup("100M", 6, 32, 256, 80, 0.8, 4, 1)}
     return {"tiny": Setup("tiny", 64, 64, 1024, 200, 0.9, 8, 4),
+            "tiny-games": Setup("tiny-games", 32, 640, 1024, 900, 0.15, 8, 2),
             "100M": Setup("100M", 12, 32, 512, 110, 0.8, 4, 2)}
 
 
@@ -102,7 +106,7 @@ def make_model(name: str) -> tuple[Any, int]:
 
     from agentgym.models import TinyModelConfig, create_model, default_corpus, train_tokenizer
 
-    if name == "tiny":
+    if name.startswith("tiny"):
         tokenizer = train_tokenizer(default_corpus(), TinyModelConfig().vocab_size)
         model = create_model(tokenizer, TinyModelConfig())
     else:
@@ -301,7 +305,7 @@ def run_worker(*args: str, quick: bool) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller batches (a smoke test, about two minutes)")
-    parser.add_argument("--only", choices=("tiny", "100M"), help="run one model only")
+    parser.add_argument("--only", choices=("tiny", "tiny-games", "100M"), help="run one setup only")
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -317,7 +321,7 @@ def main() -> None:
     errors = check_packing()
     print(f"Correctness (tiny model, 16 sequences): packed vs padded max |dlogp| {errors['logp']:.2e}, "
           f"|dloss| {errors['loss']:.2e}, max relative |dgrad| {errors['grad']:.2e}: OK")
-    names = [args.only] if args.only else ["tiny", "100M"]
+    names = [args.only] if args.only else ["tiny", "tiny-games", "100M"]
     results = {}
     for name in names:
         timing = run_worker(name, "time", quick=args.quick)
