@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                 plays.append((run, model))
     rows = []
     for run, model in plays:
+        print(f"{model} plays {args.per_task} episodes of each of {args.tasks} held-out mazes (the settings and "
+              f"critic view of {run}) ...", flush=True)
         row = measure(run, model, args.tasks, args.per_task)
         rows.append(row)
         print(f"{run} ({row['model']}): success {row['success']:.3f}, ceiling {_shown(row['ceiling'])} "
