@@ -136,9 +136,10 @@ def _run_identity(config: dict[str, Any], method: str) -> str:
     return hashlib.sha256(json.dumps([same, method], sort_keys=True).encode()).hexdigest()
 
 
-def finished_twin(root: Path, method: str, seed: int, config: dict[str, Any], out: Path) -> Path | None:
+def finished_twin(root: Path, method: str, seed: int, config: dict[str, Any], out: Path,
+                  start_steps: int | None = None) -> Path | None:
     """A finished run of another study under ``root`` (``ROOT/STUDY-SCALE/METHOD/seedN``) with this run's exact
-    settings, or ``None``. Studies share methods (GRPO and its control on BabyAI are in two studies), and a run
+    settings and warm start (its BC steps, ``start_steps``), or ``None``. Studies share methods (GRPO and its control on BabyAI are in two studies), and a run
     at the same settings is the same run: its curve is reused instead of hours of training again."""
     identity = _run_identity(config, method)
     for marker in sorted(root.glob(f"*/{method}/seed{seed}/study.json")):
@@ -150,6 +151,7 @@ def finished_twin(root: Path, method: str, seed: int, config: dict[str, Any], ou
         except (OSError, json.JSONDecodeError):
             continue
         if "seconds" in stored and isinstance(stored.get("config"), dict) \
+                and stored.get("warm_start_bc_steps", start_steps) == start_steps \
                 and _run_identity(stored["config"], method) == identity:
             return folder
     return None
@@ -176,8 +178,13 @@ def train_one(study_name: str, scale_name: str, method: str, seed: int, model: s
     fingerprint = hashlib.sha256(json.dumps([config, method], sort_keys=True).encode()).hexdigest()[:16]
     marker = out / "study.json"
     previous = json.loads(marker.read_text()) if marker.is_file() else {}
+    # a warm start cloned further in place keeps its path: a run begun from its earlier weights is not this run
+    record = Path(model) / "warm_start.json"
+    start_steps = json.loads(record.read_text()).get("bc_steps") if record.is_file() else None
+    if previous.get("warm_start_bc_steps", start_steps) != start_steps:
+        previous = {}
     finished = previous.get("fingerprint") == fingerprint and "seconds" in previous and (out / "summary.json").is_file()
-    twin = None if finished else finished_twin(Path(workdir).parent, method, seed, config, out)
+    twin = None if finished else finished_twin(Path(workdir).parent, method, seed, config, out, start_steps)
     if twin is not None:  # the same run, finished for another study: copied, not trained again
         shutil.rmtree(out, ignore_errors=True)
         shutil.copytree(twin, out)
@@ -191,11 +198,13 @@ def train_one(study_name: str, scale_name: str, method: str, seed: int, model: s
         if previous.get("fingerprint") != fingerprint:
             shutil.rmtree(out, ignore_errors=True)  # other settings: start over (same settings resume)
         out.mkdir(parents=True, exist_ok=True)
-        marker.write_text(json.dumps({"fingerprint": fingerprint, "config": config}))
+        marker.write_text(json.dumps({"fingerprint": fingerprint, "config": config,
+                                      "warm_start_bc_steps": start_steps}))
         started = time.perf_counter()
         make_trainer(config_from_dict(config)).train()
         seconds, reused = time.perf_counter() - started, False
-        previous = {"fingerprint": fingerprint, "config": config, "seconds": seconds}
+        previous = {"fingerprint": fingerprint, "config": config, "seconds": seconds,
+                    "warm_start_bc_steps": start_steps}
         marker.write_text(json.dumps(previous))
     held_out_fit = previous.get("critic_held_out")
     # the goal's critic figure: held-out episodes, not its own batches (a stored one without its distance reference

@@ -285,8 +285,14 @@ def test_a_run_is_shared_between_studies_only_at_identical_settings(tmp_path: Pa
     assert study_run.finished_twin(tmp_path, "grpo", 0, {**same, "learning_rate": 1e-4}, out) is None
     assert study_run.finished_twin(tmp_path, "grpo", 1, same, out) is None  # another seed
     assert study_run.finished_twin(tmp_path, "grpo_shuffled", 0, same, out) is None  # another method
+    # a twin begun from the warm start before it was cloned further is another run; one recorded before the
+    # warm start's steps were kept counts as the same
+    assert study_run.finished_twin(tmp_path, "grpo", 0, same, out, start_steps=275) == donor
+    (donor / "study.json").write_text(json.dumps({"config": config, "seconds": 12.0, "warm_start_bc_steps": 275}))
+    assert study_run.finished_twin(tmp_path, "grpo", 0, same, out, start_steps=275) == donor
+    assert study_run.finished_twin(tmp_path, "grpo", 0, same, out, start_steps=400) is None
     (donor / "summary.json").unlink()  # unfinished: nothing to copy
-    assert study_run.finished_twin(tmp_path, "grpo", 0, same, out) is None
+    assert study_run.finished_twin(tmp_path, "grpo", 0, same, out, start_steps=275) is None
 
 
 def test_only_a_full_goal_scale_run_writes_the_committed_results_by_default(workdir: Path, tmp_path: Path,
@@ -323,6 +329,13 @@ def test_measured_hours_count_the_warm_start_and_own_runs_shared_among_the_jobs(
     record["details"]["scale_name"] = "smoke"  # a smoke or reduced run measures nothing about the goal scale
     (tmp_path / "study_gigpo_vs_grpo_babyai.json").write_text(json.dumps(record))
     assert cat.measured_hours(study, tmp_path) is None
+
+
+def test_sokoban_studies_clone_their_warm_start_further_than_the_others() -> None:
+    """At 0.25 training success most Sokoban groups fail every rollout and the gradient showed no signal."""
+    for name in ("grpo_sokoban", "gigpo_vs_grpo"):
+        assert cat.goal_scale(cat.STUDIES[name])[0].bc_target == cat.SOKOBAN_BC_TARGET == 0.5
+    assert cat.goal_scale(cat.STUDIES["grpo_babyai"])[0].bc_target == 0.25
 
 
 def test_a_run_under_way_shows_its_steps_and_the_hours_it_still_needs(tmp_path: Path) -> None:
