@@ -21,7 +21,6 @@ _NOT_RUN_YET = "a learning study (up to an hour at its defaults); not yet run on
 WITHOUT_RESULTS: dict[str, str] = {
     "archer_vs_bc": _NOT_RUN_YET,
     "credit_assignment": _NOT_RUN_YET,
-    "gradient_noise": "needs a warm-start model from credit_assignment.py (--model); not yet run",
     "vlm_miniwob": _NOT_RUN_YET,
 }
 
