@@ -681,6 +681,11 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(m, s) for s in seeds for m in cat.runs_of(study)]
     results = run_jobs([(m, s, settings, str(workdir)) for m, s in jobs], call, str(model), args.jobs, failed)
     runs = [r for r in results if r is not None]
+    if failed and out == RESULTS:  # a partial record must not replace the committed measurement its page shows
+        out = (Path(args.workdir) / "results").resolve()
+        out.mkdir(parents=True, exist_ok=True)
+        print(f"{study.name}: {len(failed)} run(s) failed or were interrupted, so the result goes to {out}, not "
+              "benchmarks/results; the same command again resumes them from their checkpoints", flush=True)
     path = write(study, scale_name, scale, {**sizing, "learning_rate": rate, "learning_rate_source": rate_source},
                  seeds, args.device, warm, agreed, runs, failed, out, time.perf_counter() - t0)
     for g in goals(study, summarize(runs, scale.eval_tasks)) if runs and not failed else []:

@@ -311,6 +311,28 @@ def test_only_a_full_goal_scale_run_writes_the_committed_results_by_default(work
     assert "results go to" in capfd.readouterr().out
 
 
+def test_a_study_with_a_failed_run_never_replaces_the_committed_result(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       capfd: pytest.CaptureFixture[str]) -> None:
+    """A run killed or interrupted part-way leaves a record with no goal checked; written to benchmarks/results it
+    would replace the measurement the research page shows."""
+    committed = tmp_path / "committed"
+    monkeypatch.setattr(study_run, "RESULTS", committed)
+    monkeypatch.setattr(study_run, "start_model", lambda *args, **kwargs: (tmp_path / "model", {}))
+    monkeypatch.setattr(study_run, "agreement", lambda *args, **kwargs: {})
+    monkeypatch.setattr(study_run, "format_agreement", lambda agreed: "not measured here")
+
+    def interrupted(jobs, call, model, n_jobs, failed):  # noqa: ANN001, ANN202
+        failed.append("grpo seed 0: TrainingInterrupted: interrupted at step 3/20")
+        return [None] * len(jobs)
+
+    monkeypatch.setattr(study_run, "run_jobs", interrupted)
+    assert study_run.main(["grpo_babyai", "--seeds", "1", "--workdir", str(tmp_path / "work")]) == 1
+    assert not committed.exists() or not any(committed.iterdir())
+    assert (tmp_path / "work" / "results" / "study_grpo_babyai.json").is_file()
+    assert "not benchmarks/results" in capfd.readouterr().out
+
+
 def test_measured_hours_count_the_warm_start_and_own_runs_shared_among_the_jobs(tmp_path: Path) -> None:
     study = cat.STUDIES["gigpo_vs_grpo_babyai"]
     assert cat.measured_hours(study, tmp_path) is None  # never run: the page and --list say so
