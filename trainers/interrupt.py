@@ -38,6 +38,10 @@ class TrainingInterrupted(KeyboardInterrupt):
         super().__init__(f"interrupted at {where}; " + (f"checkpoint saved in {checkpoint}" if checkpoint
                                                         else "nothing to save yet"))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # a run in a worker process (a study's --jobs) sends it back to the parent, which unpickles it with these
+        return type(self), (self.checkpoint, self.step, self.steps, self.bc_steps_done)
+
 
 class BCInterrupted(KeyboardInterrupt):
     """A behaviour-cloning warm start stopped by Ctrl-C after ``completed`` of its steps (a whole number: the
@@ -46,6 +50,9 @@ class BCInterrupted(KeyboardInterrupt):
     def __init__(self, completed: int) -> None:
         self.completed = completed
         super().__init__(f"BC warm start interrupted after {completed} steps")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.completed,)
 
 
 class InterruptGuard:

@@ -4,18 +4,23 @@ The studies train with the trainers' own loop but live with the benchmarks (thei
 result files are the benchmarks'), which are not part of the installed package; this command finds them in the
 checkout agentgym runs from (or the current directory) and runs ``benchmarks/studies/run.py`` with the same
 arguments, in a child process, so its result file records the same command as a direct run.
+
+A Ctrl-C in the terminal reaches the child and its training workers directly; this command then waits for the child
+instead of stopping it, so the runs under way save their checkpoints and the child says where each stopped.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from agentgym.errors import ConfigError
 
-__all__ = ["add_parser", "find_runner", "run"]
+__all__ = ["add_parser", "find_runner", "run", "wait_through_interrupts"]
 
 RUNNER = Path("benchmarks") / "studies" / "run.py"
 
@@ -78,4 +83,18 @@ def run(args: argparse.Namespace) -> int:
     if args.agreement:
         argv.append("--agreement")
     root = runner.parent.parent.parent
-    return subprocess.run([sys.executable, str(runner.relative_to(root)), *argv], cwd=root, check=False).returncode
+    process = subprocess.Popen([sys.executable, str(runner.relative_to(root)), *argv], cwd=root)
+    return wait_through_interrupts(process)
+
+
+def wait_through_interrupts(process: subprocess.Popen[bytes]) -> int:
+    """The child's exit status. A terminal's Ctrl-C goes to every process of the foreground group, the child too,
+    which saves its runs' checkpoints and exits; waiting on it (``subprocess.run`` would kill it a quarter of a
+    second after a Ctrl-C) keeps that work and its report. Off the main thread no handler can be set: plain wait."""
+    if threading.current_thread() is not threading.main_thread():
+        return process.wait()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return process.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -29,6 +29,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -593,10 +594,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run_jobs(jobs: list[tuple[str, int, argparse.Namespace, str]], call: tuple[str, str], model: str, n_jobs: int,
-             failed: list[str]) -> list[dict[str, Any] | None]:
-    """Train ``(method, seed, settings, workdir)`` jobs, ``n_jobs`` at a time in fresh processes, printing each
-    curve as it finishes. A run that fails is recorded in ``failed`` (its result ``None``) and does not lose the
-    others'; it resumes next time."""
+             failed: list[str], train: Callable[..., dict[str, Any]] = train_one) -> list[dict[str, Any] | None]:
+    """Train ``(method, seed, settings, workdir)`` jobs with ``train`` (:func:`train_one`), ``n_jobs`` at a time in
+    fresh processes, printing each curve as it finishes. A run that fails is recorded in ``failed`` (its result
+    ``None``) and does not lose the others'; it resumes next time. Runs are handed to the pool one free worker at a
+    time: a process pool starts the runs queued in it even after a Ctrl-C, and a run started then would train on."""
     results: list[dict[str, Any] | None] = [None] * len(jobs)
 
     def keep(i: int, result: Any) -> None:
@@ -614,17 +616,51 @@ def run_jobs(jobs: list[tuple[str, int, argparse.Namespace, str]], call: tuple[s
 
     if n_jobs == 1:
         for i, (method, seed, settings, workdir) in enumerate(jobs):
-            keep(i, lambda m=method, s=seed, a=settings, w=workdir: train_one(*call, m, s, model, a, w))
+            keep(i, lambda m=method, s=seed, a=settings, w=workdir: train(*call, m, s, model, a, w))
         return results
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
+    waiting = list(range(len(jobs)))
+    running: dict[Any, int] = {}
     with ProcessPoolExecutor(n_jobs, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1) as pool:
-        futures = {pool.submit(train_one, *call, method, seed, model, settings, workdir): i
-                   for i, (method, seed, settings, workdir) in enumerate(jobs)}
-        for future in as_completed(futures):
-            keep(futures[future], future.result)
+        try:
+            while waiting or running:
+                while waiting and len(running) < n_jobs:
+                    i = waiting.pop(0)
+                    method, seed, settings, workdir = jobs[i]
+                    running[pool.submit(train, *call, method, seed, model, settings, workdir)] = i
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    keep(running.pop(future), future.result)
+        except KeyboardInterrupt:
+            stop_runs(pool, {future: jobs[i][:2] for future, i in running.items()})
+            raise
     return results
+
+
+def stop_runs(pool: Any, runs: dict[Any, tuple[str, int]]) -> None:
+    """After a Ctrl-C: drop the runs ``(method, seed)`` of these futures not started yet, wait while the runs under way save a checkpoint (the terminal's
+    Ctrl-C reached their processes too: each finishes the update under way, saves and stops), and say where each
+    stopped. A second Ctrl-C ends the workers at once, losing the steps under way; their last checkpoints stay."""
+    from agentgym.trainers.interrupt import BCInterrupted, TrainingInterrupted
+
+    running = {future: run for future, run in runs.items() if not future.cancel()}  # cancel: one not started yet
+    print(f"interrupted: waiting for {len(running)} run(s) under way to finish their update and save a checkpoint "
+          "(Ctrl-C again to stop them at once)", flush=True)
+    try:
+        for future, (method, seed) in running.items():
+            try:
+                future.result()
+                print(f"{method} seed {seed}: finished before it stopped", flush=True)
+            except (TrainingInterrupted, BCInterrupted) as stopped:
+                print(f"{method} seed {seed}: {stopped}", flush=True)
+            except BaseException as exc:  # noqa: BLE001 - one run's end must not hide the others'
+                print(f"{method} seed {seed}: stopped ({type(exc).__name__}: {exc})", flush=True)
+    except KeyboardInterrupt:
+        for process in list(getattr(pool, "_processes", {}).values()):
+            process.terminate()
+        print("stopped at once: each run resumes from its last checkpoint", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -679,7 +715,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     seeds = list(range(args.seeds))
     jobs = [(m, s) for s in seeds for m in cat.runs_of(study)]
-    results = run_jobs([(m, s, settings, str(workdir)) for m, s in jobs], call, str(model), args.jobs, failed)
+    try:
+        results = run_jobs([(m, s, settings, str(workdir)) for m, s in jobs], call, str(model), args.jobs, failed)
+    except KeyboardInterrupt as stopped:
+        print(f"{study.name}: interrupted{f' ({stopped})' if str(stopped) else ''}; run the same command again to "
+              f"resume each run from its last checkpoint in {workdir}", file=sys.stderr, flush=True)
+        return 130
     runs = [r for r in results if r is not None]
     if failed and out == RESULTS:  # a partial record must not replace the committed measurement its page shows
         out = (Path(args.workdir) / "results").resolve()

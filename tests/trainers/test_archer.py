@@ -174,6 +174,37 @@ def test_joint_action_view_reads_the_action_after_its_state(model_dir: Path, tmp
     assert _bare_trainer(model_dir, cfg).critic.action_view == "joint"
 
 
+def test_byte_critic_reads_one_token_per_byte_so_grid_rows_keep_one_offset(model_dir: Path, tmp_path: Path) -> None:
+    """``critic_encoder: bytes``: every character of a grid is one token, so each row starts the row width plus one
+    token after the last (a subword tokenizer merges each row differently); its weights are fixed by the seed and
+    leave the global random state alone; it trains, and the trainer builds it from the config."""
+    from agentgym.trainers.critic import UtteranceCritic
+
+    grid = "#####\n#..E#\n#@#.#\n#####"
+    critic = UtteranceCritic.from_bytes(seed=3, max_tokens=64, pooling="last", action_view="joint")
+    ids = critic.tokenizer(grid, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(grid.encode())
+    newlines = [i for i, token in enumerate(ids) if token == ids[5]]
+    assert ids[5] != ids[4] and newlines == [5, 11, 17], "one row = 5 bytes + a newline, at a fixed offset"
+    state = torch.random.get_rng_state()
+    twin = UtteranceCritic.from_bytes(seed=3, max_tokens=64)
+    assert torch.equal(torch.random.get_rng_state(), state), "building it leaves the global RNG alone"
+    assert all(torch.equal(a, b) for a, b in zip(critic.encoder.state_dict().values(),
+                                                 twin.encoder.state_dict().values()))
+    other = UtteranceCritic.from_bytes(seed=4, max_tokens=64)
+    assert not torch.equal(critic.encoder.embed_tokens.weight, other.encoder.embed_tokens.weight)
+    states, actions = [grid, grid.replace("@", ".").replace("#.#.#", "#@#.#")], ['move("north")', 'move("east")']
+    q, v = critic(states, actions)
+    assert q.shape == v.shape == (2, 2) and torch.isfinite(q).all()
+    (q.sum() + v.sum()).backward()
+    assert critic.encoder.embed_tokens.weight.grad is not None and critic.encoder.embed_tokens.weight.grad.abs().sum() > 0
+    cfg = ArcherConfig(**common(model_dir, tmp_path / "run", critic_encoder="bytes", critic_max_tokens=512, seed=2))
+    built = _bare_trainer(model_dir, cfg).critic
+    assert type(built.tokenizer).__name__ == "ByT5Tokenizer" and built.max_tokens == 512
+    with pytest.raises(ConfigError, match="critic_encoder"):
+        ArcherConfig(model="m", suite="games-maze", critic_encoder="chars")  # type: ignore[arg-type]
+
+
 # ---- updates -----------------------------------------------------------------------------------------
 def test_archer_updates_actor_critic_and_target(model_dir: Path, tmp_path: Path) -> None:
     cfg = ArcherConfig(**common(model_dir, tmp_path / "run", steps=1, critic_steps=2, checkpoint_every=0))
