@@ -35,6 +35,9 @@ _GRID = re.compile(r"^#+\n(?:[#.@E]+\n)+#+$", re.MULTILINE)
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--replay", required=True, help="replay.jsonl written by an ArCHer run")
+    p.add_argument("--train-replay", action="append", default=[], metavar="PATH",
+                   help="another run's replay.jsonl whose turns join the training turns only (repeatable): does the "
+                        "fit grow with data? The held-out fifth stays --replay's")
     p.add_argument("--model", help="policy model whose backbone the critic copies (--encoder policy; default: the "
                                    "run's starting model, from the config.json beside the replay buffer)")
     p.add_argument("--encoder", choices=("policy", "minilm", "bytes"), default="policy",
@@ -52,6 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not Path(args.replay).is_file():
         p.error(f"--replay {args.replay} does not exist; run an ArCHer config or benchmarks/archer_vs_bc.py first.")
+    for extra in args.train_replay:
+        if not Path(extra).is_file():
+            p.error(f"--train-replay {extra} does not exist; give another ArCHer run's replay.jsonl.")
     run_config = Path(args.replay).with_name("config.json")
     if args.model is None and run_config.is_file():
         args.model = json.loads(run_config.read_text(encoding="utf-8")).get("model")
@@ -210,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     returns = [t.mc_return for t in test]
     sys.stdout.write(f"{len(turns)} turns of {len(episodes)} episodes; {len(test)} held-out turns of {len(held)} "
                      f"episodes, {sum(r > 0 for r in returns) / len(returns):.0%} with a positive return\n")
+    for extra in args.train_replay:
+        more = list(ReplayBuffer(Path(extra)).items())
+        train += more
+        sys.stdout.write(f"+ {len(more)} training turns of {extra}\n")
 
     rows: list[tuple[str, float]] = []
     by_turn = tabulated(train, lambda t: t.turn)
@@ -257,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"{ranking['move_ranking']:.3f} of {ranking['move_pairs']} pairs at {ranking['move_states']} "
                          "held-out states (0.5: chance)\n")
     label = (f"critic ({args.encoder}, {args.pooling} pooling, {args.action_view} action, {args.steps} x "
-             f"{args.batch_size} regression on returns)")
+             f"{args.batch_size} regression on returns of {len(train)} training turns)")
     rows.append((label, curve[-1][1]))
     rows.append((f"critic, best held-out EV along the way (step {max(curve, key=lambda c: c[1])[0]})",
                  max(v for _, v in curve)))

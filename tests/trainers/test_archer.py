@@ -467,6 +467,17 @@ def test_critic_fit_runs_on_a_replay_buffer_and_explains_its_options(model_dir: 
     names = [name for name, _ in report["rows"]]
     assert names[0].startswith("mean return per turn index") and not any("maze oracle" in n for n in names)
     assert [step for step, _ in report["curve"]] == [2, 4]
+    other = tmp_path / "other.jsonl"  # another run's buffer: its turns train, the held-out fifth stays the first's
+    ReplayBuffer(other).extend(Transition(state=f"What is {k} * 2?", action=f"answer({2 * k})", reward=1.0,
+                                          next_state="", terminated=True, truncated=False, mc_return=1.0,
+                                          episode=f"o{k}", turn=0) for k in range(7))
+    with pytest.raises(SystemExit):
+        fit.main(["--replay", str(run / "replay.jsonl"), "--train-replay", str(tmp_path / "missing.jsonl")])
+    assert fit.main(["--replay", str(run / "replay.jsonl"), "--train-replay", str(other), "--encoder", "bytes",
+                     "--steps", "2", "--batch-size", "4", "--evals", "1"]) == 0
+    report = json.loads((run / "critic_fit.json").read_text())
+    assert "regression on returns of 31 training turns" in report["rows"][-2][0]  # 8 episodes x 3 turns + 7
+    assert report["args"]["encoder"] == "bytes" and report["args"]["train_replay"] == [str(other)]
 
 
 def test_critic_reads_buffer_and_fresh_actions_as_the_same_kind_of_text(model_dir: Path, tmp_path: Path) -> None:
