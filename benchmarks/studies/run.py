@@ -640,9 +640,10 @@ def run_jobs(jobs: list[tuple[str, int, argparse.Namespace, str]], call: tuple[s
 
 
 def stop_runs(pool: Any, runs: dict[Any, tuple[str, int]]) -> None:
-    """After a Ctrl-C: drop the runs ``(method, seed)`` of these futures not started yet, wait while the runs under way save a checkpoint (the terminal's
-    Ctrl-C reached their processes too: each finishes the update under way, saves and stops), and say where each
-    stopped. A second Ctrl-C ends the workers at once, losing the steps under way; their last checkpoints stay."""
+    """After a Ctrl-C: drop the runs (``future: (method, seed)``) not started yet, wait while the runs under way save
+    a checkpoint (the terminal's Ctrl-C reached their processes too: each finishes the update under way, saves and
+    stops), and say where each stopped. A second Ctrl-C ends the workers at once, losing the steps under way; their
+    last checkpoints stay."""
     from agentgym.trainers.interrupt import BCInterrupted, TrainingInterrupted
 
     running = {future: run for future, run in runs.items() if not future.cancel()}  # cancel: one not started yet
