@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from agentgym.errors import ConfigError
+from agentgym.models.tiny import TinyModelConfig
 
 __all__ = ["BYTE_ENCODER_SHAPE", "CriticActionView", "CriticPooling", "UtteranceCritic"]
 
@@ -40,11 +41,12 @@ CriticActionView = Literal["separate", "joint"]
 the action's, encoded as one sequence, so the action's tokens attend to the state."""
 
 
-#: Shape of the ``bytes`` encoder: the built-in tiny model's (hidden 128, 4 layers), the size that trains on two CPU
-#: cores; a position budget of 4,096 bytes covers a long history at ``critic_max_tokens`` of a few thousand.
-BYTE_ENCODER_SHAPE: dict[str, int] = {"hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
-                                      "num_key_value_heads": 4, "intermediate_size": 512,
-                                      "max_position_embeddings": 4096}
+_TINY = TinyModelConfig()
+#: Shape of the ``bytes`` encoder: the built-in tiny model's, the size that trains on two CPU cores; a position budget
+#: of 4,096 bytes covers a long history at ``critic_max_tokens`` of a few thousand.
+BYTE_ENCODER_SHAPE: dict[str, int] = {"hidden_size": _TINY.hidden_size, "num_hidden_layers": _TINY.num_layers,
+                                      "num_attention_heads": _TINY.num_heads, "num_key_value_heads": _TINY.num_kv_heads,
+                                      "intermediate_size": _TINY.intermediate_size, "max_position_embeddings": 4096}
 
 
 def _mlp(width_in: int, hidden: int) -> nn.Sequential:
