@@ -40,9 +40,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "fit grow with data? The held-out fifth stays --replay's")
     p.add_argument("--model", help="policy model whose backbone the critic copies (--encoder policy; default: the "
                                    "run's starting model, from the config.json beside the replay buffer)")
-    p.add_argument("--encoder", choices=("policy", "minilm", "bytes"), default="policy",
-                   help="critic text encoder: a copy of the policy's backbone, MiniLM, or a byte-level transformer "
-                        "trained from scratch (give it --max-tokens that hold a state in bytes)")
+    p.add_argument("--encoder", choices=("policy", "minilm", "bytes", "grid"), default="policy",
+                   help="critic text encoder: a copy of the policy's backbone, MiniLM, a byte-level transformer "
+                        "trained from scratch (give it --max-tokens that hold a state in bytes), or grid: a recurrent "
+                        "convolution over the text's last character grid and a GRU over the rest")
     p.add_argument("--pooling", choices=("mean", "last"), default="mean", help="critic pooling")
     p.add_argument("--action-view", choices=("separate", "joint"), default="separate",
                    help="what the Q heads read of an action: its text alone, or the state's text followed by it")
@@ -192,6 +193,8 @@ def build_critic(args: argparse.Namespace):  # noqa: ANN201 (returns UtteranceCr
     if args.encoder == "bytes":
         return UtteranceCritic.from_bytes(seed=args.seed, max_tokens=args.max_tokens, pooling=args.pooling,
                                           action_view=args.action_view)
+    if args.encoder == "grid":
+        return UtteranceCritic.from_grid(seed=args.seed, max_tokens=args.max_tokens, action_view=args.action_view)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, local_files_only=True)

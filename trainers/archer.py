@@ -107,6 +107,9 @@ class ArcherTrainer(ReplayActorTrainer):
             return UtteranceCritic.from_minilm(**kwargs)
         if cfg.critic_encoder == "bytes":
             return UtteranceCritic.from_bytes(seed=cfg.seed, **kwargs)
+        if cfg.critic_encoder == "grid":
+            del kwargs["pooling"]
+            return UtteranceCritic.from_grid(seed=cfg.seed, **kwargs)
         return UtteranceCritic.from_policy(self.model, self.tokenizer, **kwargs)
 
     def _setup(self, resume_from: Path | None) -> None:

@@ -32,11 +32,13 @@ class ArcherConfig(ReplayActorConfig):
     bootstrap_truncated: bool = True
     """TD targets bootstrap through truncations (turn/context limit) and stop only at termination; False
     restores the reference code, which treats a time limit as terminal."""
-    critic_encoder: Literal["policy", "minilm", "bytes"] = "policy"
-    """Critic text encoder: a copy of the policy backbone, the offline pretrained all-MiniLM-L6-v2, or ``bytes``: a
+    critic_encoder: Literal["policy", "minilm", "bytes", "grid"] = "policy"
+    """Critic text encoder: a copy of the policy backbone, the offline pretrained all-MiniLM-L6-v2, ``bytes``: a
     small transformer trained from scratch on one token per byte, where every row of a text grid (a maze, a
     Sokoban room) lies at a fixed offset from the next, which subword tokens break (give it a
-    ``critic_max_tokens`` that holds the state in bytes)."""
+    ``critic_max_tokens`` that holds the state in bytes), or ``grid``: a recurrent convolution trained from scratch
+    over the text's last character grid (a cell's neighbours above and below are its neighbours), with a GRU over
+    the last ``critic_max_tokens`` bytes of the text around it; ``critic_pooling`` does not apply to it."""
     critic_hidden_size: int | None = None
     """Width of the Q/V head MLPs (None: the encoder's width)."""
     critic_max_tokens: int = 256

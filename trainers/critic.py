@@ -83,13 +83,18 @@ class UtteranceCritic(nn.Module):
         self.pooling = pooling
         self.action_view = action_view
         self.encoder = encoder
-        self.tokenizer = copy.copy(tokenizer)
-        self.tokenizer.truncation_side = "left"
-        self.tokenizer.padding_side = "right"
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.reads_text = hasattr(encoder, "embed")  # an encoder with its own text reading (TextGridEncoder)
+        if self.reads_text:
+            self.tokenizer = None
+            width = int(encoder.hidden_size)
+        else:
+            self.tokenizer = copy.copy(tokenizer)
+            self.tokenizer.truncation_side = "left"
+            self.tokenizer.padding_side = "right"
+            if self.tokenizer.pad_token is None:
+                self.tokenizer.pad_token = self.tokenizer.eos_token
+            width = int(encoder.config.hidden_size)
         self.max_tokens = max_tokens
-        width = int(encoder.config.hidden_size)
         hidden = hidden_size or width
         self.q_heads = nn.ModuleList([_mlp(2 * width, hidden) for _ in range(2)])
         self.v_heads = nn.ModuleList([_mlp(width, hidden) for _ in range(2)])
@@ -134,8 +139,21 @@ class UtteranceCritic(nn.Module):
             encoder.train()
             return cls(encoder, tokenizer, **kwargs)
 
+    @classmethod
+    def from_grid(cls, *, seed: int = 0, max_tokens: int = 256, **kwargs: Any) -> UtteranceCritic:
+        """Critic on a freshly initialised :class:`~agentgym.trainers.grid_encoder.TextGridEncoder` (a recurrent
+        convolution over the text's last character grid, a GRU over the rest); ``seed`` fixes its initial weights,
+        heads included, without touching the global random state. ``pooling`` does not apply (the encoder pools)."""
+        from agentgym.trainers.grid_encoder import TextGridEncoder
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return cls(TextGridEncoder(max_tokens=max_tokens), None, max_tokens=max_tokens, **kwargs)
+
     def encode(self, texts: Sequence[str]) -> Tensor:
         """``[B, H]`` pooled embeddings of ``texts`` (left-truncated to ``max_tokens``)."""
+        if self.reads_text:
+            return self.encoder.embed([t if t else " " for t in texts]).float()
         batch = self.tokenizer([t if t else " " for t in texts], padding=True, truncation=True,
                                max_length=self.max_tokens, return_tensors="pt", add_special_tokens=True)
         ids = batch["input_ids"].to(self.device_name)

@@ -29,7 +29,7 @@ PAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "grpo": ("GRPO against its shuffled control", ("grpo_sokoban", "grpo_babyai", "grpo_textworld")),
     "gigpo": ("GiGPO against GRPO at equal scale", ("gigpo_vs_grpo", "gigpo_vs_grpo_babyai")),
     "archer": ("ArCHer against filtered BC", ("archer_vs_filtered_bc", "archer_sampled_vs_filtered_bc",
-                                                    "archer_joint_vs_filtered_bc")),
+                                                    "archer_joint_vs_filtered_bc", "archer_grid_vs_filtered_bc")),
     "arpo": ("ARPO's tool calls against GRPO's", ("arpo_vs_grpo",)),
 }
 """Method -> (page title, its studies)."""

@@ -205,6 +205,43 @@ def test_byte_critic_reads_one_token_per_byte_so_grid_rows_keep_one_offset(model
         ArcherConfig(model="m", suite="games-maze", critic_encoder="chars")  # type: ignore[arg-type]
 
 
+def test_grid_critic_reads_the_last_grid_as_cells_conditioned_on_the_text(model_dir: Path, tmp_path: Path) -> None:
+    """``critic_encoder: grid``: the encoder cuts the text's last character grid out of the text (the rest, with a
+    marker where the grid stood, goes to its GRU); one cell changed changes the embedding, as does the text after
+    the grid (the move in a joint action view), which enters every cell; gradients reach the cell embedding and the
+    convolution; its weights are fixed by the seed and leave the global random state alone; the trainer builds it.
+    What it learns is measured by ``benchmarks/archer_critic_fit.py --encoder grid``."""
+    from agentgym.trainers.critic import UtteranceCritic
+    from agentgym.trainers.grid_encoder import split_grid
+
+    text = "You moved.\n#####\n#.@.#\n#####\nOld.\n###\n#E#\n###\nOpen directions: east."
+    rows, rest = split_grid(text)
+    assert rows == ["###", "#E#", "###"] and rest == "You moved.\n#####\n#.@.#\n#####\nOld.\n[grid]\nOpen directions: east."
+    assert split_grid("no grid here\njust text") == ([], "no grid here\njust text")
+    assert split_grid("a b\nc d")[0] == [], "lines with spaces are prose, not a grid"
+
+    state = torch.random.get_rng_state()
+    critic = UtteranceCritic.from_grid(seed=1, max_tokens=64, action_view="joint")
+    assert torch.equal(torch.random.get_rng_state(), state), "building it leaves the global RNG alone"
+    twin = UtteranceCritic.from_grid(seed=1, max_tokens=64)
+    assert all(torch.equal(a, b) for a, b in zip(critic.state_dict().values(), twin.state_dict().values()))
+    maze = "Find E.\n#####\n#@.E#\n#.#.#\n#####"
+    moved = maze.replace("#@.E#", "#.@E#")
+    with torch.no_grad():
+        a, b, c = critic.encode([maze, moved, maze + '\nmove("east")'])
+    assert not torch.allclose(a, b), "the agent's cell is read"
+    assert not torch.allclose(a, c), "the text after the grid is read"
+    q, v = critic(["no grid at all", maze], ['move("north")', 'move("east")'])
+    assert q.shape == v.shape == (2, 2) and torch.isfinite(q).all() and torch.isfinite(v).all()
+    (q.sum() + v.sum()).backward()
+    for weight in (critic.encoder.cell_embedding.weight, critic.encoder.block[0].weight, critic.encoder.text_bias.weight):
+        assert weight.grad is not None and weight.grad.abs().sum() > 0
+
+    cfg = ArcherConfig(**common(model_dir, tmp_path / "run", critic_encoder="grid", critic_max_tokens=96, seed=2))
+    built = _bare_trainer(model_dir, cfg).critic
+    assert type(built.encoder).__name__ == "TextGridEncoder" and built.encoder.max_tokens == 96
+
+
 # ---- updates -----------------------------------------------------------------------------------------
 def test_archer_updates_actor_critic_and_target(model_dir: Path, tmp_path: Path) -> None:
     cfg = ArcherConfig(**common(model_dir, tmp_path / "run", steps=1, critic_steps=2, checkpoint_every=0))
