@@ -90,11 +90,15 @@ def run(args: argparse.Namespace) -> int:
 def wait_through_interrupts(process: subprocess.Popen[bytes]) -> int:
     """The child's exit status. A terminal's Ctrl-C goes to every process of the foreground group, the child too,
     which saves its runs' checkpoints and exits; waiting on it (``subprocess.run`` would kill it a quarter of a
-    second after a Ctrl-C) keeps that work and its report. Off the main thread no handler can be set: plain wait."""
+    second after a Ctrl-C) keeps that work and its report. A SIGTERM (``kill PID``, a scheduler's time limit) reaches
+    this process only, so it is passed on to the child, which stops as on a Ctrl-C. Off the main thread no handler
+    can be set: plain wait."""
     if threading.current_thread() is not threading.main_thread():
         return process.wait()
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous_term = signal.signal(signal.SIGTERM, lambda signum, frame: process.send_signal(signal.SIGTERM))
     try:
         return process.wait()
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, previous_term)

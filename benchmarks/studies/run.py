@@ -25,11 +25,14 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import shutil
+import signal
 import statistics
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -623,7 +626,8 @@ def run_jobs(jobs: list[tuple[str, int, argparse.Namespace, str]], call: tuple[s
 
     waiting = list(range(len(jobs)))
     running: dict[Any, int] = {}
-    with ProcessPoolExecutor(n_jobs, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1) as pool:
+    with ProcessPoolExecutor(n_jobs, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1,
+                             initializer=start_worker) as pool:
         try:
             while waiting or running:
                 while waiting and len(running) < n_jobs:
@@ -639,14 +643,55 @@ def run_jobs(jobs: list[tuple[str, int, argparse.Namespace, str]], call: tuple[s
     return results
 
 
+def start_worker() -> None:
+    """A pool worker's first act: a process group of its own, and Python's Ctrl-C handler.
+
+    Why: the runner alone tells a run to stop, with exactly one SIGINT (:func:`stop_runs`). A terminal's Ctrl-C
+    reaches every process of its foreground group, but ``kill PID``, a scheduler's SIGTERM, or a Ctrl-C aimed at a
+    runner started in the background reach the runner only; out of the terminal's group, every worker hears the
+    same one signal whichever way the runner was stopped (a second one would cut the update under way). A runner
+    started from a shell's background job has SIGINT ignored, which its workers inherit, so the default handler is
+    put back for the forwarded signal to be heard.
+    """
+    if hasattr(os, "setpgid"):
+        os.setpgid(0, 0)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """While inside: SIGTERM (``kill PID``, a job scheduler's time limit) stops the study as a Ctrl-C does, so the
+    runs under way save a checkpoint and the runner says where each stopped, instead of the process vanishing with
+    its workers left training. Off the main thread no handler can be set, and nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum: int, frame: Any) -> None:
+        ctrl_c = signal.getsignal(signal.SIGINT)
+        if callable(ctrl_c):  # Python's or a trainer's own Ctrl-C handler
+            ctrl_c(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def stop_runs(pool: Any, runs: dict[Any, tuple[str, int]]) -> None:
-    """After a Ctrl-C: drop the runs (``future: (method, seed)``) not started yet, wait while the runs under way save
-    a checkpoint (the terminal's Ctrl-C reached their processes too: each finishes the update under way, saves and
-    stops), and say where each stopped. A second Ctrl-C ends the workers at once, losing the steps under way; their
-    last checkpoints stay."""
+    """After a Ctrl-C (or a SIGTERM, :func:`sigterm_as_ctrl_c`): drop the runs (``future: (method, seed)``) not
+    started yet, send each worker one SIGINT (:func:`start_worker` keeps the terminal's from them), wait while the
+    runs under way save a checkpoint (each finishes the update under way, saves and stops), and say where each
+    stopped. A second Ctrl-C ends the workers at once, losing the steps under way; their last checkpoints stay."""
     from agentgym.trainers.interrupt import BCInterrupted, TrainingInterrupted
 
     running = {future: run for future, run in runs.items() if not future.cancel()}  # cancel: one not started yet
+    for process in list(getattr(pool, "_processes", {}).values()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGINT)
     print(f"interrupted: waiting for {len(running)} run(s) under way to finish their update and save a checkpoint "
           "(Ctrl-C again to stop them at once)", flush=True)
     try:
@@ -669,6 +714,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         print(list_text(args.workdir))
         return 0
+    with sigterm_as_ctrl_c():
+        return run_study(args)
+
+
+def run_study(args: argparse.Namespace) -> int:
+    """The study (or its learning-rate tuning) of checked arguments: warm start, runs, result file and plot."""
     import torch
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
