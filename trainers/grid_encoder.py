@@ -39,6 +39,13 @@ _MAX_SIDE = 64
 """Longest grid side read; larger grids are cropped to their bottom-right (rarely the case in text games)."""
 
 
+def _cell_code(ch: str) -> int:
+    """A grid character's embedding row: 1 + its code point below 256, else one of rows 129-256 by code point (a
+    glyph such as a box-drawing character or an arrow takes one cell, as it does on screen)."""
+    code = ord(ch)
+    return code + 1 if code < 256 else 129 + code % 128
+
+
 def split_grid(text: str) -> tuple[list[str], str]:
     """``(grid rows, the text without them)``: the last run of two or more consecutive non-empty lines of one width
     and no whitespace, or ``([], text)`` when the text has none."""
@@ -97,10 +104,9 @@ class TextGridEncoder(nn.Module):
         width = max((min(len(g[0]), _MAX_SIDE) for g in grids if g), default=1) or 1
         cells = torch.zeros((len(grids), height, width), dtype=torch.long)
         for b, grid in enumerate(grids):
-            rows = grid[-_MAX_SIDE:]
-            for r, row in enumerate(rows):
-                data = row.encode("utf-8", errors="replace")[-_MAX_SIDE:]
-                cells[b, r, : len(data)] = torch.tensor(list(data), dtype=torch.long) + 1
+            for r, row in enumerate(grid[-_MAX_SIDE:]):
+                codes = [_cell_code(ch) for ch in row[-_MAX_SIDE:]]
+                cells[b, r, : len(codes)] = torch.tensor(codes, dtype=torch.long)
         cells = cells.to(self.device)
         return cells, cells > 0
 

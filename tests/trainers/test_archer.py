@@ -231,8 +231,8 @@ def test_grid_critic_reads_the_last_grid_as_cells_conditioned_on_the_text(model_
         a, b, c = critic.encode([maze, moved, maze + '\nmove("east")'])
     assert not torch.allclose(a, b), "the agent's cell is read"
     assert not torch.allclose(a, c), "the text after the grid is read"
-    q, v = critic(["no grid at all", maze], ['move("north")', 'move("east")'])
-    assert q.shape == v.shape == (2, 2) and torch.isfinite(q).all() and torch.isfinite(v).all()
+    q, v = critic(["no grid at all", maze, "▲▲░\n░▶█\nno ascii"], ['move("north")', 'move("east")', "go"])
+    assert q.shape == v.shape == (2, 3) and torch.isfinite(q).all() and torch.isfinite(v).all()
     (q.sum() + v.sum()).backward()
     for weight in (critic.encoder.cell_embedding.weight, critic.encoder.block[0].weight, critic.encoder.text_bias.weight):
         assert weight.grad is not None and weight.grad.abs().sum() > 0
