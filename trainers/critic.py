@@ -6,7 +6,7 @@ separately (or the action after its state: ``action_view``), pooled to one vecto
 ``last`` reads the last real token instead, the one position where a causal backbone has seen the whole text
 (as reward models on decoder LMs do). On the maze buffer with the tiny backbone, neither pooling lets the critic
 predict held-out returns (held-out explained variance -0.03 with mean pooling on a 288-episode buffer, -0.18
-with last-token pooling), so the default stays the mean. Three encoders are offered, all offline:
+with last-token pooling), so the default stays the mean. Four encoders are offered, all offline:
 
 * ``policy``: a copy of the policy's own transformer backbone (the built-in tiny model by default), starting
   from the policy's weights and trained with the heads; it reads the policy's tokenizer.
@@ -17,6 +17,9 @@ with last-token pooling), so the default stays the mean. Three encoders are offe
   column of a text grid sits at a different token offset in every row and "the cell above" has no fixed meaning.
   With one token per byte, every row of a grid is the row width plus one newline away from the next, a fixed
   offset that rotary (relative) attention can learn once for the whole grid.
+* ``grid``: :class:`~agentgym.trainers.grid_encoder.TextGridEncoder`, trained from scratch: a recurrent convolution
+  over the text's last character grid, where the cell above is a neighbour by construction, conditioned on the text
+  around the grid (the move, in the joint view). It pools its cells itself (``pooling`` does not apply).
 """
 
 from __future__ import annotations
