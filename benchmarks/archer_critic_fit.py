@@ -44,7 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="critic text encoder: a copy of the policy's backbone, MiniLM, a byte-level transformer "
                         "trained from scratch (give it --max-tokens that hold a state in bytes), or grid: a recurrent "
                         "convolution over the text's last character grid and a GRU over the rest")
-    p.add_argument("--pooling", choices=("mean", "last"), default="mean", help="critic pooling")
+    p.add_argument("--pooling", choices=("mean", "last"), default="mean",
+                   help="critic pooling (not with --encoder grid, which pools its cells itself)")
     p.add_argument("--action-view", choices=("separate", "joint"), default="separate",
                    help="what the Q heads read of an action: its text alone, or the state's text followed by it")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens the critic reads per state or utterance")
