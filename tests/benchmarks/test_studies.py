@@ -190,6 +190,32 @@ def test_research_pages_state_each_goal_from_goal_scale_files_only(tmp_path: Pat
     assert "not yet run" in research_pages.render("archer", tmp_path)[0]
 
 
+def test_the_index_goal_table_reads_each_study_and_the_sampler_from_their_result_files(tmp_path: Path) -> None:
+    """One row per study: not yet run without a goal-scale file; with one, the lead method's start -> final (mean ±
+    se, per seed), the baseline, the control and how many goals were met; the sampler row reads its ratio."""
+    study = cat.STUDIES["arpo_vs_grpo"]
+    scale, sizing = cat.goal_scale(study)
+    runs = _runs({"arpo": [0.4, 0.42, 0.44], "grpo": [0.4, 0.4, 0.4], "grpo_shuffled": [0.2, 0.2, 0.2]})
+    study_run.write(study, "goal", scale, sizing, [0, 1, 2], "cpu", {}, {}, runs, [], tmp_path, 1.0)
+    page = "# Research\n\nbefore\n<!-- goals:start -->\nstale\n<!-- goals:end -->\nafter\n"
+    text = research_pages.index_text(page, tmp_path)
+    assert text.startswith("# Research\n\nbefore\n<!-- goals:start") and text.endswith("<!-- goals:end -->\nafter\n")
+    assert "stale" not in text
+    row = next(line for line in text.splitlines() if "[arpo_vs_grpo](study-arpo.md#arpo_vs_grpo)" in line)
+    assert "arpo 0.300 -> **0.420 ± 0.012** (0.400, 0.420, 0.440); grpo 0.400; grpo_shuffled (control) 0.200" in row
+    assert row.endswith("goals) |") and "| no (" in row
+    assert "[grpo_sokoban](study-grpo.md#grpo_sokoban) | not yet run at the goal scale | - |" in text
+    assert "| `benchmarks/sampler.py` | not yet run | - |" in text  # no sampler.json in tmp_path
+    (tmp_path / "sampler.json").write_text(json.dumps({"figures": [
+        {"what": "512 rollouts", "agentgym": 20.0, "baseline": 2.0, "ratio": 10.0, "met": True},
+        {"what": "the floor: ...", "agentgym": 1.0, "baseline": 12.0, "ratio": 12.0}]}))
+    sampler = research_pages.index_text(page, tmp_path)
+    assert "10.00x (20.0 against 2.0 rollouts/s); the most a float32 sampler could gain here" in sampler
+    assert "12.00x | yes |" in sampler
+    with pytest.raises(ValueError, match="goal-table markers"):
+        research_pages.index_text("# no markers\n", tmp_path)
+
+
 def test_committed_research_pages_are_generated_from_the_committed_results() -> None:
     assert research_pages.main(["--check"]) == 0, "run python benchmarks/studies/research_pages.py and commit"
 
