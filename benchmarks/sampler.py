@@ -6,10 +6,17 @@ temperature 1, episodes cut at 1024 tokens of context, every episode with its ow
 built-in tiny model (hidden 128, 4 layers, a tokenizer trained on Sokoban text, as the config's ``--build-only``
 step builds it) before any training, so its episodes run long.
 
-Samplers, same model, same episodes, interleaved (reference, continuous, reference, ...):
+Samplers, same model, same episodes, interleaved (reference, continuous, commit, reference, ...):
 
-* ``reference`` (baseline): ``HFPolicy(sampler="reference")``, each engine batch decoded from start to finish with
-  the model's own forward and a ``DynamicCache`` (the sampler before continuous batching).
+* ``commit`` (the baseline the goal counts from): the default ``HFPolicy`` of agentgym at commit
+  :data:`BEFORE_CONTINUOUS`, the last commit before continuous batching, which is the sampler the studies were
+  starved by. Its code is taken with ``git archive`` into a temporary folder and run in a subprocess
+  (``benchmarks/_sampler_at_commit.py``) on the same model file and episodes; the model load and a warm-up are not
+  timed. ``--commit SHA`` names another commit, ``--commit none`` skips it (a shallow clone lacks the commit: the
+  run says so and goes on without it).
+* ``reference``: today's ``HFPolicy(sampler="reference")``, each engine batch decoded from start to finish with
+  the model's own forward and a ``DynamicCache`` (the same loop as the commit's, with today's rollout engine, which
+  has since stopped re-encoding the whole conversation after every observation).
 * ``continuous``: ``HFPolicy()``'s default: continuous batching over a slot KV cache
   (:mod:`agentgym.policies.continuous`).
 
@@ -32,13 +39,15 @@ plus attention (4 x layers x hidden x position) over the tokens each sampler act
 covered by the cached prefix, and fed sampled tokens), against the machine's matmul rate measured here at the
 model's shapes (a [256, 128] x [128, 512] product) and at 1024^3.
 
-Run: python benchmarks/sampler.py [--quick] [--threads 2] [--rounds 2] [--tasks 64] [--group 8]
+Run: python benchmarks/sampler.py [--quick] [--threads 2] [--rounds 2] [--tasks 64] [--group 8] [--commit SHA|none]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -60,6 +69,42 @@ from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
 
 SAMPLERS = ("reference", "continuous")
 GOAL = 10.0
+BEFORE_CONTINUOUS = "3279914"
+"""The last commit before continuous batching landed: its default sampler is "today's" in the goal of >= 10x
+today's rollouts/s (a 512-rollout Sokoban step then sampled for minutes)."""
+REPO = Path(__file__).resolve().parents[1]
+
+
+def checkout(commit: str, into: Path) -> str | None:
+    """Write ``commit``'s tree into ``into`` (``git archive``: the repository is not touched); an error message
+    instead when it cannot (no git, or a shallow clone that lacks the commit)."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", commit], capture_output=True)
+    if archive.returncode != 0:
+        return (f"commit {commit} is not in this clone ({archive.stderr.decode(errors='replace').strip()}); fetch the "
+                "full history (git fetch --unshallow) or pass --commit none")
+    into.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return None
+
+
+def run_at_commit(tree: Path, model_dir: Path, args: argparse.Namespace, out: Path) -> tuple[float, list[Any]]:
+    """One timed round of the workload with the agentgym in ``tree`` (a subprocess): ``(seconds, each episode's
+    sampled ids per turn)``.
+
+    Raises:
+        RuntimeError: the subprocess failed; the message holds the end of its output.
+    """
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+               OMP_NUM_THREADS=str(args.threads), PYTHONWARNINGS="ignore")
+    command = [sys.executable, str(Path(__file__).resolve().parent / "_sampler_at_commit.py"), str(model_dir), str(out),
+               "--tasks", str(args.tasks), "--group", str(args.group), "--in-flight", str(args.in_flight),
+               "--threads", str(args.threads)]
+    done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the sampler of commit {args.commit} failed (exit {done.returncode}):\n"
+                           f"{(done.stdout + done.stderr)[-3000:]}")
+    record = json.loads(out.read_text(encoding="utf-8"))
+    return min(record["seconds"]), record["ids"]
 
 
 def episodes(tasks: int, group: int) -> list[EpisodeSpec]:
@@ -190,17 +235,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=64, help="Sokoban rooms (default 64)")
     parser.add_argument("--group", type=int, default=8, help="rollouts per room (default 8)")
     parser.add_argument("--in-flight", type=int, default=256, help="episodes in flight (default 256)")
+    parser.add_argument("--commit", default=BEFORE_CONTINUOUS,
+                        help=f"also time the default sampler of this commit, the goal's baseline (default "
+                             f"{BEFORE_CONTINUOUS}, the last before continuous batching; 'none' skips it)")
     args = parser.parse_args(argv)
     if args.quick:
         args.tasks, args.rounds = 4, 1
     if min(args.threads, args.rounds, args.tasks, args.group, args.in_flight) < 1:
         parser.error("--threads, --rounds, --tasks, --group and --in-flight must be >= 1")
-    from _results import figure, write_results
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        path = build_tiny_model(Path(tmp) / "model", texts=demonstration_texts("sokoban", 200))
-        model, tokenizer = load_tiny_model(path)
+        return measure(args, Path(tmp))
+
+
+def measure(args: argparse.Namespace, tmp: Path) -> int:
+    """The benchmark proper (``tmp``: a scratch folder for the model file and the commit's checkout)."""
+    from _results import figure, write_results
+
+    path = build_tiny_model(tmp / "model", texts=demonstration_texts("sokoban", 200))
+    model, tokenizer = load_tiny_model(path)
+    tree: Path | None = None
+    if args.commit.lower() != "none":
+        problem = checkout(args.commit, tmp / "commit")
+        if problem:
+            print(f"skipping the commit baseline: {problem}", file=sys.stderr)
+        else:
+            tree = tmp / "commit"
     specs = episodes(args.tasks, args.group)
     kv_tokens = args.in_flight * 1024  # the trainer sizes the cache for every episode at its full context
     policies = {name: HFPolicy(model, tokenizer, max_batch_size=args.in_flight, kv_cache_tokens=kv_tokens,
@@ -210,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     run(policies["continuous"], specs[: min(len(specs), 16)], args.in_flight)  # warm-up: first-call costs
     run(policies["reference"], specs[: min(len(specs), 16)], args.in_flight)
     best: dict[str, tuple[float, list[Any], dict[str, int]]] = {}
+    at_commit: dict[str, tuple[float, list[Any]]] = {}
     for round_ in range(args.rounds):
         for name in SAMPLERS:
             seconds, trajectories, stats = run(policies[name], specs, args.in_flight)
@@ -218,6 +280,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"{tokens / seconds:8.0f} tokens/s  load {os.getloadavg()[0]:.2f}")
             if name not in best or seconds < best[name][0]:
                 best[name] = (seconds, trajectories, stats)
+        if tree is not None:
+            seconds, ids = run_at_commit(tree, path, args, tmp / "commit.json")
+            print(f"  round {round_ + 1} {'commit':10s} {seconds:7.2f} s  {len(ids) / seconds:7.2f} rollouts/s  "
+                  f"{sum(len(a) for e in ids for a in e) / seconds:8.0f} tokens/s  load {os.getloadavg()[0]:.2f}")
+            if "commit" not in at_commit or seconds < at_commit["commit"][0]:
+                at_commit["commit"] = (seconds, ids)
     for policy in policies.values():
         policy.close()
 
@@ -242,14 +310,30 @@ def main(argv: list[str] | None = None) -> int:
           f"rollout tokens/s  {rate['reference']:.2f} GFLOP/s")
     print(f"continuous: {new_s:7.2f} s  {len(new_traj) / new_s:7.2f} rollouts/s  {tokens['continuous'] / new_s:8.0f} "
           f"rollout tokens/s  {rate['continuous']:.2f} GFLOP/s")
-    print(f"ratio (rollouts/s): {ratio:.2f}x (goal >= {GOAL:.0f}x)")
+    commit_s = at_commit["commit"][0] if at_commit else None
+    commit_same = None
+    if at_commit:
+        commit_ids = at_commit["commit"][1]
+        commit_same = sum([list(t.action_token_ids) for t in tr.turns] == ids for tr, ids in zip(new_traj, commit_ids))
+        tokens["commit"] = sum(len(action) for episode in commit_ids for action in episode)
+        # It seeds each row's sampling its own way, so its episodes are other draws of the same policy: the token
+        # counts say whether the two workloads are alike.
+        print(f"commit {args.commit}: {commit_s:7.2f} s  {len(commit_ids) / commit_s:7.2f} rollouts/s  "
+              f"{tokens['commit'] / commit_s:8.0f} rollout tokens/s (the default sampler before continuous batching; "
+              f"{commit_same}/{len(commit_ids)} episodes sampled the continuous sampler's ids, {tokens['commit']:,} "
+              f"sampled tokens against {tokens['continuous']:,})")
+        print(f"ratio (rollouts/s) over commit {args.commit}: {commit_s / new_s:.2f}x (goal >= {GOAL:.0f}x); over "
+              f"today's reference loop: {ratio:.2f}x")
+    else:
+        print(f"ratio (rollouts/s) over today's reference loop: {ratio:.2f}x (goal >= {GOAL:.0f}x)")
     print(f"identical sampled ids: {same}/{len(ref_traj)} episodes; max |log-prob - full forward|: "
           f"reference {gaps['reference']:.2e}, continuous {gaps['continuous']:.2e}")
     print(f"machine matmul: {model_mm:.1f} GFLOP/s at the model's shapes, {big_mm:.1f} GFLOP/s at 1024^3; "
           f"continuous sampler reaches {100 * rate['continuous'] / model_mm:.0f}% of the former")
     print(f"floor: {floor_s:.2f} s ({linear_flops / 1e12:.2f} TFLOP of products at {model_mm:.0f} GFLOP/s, "
           f"{attention_flops / 1e12:.2f} TFLOP of attention at {attention_rate:.0f} GFLOP/s): the most any float32 "
-          f"sampler could gain over the reference here is {ref_s / floor_s:.2f}x")
+          f"sampler could gain here is {ref_s / floor_s:.2f}x over the reference loop"
+          + (f", {commit_s / floor_s:.2f}x over commit {args.commit}" if commit_s else ""))
     print(f"prompt tokens computed: reference {ref_stats['prompt_tokens'] - ref_stats['reused_tokens']:,}, "
           f"continuous {new_stats['prompt_tokens'] - new_stats['reused_tokens']:,}")
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
@@ -258,10 +342,23 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     workload = (f"{len(specs)} Sokoban rollouts ({args.tasks} rooms x {args.group}), {args.in_flight} in flight, "
                 f"constrained actions, <= 16 tokens a turn, tiny model, {args.threads} torch threads")
-    figures = [
-        figure(f"{workload}: continuous batching; baseline: the reference loop", len(new_traj) / new_s,
-               len(ref_traj) / ref_s, unit="rollouts/s", ratio=ratio, goal=f">= {GOAL:.0f}x", met=ratio >= GOAL,
-               note=f"{same}/{len(ref_traj)} episodes sampled identical ids"),
+    base_s, base_name = (commit_s, f"the default sampler of commit {args.commit}") if commit_s else (
+        ref_s, "today's reference loop")
+    figures = []
+    if commit_s is not None:  # the goal counts from the sampler before continuous batching
+        commit_ratio = commit_s / new_s
+        figures.append(figure(
+            f"{workload}: continuous batching; baseline: the default sampler of commit {args.commit} (the last "
+            "before continuous batching)", len(new_traj) / new_s, len(new_traj) / commit_s, unit="rollouts/s",
+            ratio=commit_ratio, goal=f">= {GOAL:.0f}x", met=commit_ratio >= GOAL,
+            note=f"it seeds sampling its own way: {commit_same}/{len(new_traj)} episodes sampled identical ids, "
+                 f"{tokens['commit']:,} sampled tokens against {tokens['continuous']:,}"))
+    figures += [
+        figure(f"{workload}: continuous batching; baseline: today's reference loop", len(new_traj) / new_s,
+               len(ref_traj) / ref_s, unit="rollouts/s", ratio=ratio, goal=None if commit_s else f">= {GOAL:.0f}x",
+               met=None if commit_s else ratio >= GOAL,
+               note=f"{same}/{len(ref_traj)} episodes sampled identical ids" +
+                    ("" if commit_s else "; the commit baseline was not run")),
         figure(f"{workload}: rollout tokens/s", tokens["continuous"] / new_s, tokens["reference"] / ref_s,
                unit="tokens/s"),
         figure("model FLOP rate (estimate) against measured matmul at the model's shapes", rate["continuous"],
@@ -269,14 +366,18 @@ def main(argv: list[str] | None = None) -> int:
                                                        f"{big_mm:.1f} at 1024^3"),
         figure("the floor: seconds of the continuous sampler's FLOPs at the machine's measured rates (products at "
                "the matmul rate of the model's shapes, attention at the rate of one attention call a turn and layer "
-               "at the workload's shapes), against the reference loop's measured time", floor_s, ref_s, unit="s",
-               ratio=ref_s / floor_s, note=f"{linear_flops / 1e12:.2f} TFLOP of products at {model_mm:.0f} GFLOP/s "
-                                          f"and {attention_flops / 1e12:.2f} TFLOP of attention at "
-                                          f"{attention_rate:.0f} GFLOP/s; the ratio is the most a float32 sampler "
-                                          "could gain over the reference on this machine"),
+               f"at the workload's shapes), against the measured time of {base_name}", floor_s, base_s, unit="s",
+               ratio=base_s / floor_s, note=f"{linear_flops / 1e12:.2f} TFLOP of products at {model_mm:.0f} GFLOP/s "
+                                           f"and {attention_flops / 1e12:.2f} TFLOP of attention at "
+                                           f"{attention_rate:.0f} GFLOP/s; the ratio is the most a float32 sampler "
+                                           f"could gain over {base_name} on this machine"
+                                           + (f"; over today's reference loop: {ref_s / floor_s:.2f}x" if commit_s
+                                              else "")),
     ]
     write_results("sampler", figures, details={
-        "seconds": {"reference": ref_s, "continuous": new_s, "floor": floor_s}, "tokens": tokens,
+        "seconds": {"reference": ref_s, "continuous": new_s, "floor": floor_s,
+                    **({"commit": commit_s} if commit_s else {})},
+        "commit": {"sha": args.commit, "identical_episodes": commit_same} if commit_s else None, "tokens": tokens,
         "flops": {name: {"products": w[0], "attention": w[1]} for name, w in work.items()},
         "attention_gflops": attention_rate, "identical_episodes": same,
         "logprob_gap": gaps, "matmul_gflops": {"model_shapes": model_mm, "1024^3": big_mm},

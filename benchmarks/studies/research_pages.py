@@ -178,15 +178,17 @@ def _sampler_row(results: Path) -> str:
     """The sampler goal: continuous batching's rollouts/s over the reference loop's, and the float32 floor."""
     path = results / "sampler.json"
     if not path.is_file():
-        return "| Sampler: >= 10x the reference loop's rollouts/s on 2 CPU cores | `benchmarks/sampler.py` | not yet run | - |"
+        return ("| Sampler: >= 10x the rollouts/s of the sampler before continuous batching, on 2 CPU cores | "
+                "`benchmarks/sampler.py` | not yet run | - |")
     figures = json.loads(path.read_text(encoding="utf-8"))["figures"]
-    speed = figures[0]
+    speed = next((f for f in figures if f.get("goal")), figures[0])
+    baseline = str(speed["what"]).rpartition("baseline: ")[2] or "the baseline"
     floor = next((f for f in figures if str(f["what"]).startswith("the floor")), None)
     bound = (f"; the most a float32 sampler could gain here, its FLOPs at the machine's measured rates: "
              f"{floor['ratio']:.2f}x" if floor else "")
-    return (f"| Sampler: >= 10x the reference loop's rollouts/s on 2 CPU cores | `benchmarks/sampler.py` | "
-            f"{speed['ratio']:.2f}x ({speed['agentgym']:.1f} against {speed['baseline']:.1f} rollouts/s){bound} | "
-            f"{'yes' if speed['met'] else 'no'} |")
+    return (f"| Sampler: >= 10x the rollouts/s of the sampler before continuous batching, on 2 CPU cores | "
+            f"`benchmarks/sampler.py` | {speed['ratio']:.2f}x ({speed['agentgym']:.1f} against {speed['baseline']:.1f} "
+            f"rollouts/s, {baseline}){bound} | {'yes' if speed['met'] else 'no'} |")
 
 
 def _study_row(name: str, results: Path) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,3 +31,23 @@ def test_attention_flops_count_every_column_each_new_token_sees() -> None:
     assert linear == 2 * 100 * (12 + 7)
     # positions 0..11 see 1..12 columns, positions 12..18 see 13..19
     assert attention == pytest.approx(4 * 2 * 8 * (sum(range(1, 13)) + sum(range(13, 20))))
+
+
+def test_the_goal_s_baseline_is_the_sampler_of_the_commit_before_continuous_batching(tmp_path: Path) -> None:
+    """The commit's code, not today's, samples the workload: its checkout is first on the subprocess's path."""
+    if sampler.checkout(sampler.BEFORE_CONTINUOUS, tmp_path / "commit"):
+        pytest.skip(f"commit {sampler.BEFORE_CONTINUOUS} is not in this clone (shallow?)")
+    from agentgym.cli.quickstart import demonstration_texts
+    from agentgym.models import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "model", texts=demonstration_texts("sokoban", 20))
+    args = SimpleNamespace(tasks=1, group=2, in_flight=2, threads=1, commit=sampler.BEFORE_CONTINUOUS)
+    seconds, ids = sampler.run_at_commit(tmp_path / "commit", model, args, tmp_path / "out.json")
+    record = json.loads((tmp_path / "out.json").read_text())
+    assert Path(record["agentgym"]).resolve() == (tmp_path / "commit" / "agentgym").resolve()
+    assert seconds > 0 and len(ids) == 2 and all(turns and all(turns) for turns in ids)
+
+
+def test_a_commit_the_clone_lacks_is_named_with_the_fix(tmp_path: Path) -> None:
+    problem = sampler.checkout("0" * 40, tmp_path / "commit")
+    assert problem is not None and "0" * 40 in problem and "--commit none" in problem

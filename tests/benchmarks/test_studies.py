@@ -207,10 +207,11 @@ def test_the_index_goal_table_reads_each_study_and_the_sampler_from_their_result
     assert "[grpo_sokoban](study-grpo.md#grpo_sokoban) | not yet run at the goal scale | - |" in text
     assert "| `benchmarks/sampler.py` | not yet run | - |" in text  # no sampler.json in tmp_path
     (tmp_path / "sampler.json").write_text(json.dumps({"figures": [
-        {"what": "512 rollouts", "agentgym": 20.0, "baseline": 2.0, "ratio": 10.0, "met": True},
+        {"what": "512 rollouts: continuous; baseline: the commit's sampler", "agentgym": 20.0, "baseline": 2.0,
+         "ratio": 10.0, "goal": ">= 10x", "met": True},
         {"what": "the floor: ...", "agentgym": 1.0, "baseline": 12.0, "ratio": 12.0}]}))
     sampler = research_pages.index_text(page, tmp_path)
-    assert "10.00x (20.0 against 2.0 rollouts/s); the most a float32 sampler could gain here" in sampler
+    assert "10.00x (20.0 against 2.0 rollouts/s, the commit's sampler); the most a float32 sampler could gain" in sampler
     assert "12.00x | yes |" in sampler
     with pytest.raises(ValueError, match="goal-table markers"):
         research_pages.index_text("# no markers\n", tmp_path)
