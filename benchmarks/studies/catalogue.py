@@ -35,11 +35,12 @@ tasks of one episode each, so every method sees the same episodes)."""
 
 SAMPLER_RESULT = Path(__file__).resolve().parents[1] / "results" / "sampler.json"
 """The sampler benchmark's result: its first figure is rollouts a second on 2 torch threads, the default
-(continuous) sampler in the agentgym column and the reference loop as the baseline."""
+(continuous) sampler in the agentgym column and the goal's baseline (the default sampler of the last commit before
+continuous batching) in the baseline column."""
 
 
 def sampler_rates_per_core() -> tuple[float, float]:
-    """``(default sampler, reference loop)`` rollouts a second per core for the tiny model on Sokoban, as last
+    """``(default sampler, the goal's baseline)`` rollouts a second per core for the tiny model on Sokoban, as last
     measured by ``benchmarks/sampler.py``; the hour estimates of ``--list`` and the research pages use them."""
     record = json.loads(SAMPLER_RESULT.read_text(encoding="utf-8"))
     figure = next(f for f in record["figures"] if f.get("unit") == "rollouts/s")

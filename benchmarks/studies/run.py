@@ -521,7 +521,8 @@ def list_text(workdir: str = "runs/studies") -> str:
                      f"{took}"
                      + (f" [{'; '.join(flags)}]" if flags else ""))
     lines.append(f"sampling: rollouts sampled / ({ours:.2f} rollouts/s a core x 2 cores), today's default sampler on "
-                 f"Sokoban (benchmarks/results/sampler.json; the reference loop: {reference:.2f}; the goal: 10x that): "
+                 f"Sokoban (benchmarks/results/sampler.json; the sampler before continuous batching: {reference:.2f}; "
+                 "the goal: 10x that): "
                  "updates and evaluations come on top, and a task's episodes run longer or shorter than Sokoban's. "
                  "last run: the warm start plus the study's own runs, as its committed result measured "
                  "them on 2 cores (what a rerun on a like machine takes)")
