@@ -243,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         args.tasks, args.rounds = 4, 1
     if min(args.threads, args.rounds, args.tasks, args.group, args.in_flight) < 1:
         parser.error("--threads, --rounds, --tasks, --group and --in-flight must be >= 1")
+    if not args.commit or args.commit.startswith("-"):
+        parser.error(f"--commit takes a commit (a SHA, a tag or a branch) or 'none', got {args.commit!r}")
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:

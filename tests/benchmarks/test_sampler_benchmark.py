@@ -51,3 +51,9 @@ def test_the_goal_s_baseline_is_the_sampler_of_the_commit_before_continuous_batc
 def test_a_commit_the_clone_lacks_is_named_with_the_fix(tmp_path: Path) -> None:
     problem = sampler.checkout("0" * 40, tmp_path / "commit")
     assert problem is not None and "0" * 40 in problem and "--commit none" in problem
+
+
+def test_a_commit_that_reads_as_an_option_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        sampler.main(["--commit=--output=/tmp/x"])  # the = form gets past argparse
+    assert "--commit takes a commit" in capsys.readouterr().err
