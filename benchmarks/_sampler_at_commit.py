@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-flight", type=int, required=True)
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
 
     import torch
@@ -52,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     config = RolloutConfig(max_in_flight=args.in_flight,
                            sampling=SamplingParams(max_tokens=16, temperature=1.0, seed=0), system_prompt="",
                            max_context_tokens=1024, deterministic=False, constrain_actions=True, progress=False)
-    policy = HFPolicy(model, tokenizer, max_batch_size=args.in_flight, kv_cache_tokens=args.in_flight * 1024)
+    policy = HFPolicy(model, tokenizer, device=args.device, max_batch_size=args.in_flight,
+                      kv_cache_tokens=args.in_flight * 1024)
     RolloutEngine(policy, config).run(specs[: min(len(specs), 16)])  # warm-up: first-call costs
     seconds, ids = [], None
     for _ in range(args.rounds):

@@ -41,7 +41,7 @@ def test_the_goal_s_baseline_is_the_sampler_of_the_commit_before_continuous_batc
     from agentgym.models import build_tiny_model
 
     model = build_tiny_model(tmp_path / "model", texts=demonstration_texts("sokoban", 20))
-    args = SimpleNamespace(tasks=1, group=2, in_flight=2, threads=1, commit=sampler.BEFORE_CONTINUOUS)
+    args = SimpleNamespace(tasks=1, group=2, in_flight=2, threads=1, device="cpu", commit=sampler.BEFORE_CONTINUOUS)
     seconds, ids = sampler.run_at_commit(tmp_path / "commit", model, args, tmp_path / "out.json")
     record = json.loads((tmp_path / "out.json").read_text())
     assert Path(record["agentgym"]).resolve() == (tmp_path / "commit" / "agentgym").resolve()
@@ -57,3 +57,23 @@ def test_a_commit_that_reads_as_an_option_is_refused(capsys: pytest.CaptureFixtu
     with pytest.raises(SystemExit):
         sampler.main(["--commit=--output=/tmp/x"])  # the = form gets past argparse
     assert "--commit takes a commit" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device, says", [("gpu", "--device takes cpu, cuda or cuda:N"),
+                                          ("cuda:x", "--device takes cpu, cuda or cuda:N")])
+def test_a_device_that_is_not_one_is_refused_with_the_choices(device: str, says: str,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        sampler.main(["--device", device])
+    assert says in capsys.readouterr().err
+
+
+def test_cuda_without_a_gpu_says_what_to_do(capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: --device cuda is valid here")
+    with pytest.raises(SystemExit):
+        sampler.main(["--device", "cuda"])
+    err = capsys.readouterr().err
+    assert "torch sees no CUDA GPU here" in err and "or use --device cpu" in err
