@@ -2,7 +2,7 @@
 
 ``benchmarks/sampler.py`` starts this file in a subprocess whose ``PYTHONPATH`` puts a checkout of the other
 commit first, so ``agentgym`` (and the envs it registers) are that commit's code, while this file is today's. It
-therefore uses only what both sides have had since the continuous sampler's first commit: ``load_suite``,
+therefore uses only what both sides have had since commit 3279914 (the default baseline): ``load_suite``,
 ``EpisodeSpec``, ``RolloutConfig``, ``RolloutEngine``, ``HFPolicy`` and ``load_tiny_model``. It builds the episodes
 the way ``sampler.episodes`` does, runs them ``--rounds`` times with that commit's default ``HFPolicy`` (its
 sampler as a trainer gets it), and writes the best time and every episode's sampled ids as JSON.

@@ -175,7 +175,8 @@ def _page_of(study: str) -> str:
 
 
 def _sampler_row(results: Path) -> str:
-    """The sampler goal: continuous batching's rollouts/s over the reference loop's, and the float32 floor."""
+    """The sampler goal: continuous batching's rollouts/s over the goal's baseline (the figure that carries the goal),
+    and the float32 floor."""
     path = results / "sampler.json"
     if not path.is_file():
         return ("| Sampler: >= 10x the rollouts/s of the sampler before continuous batching, on 2 CPU cores | "
