@@ -1,4 +1,4 @@
-"""HFPolicy's continuous-batching sampler against its reference loop, side by side in one run, on a GRPO step's rollouts.
+"""HFPolicy's continuous-batching sampler against the sampler before it (an older commit's code) and today's reference loop, side by side in one run, on a GRPO step's rollouts.
 
 The workload is one rollout step of ``configs/gigpo_sokoban_512.yaml`` as the trainer runs it: 64 Sokoban rooms x 8
 rollouts (512 episodes), 256 in flight, constrained actions (``move("up")`` ...), up to 16 tokens a turn at
