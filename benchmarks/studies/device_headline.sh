@@ -8,6 +8,10 @@
 #   bash benchmarks/studies/device_headline.sh              # defaults: 1 seed, 2 steps, BC warm start <= 200 steps
 #   SEEDS=3 STEPS=4 bash benchmarks/studies/device_headline.sh
 #
+# The runs go JOBS at a time (default 3: one seed's three runs together), each in its own spawned process on the one
+# GPU with the CPU cores shared evenly: the tiny model leaves the GPU mostly idle, so one run at a time would wait on
+# its own Python, not on the GPU.
+#
 # First a smoke run on the GPU (about half a minute) checks the CUDA path, so a broken setup fails in seconds, not
 # after minutes. The whole script stops at BUDGET_S seconds (default 530) whatever happens, leaving time for a
 # rerun within a 15-minute device lease.
@@ -16,6 +20,7 @@ cd "$(dirname "$0")/../.."
 SEEDS=${SEEDS:-1}
 STEPS=${STEPS:-2}
 BC_STEPS=${BC_STEPS:-200}
+JOBS=${JOBS:-3}
 BUDGET_S=${BUDGET_S:-530}
 OUT=${OUT:-benchmarks/results}
 WORKDIR=${WORKDIR:-runs/studies}
@@ -27,7 +32,7 @@ timeout 120 python benchmarks/studies/run.py gigpo_vs_grpo --scale smoke --seeds
 left=$(( BUDGET_S - ($(date +%s) - start) ))
 echo "smoke on cuda passed; ${left} s left for the headline run"
 timeout "$left" python benchmarks/studies/run.py gigpo_vs_grpo --scale goal --device cuda --seeds "$SEEDS" \
-    --steps "$STEPS" --max-bc-steps "$BC_STEPS" --out "$OUT" --workdir "$WORKDIR"
+    --steps "$STEPS" --max-bc-steps "$BC_STEPS" --jobs "$JOBS" --out "$OUT" --workdir "$WORKDIR"
 if [ "$OUT" = benchmarks/results ]; then
     python benchmarks/studies/research_pages.py
 fi

@@ -299,3 +299,27 @@ def test_no_decode_thread_runs_while_the_interpreter_finalizes(model_dir, tmp_pa
                           text=True, timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "decode threads alive at finalization: 0" in done.stdout, done.stdout + done.stderr[-2000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_on_a_gpu_the_continuous_sampler_draws_the_reference_ids_with_full_forward_logprobs(model_dir, temperature):
+    """The same equalities on CUDA, where other kernels (and other float32 sums) compute every forward."""
+    fast = HFPolicy.from_pretrained(model_dir, max_batch_size=8, device="cuda")
+    ref = HFPolicy(fast.model, fast.tokenizer, max_batch_size=8, sampler="reference", device="cuda")
+    try:
+        sampling = [SamplingParams(max_tokens=16, temperature=temperature, seed=200 + i) for i in range(5)]
+        got, want = act(fast, requests(fast, sampling)), act(ref, requests(ref, sampling))
+        assert fast._continuous is not None  # the fast path ran, on the GPU
+        assert next(fast.model.parameters()).device.type == "cuda"
+        for g, w, r in zip(got, want, requests(fast, sampling)):
+            assert g.token_ids == w.token_ids and g.finish_reason == w.finish_reason
+            ids = list(r.prompt_token_ids) + list(g.token_ids)
+            with torch.inference_mode():
+                logits = fast.model(torch.tensor([ids], device="cuda")).logits[0].float().cpu()
+            logp = torch.log_softmax(logits / (temperature or 1.0), -1)
+            fresh = [float(logp[len(r.prompt_token_ids) - 1 + i, t]) for i, t in enumerate(g.token_ids)]
+            assert g.logprobs == pytest.approx(fresh, rel=1e-4, abs=1e-4)
+    finally:
+        fast.close()
+        ref.close()
