@@ -131,6 +131,7 @@ def study_section(study: cat.Study, record: dict[str, Any] | None, results: Path
               f"({details.get('scale_name')} scale: {len(details.get('seeds') or [])} seed(s), "
               f"{details.get('rollouts_per_step')} rollouts a step, {(details.get('scale') or {}).get('steps')} steps, "
               f"device {details.get('device')}).", ""]
+    lines += _reduced_run_lines(study, details) + _warm_start_lines(details.get("warm_start") or {})
     agreed = details.get("agreement") or {}
     if agreed:
         lines += [f"Before training, on {agreed.get('rollouts')} rollouts: GRPO and GiGPO advantages correlate "
@@ -149,6 +150,33 @@ def study_section(study: cat.Study, record: dict[str, Any] | None, results: Path
     plot = f"study_{study.name}.png"
     lines += ["", f"![held-out success of {study.name}](studies/{plot})", ""]
     return "\n".join(lines), plot
+
+
+def _reduced_run_lines(study: cat.Study, details: dict[str, Any]) -> list[str]:
+    """For a run smaller than the goal scale (fewer steps or seeds, as a time-boxed device run makes): what it can
+    and cannot say, so that its "not met" is not read as the goal-scale verdict."""
+    steps, seeds = (details.get("scale") or {}).get("steps"), len(details.get("seeds") or [])
+    goal_steps = study.steps
+    if details.get("scale_name") == "goal" and seeds >= 3:
+        return []
+    return [f"**A reduced run**: {steps} of the goal's {goal_steps} steps, {seeds} of its 3 seeds, at the goal's "
+            "rollouts a step and held-out size. It shows the study's code path at full batch size and what a step "
+            "costs there; its verdict is that run's, not the goal scale's.", ""]
+
+
+def _warm_start_lines(warm: dict[str, Any]) -> list[str]:
+    """The BC warm start every run starts from: steps, the greedy training success it reached and its target. A
+    start far below the target leaves most groups all-failed (no advantage at all), which the reader needs to see
+    beside a null result."""
+    curve = warm.get("train_success_curve") or []
+    if not curve:
+        return []
+    steps, reached = curve[-1]
+    target = warm.get("target")
+    short = (f", short of its target {_num(target)} when its {steps}-step budget ran out" if target is not None and
+             reached < target else f" (target {_num(target)})" if target is not None else "")
+    return [f"**Warm start.** {warm.get('demonstrations')} reference demonstrations cloned for {steps} BC steps on "
+            f"{warm.get('device', 'cpu')}: greedy success on 64 training tasks {_num(reached)}{short}.", ""]
 
 
 def render(method: str, results: Path) -> tuple[str, list[str]]:
@@ -192,6 +220,27 @@ def _sampler_row(results: Path) -> str:
             f"rollouts/s, {baseline}){bound} | {'yes' if speed['met'] else 'no'} |")
 
 
+def _sampler_gpu_row(results: Path) -> str:
+    """The sampler's GPU figure (recorded whenever a GPU is available; no speed goal is set there): rollouts/s
+    against today's reference loop on the same GPU, the share of the GPU's matmul rate it reaches, and the floor."""
+    path = results / "sampler_gpu.json"
+    goal = "Sampler on a GPU: its figure recorded whenever a GPU is available"
+    if not path.is_file():
+        return f"| {goal} | `benchmarks/sampler.py --device cuda` | not yet run on a GPU | - |"
+    record = json.loads(path.read_text(encoding="utf-8"))
+    figures = record["figures"]
+    speed = next(f for f in figures if "reference loop" in str(f["what"]) and f.get("unit") == "rollouts/s")
+    floor = next((f for f in figures if str(f["what"]).startswith("the floor")), None)
+    matmul = (record.get("details") or {}).get("matmul_gflops", {}).get("model_shapes")
+    flop_rate = next((f["agentgym"] for f in figures if str(f["what"]).startswith("model FLOP rate")), None)
+    share = f"; {100 * flop_rate / matmul:.0f}% of its matmul rate at the model's shapes" if matmul and flop_rate else ""
+    bound = f"; the float32 floor: {floor['ratio']:.2f}x" if floor else ""
+    gpu = (record.get("machine") or {}).get("gpu") or "a GPU"
+    return (f"| {goal} | `benchmarks/sampler.py --device cuda` | {speed['agentgym']:.1f} rollouts/s on {gpu}, "
+            f"{speed['ratio']:.2f}x today's reference loop there ({speed['baseline']:.1f}){share}{bound} | "
+            f"recorded ({str(record.get('date', ''))[:10]}) |")
+
+
 def _study_row(name: str, results: Path) -> str:
     """One study's goal, its lead method's held-out success (start -> final, mean ± se, per seed) beside the baseline
     and the control, and whether every goal of the study was met."""
@@ -222,13 +271,17 @@ def _study_row(name: str, results: Path) -> str:
             cells.append(f"{where} tool calls {_num(g['value'], '.2f')}x {study.baseline}'s")
     met = sum(bool(g["met"]) for g in goals)
     verdict = "yes" if goals and met == len(goals) else f"no ({met} of {len(goals)} goals)"
+    seeds, steps = len(details.get("seeds") or []), (details.get("scale") or {}).get("steps")
+    if details.get("scale_name") != "goal" or seeds < 3:  # a time-boxed run: its verdict is not the goal scale's
+        cells.insert(0, f"*reduced run: {steps} of {study.steps} steps, {seeds} of 3 seeds*")
+        verdict += " in a reduced run"
     return f"| {study.goal} | {link} | {'; '.join(cells)} | {verdict} |"
 
 
 def goals_block(results: Path = RESULTS) -> str:
     """The index's goal table: the sampler and every study, each with its measured figures and met or not."""
     lines = [GOALS_START, "", "| goal | where | measured (held-out success: start -> final mean ± se, per seed) | met |",
-             "|---|---|---|---|", _sampler_row(results)]
+             "|---|---|---|---|", _sampler_row(results), _sampler_gpu_row(results)]
     lines += [_study_row(name, results) for names in (names for _, names in PAGES.values()) for name in names]
     return "\n".join(lines + ["", GOALS_END])
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -215,6 +216,37 @@ def test_the_index_goal_table_reads_each_study_and_the_sampler_from_their_result
     assert "12.00x | yes |" in sampler
     with pytest.raises(ValueError, match="goal-table markers"):
         research_pages.index_text("# no markers\n", tmp_path)
+
+
+def test_a_reduced_run_and_the_gpu_sampler_are_labelled_as_what_they_are(tmp_path: Path) -> None:
+    """A run with fewer steps or seeds than the goal scale (a time-boxed device run) says so in the goal table and
+    on its page, with its warm start beside it; the GPU sampler row reads sampler_gpu.json."""
+    study = cat.STUDIES["arpo_vs_grpo"]
+    scale, sizing = cat.goal_scale(study)
+    scale = replace(scale, steps=2)
+    runs = _runs({"arpo": [0.4], "grpo": [0.4], "grpo_shuffled": [0.2]})
+    warm = {"bc_steps": 200, "train_success_curve": [[100, 0.0], [200, 0.125]], "target": 0.5, "demonstrations": 200,
+            "device": "cuda"}
+    study_run.write(study, "goal, 2 steps", scale, sizing, [0], "cuda", warm, {}, runs, [], tmp_path, 1.0)
+    page = "<!-- goals:start -->\n<!-- goals:end -->\n"
+    row = next(line for line in research_pages.index_text(page, tmp_path).splitlines() if "[arpo_vs_grpo]" in line)
+    assert "*reduced run: 2 of 20 steps, 1 of 3 seeds*" in row and row.endswith("in a reduced run |")
+    text, _ = research_pages.study_section(study, research_pages.load("arpo_vs_grpo", tmp_path), tmp_path)
+    assert "**A reduced run**: 2 of the goal's 20 steps, 1 of its 3 seeds" in text
+    assert "cloned for 200 BC steps on cuda: greedy success on 64 training tasks 0.125, short of its target 0.500" in text
+    assert "| `benchmarks/sampler.py --device cuda` | not yet run on a GPU | - |" in research_pages.index_text(
+        page, tmp_path)
+    (tmp_path / "sampler_gpu.json").write_text(json.dumps({
+        "date": "2026-11-30T17:48:12+00:00", "machine": {"gpu": "NVIDIA H200"},
+        "details": {"matmul_gflops": {"model_shapes": 2000.0}},
+        "figures": [{"what": "512 rollouts: continuous batching; baseline: today's reference loop", "agentgym": 42.0,
+                     "baseline": 30.0, "ratio": 1.4, "unit": "rollouts/s"},
+                    {"what": "model FLOP rate (estimate) against measured matmul", "agentgym": 120.0,
+                     "baseline": 90.0, "unit": "GFLOP/s"},
+                    {"what": "the floor: ...", "agentgym": 3.0, "baseline": 17.0, "ratio": 5.9, "unit": "s"}]}))
+    gpu = research_pages.index_text(page, tmp_path)
+    assert ("42.0 rollouts/s on NVIDIA H200, 1.40x today's reference loop there (30.0); 6% of its matmul rate at the "
+            "model's shapes; the float32 floor: 5.90x | recorded (2026-11-30) |") in gpu
 
 
 def test_committed_research_pages_are_generated_from_the_committed_results() -> None:
