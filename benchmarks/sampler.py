@@ -42,6 +42,8 @@ model's shapes (a [256, 128] x [128, 512] product) and at 1024^3.
 Run: python benchmarks/sampler.py [--quick] [--threads 2] [--rounds 2] [--tasks 64] [--group 8] [--commit SHA|none]
      python benchmarks/sampler.py --device cuda   # on a GPU: the same figures without the CPU goal, written to
                                                   # benchmarks/results/sampler_gpu.json
+A workload other than the default (or --quick) is written to a file named after it
+(``sampler_gpu_128x8_1024_in_flight.json``, ``sampler_quick.json``), never over the default's figures.
 """
 
 from __future__ import annotations
@@ -245,14 +247,33 @@ def full_forward_gap(model: Any, trajectories: list[Any], limit: int) -> float:
     return gap
 
 
+DEFAULT_WORKLOAD = {"tasks": 64, "group": 8, "in_flight": 256}
+"""The workload of the committed figures (one rollout step of ``configs/gigpo_sokoban_512.yaml``)."""
+
+
+def result_name(args: argparse.Namespace) -> str:
+    """The result file a run writes: ``sampler`` (``sampler_gpu`` on a GPU) for the default workload at full size,
+    a name that spells out the workload otherwise, so that a probe at another size (or ``--quick``) never replaces
+    the committed figures of the default one."""
+    name = "sampler" if args.device == "cpu" else "sampler_gpu"
+    if args.quick:
+        return f"{name}_quick"
+    workload = {"tasks": args.tasks, "group": args.group, "in_flight": args.in_flight}
+    if workload != DEFAULT_WORKLOAD:
+        name += f"_{args.tasks}x{args.group}_{args.in_flight}_in_flight"
+    return name
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="CI smoke size: 4 rooms x 8 rollouts, one round")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--rounds", type=int, default=2, help="timed runs of each sampler, interleaved")
-    parser.add_argument("--tasks", type=int, default=64, help="Sokoban rooms (default 64)")
-    parser.add_argument("--group", type=int, default=8, help="rollouts per room (default 8)")
-    parser.add_argument("--in-flight", type=int, default=256, help="episodes in flight (default 256)")
+    parser.add_argument("--tasks", type=int, default=DEFAULT_WORKLOAD["tasks"], help="Sokoban rooms (default 64)")
+    parser.add_argument("--group", type=int, default=DEFAULT_WORKLOAD["group"], help="rollouts per room (default 8)")
+    parser.add_argument("--in-flight", type=int, default=DEFAULT_WORKLOAD["in_flight"],
+                        help="episodes in flight (default 256); a workload other than the default is written to a "
+                             "result file named after it")
     parser.add_argument("--device", default="cpu",
                         help="where the model runs: cpu (default) or cuda[:N]; the FLOP rates are measured there too")
     parser.add_argument("--commit", default=BEFORE_CONTINUOUS,
@@ -407,7 +428,7 @@ def measure(args: argparse.Namespace, tmp: Path) -> int:
                                            + (f"; over today's reference loop: {ref_s / floor_s:.2f}x" if commit_s
                                               else "")),
     ]
-    write_results("sampler" if args.device == "cpu" else "sampler_gpu", figures, details={
+    write_results(result_name(args), figures, details={
         "seconds": {"reference": ref_s, "continuous": new_s, "floor": floor_s,
                     **({"commit": commit_s} if commit_s else {})},
         "commit": {"sha": args.commit, "identical_episodes": commit_same} if commit_s else None, "tokens": tokens,

@@ -77,3 +77,17 @@ def test_cuda_without_a_gpu_says_what_to_do(capsys: pytest.CaptureFixture[str]) 
         sampler.main(["--device", "cuda"])
     err = capsys.readouterr().err
     assert "torch sees no CUDA GPU here" in err and "or use --device cpu" in err
+
+
+def test_only_the_default_workload_writes_the_committed_result_files() -> None:
+    """A probe at another size, or --quick, gets a file named after its workload: it never replaces sampler.json or
+    sampler_gpu.json, which the goal table reads."""
+    def name(*argv: str) -> str:
+        args = SimpleNamespace(device="cpu", quick=False, **sampler.DEFAULT_WORKLOAD)
+        for key, value in zip(argv[::2], argv[1::2]):
+            setattr(args, key, value if key == "device" else int(value) if key != "quick" else True)
+        return sampler.result_name(args)
+
+    assert name() == "sampler" and name("device", "cuda:1") == "sampler_gpu"
+    assert name("quick", "1") == "sampler_quick" and name("device", "cuda", "quick", "1") == "sampler_gpu_quick"
+    assert name("device", "cuda", "tasks", "128", "in_flight", "1024") == "sampler_gpu_128x8_1024_in_flight"

@@ -104,8 +104,10 @@ def test_device_and_demonstration_flags_are_checked_before_any_work(tmp_path: Pa
     cuda = bench.parse_args(["--tasks", "babyai", "--device", "cuda", "--demos", "2000", "--bc-batch-size", "64"])
     cpu = bench.parse_args(["--tasks", "babyai"])
     task = bench.TASKS["babyai"]
-    assert bench.run_config(task, "gigpo", 0, tmp_path, tmp_path / "out", cuda)["device"] == "cuda"
-    assert "device" not in bench.run_config(task, "gigpo", 0, tmp_path, tmp_path / "out", cpu)
+    on_gpu = bench.run_config(task, "gigpo", 0, tmp_path, tmp_path / "out", cuda)
+    assert on_gpu["device"] == "cuda" and on_gpu["max_in_flight"] == bench.GPU_IN_FLIGHT
+    on_cpu = bench.run_config(task, "gigpo", 0, tmp_path, tmp_path / "out", cpu)
+    assert "device" not in on_cpu and "max_in_flight" not in on_cpu  # the trainer's default: CPU fingerprints stay
     longer = bench.parse_args(["--tasks", "babyai", "--max-context-tokens", "2048"])
     assert bench.run_config(task, "gigpo", 0, tmp_path, tmp_path / "out", longer)["max_context_tokens"] == 2048
     assert bench.run_config(task, "gigpo", 0, tmp_path, tmp_path / "out", cpu)["max_context_tokens"] == task.max_context_tokens
