@@ -17,6 +17,13 @@
 # 200 BC steps reached only 0.125 greedy training success (400 reach 0.45 on a CPU), which left most groups without
 # signal, so the warm start now gets 400; runs on a GPU keep 1,024 episodes in flight (1.45x the rollouts/s of 256).
 #
+# A warm start built elsewhere is reused: run `python benchmarks/studies/run.py gigpo_vs_grpo --agreement` on a CPU
+# first (it clones the warm start into runs/studies/warm-sokoban, about 20 minutes on 2 cores), then send that
+# folder along with the checkout (the device tool's `carry: ["runs/studies/warm-sokoban"]`): the GPU run skips BC.
+#
+# Results go to RESULTS_DIR (default benchmarks/results, where the research pages read them; another folder skips
+# regenerating the pages).
+#
 # First a smoke run on the GPU (about half a minute) checks the CUDA path, so a broken setup fails in seconds, not
 # after minutes. The whole script stops at BUDGET_S seconds (default 530) whatever happens, leaving time for a
 # rerun within a 15-minute device lease.
@@ -27,7 +34,7 @@ STEPS=${STEPS:-2}
 BC_STEPS=${BC_STEPS:-400}
 JOBS=${JOBS:-3}
 BUDGET_S=${BUDGET_S:-530}
-OUT=${OUT:-benchmarks/results}
+RESULTS_DIR=${RESULTS_DIR:-benchmarks/results}
 WORKDIR=${WORKDIR:-runs/studies}
 start=$(date +%s)
 python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device visible to torch')"
@@ -37,8 +44,8 @@ timeout 120 python benchmarks/studies/run.py gigpo_vs_grpo --scale smoke --seeds
 left=$(( BUDGET_S - ($(date +%s) - start) ))
 echo "smoke on cuda passed; ${left} s left for the headline run"
 timeout "$left" python benchmarks/studies/run.py gigpo_vs_grpo --scale goal --device cuda --seeds "$SEEDS" \
-    --steps "$STEPS" --max-bc-steps "$BC_STEPS" --jobs "$JOBS" --out "$OUT" --workdir "$WORKDIR"
-if [ "$OUT" = benchmarks/results ]; then
+    --steps "$STEPS" --max-bc-steps "$BC_STEPS" --jobs "$JOBS" --out "$RESULTS_DIR" --workdir "$WORKDIR"
+if [ "$RESULTS_DIR" = benchmarks/results ]; then
     python benchmarks/studies/research_pages.py
 fi
 echo "done in $(( $(date +%s) - start )) s"

@@ -129,6 +129,33 @@ def test_fewer_steps_make_a_labelled_scale_never_the_goal(capfd: pytest.CaptureF
     assert "--steps must be >= 1" in capfd.readouterr().err
 
 
+def test_the_device_script_calls_the_study_as_it_parses_and_stops_at_once_without_a_gpu(tmp_path: Path) -> None:
+    """The script runs only on a lent GPU, so here: every run.py call in it parses with its defaults filled in, and
+    on a machine without CUDA it stops before any work, saying why, and writes nothing."""
+    import os
+    import re
+    import shlex
+    import subprocess
+
+    script = REPO / "benchmarks" / "studies" / "device_headline.sh"
+    text = script.read_text()
+    defaults = dict(re.findall(r"^(\w+)=\$\{\w+:-([^}]*)\}$", text, flags=re.M))
+    assert {"SEEDS", "STEPS", "BC_STEPS", "JOBS", "BUDGET_S", "RESULTS_DIR", "WORKDIR"} <= set(defaults)
+    calls = re.findall(r"^[^#\n]*python benchmarks/studies/run\.py ((?:\\\n|[^\n])*)", text, flags=re.M)
+    assert len(calls) == 2  # the smoke and the headline run
+    for call in calls:
+        words = shlex.split(re.sub(r"\$\{?(\w+)\}?", lambda m: defaults.get(m.group(1), "x"),
+                                   call.replace("\\\n", " ")))
+        args = study_run.parse_args(words)
+        assert args.name == "gigpo_vs_grpo" and args.device == "cuda"
+    if __import__("torch").cuda.is_available():
+        pytest.skip("a GPU is here: the script would run for minutes")
+    env = {**os.environ, "RESULTS_DIR": str(tmp_path / "results"), "WORKDIR": str(tmp_path / "runs")}
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode != 0 and "no CUDA device visible to torch" in done.stderr
+    assert not (tmp_path / "results").exists() and not (tmp_path / "runs").exists()
+
+
 def _runs(finals: dict[str, list[float]], start: float = 0.3, calls: dict[str, float] | None = None,
           calls_run: dict[str, float] | None = None) -> list[dict]:
     return [{"method": m, "seed": s, "curve": [(0, start), (100, v)], "critic_explained_variance": 0.6,
