@@ -124,6 +124,8 @@ def study_section(study: cat.Study, record: dict[str, Any] | None, results: Path
     details = record["details"]
     goals = details.get("goals") or []
     status = ("met" if goals and all(g["met"] for g in goals) else "not met") if goals else "not met (runs failed)"
+    if _reduced_run_lines(study, details):
+        status += " in a reduced run"
     machine = record.get("machine") or {}
     lines += [f"**Status: {status}.** Measured {record.get('date')} on commit "
               f"`{(record.get('git') or {}).get('commit', '')[:10]}`, {machine.get('cpu_count')} cores, "
@@ -159,9 +161,12 @@ def _reduced_run_lines(study: cat.Study, details: dict[str, Any]) -> list[str]:
     goal_steps = study.steps
     if details.get("scale_name") == "goal" and seeds >= 3:
         return []
+    took = [float(r["seconds"]) for r in details.get("runs") or [] if r.get("seconds")]
+    cost = (f" Each run took {min(took):.0f}-{max(took):.0f} s for its {steps} steps and evaluations on "
+            f"{details.get('device')}." if took else "")
     return [f"**A reduced run**: {steps} of the goal's {goal_steps} steps, {seeds} of its 3 seeds, at the goal's "
             "rollouts a step and held-out size. It shows the study's code path at full batch size and what a step "
-            "costs there; its verdict is that run's, not the goal scale's.", ""]
+            f"costs there; its verdict is that run's, not the goal scale's.{cost}", ""]
 
 
 def _warm_start_lines(warm: dict[str, Any]) -> list[str]:

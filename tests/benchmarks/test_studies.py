@@ -260,6 +260,7 @@ def test_a_reduced_run_and_the_gpu_sampler_are_labelled_as_what_they_are(tmp_pat
     assert "*reduced run: 2 of 20 steps, 1 of 3 seeds*" in row and row.endswith("in a reduced run |")
     text, _ = research_pages.study_section(study, research_pages.load("arpo_vs_grpo", tmp_path), tmp_path)
     assert "**A reduced run**: 2 of the goal's 20 steps, 1 of its 3 seeds" in text
+    assert "**Status: not met in a reduced run.**" in text
     assert "cloned for 200 BC steps on cuda: greedy success on 64 training tasks 0.125, short of its target 0.500" in text
     assert "| `benchmarks/sampler.py --device cuda` | not yet run on a GPU | - |" in research_pages.index_text(
         page, tmp_path)
