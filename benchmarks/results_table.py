@@ -60,8 +60,10 @@ def benchmark_names() -> list[str]:
 
 
 def load_results() -> list[dict[str, Any]]:
-    """Every results file, sorted by benchmark name."""
-    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(RESULTS_DIR.glob("*.json"))]
+    """Every results file, sorted by benchmark name, except smoke runs (``<name>_quick.json``: a benchmark's
+    ``--quick`` size checks that it runs; its figures are not measurements to publish, and it is never committed)."""
+    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(RESULTS_DIR.glob("*.json"))
+            if not p.stem.endswith("_quick")]
 
 
 def fmt_number(value: Any) -> str:
