@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["SlotModel", "slot_model_support"]
+__all__ = ["SlotModel", "padding_pays", "slot_model_support"]
 
 _SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 # A prefill's attention runs as one padded call when its padded query-key pairs are at most this multiple of the
@@ -27,6 +27,25 @@ _SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 _PAD_WASTE = 1.25
 _ROW_CALL_PAIRS = 8000
 _PAD_MAX_PAIRS = 1 << 24
+# On a GPU a per-row call is a handful of kernel launches (tens of microseconds whatever the row's size) while a
+# padded pair costs a fraction of a nanosecond (the tiny model's shapes ran matrix products at 2.2 TFLOP/s on an
+# H200, about 0.25 ns for a pair's 512 FLOP), so a row call is worth some 200,000 padded pairs rather than 8,000, and
+# rows go one at a time only when padding would take more memory than a GPU spares for a mask (4 bytes a pair).
+_GPU_ROW_CALL_PAIRS = 1 << 18
+_GPU_PAD_MAX_PAIRS = 1 << 26
+
+
+def padding_pays(live: Sequence[tuple[int, int, int]], *, on_gpu: bool) -> bool:
+    """Whether one padded attention call over the run of slots ``live`` covers (``(slot, new tokens, start
+    column)`` of each row with tokens) costs less than a call per row: the padded query-key pairs against the real
+    ones plus a row call's fixed cost, counted in pairs, under the most pairs a mask may take."""
+    lo, hi = min(s for s, _, _ in live), max(s for s, _, _ in live) + 1
+    most = max(n for _, n, _ in live)
+    width = max(start + n for _, n, start in live)
+    useful = sum(n * (start + n) for _, n, start in live)
+    padded = (hi - lo) * most * width
+    row_call, most_pairs = (_GPU_ROW_CALL_PAIRS, _GPU_PAD_MAX_PAIRS) if on_gpu else (_ROW_CALL_PAIRS, _PAD_MAX_PAIRS)
+    return padded <= _PAD_WASTE * useful + row_call * len(live) and padded <= most_pairs
 
 
 def slot_model_support(model: Any) -> str | None:
@@ -319,7 +338,8 @@ class SlotModel:
         copy). It pays when padding adds little: each per-row call carries a fixed cost (measured about 0.1 ms a
         layer at the tiny model's shapes, the time of some 8,000 padded query-key pairs), and rows of a few
         forced tokens, which constrained decoding makes every turn, are almost nothing but that cost (4-6x less
-        time batched for 128 rows of 2 tokens; equal at 1.5x padding for rows of about 50 tokens).
+        time batched for 128 rows of 2 tokens; equal at 1.5x padding for rows of about 50 tokens). On a GPU the
+        fixed cost is larger against the padding (``_GPU_ROW_CALL_PAIRS``), so nearly every call goes padded.
 
         Returns:
             ``(lo, width, index, mask)``: the first slot, the padded width, each packed token's position in the
@@ -327,13 +347,11 @@ class SlotModel:
         """
         torch = self.torch
         live = [(slot, n, start) for slot, n, start in zip(slots, lengths, starts) if n]
+        if not padding_pays(live, on_gpu=self.device.type != "cpu"):
+            return None
         lo, hi = min(s for s, _, _ in live), max(s for s, _, _ in live) + 1
         most = max(n for _, n, _ in live)
         width = max(start + n for _, n, start in live)
-        useful = sum(n * (start + n) for _, n, start in live)
-        padded = (hi - lo) * most * width
-        if padded > _PAD_WASTE * useful + _ROW_CALL_PAIRS * len(live) or padded > _PAD_MAX_PAIRS:
-            return None
         device = self.device
         span = torch.tensor([s - lo for s, _, _ in live], dtype=torch.long, device=device)
         count = torch.tensor([n for _, n, _ in live], dtype=torch.long, device=device)

@@ -45,6 +45,7 @@ def attention(request, monkeypatch):
     if request.param == "per_row":
         monkeypatch.setattr(slot_model, "_PAD_WASTE", 0)
         monkeypatch.setattr(slot_model, "_ROW_CALL_PAIRS", 0)
+        monkeypatch.setattr(slot_model, "_GPU_ROW_CALL_PAIRS", 0)
     else:
         monkeypatch.setattr(slot_model, "_PAD_WASTE", float("inf"))
     return request.param
@@ -80,3 +81,15 @@ def test_the_padded_call_is_taken_for_short_runs_over_dense_slots_only(model):
     assert net._padded_plan(list(range(32)), [2] * 32, [100 + k for k in range(32)]) is not None
     assert net._padded_plan(list(range(16)), [1, 60] * 8, [10, 600] * 8) is None
     assert net._padded_plan([0, 63], [30, 30], [100, 100]) is None
+
+
+def test_on_a_gpu_observation_prefills_go_padded_where_a_cpu_takes_them_row_by_row(model):
+    """Every slot feeding a 90-token observation over contexts of 100 to 600 columns: on a CPU the padding
+    (about 1.6x the real pairs) costs more than 64 row calls; on a GPU, where a row call is a handful of kernel
+    launches, one padded call wins. Far more pairs than a mask may take go row by row on either."""
+    live = [(k, 90, 100 + (k * 37) % 500) for k in range(64)]
+    assert not slot_model.padding_pays(live, on_gpu=False)
+    assert slot_model.padding_pays(live, on_gpu=True)
+    assert SlotModel(model, slots=64)._padded_plan(*zip(*[(s, n, c) for s, n, c in live])) is None  # a CPU model
+    huge = [(k, 256, 4096) for k in range(256)]  # 256 rows x 256 tokens x 4352 columns: 285M pairs
+    assert not slot_model.padding_pays(huge, on_gpu=True)
