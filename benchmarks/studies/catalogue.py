@@ -149,6 +149,10 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "filtered_bc": ("filtered_bc", {}),
 }
 
+GOAL_SEEDS = 3
+"""Seeds per method at the goal scale: a goal is met only when its difference exceeds two standard errors over
+them."""
+
 SOKOBAN_BC_TARGET = 0.5
 """Sokoban's warm start clones towards half the training rooms solved (400 BC steps reach 0.45): cloned to 0.25
 (held out 0.145), 9 of 16 groups of a batch failed every rollout, and neither GRPO's nor GiGPO's gradient showed

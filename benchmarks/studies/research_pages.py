@@ -101,11 +101,12 @@ def _context_line(study: cat.Study) -> str:
 def study_section(study: cat.Study, record: dict[str, Any] | None, results: Path = RESULTS) -> tuple[str, str | None]:
     """``(markdown, plot file name or None)`` of one study."""
     scale, sizing = cat.goal_scale(study)
-    hours = cat.expected_hours(study, scale, 3)
+    hours = cat.expected_hours(study, scale, cat.GOAL_SEEDS)
     lines = [f"## {study.name}", "", f"**Question.** {study.question}", "", f"**Goal.** {study.goal}.", "",
              f"**Design.** Task `{study.task}` (held-out split `{cat.eval_split_of(study)}`), methods "
              f"{', '.join(f'`{m}`' for m in study.methods)}, control `{study.control}` (GRPO whose advantages are "
-             "permuted across the batch: the same size and spread, no credit), 3 seeds, a shared BC warm start. "
+             f"permuted across the batch: the same size and spread, no credit), {cat.GOAL_SEEDS} seeds, a shared BC "
+             "warm start. "
              f"Goal scale: {scale.rollouts_per_step} rollouts a step (noise scale {sizing['noise_scale']:.0f}: "
              f"{sizing['noise_source']}), {scale.steps} steps, {scale.eval_tasks} held-out tasks (one evaluation's se "
              f"{sizing['held_out_se_at_p_0.5']:.3f} at p = 0.5" +
@@ -124,7 +125,7 @@ def study_section(study: cat.Study, record: dict[str, Any] | None, results: Path
     details = record["details"]
     goals = details.get("goals") or []
     status = ("met" if goals and all(g["met"] for g in goals) else "not met") if goals else "not met (runs failed)"
-    if _reduced_run_lines(study, details):
+    if _reduced(details):
         status += " in a reduced run"
     machine = record.get("machine") or {}
     lines += [f"**Status: {status}.** Measured {record.get('date')} on commit "
@@ -154,17 +155,22 @@ def study_section(study: cat.Study, record: dict[str, Any] | None, results: Path
     return "\n".join(lines), plot
 
 
+def _reduced(details: dict[str, Any]) -> bool:
+    """A run smaller than the goal scale: fewer steps (a labelled scale) or fewer seeds, as a time-boxed run makes."""
+    return details.get("scale_name") != "goal" or len(details.get("seeds") or []) < cat.GOAL_SEEDS
+
+
 def _reduced_run_lines(study: cat.Study, details: dict[str, Any]) -> list[str]:
-    """For a run smaller than the goal scale (fewer steps or seeds, as a time-boxed device run makes): what it can
-    and cannot say, so that its "not met" is not read as the goal-scale verdict."""
-    steps, seeds = (details.get("scale") or {}).get("steps"), len(details.get("seeds") or [])
-    goal_steps = study.steps
-    if details.get("scale_name") == "goal" and seeds >= 3:
+    """For a reduced run (:func:`_reduced`): what it can and cannot say, so that its "not met" is not read as the
+    goal-scale verdict."""
+    if not _reduced(details):
         return []
+    steps, seeds = (details.get("scale") or {}).get("steps"), len(details.get("seeds") or [])
     took = [float(r["seconds"]) for r in details.get("runs") or [] if r.get("seconds")]
     cost = (f" Each run took {min(took):.0f}-{max(took):.0f} s for its {steps} steps and evaluations on "
             f"{details.get('device')}." if took else "")
-    return [f"**A reduced run**: {steps} of the goal's {goal_steps} steps, {seeds} of its 3 seeds, at the goal's "
+    return [f"**A reduced run**: {steps} of the goal's {study.steps} steps, {seeds} of its {cat.GOAL_SEEDS} seeds, "
+            "at the goal's "
             "rollouts a step and held-out size. It shows the study's code path at full batch size and what a step "
             f"costs there; its verdict is that run's, not the goal scale's.{cost}", ""]
 
@@ -276,9 +282,9 @@ def _study_row(name: str, results: Path) -> str:
             cells.append(f"{where} tool calls {_num(g['value'], '.2f')}x {study.baseline}'s")
     met = sum(bool(g["met"]) for g in goals)
     verdict = "yes" if goals and met == len(goals) else f"no ({met} of {len(goals)} goals)"
-    seeds, steps = len(details.get("seeds") or []), (details.get("scale") or {}).get("steps")
-    if details.get("scale_name") != "goal" or seeds < 3:  # a time-boxed run: its verdict is not the goal scale's
-        cells.insert(0, f"*reduced run: {steps} of {study.steps} steps, {seeds} of 3 seeds*")
+    if _reduced(details):  # a time-boxed run: its verdict is not the goal scale's
+        seeds, steps = len(details.get("seeds") or []), (details.get("scale") or {}).get("steps")
+        cells.insert(0, f"*reduced run: {steps} of {study.steps} steps, {seeds} of {cat.GOAL_SEEDS} seeds*")
         verdict += " in a reduced run"
     return f"| {study.goal} | {link} | {'; '.join(cells)} | {verdict} |"
 

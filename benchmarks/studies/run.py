@@ -496,7 +496,7 @@ def list_text(workdir: str = "runs/studies") -> str:
     ours, reference = cat.sampler_rates_per_core()
     for study in cat.STUDIES.values():
         scale, sizing = cat.goal_scale(study)
-        hours = cat.expected_hours(study, scale, 3)
+        hours = cat.expected_hours(study, scale, cat.GOAL_SEEDS)
         se = sizing["held_out_se_at_p_0.5"]
         last = cat.measured_hours(study)
         took = (f"last run took {last['hours']:.1f} h ({last['date']}, --jobs {last['jobs']})" if last
@@ -516,7 +516,7 @@ def list_text(workdir: str = "runs/studies") -> str:
                          "counted in the hours")
         methods = f"{','.join(study.methods)} ({study.control})"
         lines.append(f"{study.name:{width}s} {study.task:10s} {methods:{methods_width}s} "
-                     f"{scale.rollouts_per_step} rollouts/step x {scale.steps} steps, {scale.eval_tasks} held-out (se {se:.3f}), 3 seeds: sampling ~"
+                     f"{scale.rollouts_per_step} rollouts/step x {scale.steps} steps, {scale.eval_tasks} held-out (se {se:.3f}), {cat.GOAL_SEEDS} seeds: sampling ~"
                      f"{hours:.1f} h on 2 cores (~{hours * ours / (10 * reference):.1f} h at the 10x sampler goal); "
                      f"{took}"
                      + (f" [{'; '.join(flags)}]" if flags else ""))
@@ -536,7 +536,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--list", action="store_true", help="list the studies with their goal scale and expected hours")
     p.add_argument("--scale", default="goal", choices=["smoke", "goal"],
                    help="smoke: the whole code path in seconds; goal: sized by gradient noise and held-out error")
-    p.add_argument("--seeds", type=int, default=3, help="seeds per method (0..N-1)")
+    p.add_argument("--seeds", type=int, default=cat.GOAL_SEEDS, help="seeds per method (0..N-1)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N): where BC, rollouts and training run")
     p.add_argument("--out", default=None,
                    help="folder of study_NAME.json and study_NAME.png (default: benchmarks/results at the full goal "
