@@ -30,21 +30,24 @@ _PAD_MAX_PAIRS = 1 << 24
 # On a GPU a per-row call is a handful of kernel launches (tens of microseconds whatever the row's size) while a
 # padded pair costs a fraction of a nanosecond (the tiny model's shapes ran matrix products at 2.2 TFLOP/s on an
 # H200, about 0.25 ns for a pair's 512 FLOP), so a row call is worth some 200,000 padded pairs rather than 8,000, and
-# rows go one at a time only when padding would take more memory than a GPU spares for a mask (4 bytes a pair).
+# rows go one at a time only when the padded scores (a pair per head, 4 bytes each should the attention kernel
+# materialise them) would pass 1 GiB.
 _GPU_ROW_CALL_PAIRS = 1 << 18
-_GPU_PAD_MAX_PAIRS = 1 << 26
+_GPU_PAD_MAX_SCORES = 1 << 28
 
 
-def padding_pays(live: Sequence[tuple[int, int, int]], *, on_gpu: bool) -> bool:
+def padding_pays(live: Sequence[tuple[int, int, int]], *, on_gpu: bool, heads: int) -> bool:
     """Whether one padded attention call over the run of slots ``live`` covers (``(slot, new tokens, start
     column)`` of each row with tokens) costs less than a call per row: the padded query-key pairs against the real
-    ones plus a row call's fixed cost, counted in pairs, under the most pairs a mask may take."""
+    ones plus a row call's fixed cost, counted in pairs, under the most pairs a mask (and, on a GPU, the scores of
+    ``heads`` heads) may take."""
     lo, hi = min(s for s, _, _ in live), max(s for s, _, _ in live) + 1
     most = max(n for _, n, _ in live)
     width = max(start + n for _, n, start in live)
     useful = sum(n * (start + n) for _, n, start in live)
     padded = (hi - lo) * most * width
-    row_call, most_pairs = (_GPU_ROW_CALL_PAIRS, _GPU_PAD_MAX_PAIRS) if on_gpu else (_ROW_CALL_PAIRS, _PAD_MAX_PAIRS)
+    row_call, most_pairs = ((_GPU_ROW_CALL_PAIRS, _GPU_PAD_MAX_SCORES // max(heads, 1)) if on_gpu
+                            else (_ROW_CALL_PAIRS, _PAD_MAX_PAIRS))
     return padded <= _PAD_WASTE * useful + row_call * len(live) and padded <= most_pairs
 
 
@@ -347,7 +350,7 @@ class SlotModel:
         """
         torch = self.torch
         live = [(slot, n, start) for slot, n, start in zip(slots, lengths, starts) if n]
-        if not padding_pays(live, on_gpu=self.device.type != "cpu"):
+        if not padding_pays(live, on_gpu=self.device.type != "cpu", heads=self.heads):
             return None
         lo, hi = min(s for s, _, _ in live), max(s for s, _, _ in live) + 1
         most = max(n for _, n, _ in live)

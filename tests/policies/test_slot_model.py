@@ -88,8 +88,11 @@ def test_on_a_gpu_observation_prefills_go_padded_where_a_cpu_takes_them_row_by_r
     (about 1.6x the real pairs) costs more than 64 row calls; on a GPU, where a row call is a handful of kernel
     launches, one padded call wins. Far more pairs than a mask may take go row by row on either."""
     live = [(k, 90, 100 + (k * 37) % 500) for k in range(64)]
-    assert not slot_model.padding_pays(live, on_gpu=False)
-    assert slot_model.padding_pays(live, on_gpu=True)
+    assert not slot_model.padding_pays(live, on_gpu=False, heads=4)
+    assert slot_model.padding_pays(live, on_gpu=True, heads=4)
     assert SlotModel(model, slots=64)._padded_plan(*zip(*[(s, n, c) for s, n, c in live])) is None  # a CPU model
     huge = [(k, 256, 4096) for k in range(256)]  # 256 rows x 256 tokens x 4352 columns: 285M pairs
-    assert not slot_model.padding_pays(huge, on_gpu=True)
+    assert not slot_model.padding_pays(huge, on_gpu=True, heads=4)
+    # the cap counts scores, a pair per head: a model of 28 heads pads 7x fewer pairs than the tiny model's 4
+    mid = [(k, 64, 1024) for k in range(256)]  # 256 x 64 x 1088 = 17.8M pairs
+    assert slot_model.padding_pays(mid, on_gpu=True, heads=4) and not slot_model.padding_pays(mid, on_gpu=True, heads=28)
