@@ -88,10 +88,10 @@ TASKS = {
 }
 DEFAULT_TASKS = ("maze", "guess")
 GPU_IN_FLIGHT = 1024
-"""Episodes in flight for a run on a GPU. There a tiny model's decode step costs little more for 1,024 rows than for
-256, so more rows a step pay: on an H200 the continuous sampler drew 60.8 Sokoban rollouts/s with 1,024 in flight
-against 41.9 with 256 (benchmarks/results/sampler_gpu*.json). Each episode samples with its own seed, so the
-rollouts do not depend on it (up to float rounding)."""
+"""Episodes in flight for a run on a GPU, where the tiny model leaves the device mostly idle and more rows a decode
+step pay: on an H200 the continuous sampler drew 60.8 Sokoban rollouts/s with 1,024 in flight against 41.9 with 256
+(benchmarks/results/sampler_gpu*.json). Each episode samples with its own seed, so the rollouts do not depend on it
+(up to float rounding)."""
 
 
 # ---- warm start --------------------------------------------------------------------------------------------
