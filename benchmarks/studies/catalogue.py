@@ -129,6 +129,10 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     # GiGPO at GRPO's advantage scale: the same learning rate then means the same step size
     "gigpo_equal_scale": ("gigpo", {"advantage_scale": "grpo"}),
     "arpo": ("arpo", {}),
+    # one fresh rollout a task, the other seven of the group branched from it (and from its branches): every
+    # branch reruns none of the calls of the prefix it copies, so the training budget falls with the share of
+    # branched trajectories (arpo_vs_grpo's four fresh of eight ran 0.89x GRPO's calls)
+    "arpo_one_fresh": ("arpo", {"initial_rollouts": 1}),
     "archer": ("archer", {}),
     "archer_observation": ("archer", {"critic_input": "observation"}),
     # the actor's baseline from 4 fresh utterances a state instead of the learned V, whose lag behind Q shifted
@@ -203,6 +207,10 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("arpo_vs_grpo", "guess", ("arpo", "grpo"), baseline="grpo", control="grpo_shuffled",
           goal="ARPO reaches GRPO's held-out success with <= 0.8x its tool calls",
           question="On a task where the number of calls is free, does ARPO's branching spend fewer of them?"),
+    Study("arpo_one_fresh_vs_grpo", "guess", ("arpo_one_fresh", "grpo"), baseline="grpo", control="grpo_shuffled",
+          goal="ARPO reaches GRPO's held-out success with <= 0.8x its tool calls",
+          question="With one fresh rollout a task and the rest of its group branched, does ARPO reach GRPO's success "
+                   "on fewer tool calls?"),
 )}
 
 
@@ -326,6 +334,12 @@ def scale_of(study: Study, name: str) -> tuple[Scale, dict[str, Any]]:
 def runs_of(study: Study) -> tuple[str, ...]:
     """Every method a study trains: its methods, then its control."""
     return tuple(dict.fromkeys((*study.methods, study.control)))
+
+
+def counts_tool_calls(study: Study) -> bool:
+    """Whether the study's goal is about tool calls: its lead method is ARPO (in any configuration), whose
+    claim is reaching the baseline's success on fewer calls."""
+    return METHODS[study.methods[0]][0] == "arpo"
 
 
 def shared_runs(study: Study) -> tuple[str, ...]:

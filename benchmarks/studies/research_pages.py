@@ -33,7 +33,7 @@ PAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "gigpo": ("GiGPO against GRPO at equal scale", ("gigpo_vs_grpo", "gigpo_vs_grpo_babyai")),
     "archer": ("ArCHer against filtered BC", ("archer_vs_filtered_bc", "archer_sampled_vs_filtered_bc",
                                                     "archer_joint_vs_filtered_bc", "archer_grid_vs_filtered_bc")),
-    "arpo": ("ARPO's tool calls against GRPO's", ("arpo_vs_grpo",)),
+    "arpo": ("ARPO's tool calls against GRPO's", ("arpo_vs_grpo", "arpo_one_fresh_vs_grpo")),
 }
 """Method -> (page title, its studies)."""
 

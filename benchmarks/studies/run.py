@@ -220,7 +220,7 @@ def train_one(study_name: str, scale_name: str, method: str, seed: int, model: s
         held_out_fit = held_out_explained_variance(out, config, episodes=args.eval_tasks)
         marker.write_text(json.dumps({**previous, "critic_held_out": held_out_fit}))
     by_outcome = previous.get("tool_calls_by_outcome")
-    if study.name == "arpo_vs_grpo" and by_outcome is None:  # the goal counts calls: where do they go?
+    if cat.counts_tool_calls(study) and by_outcome is None:  # the goal counts calls: where do they go?
         from studies.tool_calls import tool_calls_by_outcome
 
         by_outcome = tool_calls_by_outcome(out, config)
@@ -293,17 +293,18 @@ def _gap(summary: dict[str, dict[str, Any]], a: str, b: str) -> tuple[float, flo
             (summary[a]["final_se"] ** 2 + summary[b]["final_se"] ** 2) ** 0.5)
 
 
-def _calls_note(summary: dict[str, dict[str, Any]]) -> str:
-    """ARPO's and GRPO's held-out tool calls per episode, per solved episode and per failed one."""
+def _calls_note(summary: dict[str, dict[str, Any]], arpo_method: str) -> str:
+    """ARPO's (the method ``arpo_method``) and GRPO's held-out tool calls per episode, per solved episode and per
+    failed one."""
     def fmt(value: float | None) -> str:
         return "-" if value is None else f"{value:.2f}"
 
     parts = []
     for what, key in (("per episode", "eval_tool_calls"), ("per solved episode", "eval_tool_calls_solved"),
                       ("per failed episode", "eval_tool_calls_failed")):
-        if summary["arpo"].get(key) is not None or summary["grpo"].get(key) is not None:
-            parts.append(f"{what}: ARPO {fmt(summary['arpo'].get(key))}, GRPO {fmt(summary['grpo'].get(key))}")
-    arpo, grpo = summary["arpo"], summary["grpo"]
+        if summary[arpo_method].get(key) is not None or summary["grpo"].get(key) is not None:
+            parts.append(f"{what}: ARPO {fmt(summary[arpo_method].get(key))}, GRPO {fmt(summary['grpo'].get(key))}")
+    arpo, grpo = summary[arpo_method], summary["grpo"]
     success, failed = arpo["final_mean"], arpo.get("eval_tool_calls_failed")
     if failed is not None and grpo.get("eval_tool_calls") and success > 0:
         # failed episodes spend (1 - success) * failed calls of the mean: what is left for the solved ones
@@ -332,16 +333,16 @@ def goals(study: Study, summary: dict[str, dict[str, Any]]) -> list[dict[str, An
         se = (s["final_se"] ** 2 + s["start_se"] ** 2) ** 0.5
         row("held-out success improves by >= 10 points", gain, se, gain >= 0.10 - 1e-9 and gain > 2 * se,
             f"start {s['start_mean']:.3f} -> final {s['final_mean']:.3f}")
-    elif study.name == "arpo_vs_grpo":
-        gap, se = _gap(summary, "arpo", "grpo")
-        calls_a, calls_g = summary["arpo"]["eval_tool_calls"], summary["grpo"]["eval_tool_calls"]
+    elif cat.counts_tool_calls(study):
+        gap, se = _gap(summary, lead, "grpo")
+        calls_a, calls_g = summary[lead]["eval_tool_calls"], summary["grpo"]["eval_tool_calls"]
         ratio = calls_a / calls_g if calls_a is not None and calls_g else None
         row("ARPO's held-out success is not below GRPO's by more than 2 se", gap, se, gap >= -2 * se,
-            f"ARPO {summary['arpo']['final_mean']:.3f} vs GRPO {summary['grpo']['final_mean']:.3f}")
+            f"ARPO {summary[lead]['final_mean']:.3f} vs GRPO {summary['grpo']['final_mean']:.3f}")
         row("ARPO's held-out tool calls <= 0.8x GRPO's", ratio, None, ratio is not None and ratio <= 0.8,
-            _calls_note(summary))
+            _calls_note(summary, lead))
         # ARPO's own claim is about the training budget: a branch copies its prefix, whose calls are not run again
-        run_a, run_g = summary["arpo"]["train_tool_calls_run"], summary["grpo"]["train_tool_calls_run"]
+        run_a, run_g = summary[lead]["train_tool_calls_run"], summary["grpo"]["train_tool_calls_run"]
         budget = run_a / run_g if run_a is not None and run_g else None
         row("ARPO's training rollouts run <= 0.8x the tool calls GRPO's run", budget, None,
             budget is not None and budget <= 0.8,
