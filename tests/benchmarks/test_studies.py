@@ -55,13 +55,13 @@ def test_every_study_runs_its_whole_code_path_at_the_smoke_scale(name: str, work
             for oracle in ("distance_explained_variance", "move_explained_variance", "move_ranking"):
                 value = fit[oracle]  # the maze's references for the critic's figure; None when no state shows a
                 assert value is None or -1.0 <= value <= 1.0  # grid (an untrained smoke policy)
-        if name == "arpo_vs_grpo":  # the final policy's own held-out evaluation again, its calls split by outcome
+        if cat.counts_tool_calls(study):  # the final policy's own held-out evaluation again, its calls by outcome
             calls = run["tool_calls_by_outcome"]
             assert calls["episodes"] == cat.SMOKE.eval_tasks and calls["success"] == run["curve"][-1][1]
             assert calls["calls"] == pytest.approx(run["eval_mean_tool_calls"])
     assert set(details["summary"]) == set(cat.runs_of(study))
-    if name == "arpo_vs_grpo":  # the training tool-call budget of both, ARPO's from the calls its envs ran
-        assert details["summary"]["arpo"]["train_tool_calls_run"] is not None
+    if cat.counts_tool_calls(study):  # the training tool-call budget of both, ARPO's from the calls its envs ran
+        assert details["summary"][study.methods[0]]["train_tool_calls_run"] is not None
         assert details["summary"]["grpo"]["train_tool_calls_run"] is not None
     assert {"token_correlation", "sign_disagreement", "step_episode_correlation"} <= set(details["agreement"])
     assert details["goals"] and all(isinstance(g["met"], bool) for g in details["goals"])
@@ -186,6 +186,13 @@ def test_goals_need_the_bar_and_two_standard_errors() -> None:
         run["tool_calls_by_outcome"] = {"calls_solved": 4.0 if run["method"] == "arpo" else 6.0, "calls_failed": 8.0}
     note = study_run.goals(arpo, study_run.summarize(runs, 64))[2]["note"]
     assert "per solved episode: ARPO 4.00, GRPO 6.00" in note and "solved episodes of <= 3.20 calls" in note, note
+    # ARPO in another configuration leads its own study: the same rows, read from that method's runs
+    one_fresh = cat.STUDIES["arpo_one_fresh_vs_grpo"]
+    assert cat.counts_tool_calls(one_fresh) and not cat.counts_tool_calls(cat.STUDIES["grpo_sokoban"])
+    finals = {"arpo_one_fresh": [0.5] * 3, "grpo": [0.5] * 3, "grpo_shuffled": [0.1] * 3}
+    rows = study_run.goals(one_fresh, study_run.summarize(_runs(finals, calls={"arpo_one_fresh": 7.0, "grpo": 7.0},
+                                                                calls_run={"arpo_one_fresh": 4.2, "grpo": 6.0}), 64))
+    assert [g["met"] for g in rows] == [True, True, False, True] and rows[3]["value"] == pytest.approx(0.7)
 
 
 def test_the_critic_goal_reads_held_out_trajectories_not_its_own_batches() -> None:
