@@ -279,11 +279,13 @@ def summarize(runs: list[dict[str, Any]], eval_tasks: int) -> dict[str, dict[str
                        "move_explained_variance_held_out": statistics.mean(move_oracle) if move_oracle else None,
                        "actor_advantage_offset": statistics.mean(offsets) if offsets else None,
                        "eval_tool_calls": statistics.mean(calls) if calls else None,
+                       "eval_tool_calls_per_seed": calls,
                        "eval_tool_calls_solved": statistics.mean(solved) if solved else None,
                        "eval_tool_calls_solved_per_seed": solved,
                        "eval_tool_calls_failed": statistics.mean(failed) if failed else None,
                        # None unless every seed logged it (a mean over some seeds would not compare)
-                       "train_tool_calls_run": statistics.mean(calls_run) if len(calls_run) == len(own) else None}
+                       "train_tool_calls_run": statistics.mean(calls_run) if len(calls_run) == len(own) else None,
+                       "train_tool_calls_run_per_seed": calls_run}
     return out
 
 
@@ -291,6 +293,22 @@ def _gap(summary: dict[str, dict[str, Any]], a: str, b: str) -> tuple[float, flo
     """Difference of two methods' final means and its standard error."""
     return (summary[a]["final_mean"] - summary[b]["final_mean"],
             (summary[a]["final_se"] ** 2 + summary[b]["final_se"] ** 2) ** 0.5)
+
+
+def _ratio_se(summary: dict[str, dict[str, Any]], a: str, b: str, key: str) -> float | None:
+    """Standard error over seeds of method ``a``'s figure ``key`` over ``b``'s, seed by seed (both runs of a seed
+    start from the one warm start); ``None`` with fewer than two seeds both methods ran."""
+    per_a, per_b = summary[a].get(f"{key}_per_seed") or [], summary[b].get(f"{key}_per_seed") or []
+    if summary[a]["seeds"] != summary[b]["seeds"] or len(per_a) != len(summary[a]["seeds"]) \
+            or len(per_b) != len(per_a) or len(per_a) < 2 or not all(per_b):
+        return None
+    ratios = [x / y for x, y in zip(per_a, per_b)]
+    return statistics.stdev(ratios) / len(ratios) ** 0.5
+
+
+def _below(ratio: float | None, se: float | None, bar: float = 0.8) -> bool:
+    """``ratio`` at most ``bar`` and, where seeds give a standard error, below it by more than 2 se."""
+    return ratio is not None and ratio <= bar and (se is None or bar - ratio > 2 * se)
 
 
 def _calls_note(summary: dict[str, dict[str, Any]], arpo_method: str) -> str:
@@ -339,13 +357,15 @@ def goals(study: Study, summary: dict[str, dict[str, Any]]) -> list[dict[str, An
         ratio = calls_a / calls_g if calls_a is not None and calls_g else None
         row("ARPO's held-out success is not below GRPO's by more than 2 se", gap, se, gap >= -2 * se,
             f"ARPO {summary[lead]['final_mean']:.3f} vs GRPO {summary['grpo']['final_mean']:.3f}")
-        row("ARPO's held-out tool calls <= 0.8x GRPO's", ratio, None, ratio is not None and ratio <= 0.8,
+        ratio_se = _ratio_se(summary, lead, "grpo", "eval_tool_calls")
+        row("ARPO's held-out tool calls <= 0.8x GRPO's (by more than 2 se)", ratio, ratio_se, _below(ratio, ratio_se),
             _calls_note(summary, lead))
         # ARPO's own claim is about the training budget: a branch copies its prefix, whose calls are not run again
         run_a, run_g = summary[lead]["train_tool_calls_run"], summary["grpo"]["train_tool_calls_run"]
         budget = run_a / run_g if run_a is not None and run_g else None
-        row("ARPO's training rollouts run <= 0.8x the tool calls GRPO's run", budget, None,
-            budget is not None and budget <= 0.8,
+        budget_se = _ratio_se(summary, lead, "grpo", "train_tool_calls_run")
+        row("ARPO's training rollouts run <= 0.8x the tool calls GRPO's run (by more than 2 se)", budget, budget_se,
+            _below(budget, budget_se),
             "not counted by these runs (ARPO logs arpo/tool_calls_run_per_episode since this row was added)"
             if budget is None else f"tool calls run per training episode: ARPO {run_a:.2f}, GRPO {run_g:.2f}")
     else:
