@@ -131,7 +131,7 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "arpo": ("arpo", {}),
     # one fresh rollout a task, the other seven of the group branched from it (and from its branches): every
     # branch reruns none of the calls of the prefix it copies, so the training budget falls with the share of
-    # branched trajectories (arpo_vs_grpo's four fresh of eight ran 0.89x GRPO's calls)
+    # branched trajectories (with four fresh of eight, arpo_vs_grpo's ARPO ran 0.87x GRPO's calls)
     "arpo_one_fresh": ("arpo", {"initial_rollouts": 1}),
     "archer": ("archer", {}),
     "archer_observation": ("archer", {"critic_input": "observation"}),
