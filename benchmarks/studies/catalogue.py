@@ -355,9 +355,10 @@ def measured_hours(study: Study, results_dir: Path | None = None) -> dict[str, A
     """What the study's last goal-scale run cost, read from its committed result: ``{"hours", "jobs", "runs",
     "warm_start_s", "date"}``, or ``None`` when it has none.
 
-    ``hours``: the BC warm start plus the runs it trained itself (not those copied from another study,
-    :func:`shared_runs`), each run's own wall time divided by the runs that ran at once (``--jobs``, which shares
-    the cores among them). Sampling, updates and evaluations all count, so this is what a rerun on a like machine
+    ``hours``: the BC warm start plus every run but those of :func:`shared_runs` (the source study trains them),
+    each run's own wall time divided by the runs that ran at once (``--jobs``, which shares the cores among them).
+    A run copied from another study only because it happened to have run first counts at its own wall time: a
+    user who runs this study alone trains it. Sampling, updates and evaluations all count, so this is what a rerun on a like machine
     takes, where :func:`expected_hours` counts the sampling alone, at Sokoban's rollout rate."""
     path = (results_dir or BENCHMARKS / "results") / f"study_{study.name}.json"
     if not path.is_file():
@@ -373,7 +374,9 @@ def measured_hours(study: Study, results_dir: Path | None = None) -> dict[str, A
             words[i + 1] if word == "--jobs" and i + 1 < len(words) else "")
         if value.isdigit() and int(value) > 0:
             jobs = int(value)
-    runs = [r for r in details.get("runs") or [] if not r.get("shared_from") and isinstance(r.get("seconds"), (int, float))]
+    shared = shared_runs(study)
+    runs = [r for r in details.get("runs") or []
+            if r.get("method") not in shared and isinstance(r.get("seconds"), (int, float))]
     warm = float((details.get("warm_start") or {}).get("seconds") or 0.0)
     hours = (warm + sum(float(r["seconds"]) for r in runs) / max(jobs, 1)) / 3600
     return {"hours": hours, "jobs": jobs, "runs": len(runs), "warm_start_s": warm,

@@ -84,7 +84,7 @@ def _took(study: cat.Study, results: Path) -> str:
     if last is None:
         return ""
     return (f": the last goal-scale run took {last['hours']:.1f} h on 2 cores in all (its warm start and "
-            f"{last['runs']} runs of its own, {last['jobs']} at a time)")
+            f"{last['runs']} runs it trains itself, {last['jobs']} at a time)")
 
 
 def _context_line(study: cat.Study) -> str:

@@ -452,6 +452,14 @@ def test_measured_hours_count_the_warm_start_and_own_runs_shared_among_the_jobs(
     record["details"]["scale_name"] = "smoke"  # a smoke or reduced run measures nothing about the goal scale
     (tmp_path / "study_gigpo_vs_grpo_babyai.json").write_text(json.dumps(record))
     assert cat.measured_hours(study, tmp_path) is None
+    # a run copied only because another study on the same task happened to train it first: run alone, this study
+    # trains it, so it counts
+    arpo = cat.STUDIES["arpo_vs_grpo"]
+    runs = [{"method": "arpo", "seed": 0, "seconds": 1800.0, "shared_from": None},
+            {"method": "grpo", "seed": 0, "seconds": 1800.0, "shared_from": "runs/studies/arpo_one_fresh_vs_grpo-goal"}]
+    (tmp_path / "study_arpo_vs_grpo.json").write_text(json.dumps(
+        {"command": "agentgym study arpo_vs_grpo", "details": {"scale_name": "goal", "runs": runs, "warm_start": {}}}))
+    assert cat.measured_hours(arpo, tmp_path)["hours"] == pytest.approx(1.0)  # type: ignore[index]
 
 
 def test_sokoban_studies_clone_their_warm_start_further_than_the_others() -> None:
