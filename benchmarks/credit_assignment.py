@@ -331,6 +331,9 @@ def read_metrics(path: Path, config: dict[str, Any]) -> dict[str, Any]:
         "gigpo_anchor_group_size_mean": mean_of("gigpo/anchor_group_size_mean"),
         "critic_explained_variance": last_of("critic/explained_variance"),
         "arpo_branches_per_task": mean_of("arpo/branches_per_task"),
+        # the share of a step's groups whose rollouts all scored alike, so no group advantage: what branching from
+        # few roots costs in signal (its branches share prefixes and end alike more often)
+        "zero_signal_groups_mean": mean_of("train/zero_signal_groups"),
     }
 
 

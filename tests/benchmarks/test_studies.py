@@ -49,6 +49,8 @@ def test_every_study_runs_its_whole_code_path_at_the_smoke_scale(name: str, work
     assert details["control"] == study.control and details["failed"] == []
     for run in details["runs"]:
         assert [episodes for episodes, _ in run["curve"]] == [0, cat.SMOKE.rollouts_per_step]
+        if cat.METHODS[run["method"]][0] in ("grpo", "grpo_shuffled", "gigpo", "arpo"):  # groups: a share of them
+            assert 0.0 <= run["zero_signal_groups_mean"] <= 1.0
         if cat.METHODS[run["method"]][0] == "archer":  # the final critic, read on fresh held-out episodes
             fit = run["critic_held_out"]
             assert fit["episodes"] == cat.SMOKE.eval_tasks and fit["turns"] > 0 and fit["split"] == details["eval_split"]
