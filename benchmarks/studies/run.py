@@ -311,6 +311,15 @@ def _below(ratio: float | None, se: float | None, bar: float = 0.8) -> bool:
     return ratio is not None and ratio <= bar and (se is None or bar - ratio > 2 * se)
 
 
+def _budget_note(run_a: float | None, run_g: float | None) -> str:
+    """What the training-budget row compares, or why it has no ratio."""
+    if run_a is None or run_g is None:
+        return "not counted by these runs (ARPO logs arpo/tool_calls_run_per_episode since this row was added)"
+    if not run_g:
+        return f"no ratio: GRPO's training rollouts made no tool call (ARPO's ran {run_a:.2f} an episode)"
+    return f"tool calls run per training episode: ARPO {run_a:.2f}, GRPO {run_g:.2f}"
+
+
 def _calls_note(summary: dict[str, dict[str, Any]], arpo_method: str) -> str:
     """ARPO's (the method ``arpo_method``) and GRPO's held-out tool calls per episode, per solved episode and per
     failed one."""
@@ -366,8 +375,7 @@ def goals(study: Study, summary: dict[str, dict[str, Any]]) -> list[dict[str, An
         budget_se = _ratio_se(summary, lead, "grpo", "train_tool_calls_run")
         row("ARPO's training rollouts run <= 0.8x the tool calls GRPO's run (by more than 2 se)", budget, budget_se,
             _below(budget, budget_se),
-            "not counted by these runs (ARPO logs arpo/tool_calls_run_per_episode since this row was added)"
-            if budget is None else f"tool calls run per training episode: ARPO {run_a:.2f}, GRPO {run_g:.2f}")
+            _budget_note(run_a, run_g))
     else:
         gap, se = _gap(summary, lead, study.baseline)
         need = study.margin

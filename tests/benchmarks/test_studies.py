@@ -182,6 +182,9 @@ def test_goals_need_the_bar_and_two_standard_errors() -> None:
     uncounted = study_run.goals(arpo, study_run.summarize(_runs(finals, calls={"arpo": 3.0, "grpo": 5.0},
                                                                 calls_run={"grpo": 6.0}), 64))[3]
     assert uncounted["value"] is None and not uncounted["met"] and "not counted" in uncounted["note"]
+    # a policy that never calls the tool (an untrained smoke model): counted, but there is nothing to divide by
+    no_calls = study_run.goals(arpo, study_run.summarize(_runs(finals, calls_run={"arpo": 0.0, "grpo": 0.0}), 64))[3]
+    assert no_calls["value"] is None and not no_calls["met"] and "made no tool call" in no_calls["note"]
     # Half the episodes fail at the 8-call cap: 0.8x of GRPO's 7.0 leaves (5.6 - 0.5 * 8) / 0.5 = 3.2 per solved one.
     runs = _runs({"arpo": [0.5] * 3, "grpo": [0.5] * 3, "grpo_shuffled": [0.1] * 3}, calls={"arpo": 6.0, "grpo": 7.0})
     for run in runs:
