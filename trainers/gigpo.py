@@ -94,7 +94,9 @@ def compare_with_grpo(trajectories: Sequence[Trajectory], config: GigpoConfig) -
     trajectories, each computed as its trainer would (GRPO: the ``advantage`` estimator on episode returns per task
     group; GiGPO: ``config``'s settings), weighted by each step's sampled tokens. Trajectories that errored or have
     no turns are left out, as both trainers leave them out of their statistics. Also returns GiGPO's
-    ``steps_in_shared_anchor`` (0: every state is visited once, and GiGPO is GRPO on this batch)."""
+    ``steps_in_shared_anchor`` (0: every state is visited once, and GiGPO is GRPO on this batch), each method's
+    :func:`~agentgym.trainers.algorithms.advantage_drift` (GRPO's under ``token-mean`` and ``seq-mean-token-mean``,
+    GiGPO's under ``token-mean``) and the mean sampled tokens of a solved and of a failed trajectory."""
     kept = [t for t in trajectories if t.turns and t.error is None and t.end_reason != "error"]
     result = step_advantages(kept, config)
     if result is None:
@@ -106,6 +108,14 @@ def compare_with_grpo(trajectories: Sequence[Trajectory], config: GigpoConfig) -
     episode_level = [torch.full((len(t.turns),), float(grpo[i])) for i, t in enumerate(kept)]
     tokens = [[len(turn.action_token_ids) if turn.action_token_ids is not None else max(1, len(turn.action.split()))
                for turn in t.turns] for t in kept]
+    solved = [sum(n) for t, n in zip(kept, tokens) if t.success]
+    failed = [sum(n) for t, n in zip(kept, tokens) if not t.success]
     return {**advantage_agreement(episode_level, result, tokens),
             "steps_in_shared_anchor": result.stats.get("gigpo/steps_in_shared_anchor"),
+            # the net advantage each loss weighting puts on the batch's tokens (alg.advantage_drift: why it matters)
+            "grpo_drift_token_mean": alg.advantage_drift(episode_level, tokens, mode="token-mean"),
+            "grpo_drift_seq_mean_token_mean": alg.advantage_drift(episode_level, tokens, mode="seq-mean-token-mean"),
+            "gigpo_drift_token_mean": alg.advantage_drift(result.advantages, tokens, mode="token-mean"),
+            "tokens_solved_mean": sum(solved) / len(solved) if solved else None,
+            "tokens_failed_mean": sum(failed) / len(failed) if failed else None,
             "trajectories": float(len(kept))}

@@ -125,6 +125,11 @@ class Study:
 METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "grpo": ("grpo", {}),
     "grpo_shuffled": ("grpo_shuffled", {}),
+    # each trajectory weighed once in the loss (the original GRPO's aggregation): under token-mean, failed episodes
+    # that run to the turn or context limit hold more tokens than solved ones, and the batch's tokens carry a net
+    # negative advantage (trainers.algorithms.advantage_drift; each study's "before training" line measures it)
+    "grpo_seq_mean": ("grpo", {"loss_agg": "seq-mean-token-mean"}),
+    "grpo_shuffled_seq_mean": ("grpo_shuffled", {"loss_agg": "seq-mean-token-mean"}),
     "gigpo": ("gigpo", {}),
     # GiGPO at GRPO's advantage scale: the same learning rate then means the same step size
     "gigpo_equal_scale": ("gigpo", {"advantage_scale": "grpo"}),
@@ -171,6 +176,13 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("grpo_babyai", "babyai", ("grpo",), baseline="grpo_start", control="grpo_shuffled",
           goal="GRPO beats its shuffled control and improves held-out success by >= 10 points",
           question="Does GRPO learn BabyAI GoToLocal (held-out rooms) from a BC warm start?"),
+    # BabyAI's failed rollouts hold about twice the sampled tokens of its solved ones: under token-mean GRPO's
+    # net advantage on a batch's tokens is negative, and held-out success fell at every learning rate tried
+    Study("grpo_babyai_seq_mean", "babyai", ("grpo_seq_mean",), baseline="grpo_start",
+          control="grpo_shuffled_seq_mean",
+          goal="GRPO beats its shuffled control and improves held-out success by >= 10 points",
+          question="With each trajectory weighed once in the loss (seq-mean-token-mean), so that failed episodes' "
+                   "extra turns no longer push down every sampled token, does GRPO learn BabyAI GoToLocal?"),
     Study("grpo_textworld", "textworld", ("grpo",), baseline="grpo_start", control="grpo_shuffled",
           goal="GRPO beats its shuffled control and improves held-out success by >= 10 points",
           question="Does GRPO learn TextWorld cooking games with unseen foods and house layouts?"),

@@ -141,7 +141,8 @@ def study_section(study: cat.Study, record: dict[str, Any] | None, results: Path
                   f"{_num(agreed.get('token_correlation'))} per token, have opposite signs on "
                   f"{_num(agreed.get('sign_disagreement'), '.2%')} of tokens and one is zero where the other is not "
                   f"on {_num(agreed.get('zero_disagreement'), '.2%')}; GiGPO's step part correlates "
-                  f"{_num(agreed.get('step_episode_correlation'))} with its episode part.", ""]
+                  f"{_num(agreed.get('step_episode_correlation'))} with its episode part.{_drift_sentence(agreed)}",
+                  ""]
     lines += ["| goal | measured | se | met | note |", "|---|---|---|---|---|"]
     for g in goals:
         lines.append(f"| {g['goal']} | {_num(g['value'])} | {_num(g['se'])} | {'yes' if g['met'] else 'no'} | "
@@ -173,6 +174,17 @@ def _reduced_run_lines(study: cat.Study, details: dict[str, Any]) -> list[str]:
             "at the goal's "
             "rollouts a step and held-out size. It shows the study's code path at full batch size and what a step "
             f"costs there; its verdict is that run's, not the goal scale's.{cost}", ""]
+
+
+def _drift_sentence(agreed: dict[str, Any]) -> str:
+    """The length bias of GRPO's loss on the same rollouts (absent from records measured before it was)."""
+    if agreed.get("grpo_drift_token_mean") is None:
+        return ""
+    return (f" A solved rollout samples {_num(agreed.get('tokens_solved_mean'), '.1f')} tokens, a failed one "
+            f"{_num(agreed.get('tokens_failed_mean'), '.1f')}: GRPO's net advantage on the batch's tokens is "
+            f"{_num(agreed.get('grpo_drift_token_mean'))} under `token-mean` (mean |A| "
+            f"{_num(agreed.get('mean_abs_episode_level'))}) and {_num(agreed.get('grpo_drift_seq_mean_token_mean'))} "
+            f"under `seq-mean-token-mean`.")
 
 
 def _warm_start_lines(warm: dict[str, Any]) -> list[str]:

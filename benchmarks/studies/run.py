@@ -130,7 +130,10 @@ def format_agreement(report: dict[str, Any]) -> str:
             f"correlation {f('token_correlation')}, opposite signs on {f('sign_disagreement', '.2%')} of tokens, "
             f"credit only one gives on {f('zero_disagreement', '.2%')}, step-vs-episode correlation "
             f"{f('step_episode_correlation')}, steps in a shared anchor {f('steps_in_shared_anchor', '.2f')}, "
-            f"mean |A| GRPO {f('mean_abs_episode_level')} vs GiGPO {f('mean_abs_gigpo')}")
+            f"mean |A| GRPO {f('mean_abs_episode_level')} vs GiGPO {f('mean_abs_gigpo')}; GRPO's net advantage on "
+            f"the batch's tokens {f('grpo_drift_token_mean')} under token-mean, "
+            f"{f('grpo_drift_seq_mean_token_mean')} under seq-mean-token-mean (tokens a solved rollout "
+            f"{f('tokens_solved_mean', '.1f')}, a failed one {f('tokens_failed_mean', '.1f')})")
 
 
 # ---- one run -----------------------------------------------------------------------------------------------

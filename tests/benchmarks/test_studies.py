@@ -65,7 +65,11 @@ def test_every_study_runs_its_whole_code_path_at_the_smoke_scale(name: str, work
     if cat.counts_tool_calls(study):  # the training tool-call budget of both, ARPO's from the calls its envs ran
         assert details["summary"][study.methods[0]]["train_tool_calls_run"] is not None
         assert details["summary"]["grpo"]["train_tool_calls_run"] is not None
-    assert {"token_correlation", "sign_disagreement", "step_episode_correlation"} <= set(details["agreement"])
+    assert {"token_correlation", "sign_disagreement", "step_episode_correlation", "grpo_drift_token_mean",
+            "grpo_drift_seq_mean_token_mean"} <= set(details["agreement"])
+    for method in cat.runs_of(study):  # a method's trainer overrides reach the run it trains (the loss weighting)
+        trained = json.loads((workdir / f"{name}-smoke" / method / "seed0" / "study.json").read_text())["config"]
+        assert cat.METHODS[method][1].items() <= trained.items(), method
     assert details["goals"] and all(isinstance(g["met"], bool) for g in details["goals"])
     assert record["note"].startswith("smoke scale")
     assert "GRPO vs GiGPO on" in capfd.readouterr().out

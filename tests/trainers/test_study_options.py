@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 
 from agentgym.errors import ConfigError  # noqa: E402
 from agentgym.trainers import make_trainer  # noqa: E402
+from agentgym.trainers.algorithms import advantage_drift, aggregate_loss  # noqa: E402
 from agentgym.trainers.algorithms.advantages import match_mean_abs  # noqa: E402
 from agentgym.trainers.algorithms.gigpo import advantage_agreement, gigpo_advantages  # noqa: E402
 from agentgym.trainers.archer import critic_views  # noqa: E402
@@ -121,6 +122,48 @@ def test_compare_with_grpo_on_recorded_trajectories() -> None:
     assert report["mean_abs_gigpo"] < report["mean_abs_episode_level"]  # GRPO's std division: the larger scale
     empty = compare_with_grpo([], GigpoConfig(model="m", suite="games-maze"))
     assert empty["trajectories"] == 0 and empty["token_correlation"] is None
+
+
+# ---- the loss weighting's net advantage (length bias) ----------------------------------------------------
+def test_token_mean_drifts_towards_the_longer_outcome_and_seq_mean_does_not() -> None:
+    """A solved episode of 1 step and a failed one of 3 steps, 2 tokens a step, advantages +1 and -1: under
+    token-mean the 6 failed tokens outweigh the 2 solved ones, -(6 - 2) / 8 = -0.5; each trajectory once: 0."""
+    steps = [torch.tensor([1.0]), torch.tensor([-1.0, -1.0, -1.0])]
+    tokens = [[2], [2, 2, 2]]
+    assert advantage_drift(steps, tokens, mode="token-mean") == pytest.approx(-0.5)
+    assert advantage_drift(steps, tokens, mode="seq-mean-token-sum") == pytest.approx(-0.5)  # every token alike
+    assert advantage_drift(steps, tokens, mode="seq-mean-token-mean") == pytest.approx(0.0)
+    masked = [*steps, torch.tensor([5.0])]  # a fully masked trajectory trains no token in any mode
+    assert advantage_drift(masked, [*tokens, [0]], mode="seq-mean-token-mean") == pytest.approx(0.0)
+    assert advantage_drift([], [], mode="token-mean") is None
+    with pytest.raises(ConfigError, match="one per step"):
+        advantage_drift(steps, [[2], [2, 2]], mode="token-mean")
+    with pytest.raises(ConfigError, match="mode"):
+        advantage_drift(steps, tokens, mode="sum")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_the_drift_is_the_loss_aggregation_of_the_advantages_themselves(mode: str) -> None:
+    """The drift weighs tokens exactly as aggregate_loss weighs their losses (a loss of A per token)."""
+    generator = torch.Generator().manual_seed(0)
+    steps = [torch.randn(n, generator=generator) for n in (1, 4, 2)]
+    tokens = [[3], [1, 2, 5, 1], [4, 4]]
+    rows = [torch.cat([a.repeat_interleave(torch.tensor(c)) for a, c in zip(s.split(1), t)]) for s, t in zip(steps, tokens)]
+    width = max(len(r) for r in rows)
+    padded = torch.stack([torch.nn.functional.pad(r, (0, width - len(r))) for r in rows])
+    mask = torch.stack([torch.nn.functional.pad(torch.ones(len(r)), (0, width - len(r))) for r in rows])
+    expected = float(aggregate_loss(padded.double(), mask, mode=mode))  # type: ignore[arg-type]
+    assert advantage_drift(steps, tokens, mode=mode) == pytest.approx(expected)  # type: ignore[arg-type]
+
+
+def test_compare_with_grpo_reports_each_weightings_drift() -> None:
+    """In BATCH the solved episodes are the longer ones (a detour): token-mean drifts up, seq-mean stays at 0."""
+    report = compare_with_grpo(BATCH, GigpoConfig(model="m", suite="games-maze", invalid_penalty=0.0))
+    assert report["tokens_solved_mean"] == pytest.approx(2.0 * (3 + 5 + 2 + 3) / 4)
+    assert report["tokens_failed_mean"] == pytest.approx(2.0 * (3 + 3 + 2 + 2) / 4)
+    assert report["grpo_drift_token_mean"] > 0
+    assert report["grpo_drift_seq_mean_token_mean"] == pytest.approx(0.0, abs=1e-6)
+    assert report["gigpo_drift_token_mean"] is not None
 
 
 # ---- the ArCHer critic's view of the state ---------------------------------------------------------------

@@ -20,6 +20,7 @@ Aggregation (``aggregation``)
     ``aggregate_loss``: token-mean, seq-mean-token-mean, seq-mean-token-sum(-norm) with exact global
     denominators for micro-batching and no NaN on fully masked sequences.
     ``loss_denominators``: the global token and sequence counts of a mini-batch.
+    ``advantage_drift``: the net advantage a mode's weighting puts on the batch's tokens (length bias).
 Masks and filters (``masks``)
     ``simpletir_turn_flags`` / ``is_void_turn_simpletir``: SimpleTIR's void-turn test.
     ``void_trajectory_mask``: trajectories with a void turn leave the loss.
@@ -43,7 +44,7 @@ from __future__ import annotations
 
 from .arpo import arpo_token_advantages, branch_probability, segment_entropy, shared_prefix_lengths
 from .advantages import broadcast_to_tokens, discounted_returns, group_advantages, shuffle_advantages
-from .aggregation import AGGREGATION_MODES, aggregate_loss, loss_denominators
+from .aggregation import AGGREGATION_MODES, advantage_drift, aggregate_loss, loss_denominators
 from .gigpo import GigpoAdvantages, anchor_groups, broadcast_steps_to_tokens, gigpo_advantages
 from .kl import kl_penalty
 from .losses import behaviour_weights, clipped_policy_loss, reinforce_loss
@@ -60,6 +61,7 @@ from .rewards import direct_reward_accumulation, gated_reward_accumulation, gate
 __all__ = [
     "AGGREGATION_MODES",
     "GigpoAdvantages",
+    "advantage_drift",
     "aggregate_loss",
     "anchor_groups",
     "apply_sample_mask",

@@ -15,6 +15,7 @@ detail implementations most often get subtly wrong. Two rules:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -24,7 +25,7 @@ from agentgym.errors import ConfigError
 
 from ._common import check_choice, check_mask
 
-__all__ = ["AGGREGATION_MODES", "aggregate_loss", "loss_denominators"]
+__all__ = ["AGGREGATION_MODES", "advantage_drift", "aggregate_loss", "loss_denominators"]
 
 AggregationMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 NormalizeBy = Literal["unmasked", "all"]
@@ -180,3 +181,50 @@ def _denominator(global_count: float | None, local: Tensor, keep: Tensor) -> Ten
             return torch.ones((), dtype=local.dtype, device=local.device)
         return torch.tensor(float(global_count), dtype=local.dtype, device=local.device)
     return torch.where(local > 0, local, torch.ones_like(local))
+
+
+def advantage_drift(step_advantages: Sequence[Tensor], tokens: Sequence[Sequence[int]], *,
+                    mode: AggregationMode) -> float | None:
+    """The advantage the loss gives its average sampled token: ``sum_t w_t A_t / sum_t w_t``, with ``w_t`` the
+    weight ``mode`` gives token ``t``.
+
+    Why it matters: group-relative advantages are zero-mean over a group's *trajectories*, but the loss weighs
+    *tokens*. Where failed episodes run on to a turn or context limit, they hold more tokens than solved ones, and
+    under ``token-mean`` the batch's tokens carry a net negative advantage: besides what the signal says, every
+    update lowers the log-probability of everything the policy sampled, first of the tokens all its actions share
+    (the call syntax, an action's format), which no group's credit asked for. ``seq-mean-token-mean`` weighs each
+    trajectory once, so its drift is the trajectories' mean advantage (0 for full groups). The other modes weigh
+    every token alike, as ``token-mean`` does (up to a constant factor), and drift as it does.
+
+    Args:
+        step_advantages: Per trajectory, its advantage per step (an episode-level method repeats one value).
+        tokens: Per trajectory, per step, how many sampled tokens the step trains (each gets its step's value).
+        mode: One of :data:`AGGREGATION_MODES`.
+
+    Returns:
+        The drift, or ``None`` when no trajectory has a sampled token. Compare it with the mean ``|A|`` of the same
+        weighting: a drift of a third of it moves the policy a third as far as the credit does.
+
+    Raises:
+        ConfigError: an unknown mode, mismatched lengths, or a negative token count.
+    """
+    check_choice("mode", mode, AGGREGATION_MODES)
+    if len(step_advantages) != len(tokens):
+        raise ConfigError(f"step_advantages ({len(step_advantages)}) and tokens ({len(tokens)}) must have one entry "
+                          "per trajectory, in the same order.")
+    numerator = denominator = 0.0
+    for i, (advantages, counts) in enumerate(zip(step_advantages, tokens)):
+        if advantages.shape[0] != len(counts):
+            raise ConfigError(f"trajectory {i}: {advantages.shape[0]} step advantages but {len(counts)} token counts; "
+                              "one per step.")
+        if any(c < 0 for c in counts):
+            raise ConfigError(f"trajectory {i}: token counts must be >= 0, got {list(counts)}.")
+        n = float(sum(counts))
+        if n == 0:
+            continue  # a fully masked trajectory: no mode trains any of its tokens
+        weighted = float((advantages.double() * torch.tensor([float(c) for c in counts], dtype=torch.float64)).sum())
+        if mode == "seq-mean-token-mean":
+            numerator, denominator = numerator + weighted / n, denominator + 1.0
+        else:
+            numerator, denominator = numerator + weighted, denominator + n
+    return numerator / denominator if denominator else None
