@@ -239,6 +239,15 @@ def test_research_pages_state_each_goal_from_goal_scale_files_only(tmp_path: Pat
     smoke["details"]["scale_name"] = "smoke"  # a smoke run measures nothing: the page still says not yet run
     (tmp_path / "study_archer_vs_filtered_bc.json").write_text(json.dumps(smoke))
     assert "not yet run" in research_pages.render("archer", tmp_path)[0]
+    drift = {**agreed, "grpo_drift_token_mean": -0.078, "grpo_drift_seq_mean_token_mean": 0.0, "mean_abs_episode_level": 0.295,
+             "tokens_solved_mean": 30.0, "tokens_failed_mean": 56.9}  # a record that measured the loss's length bias
+    study_run.write(study, "goal", scale, sizing, [0, 1, 2], "cpu", {}, drift, runs, [], tmp_path, 1.0)
+    assert "GRPO's net advantage on the batch's tokens is -0.078 under `token-mean`" in research_pages.render("archer", tmp_path)[0]
+
+
+def test_every_study_has_a_research_page() -> None:
+    paged = [name for _, names in research_pages.PAGES.values() for name in names]
+    assert sorted(paged) == sorted(cat.STUDIES)
 
 
 def test_the_index_goal_table_reads_each_study_and_the_sampler_from_their_result_files(tmp_path: Path) -> None:
