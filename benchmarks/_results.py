@@ -33,6 +33,11 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_KEYS = ("name", "date", "git", "machine", "command", "figures")
 FIGURE_KEYS = ("what", "agentgym", "baseline", "ratio", "unit", "goal", "met")
 
+PACKAGES = ("transformers", "tokenizers", "numpy", "gymnasium", "minigrid", "textworld", "scienceworld", "vllm")
+"""Packages besides torch whose version can change a figure: the model code and its numerics, the tokenizer
+trainer, and the envs' own generators (a minigrid release can draw other BabyAI rooms for the same seeds). Each
+results file records the installed ones, so two files' numbers can be told apart by what ran them."""
+
 _LOAD_AT_IMPORT = os.getloadavg()
 _STARTED_AT = _dt.datetime.now(_dt.timezone.utc)
 
@@ -165,6 +170,7 @@ def _machine() -> dict[str, Any]:
         "load_average_end": [round(v, 2) for v in load_end],
         "python": platform.python_version(),
         "torch": _version("torch"),
+        "packages": {name: version for name in PACKAGES if (version := _version(name)) is not None},
         "gpu": _gpu(),
         "platform": platform.platform(),
     }

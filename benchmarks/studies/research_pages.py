@@ -39,6 +39,16 @@ PAGES: dict[str, tuple[str, tuple[str, ...]]] = {
 """Method -> (page title, its studies)."""
 
 
+def _packages_sentence(machine: dict[str, Any]) -> str:
+    """" Packages: torch X, transformers Y, ..." from a result's machine record; empty for a record made before
+    result files named the packages (only torch then)."""
+    packages = machine.get("packages")
+    if not packages:
+        return ""
+    listed = [f"torch {machine.get('torch')}"] + [f"{name} {version}" for name, version in packages.items()]
+    return " Packages: " + ", ".join(listed) + "."
+
+
 def _num(value: Any, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -134,7 +144,7 @@ def study_section(study: cat.Study, record: dict[str, Any] | None, results: Path
               f"GPU {machine.get('gpu') or 'none'}, load average {machine.get('load_average_start')} at start "
               f"({details.get('scale_name')} scale: {len(details.get('seeds') or [])} seed(s), "
               f"{details.get('rollouts_per_step')} rollouts a step, {(details.get('scale') or {}).get('steps')} steps, "
-              f"device {details.get('device')}).", ""]
+              f"device {details.get('device')})." + _packages_sentence(machine), ""]
     lines += _reduced_run_lines(study, details) + _warm_start_lines(details.get("warm_start") or {})
     agreed = details.get("agreement") or {}
     if agreed:

@@ -224,6 +224,9 @@ def test_the_critic_goal_reads_held_out_trajectories_not_its_own_batches() -> No
 
 
 def test_research_pages_state_each_goal_from_goal_scale_files_only(tmp_path: Path) -> None:
+    import torch
+    import transformers
+
     study = cat.STUDIES["archer_vs_filtered_bc"]
     scale, sizing = cat.goal_scale(study)
     runs = _runs({"archer_observation": [0.6, 0.62, 0.64], "archer": [0.4, 0.42, 0.41], "filtered_bc": [0.5, 0.5, 0.52],
@@ -234,6 +237,7 @@ def test_research_pages_state_each_goal_from_goal_scale_files_only(tmp_path: Pat
     text, plots = research_pages.render("archer", tmp_path)
     assert "**Status: met.**" in text and "| archer_observation | 0.300 | 0.620 ± 0.012 | 0.600, 0.620, 0.640 |" in text
     assert "correlate 0.900 per token" in text and plots == ["study_archer_vs_filtered_bc.png"]
+    assert f"Packages: torch {torch.__version__}, transformers {transformers.__version__}" in text  # as installed
     assert "not yet run" in research_pages.render("gigpo", tmp_path)[0]
     smoke = json.loads((tmp_path / "study_archer_vs_filtered_bc.json").read_text())
     smoke["details"]["scale_name"] = "smoke"  # a smoke run measures nothing: the page still says not yet run

@@ -7,6 +7,7 @@ No benchmark runs here: the files are read as committed.
 from __future__ import annotations
 
 import json
+from importlib import metadata
 
 import pytest
 
@@ -74,6 +75,9 @@ def test_write_results_writes_the_schema_atomically(tmp_path, monkeypatch) -> No
     assert set(results.SCHEMA_KEYS) <= set(record)
     assert record["figures"][0]["ratio"] == 2.0
     assert [p.name for p in tmp_path.iterdir()] == ["demo.json"]  # no temporary file left behind
+    packages = record["machine"]["packages"]  # the versions that can change a figure, as installed
+    assert packages["transformers"] == metadata.version("transformers")
+    assert packages["numpy"] == metadata.version("numpy") and set(packages) <= set(results.PACKAGES)
 
 
 def test_the_generated_section_replaces_only_the_text_between_the_markers() -> None:
