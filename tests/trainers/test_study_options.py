@@ -3,6 +3,8 @@ measured before training, and the ArCHer critic's view of the state."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 
 import pytest
@@ -112,6 +114,9 @@ def test_agreement_counts_the_detour_grpo_leaves_at_zero_and_weighs_by_tokens() 
     assert heavy["zero_disagreement"] > report["zero_disagreement"]
     with pytest.raises(ConfigError, match="one per step"):
         advantage_agreement(zero, result, [[1] * 3, [1] * 4])
+    rounding = dataclasses.replace(result, advantages=[torch.full((3,), 2.8e-17), torch.full((5,), -2.8e-17)])
+    flat = advantage_agreement(zero, rounding, [[1] * 3, [1] * 5])  # float rounding of a group mean is no credit
+    assert flat["zero_disagreement"] == 0.0 and flat["sign_disagreement"] == 0.0
 
 
 def test_compare_with_grpo_on_recorded_trajectories() -> None:

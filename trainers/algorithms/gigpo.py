@@ -289,6 +289,11 @@ def _weighted_correlation(x: Tensor, y: Tensor, w: Tensor) -> float | None:
     return float(cov / torch.sqrt(vx * vy))
 
 
+ZERO_CREDIT = 1e-9
+"""Advantages smaller than this in magnitude count as zero in :func:`advantage_agreement` (normalised advantages
+that carry credit are orders of magnitude larger)."""
+
+
 def advantage_agreement(episode_level: Sequence[Tensor], gigpo: GigpoAdvantages,
                         tokens: Sequence[Sequence[int]]) -> dict[str, float | None]:
     """How far GiGPO's credit differs from an episode-level method's (GRPO's) on the same trajectories.
@@ -335,7 +340,10 @@ def advantage_agreement(episode_level: Sequence[Tensor], gigpo: GigpoAdvantages,
     total = float(w.sum())
     if total == 0:
         return advantage_agreement([], GigpoAdvantages([], [], [], [], [], [], []), [])
-    sa, sb = torch.sign(a), torch.sign(b)
+    # below ZERO_CREDIT an advantage is float rounding, not credit: a group's mean subtracted from equal values can
+    # leave 1e-17, which would count as a sign and as credit that only one method gives
+    sa = torch.where(a.abs() < ZERO_CREDIT, 0.0, torch.sign(a))
+    sb = torch.where(b.abs() < ZERO_CREDIT, 0.0, torch.sign(b))
     return {
         "token_correlation": _weighted_correlation(a, b, w),
         "sign_disagreement": float(w[(sa * sb) < 0].sum()) / total,
