@@ -35,8 +35,8 @@ FIGURE_KEYS = ("what", "agentgym", "baseline", "ratio", "unit", "goal", "met")
 
 PACKAGES = ("transformers", "tokenizers", "numpy", "gymnasium", "minigrid", "textworld", "scienceworld", "vllm")
 """Packages besides torch whose version can change a figure: the model code and its numerics, the tokenizer
-trainer, and the envs' own generators (a minigrid release can draw other BabyAI rooms for the same seeds). Each
-results file records the installed ones, so two files' numbers can be told apart by what ran them."""
+trainer, and the packages whose code generates env tasks (BabyAI's rooms are minigrid's level code run on a seed).
+Each results file records the installed ones, so two files' numbers can be told apart by what ran them."""
 
 _LOAD_AT_IMPORT = os.getloadavg()
 _STARTED_AT = _dt.datetime.now(_dt.timezone.utc)
