@@ -138,6 +138,9 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "gigpo": ("gigpo", {}),
     # GiGPO at GRPO's advantage scale: the same learning rate then means the same step size
     "gigpo_equal_scale": ("gigpo", {"advantage_scale": "grpo"}),
+    # the same in grpo_seq_mean_mb4's setting: each trajectory weighed once, four optimizer updates a step
+    "gigpo_equal_scale_seq_mean_mb4": ("gigpo", {"advantage_scale": "grpo", "loss_agg": "seq-mean-token-mean",
+                                                 "mini_batches": 4}),
     "arpo": ("arpo", {}),
     # one fresh rollout a task, the other seven of the group branched from it (and from its branches): every
     # branch reruns none of the calls of the prefix it copies, so the training budget falls with the share of
@@ -209,6 +212,14 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           goal="GiGPO beats GRPO by >= 10 points (difference > 2 se) at equal rollouts and equal advantage scale",
           question="Does step credit beat episode credit on BabyAI, where a tenth of the tokens get credit from only "
                    "one of the two?", margin=0.10, learning_rate_from="grpo_babyai"),
+    # GRPO's setting in which BabyAI held-out success rose in every seed (grpo_babyai_mini_batches): there GRPO
+    # learns, so a lead of step credit over episode credit can show; its GRPO and control runs are that study's
+    Study("gigpo_vs_grpo_babyai_mini_batches", "babyai", ("gigpo_equal_scale_seq_mean_mb4", "grpo_seq_mean_mb4"),
+          baseline="grpo_seq_mean_mb4", control="grpo_shuffled_seq_mean_mb4",
+          goal="GiGPO beats GRPO by >= 10 points (difference > 2 se) at equal rollouts and equal advantage scale",
+          question="In the setting where GRPO learns BabyAI (each trajectory weighed once, four updates a step), does "
+                   "step credit from recurring states add to it?", margin=0.10,
+          learning_rate_from="grpo_babyai_mini_batches"),
     Study("archer_vs_filtered_bc", "maze", ("archer_observation", "archer", "filtered_bc"), baseline="filtered_bc",
           control="grpo_shuffled",
           goal="ArCHer's critic explains >= 50% of the return variance and ArCHer beats filtered BC at equal episodes",
