@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from agentgym.errors import ConfigError
 from agentgym.policies import SamplingParams
 from agentgym.utils.progress import track
 from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, summarize
@@ -48,7 +49,8 @@ from agentgym.trainers.distributed import Sharding, World, init_world
 from agentgym.trainers.metrics import MetricsLogger, plot_learning_curve
 from agentgym.utils.durable import atomic_write_text
 from agentgym.utils.log_setup import format_metrics
-from agentgym.utils.run_settings import check_resume_settings, write_settings
+from agentgym.utils.run_settings import CHANGES_FILE, check_resume_settings, record_changes, settings_changes, \
+    write_settings
 from agentgym.trainers.seeding import mix_seed
 from agentgym.trajectory import Trajectory
 
@@ -267,6 +269,8 @@ class OnlineTrainer:
         if latest_checkpoint(self.checkpoint_dir) is None:
             write_settings(path, self._settings())
             return
+        if self._extend_steps(path):
+            return
         changes = check_resume_settings(
             path, self._settings(), force=force, what=f"the training run in {self.output_dir}",
             force_flag="--force (Python: train(force_resume=True))",
@@ -276,6 +280,36 @@ class OnlineTrainer:
             logger.warning("resuming %s with %d changed config field(s) (--force; recorded in %s): %s",
                            self.output_dir, len(changes), self.output_dir / "resume_changes.jsonl",
                            ", ".join(key for key, _, _ in changes))
+
+    def _extend_steps(self, path: Path) -> bool:
+        """Resume with more ``steps`` than the stored config and nothing else changed: the run trains on from its
+        latest checkpoint to the new count, as if it had been started with it (the learning rate is constant after
+        warm-up, so no step depends on the total); the change is recorded in ``resume_changes.jsonl`` and
+        ``config.json`` then holds the new count. Returns whether this was such an extension.
+
+        Raises:
+            ConfigError: The new count is below the step the latest checkpoint holds.
+        """
+        try:
+            stored = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False  # check_resume_settings says what is wrong with the file
+        if not isinstance(stored, dict) or not isinstance(stored.get("steps"), int):
+            return False
+        changes = settings_changes(stored, self._settings(), ignore=RESUMABLE_CHANGES)
+        if [key for key, _, _ in changes] != ["steps"]:
+            return False
+        checkpoint = latest_checkpoint(self.checkpoint_dir)
+        done = int(json.loads((checkpoint / "state.json").read_text(encoding="utf-8"))["step"]) if checkpoint else 0
+        if self.config.steps < done:
+            raise ConfigError(
+                f"steps: {self.config.steps} is below the {done} steps the run in {self.output_dir} has already "
+                f"trained (checkpoint {checkpoint}). A resume can only train on: set steps to at least {done}, or "
+                f"train a shorter run into a new output directory (--output-dir DIR, or output_dir in the config).")
+        logger.info("extending %s from %d to %d steps (recorded in %s)", self.output_dir, stored["steps"],
+                    self.config.steps, self.output_dir / CHANGES_FILE)
+        record_changes(path, self._settings(), changes)
+        return True
 
     def _apply_config_to_optimizer(self) -> None:
         """After restoring a checkpoint's optimizer and scheduler: this config's learning rate, warmup and weight
@@ -409,6 +443,12 @@ class OnlineTrainer:
         if resume_from is not None:
             state = json.loads((resume_from / "state.json").read_text(encoding="utf-8"))
             records, step = state.get("metrics_records"), int(state["step"])
+            evaluated = state.get("metrics_records_evaluated")
+            # a finished run extended to more steps: its final evaluation is the one a run of the new length makes
+            # at this step (the same weights, and the evaluation draws on no training randomness), so it stays
+            if isinstance(evaluated, int) and step < self.config.steps and self.config.eval_every \
+                    and step % self.config.eval_every == 0:
+                records = evaluated
         self.metrics.rewind(records if isinstance(records, int) else None, step)
 
     def _make_optimizer(self) -> None:
@@ -430,7 +470,9 @@ class OnlineTrainer:
             self._save_defaults(final)
             if (self.output_dir / "adapter").is_dir() and cfg.lora is not None:
                 self._save_defaults(self.output_dir / "adapter")
-            self._checkpoint(cfg.steps, states)
+            # the final evaluation is logged after the mark resuming the same config rewinds to (it runs again
+            # then); a resume with more steps keeps it (_rewind_metrics)
+            self._checkpoint(cfg.steps, states, extra={"metrics_records_evaluated": self.metrics.records()})
             plot_learning_curve(self.metrics.path, self.output_dir / "learning_curve.png")
             atomic_write_text(self.output_dir / "summary.json", json.dumps(summary, indent=2, default=str))
 

@@ -20,8 +20,8 @@ from typing import Any
 from agentgym.errors import ConfigError
 from agentgym.utils.durable import LineAppender, atomic_write_text
 
-__all__ = ["CHANGES_FILE", "SettingChange", "check_resume_settings", "format_changes", "settings_changes",
-           "write_settings"]
+__all__ = ["CHANGES_FILE", "SettingChange", "check_resume_settings", "format_changes", "record_changes",
+           "settings_changes", "write_settings"]
 
 #: Forced resumes, one JSON line each: when, which settings file, and every field's old and new value.
 CHANGES_FILE = "resume_changes.jsonl"
@@ -123,10 +123,17 @@ def check_resume_settings(path: str | Path, settings: Mapping[str, Any], *, forc
             f"(stored -> now):\n{listing}\nTo continue anyway with the new settings, add {force_flag} (the change "
             f"is recorded in {path.parent / CHANGES_FILE}); to keep the runs apart, {new_dir_hint}; or run with the "
             f"stored settings ({path}).")
+    record_changes(path, settings, changes)
+    return changes
+
+
+def record_changes(path: str | Path, settings: Mapping[str, Any], changes: Iterable[SettingChange]) -> None:
+    """Append ``changes`` (with the time) to ``resume_changes.jsonl`` beside the settings file ``path``, then store
+    ``settings`` there: the directory says what it holds and how it came to."""
+    path = Path(path)
     record = {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "settings_file": path.name,
               "changes": [{"field": key, "old": was, "new": now} for key, was, now in changes]}
     with LineAppender(path.parent / CHANGES_FILE) as out:
         out.append((json.dumps(record, default=str) + "\n").encode("utf-8"))
     write_settings(path, settings)
-    return changes

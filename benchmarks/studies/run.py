@@ -164,6 +164,33 @@ def finished_twin(root: Path, method: str, seed: int, config: dict[str, Any], ou
     return None
 
 
+def shorter_twin(root: Path, method: str, seed: int, config: dict[str, Any], out: Path,
+                 start_steps: int | None = None) -> Path | None:
+    """The longest finished run under ``root`` (this run's own folder included) with this run's settings and warm
+    start but fewer steps, or ``None``: the trainer extends a finished run to more steps exactly (its learning rate
+    is constant after warm-up, so no step depends on the total), so a longer study trains only the steps it adds."""
+    steps = config["steps"]
+    identity = _run_identity({**config, "steps": None}, method)
+    found: tuple[int, Path] | None = None
+    for marker in sorted(root.glob(f"*/{method}/seed{seed}/study.json")):
+        folder = marker.parent
+        if not (folder / "summary.json").is_file() or not (folder / "checkpoints" / "latest").is_file():
+            continue
+        try:
+            stored = json.loads(marker.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        config_then = stored.get("config")
+        if "seconds" not in stored or not isinstance(config_then, dict) \
+                or stored.get("warm_start_bc_steps", start_steps) != start_steps:
+            continue
+        then = config_then.get("steps")
+        if isinstance(then, int) and then < steps and _run_identity({**config_then, "steps": None}, method) == identity \
+                and (found is None or then > found[0]):
+            found = (then, folder)
+    return found[1] if found else None
+
+
 def train_one(study_name: str, scale_name: str, method: str, seed: int, model: str, args: argparse.Namespace,
               workdir: str) -> dict[str, Any]:
     """Train one (method, seed) with the trainer's own loop, or reuse its finished directory."""
@@ -199,6 +226,18 @@ def train_one(study_name: str, scale_name: str, method: str, seed: int, model: s
                     "shared_from": json.loads((twin / "study.json").read_text()).get("shared_from") or str(twin)}
         marker.write_text(json.dumps(previous))
         finished = True
+    shorter = None if finished or previous.get("fingerprint") == fingerprint \
+        else shorter_twin(Path(workdir).parent, method, seed, config, out, start_steps)
+    if shorter is not None:  # the same run with fewer steps: copied and trained on, its time counted in this one's
+        stored = json.loads((shorter / "study.json").read_text())
+        if shorter.resolve() != out.resolve():
+            shutil.rmtree(out, ignore_errors=True)
+            shutil.copytree(shorter, out)
+        previous = {"fingerprint": fingerprint, "config": config, "warm_start_bc_steps": start_steps,
+                    "extended_from": f"{shorter} ({stored['config']['steps']} steps)",
+                    "seconds_before": float(stored["seconds"])}
+        marker.write_text(json.dumps(previous))
+    extension = {k: previous[k] for k in ("extended_from", "seconds_before") if k in previous}
     if finished:
         seconds, reused = float(previous["seconds"]), True
     else:
@@ -206,12 +245,12 @@ def train_one(study_name: str, scale_name: str, method: str, seed: int, model: s
             shutil.rmtree(out, ignore_errors=True)  # other settings: start over (same settings resume)
         out.mkdir(parents=True, exist_ok=True)
         marker.write_text(json.dumps({"fingerprint": fingerprint, "config": config,
-                                      "warm_start_bc_steps": start_steps}))
+                                      "warm_start_bc_steps": start_steps, **extension}))
         started = time.perf_counter()
         make_trainer(config_from_dict(config)).train()
-        seconds, reused = time.perf_counter() - started, False
+        seconds, reused = time.perf_counter() - started + extension.get("seconds_before", 0.0), False
         previous = {"fingerprint": fingerprint, "config": config, "seconds": seconds,
-                    "warm_start_bc_steps": start_steps}
+                    "warm_start_bc_steps": start_steps, **extension}
         marker.write_text(json.dumps(previous))
     held_out_fit = previous.get("critic_held_out")
     # the goal's critic figure: held-out episodes, not its own batches (a stored one without its distance reference
@@ -229,7 +268,7 @@ def train_one(study_name: str, scale_name: str, method: str, seed: int, model: s
         by_outcome = tool_calls_by_outcome(out, config)
         marker.write_text(json.dumps({**json.loads(marker.read_text()), "tool_calls_by_outcome": by_outcome}))
     return {"method": method, "seed": seed, "seconds": seconds, "reused": reused, "tool_calls_by_outcome": by_outcome,
-            "shared_from": previous.get("shared_from"),
+            "shared_from": previous.get("shared_from"), "extended_from": previous.get("extended_from"),
             **credit.read_metrics(out / "metrics.jsonl", config),
             "critic_explained_variance_held_out": (held_out_fit or {}).get("explained_variance"),
             "critic_held_out": held_out_fit}
@@ -648,7 +687,8 @@ def run_jobs(jobs: list[tuple[str, int, argparse.Namespace, str]], call: tuple[s
         results[i] = run
         print(f"{run['method']} seed {run['seed']} (lr {jobs[i][2].learning_rate:g}): {run['curve']} "
               f"({run['seconds']:.0f} s" + (f", copied from {run['shared_from']}" if run.get("shared_from") else
-                                           ", reused" if run["reused"] else "") + ")", flush=True)
+                                           ", reused" if run["reused"] else "")
+              + (f", extending {run['extended_from']}" if run.get("extended_from") else "") + ")", flush=True)
 
     if n_jobs == 1:
         for i, (method, seed, settings, workdir) in enumerate(jobs):

@@ -418,6 +418,43 @@ def test_a_run_is_shared_between_studies_only_at_identical_settings(tmp_path: Pa
     assert study_run.finished_twin(tmp_path, "grpo", 0, same, out, start_steps=275) is None
 
 
+def test_a_longer_study_extends_the_finished_shorter_run_of_the_same_settings(tmp_path: Path) -> None:
+    config = {"trainer": "grpo", "learning_rate": 1e-5, "seed": 0, "steps": 20, "output_dir": "a"}
+    for steps in (10, 20):
+        donor = tmp_path / f"study-goal-{steps}" / "grpo" / "seed0"
+        (donor / "checkpoints").mkdir(parents=True)
+        (donor / "checkpoints" / "latest").write_text(f"step-{steps:06d}")
+        (donor / "summary.json").write_text("{}")
+        (donor / "study.json").write_text(json.dumps({"config": {**config, "steps": steps}, "seconds": 12.0,
+                                                          "warm_start_bc_steps": 75}))
+    out = tmp_path / "longer-goal" / "grpo" / "seed0"
+    longer = {**config, "steps": 30, "output_dir": str(out)}
+    ten, twenty = (tmp_path / f"study-goal-{steps}" / "grpo" / "seed0" for steps in (10, 20))
+    assert study_run.shorter_twin(tmp_path, "grpo", 0, longer, out, start_steps=75) == twenty
+    assert study_run.shorter_twin(tmp_path, "grpo", 0, {**longer, "steps": 15}, out, start_steps=75) == ten
+    assert study_run.shorter_twin(tmp_path, "grpo", 0, {**longer, "steps": 10}, out, start_steps=75) is None
+    assert study_run.shorter_twin(tmp_path, "grpo", 0, {**longer, "learning_rate": 1e-4}, out, start_steps=75) is None
+    assert study_run.shorter_twin(tmp_path, "grpo", 0, longer, out, start_steps=400) is None  # another warm start
+    (twenty / "checkpoints" / "latest").unlink()  # nothing to resume from: the longest one left
+    assert study_run.shorter_twin(tmp_path, "grpo", 0, longer, out, start_steps=75) == ten
+
+
+def test_a_study_given_more_steps_trains_only_the_steps_it_adds(tmp_path: Path) -> None:
+    name, workdir = "grpo_babyai_mini_batches", tmp_path / "runs"
+    argv = [name, "--scale", "smoke", "--seeds", "1", "--out", str(tmp_path), "--workdir", str(workdir)]
+    assert study_run.main(argv) == 0
+    shorter = {r["method"]: r for r in json.loads((tmp_path / f"study_{name}.json").read_text())["details"]["runs"]}
+    assert study_run.main([*argv, "--steps", "2"]) == 0
+    runs = json.loads((tmp_path / f"study_{name}.json").read_text())["details"]["runs"]
+    assert [r["method"] for r in runs] == list(cat.runs_of(cat.STUDIES[name]))
+    for run in runs:
+        assert run["extended_from"] == f"{workdir / (name + '-smoke') / run['method'] / 'seed0'} (1 steps)"
+        per_step = cat.SMOKE.rollouts_per_step
+        assert [episodes for episodes, _ in run["curve"]] == [0, per_step, 2 * per_step]
+        assert run["curve"][:2] == shorter[run["method"]]["curve"], "the shorter run's curve is this one's start"
+        assert run["seconds"] > shorter[run["method"]]["seconds"], "a run's time counts the steps it extends"
+
+
 def test_only_a_full_goal_scale_run_writes_the_committed_results_by_default(workdir: Path, tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch,
                                                                            capfd: pytest.CaptureFixture[str]) -> None:

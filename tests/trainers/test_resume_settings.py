@@ -72,3 +72,33 @@ def test_a_resume_says_the_step_it_continues_from(model_dir: Path, tmp_path: Pat
              if r.name == "agentgym.trainers.loop" and r.getMessage().startswith("step ")]
     assert shown == [line for line in shown if "{" not in line and "=" in line] and len(shown) == 2, shown
     assert shown[0].startswith("step 2/2  train/success_rate=0 ") and shown[1] == "step 2/2  eval/success_rate=0"
+
+
+def _curve(run: Path) -> list[dict[str, object]]:
+    """metrics.jsonl without its clocks: what two runs of the same computation must agree on."""
+    return [{k: v for k, v in r.items() if not k.startswith("time/") and not k.endswith(("_s", "_per_s"))}
+            for r in read_metrics(run / "metrics.jsonl")]
+
+
+def test_a_finished_run_given_more_steps_trains_on_as_if_started_with_them(model_dir: Path,  # noqa: F811
+                                                                           tmp_path: Path) -> None:
+    from tests.trainers.test_grpo import _params_digest
+
+    from transformers import AutoModelForCausalLM
+
+    settings = dict(warmup_steps=1, eval_every=2, checkpoint_every=2)
+    GrpoTrainer(small_config(model_dir, tmp_path / "straight", steps=4, **settings)).train()
+    out = tmp_path / "extended"
+    GrpoTrainer(small_config(model_dir, out, steps=2, **settings)).train()
+    summary = GrpoTrainer(small_config(model_dir, out, steps=4, **settings)).train()  # no --force: only steps grew
+
+    assert _curve(out) == _curve(tmp_path / "straight"), "the step-2 evaluation and every later step as in one run"
+    digest = [_params_digest(AutoModelForCausalLM.from_pretrained(run / "model")) for run in (out, tmp_path / "straight")]
+    assert digest[0] == digest[1]
+    assert summary["resumed_from"].endswith("step-000002") and summary["episodes"] == 4 * 2 * 4
+    assert json.loads((out / "config.json").read_text())["steps"] == 4
+    changes = [json.loads(line) for line in (out / "resume_changes.jsonl").read_text().splitlines()]
+    assert [c["changes"] for c in changes] == [[{"field": "steps", "old": 2, "new": 4}]]
+
+    with pytest.raises(ConfigError, match="steps: 3 is below the 4 steps .* set steps to at least 4"):
+        GrpoTrainer(small_config(model_dir, out, steps=3, **settings)).train()
