@@ -585,6 +585,9 @@ def list_text(workdir: str = "runs/studies") -> str:
         if cat.shared_runs(study):
             flags.append(f"{', '.join(cat.shared_runs(study))} runs copied from {study.learning_rate_from}'s, not "
                          "counted in the hours")
+        elif study.learning_rate_from and cat.STUDIES[study.learning_rate_from].steps < study.steps:
+            flags.append(f"runs extended from {study.learning_rate_from}'s {cat.STUDIES[study.learning_rate_from].steps}"
+                         " steps where that study ran them (the hours count each run whole)")
         methods = f"{','.join(study.methods)} ({study.control})"
         lines.append(f"{study.name:{width}s} {study.task:10s} {methods:{methods_width}s} "
                      f"{scale.rollouts_per_step} rollouts/step x {scale.steps} steps, {scale.eval_tasks} held-out (se {se:.3f}), {cat.GOAL_SEEDS} seeds: sampling ~"
