@@ -76,6 +76,19 @@ SHOWN_METRICS = ("train/success_rate", "eval/success_rate", "train/loss", "criti
                  "time/step_s", "train/errors")
 
 
+def _is_evaluation_at(metrics: Path, index: int, step: int) -> bool:
+    """Whether record ``index`` (from 0) of ``metrics.jsonl`` is an evaluation at ``step`` and nothing else: what a
+    finished run logs right after the point its final checkpoint rewinds to."""
+    try:
+        with metrics.open("rb") as fh:
+            line = next((line for i, line in enumerate(fh) if i == index), b"")
+        record = json.loads(line)
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and record.get("step") == step and len(record) > 1 \
+        and all(key == "step" or key.startswith("eval/") for key in record)
+
+
 class OnlineTrainer:
     """``Trainer(config).train()``; see the module docstring for the order of work.
 
@@ -443,12 +456,12 @@ class OnlineTrainer:
         if resume_from is not None:
             state = json.loads((resume_from / "state.json").read_text(encoding="utf-8"))
             records, step = state.get("metrics_records"), int(state["step"])
-            evaluated = state.get("metrics_records_evaluated")
+            cfg = self.config
             # a finished run extended to more steps: its final evaluation is the one a run of the new length makes
-            # at this step (the same weights, and the evaluation draws on no training randomness), so it stays
-            if isinstance(evaluated, int) and step < self.config.steps and self.config.eval_every \
-                    and step % self.config.eval_every == 0:
-                records = evaluated
+            # at this step (the same weights; the evaluation draws on no training randomness), so it stays
+            if isinstance(records, int) and step < cfg.steps and cfg.eval_every and step % cfg.eval_every == 0 \
+                    and _is_evaluation_at(self.metrics.path, records, step):
+                records += 1
         self.metrics.rewind(records if isinstance(records, int) else None, step)
 
     def _make_optimizer(self) -> None:
@@ -470,9 +483,7 @@ class OnlineTrainer:
             self._save_defaults(final)
             if (self.output_dir / "adapter").is_dir() and cfg.lora is not None:
                 self._save_defaults(self.output_dir / "adapter")
-            # the final evaluation is logged after the mark resuming the same config rewinds to (it runs again
-            # then); a resume with more steps keeps it (_rewind_metrics)
-            self._checkpoint(cfg.steps, states, extra={"metrics_records_evaluated": self.metrics.records()})
+            self._checkpoint(cfg.steps, states)
             plot_learning_curve(self.metrics.path, self.output_dir / "learning_curve.png")
             atomic_write_text(self.output_dir / "summary.json", json.dumps(summary, indent=2, default=str))
 
