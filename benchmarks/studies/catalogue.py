@@ -227,6 +227,12 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           question="In the setting where GRPO learns BabyAI (each trajectory weighed once, four updates a step), does "
                    "step credit from recurring states add to it?", margin=0.10,
           learning_rate_from="grpo_babyai_mini_batches"),
+    Study("gigpo_vs_grpo_babyai_mini_batches_30_steps", "babyai",
+          ("gigpo_equal_scale_seq_mean_mb4", "grpo_seq_mean_mb4"), baseline="grpo_seq_mean_mb4",
+          control="grpo_shuffled_seq_mean_mb4",
+          goal="GiGPO beats GRPO by >= 10 points (difference > 2 se) at equal rollouts and equal advantage scale",
+          question="Ten steps on, with GiGPO's low seed still rising at step 20, does step credit pull ahead?",
+          margin=0.10, learning_rate_from="grpo_babyai_mini_batches_30_steps", steps=30),
     Study("archer_vs_filtered_bc", "maze", ("archer_observation", "archer", "filtered_bc"), baseline="filtered_bc",
           control="grpo_shuffled",
           goal="ArCHer's critic explains >= 50% of the return variance and ArCHer beats filtered BC at equal episodes",
