@@ -390,6 +390,19 @@ def counts_tool_calls(study: Study) -> bool:
     return METHODS[study.methods[0]][0] == "arpo"
 
 
+def rate_source(study: Study) -> str:
+    """The study whose learning-rate tuning this one trains at: itself, or the end of its ``learning_rate_from``
+    chain (a study may borrow its rate from one that borrows it in turn)."""
+    seen = {study.name}
+    while study.learning_rate_from:
+        study = STUDIES[study.learning_rate_from]
+        if study.name in seen:
+            raise ValueError(f"learning_rate_from forms a cycle through {study.name}: end the chain at a study that "
+                             "tunes its own rate")
+        seen.add(study.name)
+    return study.name
+
+
 def shared_runs(study: Study) -> tuple[str, ...]:
     """The methods whose runs this study shares with the one it takes its learning rate from (same task, scale
     and rate: the same runs, copied from whichever study trained them first)."""

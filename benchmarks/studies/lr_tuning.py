@@ -127,7 +127,7 @@ def format_report(report: dict[str, Any]) -> str:
 def learning_rate_of(study: Study, results_dir: Path | None = None) -> tuple[float, str]:
     """``(learning rate, where it comes from)``: the committed tuning's choice (of the study it borrows its rate
     from, if any), else the benchmark's default."""
-    path = (results_dir or cat.BENCHMARKS / "results") / f"lr_tuning_{study.learning_rate_from or study.name}.json"
+    path = (results_dir or cat.BENCHMARKS / "results") / f"lr_tuning_{cat.rate_source(study)}.json"
     if path.is_file():
         details = json.loads(path.read_text(encoding="utf-8")).get("details") or {}
         if details.get("chosen"):

@@ -75,7 +75,7 @@ def tuning_lines(study: cat.Study, results: Path, record: dict[str, Any] | None)
     if "learning_rate" in sizing and sizing["learning_rate"] != rate:  # run at another rate than today's choice
         rate, source = sizing["learning_rate"], sizing["learning_rate_source"]
     lines = [f"**Learning rate.** {rate:g}, every method and the control ({source}).", ""]
-    tuned = study.learning_rate_from or study.name
+    tuned = cat.rate_source(study)
     path = results / f"lr_tuning_{tuned}.json"
     if path.is_file():
         details = json.loads(path.read_text(encoding="utf-8"))["details"]

@@ -656,8 +656,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             lr_tuning.tuning_split(cat.STUDIES[args.name])
         except ValueError as exc:
             p.error(str(exc))
-        source = cat.STUDIES[args.name].learning_rate_from
-        if source:
+        source = cat.rate_source(cat.STUDIES[args.name])
+        if source != args.name:
             p.error(f"{args.name} trains at {source}'s tuned rate (its methods share one advantage scale); tune that "
                     f"one: agentgym study {source} --tune-learning-rate ...")
         if args.learning_rate is not None:

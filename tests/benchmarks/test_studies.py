@@ -418,6 +418,16 @@ def test_a_run_is_shared_between_studies_only_at_identical_settings(tmp_path: Pa
     assert study_run.finished_twin(tmp_path, "grpo", 0, same, out, start_steps=275) is None
 
 
+def test_a_study_borrowing_a_borrowed_rate_trains_at_the_tuned_one() -> None:
+    for study in cat.STUDIES.values():  # every chain ends at a study that tunes its own rate
+        assert cat.STUDIES[cat.rate_source(study)].learning_rate_from is None
+    longer = cat.STUDIES["gigpo_vs_grpo_babyai_mini_batches_30_steps"]
+    assert longer.learning_rate_from == "grpo_babyai_mini_batches_30_steps"  # which borrows it in turn
+    assert cat.rate_source(longer) == "grpo_babyai_mini_batches"
+    assert lr_tuning.learning_rate_of(longer) == lr_tuning.learning_rate_of(cat.STUDIES["grpo_babyai_mini_batches"])
+    assert lr_tuning.learning_rate_of(longer)[0] == 3e-4
+
+
 def test_a_longer_study_extends_the_finished_shorter_run_of_the_same_settings(tmp_path: Path) -> None:
     config = {"trainer": "grpo", "learning_rate": 1e-5, "seed": 0, "steps": 20, "output_dir": "a"}
     for steps in (10, 20):
