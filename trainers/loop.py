@@ -295,10 +295,10 @@ class OnlineTrainer:
                            ", ".join(key for key, _, _ in changes))
 
     def _extend_steps(self, path: Path) -> bool:
-        """Resume with more ``steps`` than the stored config and nothing else changed: the run trains on from its
-        latest checkpoint to the new count, as if it had been started with it (the learning rate is constant after
-        warm-up, so no step depends on the total); the change is recorded in ``resume_changes.jsonl`` and
-        ``config.json`` then holds the new count. Returns whether this was such an extension.
+        """Resume with another ``steps`` than the stored config (at least the latest checkpoint's step) and nothing
+        else changed: the run trains on from that checkpoint to the new count, as if it had been started with it (the
+        learning rate is constant after warm-up, so no step depends on the total); the change is recorded in
+        ``resume_changes.jsonl`` and ``config.json`` then holds the new count. Returns whether this was one.
 
         Raises:
             ConfigError: The new count is below the step the latest checkpoint holds.
