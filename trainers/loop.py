@@ -631,19 +631,25 @@ class OnlineTrainer:
         return trajectories
 
     # ---- evaluation --------------------------------------------------------------------------------
+    def evaluation_episodes(self) -> list[Trajectory]:
+        """One episode of each held-out task (``eval_split``, its first ``eval_tasks``) with the current policy at
+        ``eval_temperature``: what every evaluation of a run scores, and what re-scores a finished run's model on
+        another split (``benchmarks/studies/held_out_replica.py``), so both play the tasks the same way."""
+        cfg = self.config
+        sampling = SamplingParams(max_tokens=cfg.max_tokens_per_turn, temperature=cfg.eval_temperature,
+                                  seed=mix_seed(cfg.seed, 999))
+        specs = [EpisodeSpec(self.eval_suite.env_id, task=t, seed=i, env_kwargs=dict(self.eval_suite.env_kwargs))
+                 for i, t in enumerate(self.eval_tasks)]
+        self.model.eval()
+        return RolloutEngine(self.policy, self._rollout_config(sampling)).run(specs)
+
     def _evaluate(self, step: int) -> dict[str, Any]:
         """Held-out success with the current weights (rank 0; other ranks wait)."""
-        cfg = self.config
         result: dict[str, Any] = {}
         with self.sharding.full_weights(self.model):  # FSDP: every rank gathers the weights, rank 0 uses them
             if self.world.is_main:
-                sampling = SamplingParams(max_tokens=cfg.max_tokens_per_turn, temperature=cfg.eval_temperature,
-                                          seed=mix_seed(cfg.seed, 999))
-                specs = [EpisodeSpec(self.eval_suite.env_id, task=t, seed=i,
-                                     env_kwargs=dict(self.eval_suite.env_kwargs)) for i, t in enumerate(self.eval_tasks)]
                 started = time.perf_counter()
-                self.model.eval()
-                result = summarize(RolloutEngine(self.policy, self._rollout_config(sampling)).run(specs))
+                result = summarize(self.evaluation_episodes())
                 result["wall_s"] = time.perf_counter() - started
                 self._log(step, {**{f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))},
                                  "eval/episodes_seen": float(self.episodes)})

@@ -46,6 +46,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--tune-learning-rate", default=None, metavar="LR,LR,...",
                    help="tune the rate on the suite's tune split (never the held-out one) instead of running the study")
     p.add_argument("--tune-steps", type=int, default=None, help="steps of each --tune-learning-rate run (default 5)")
+    p.add_argument("--held-out-again", action="store_true",
+                   help="score the finished study's models again task by task, on its held-out split and a second "
+                        "one, with errors over seeds and tasks (held_out_NAME.json)")
     p.set_defaults(func=run)
 
 
@@ -80,8 +83,9 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--out", args.out), ("--workdir", args.workdir)):
         if value is not None:  # the child runs in the checkout: paths are the caller's, so made absolute here
             argv += [flag, str(Path(value).resolve())]
-    if args.agreement:
-        argv.append("--agreement")
+    for flag in ("agreement", "held_out_again"):
+        if getattr(args, flag):
+            argv.append("--" + flag.replace("_", "-"))
     root = runner.parent.parent.parent
     process = subprocess.Popen([sys.executable, str(runner.relative_to(root)), *argv], cwd=root)
     return wait_through_interrupts(process)

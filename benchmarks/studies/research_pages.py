@@ -31,6 +31,7 @@ GOALS_END = "<!-- goals:end -->"
 PAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "grpo": ("GRPO against its shuffled control", ("grpo_sokoban", "grpo_babyai", "grpo_babyai_seq_mean",
                                                      "grpo_babyai_mini_batches", "grpo_babyai_mini_batches_30_steps",
+                                                     "grpo_babyai_mini_batches_40_steps",
                                                      "grpo_textworld")),
     "gigpo": ("GiGPO against GRPO at equal scale", ("gigpo_vs_grpo", "gigpo_vs_grpo_babyai",
                                                       "gigpo_vs_grpo_babyai_mini_batches",
@@ -167,7 +168,51 @@ def study_section(study: cat.Study, record: dict[str, Any] | None, results: Path
                      f"{_num(s['final_mean'])} ± {_num(s['final_se'])} | {', '.join(_num(v) for v in s['final'])} |")
     plot = f"study_{study.name}.png"
     lines += ["", f"![held-out success of {study.name}](studies/{plot})", ""]
+    lines += _replica_lines(study, results)
     return "\n".join(lines), plot
+
+
+def _held_out_again(name: str, results: Path) -> dict[str, Any] | None:
+    """The details of ``held_out_NAME.json`` (the study's models scored again on further held-out splits) at the
+    goal scale, or ``None``."""
+    path = results / f"held_out_{name}.json"
+    if not path.is_file():
+        return None
+    details = json.loads(path.read_text(encoding="utf-8")).get("details") or {}
+    return details if details.get("scale") == "goal" else None
+
+
+def _replica_lines(study: cat.Study, results: Path) -> list[str]:
+    """The study's models scored again task by task on its held-out split and a second one
+    (``benchmarks/studies/held_out_replica.py``), when that has run: each goal comparison with its error over seeds,
+    over tasks, and both."""
+    path = results / f"held_out_{study.name}.json"
+    if not path.is_file():
+        return []
+    record = json.loads(path.read_text(encoding="utf-8"))
+    details = record["details"]
+    if details.get("scale") != "goal":
+        return []
+    replay = ("replaying the study's own split gave every model the success its run logged" if
+              details.get("replayed_equal_logged") else
+              "replaying the study's own split did NOT give every model the success its run logged: "
+              + "; ".join(details.get("mismatches") or []))
+    lines = [f"**Held out again, task by task** (`python benchmarks/studies/held_out_replica.py {study.name}`, "
+             f"commit `{(record.get('git') or {}).get('commit', '')[:10]}`): the warm start and every final model "
+             f"play {details['tasks']} tasks of each of {', '.join(f'`{s}`' for s in details['splits'])} greedily "
+             f"({replay}). A difference's error over seeds is the study's; over tasks it is the standard error of the "
+             "per-task difference (each task's mean over seeds), what another draw of tasks would move it by; "
+             "both adds the two in quadrature (it counts the seed-by-task part twice, so it errs on the large "
+             "side). Met: at least the bar and more than 2 se (both).", "",
+             "| comparison | split | difference | per seed | se seeds | se tasks | se both | met |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in details["comparisons"]:
+        per_seed = ", ".join(_num(v) for v in row["a_per_seed"])
+        lines.append(f"| {row['a']} - {row['b']} (bar {row['bar']:.2f}) | {row['split']} | "
+                     f"{row['difference']:+.3f} ({_num(row['a_mean'])} vs {_num(row['b_mean'])}) | {per_seed} | "
+                     f"{_num(row['se_seeds'])} | {_num(row['se_tasks'])} | {_num(row['se'])} | "
+                     f"{'yes' if row['met'] else 'no'} |")
+    return [*lines, ""]
 
 
 def _reduced(details: dict[str, Any]) -> bool:
@@ -308,6 +353,17 @@ def _study_row(name: str, results: Path) -> str:
             cells.append(f"{where} tool calls {_num(g['value'], '.2f')}x {study.baseline}'s")
     met = sum(bool(g["met"]) for g in goals)
     verdict = "yes" if goals and met == len(goals) else f"no ({met} of {len(goals)} goals)"
+    again = _held_out_again(name, results)
+    if again is not None:  # more held-out rooms than the study's own split: their verdict is the firmer one
+        pooled = "pooled" if len(again["splits"]) > 1 else again["splits"][0]
+        rows = [r for r in again["comparisons"] if r.get("is_goal") and r["split"] == pooled]
+        rooms = rows[0]["tasks"] if rows else 0
+        if rows:
+            cells.append(f"held out again on {rooms} rooms ({', '.join(again['splits'])}), paired: " + ", ".join(
+                f"{r['a']} - {r['b']} {r['difference']:+.3f} ± {_num(r['se'])} (bar {r['bar']:.2f})" for r in rows))
+        if rows and not all(r["met"] for r in rows):
+            verdict = (f"no on the {rooms} rooms pooled ({sum(r['met'] for r in rows)} of {len(rows)} goals)"
+                       + (f"; yes on `{details.get('eval_split')}` alone" if verdict == "yes" else ""))
     if _reduced(details):  # a time-boxed run: its verdict is not the goal scale's
         seeds, steps = len(details.get("seeds") or []), (details.get("scale") or {}).get("steps")
         cells.insert(0, f"*reduced run: {steps} of {study.steps} steps, {seeds} of {cat.GOAL_SEEDS} seeds*")

@@ -585,9 +585,9 @@ def list_text(workdir: str = "runs/studies") -> str:
         if cat.shared_runs(study):
             flags.append(f"{', '.join(cat.shared_runs(study))} runs copied from {study.learning_rate_from}'s, not "
                          "counted in the hours")
-        elif study.learning_rate_from and cat.STUDIES[study.learning_rate_from].steps < study.steps:
-            flags.append(f"runs extended from {study.learning_rate_from}'s {cat.STUDIES[study.learning_rate_from].steps}"
-                         " steps where that study ran them (the hours count each run whole)")
+        if (shorter := cat.extended_study(study)) is not None:
+            flags.append(f"runs extended from {shorter.name}'s {shorter.steps} steps where that study ran them (the "
+                         "hours count each run whole)")
         methods = f"{','.join(study.methods)} ({study.control})"
         lines.append(f"{study.name:{width}s} {study.task:10s} {methods:{methods_width}s} "
                      f"{scale.rollouts_per_step} rollouts/step x {scale.steps} steps, {scale.eval_tasks} held-out (se {se:.3f}), {cat.GOAL_SEEDS} seeds: sampling ~"
@@ -630,6 +630,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "pick the best greedy success on a split drawn like the training tasks (never the held-out "
                         "one) and write lr_tuning_NAME.json, which the study then uses")
     p.add_argument("--tune-steps", type=int, default=5, help="steps of each --tune-learning-rate run (default 5)")
+    p.add_argument("--held-out-again", action="store_true",
+                   help="instead of training: score the finished study's models again task by task on its held-out "
+                        "split and its task's second one (benchmarks/studies/held_out_replica.py), writing "
+                        "held_out_NAME.json")
     args = p.parse_args(argv)
     if args.list:
         return args
@@ -790,6 +794,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         print(list_text(args.workdir))
         return 0
+    if args.held_out_again:
+        from studies import held_out_replica
+
+        return held_out_replica.main([args.name, "--scale", args.scale, "--seeds", str(args.seeds), "--jobs",
+                                      str(args.jobs), "--workdir", args.workdir,
+                                      *(["--out", args.out] if args.out else [])])
     with sigterm_as_ctrl_c():
         return run_study(args)
 

@@ -46,3 +46,12 @@ def test_held_out_splits_repeat_no_seed_or_room_of_training(name: str) -> None:
         assert len(set(rooms)) == len(held), (name, split)  # and no room twice within the split
     if name == "babyai-goto":  # the split large enough for a held-out standard error of 0.025
         assert len(suite.split("test_large")) >= 400
+
+
+def test_the_further_held_out_splits_share_no_room_with_each_other() -> None:
+    """Further held-out sets re-score a study's models on rooms none of its choices were made on."""
+    suite = load_suite("babyai-goto")
+    seen: dict[tuple[str, str, bytes], str] = {}
+    for split in ("test", "test_large", "test_replica", "test_fresh"):
+        for task in suite.split(split):
+            assert seen.setdefault(_room(task), split) == split, (task.id, split, seen[_room(task)])
