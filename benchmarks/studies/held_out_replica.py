@@ -75,22 +75,26 @@ class Comparison:
     """One of the study's goals (else a figure shown beside them: another method against the warm start)."""
 
 
-def study_models(study: Study, scale_name: str, workdir: Path, seeds: int) -> list[Model]:
-    """The warm start and every finished run of the study, in ``workdir`` as ``run.py`` left them.
+def study_models(study: Study, scale_name: str, workdir: Path, seeds: int,
+                 learning_rate: float | None = None) -> list[Model]:
+    """The warm start and every finished run of the study, in ``workdir`` as ``run.py`` left them (trained at
+    ``learning_rate``; ``None``: the rate the study trains at by default, which names its folder).
 
     Raises:
         FileNotFoundError: a run of the study has no final model yet (the message names the command that trains it).
     """
-    rate = lr_tuning.learning_rate_of(study)[0] if scale_name == "goal" else lr_tuning.DEFAULT_LEARNING_RATE
+    rate = learning_rate if learning_rate is not None else (
+        lr_tuning.learning_rate_of(study)[0] if scale_name == "goal" else lr_tuning.DEFAULT_LEARNING_RATE)
     root = workdir / lr_tuning.workdir_name(study, scale_name, rate)
     models: list[Model] = []
     for method in cat.runs_of(study):
         for seed in range(seeds):
             run = root / method / f"seed{seed}"
             if not (run / "model" / "config.json").is_file() or not (run / "metrics.jsonl").is_file():
+                again = f" --learning-rate {learning_rate:g}" if learning_rate is not None else ""
                 raise FileNotFoundError(
-                    f"{run}: no finished run; train the study first: python benchmarks/studies/run.py {study.name} "
-                    f"--scale {scale_name} --seeds {seeds} --workdir {workdir}")
+                    f"{run}: no finished run; train the study first: agentgym study {study.name} --scale {scale_name} "
+                    f"--seeds {seeds} --workdir {workdir}{again}")
             config = json.loads((run / "config.json").read_text(encoding="utf-8"))
             curve = credit.read_metrics(run / "metrics.jsonl", config)["curve"]
             if not models:
@@ -226,6 +230,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tasks", type=int, default=None, help="tasks per split (default: the study's evaluation size)")
     p.add_argument("--jobs", type=int, default=2, help="models scored at once (default 2)")
     p.add_argument("--workdir", default="runs/studies", help="where the study's runs are (default runs/studies)")
+    p.add_argument("--learning-rate", type=float, default=None,
+                   help="the rate the study was trained at when it was not its default (--learning-rate of the study)")
     p.add_argument("--out", default=None, help="result folder (default benchmarks/results at the goal scale, "
                    "else WORKDIR/results)")
     args = p.parse_args(argv)
@@ -234,6 +240,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for field in ("seeds", "jobs", "tasks"):
         if getattr(args, field) is not None and getattr(args, field) < 1:
             p.error(f"--{field} must be at least 1")
+    if args.learning_rate is not None and not args.learning_rate > 0:
+        p.error(f"--learning-rate must be > 0, got {args.learning_rate:g}")
     return args
 
 
@@ -248,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--split {split}: suite {suite} has no such split; see tasks/suites/{suite}.yaml", file=sys.stderr)
             return 2
     try:
-        models = study_models(study, args.scale, Path(args.workdir), args.seeds)
+        models = study_models(study, args.scale, Path(args.workdir), args.seeds, args.learning_rate)
     except FileNotFoundError as missing:
         print(missing, file=sys.stderr)
         return 2

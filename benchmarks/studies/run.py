@@ -667,6 +667,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if args.learning_rate is not None:
             p.error("--learning-rate and --tune-learning-rate exclude each other: tune first, then the study uses the "
                     "chosen rate (or pass --learning-rate alone to force one)")
+    if args.held_out_again:
+        clash = [f"--{f.replace('_', '-')}" for f in ("agreement", "tune_learning_rate", "steps", "max_bc_steps")
+                 if getattr(args, f) not in (None, False)]
+        if clash:
+            p.error(f"--held-out-again scores the study's finished runs as they are; drop {', '.join(clash)} (train "
+                    "first with them, then score with --held-out-again alone)")
     for flag in ("steps", "max_bc_steps", "tune_steps"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
@@ -799,7 +805,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return held_out_replica.main([args.name, "--scale", args.scale, "--seeds", str(args.seeds), "--jobs",
                                       str(args.jobs), "--workdir", args.workdir,
-                                      *(["--out", args.out] if args.out else [])])
+                                      *(["--out", args.out] if args.out else []),
+                                      *(["--learning-rate", str(args.learning_rate)] if args.learning_rate else [])])
     with sigterm_as_ctrl_c():
         return run_study(args)
 

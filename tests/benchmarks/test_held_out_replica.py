@@ -52,7 +52,7 @@ def test_a_finished_smoke_study_is_scored_again_on_two_splits(tmp_path: Path,
     name, workdir = "grpo_babyai_mini_batches", tmp_path / "runs"
     argv = ["--scale", "smoke", "--seeds", "1", "--workdir", str(workdir), "--out", str(tmp_path)]
     assert replica.main([name, *argv]) == 2  # nothing trained yet: says which command trains it
-    assert "train the study first: python benchmarks/studies/run.py grpo_babyai_mini_batches" in capfd.readouterr().err
+    assert "train the study first: agentgym study grpo_babyai_mini_batches --scale smoke" in capfd.readouterr().err
     assert study_run.main([name, *argv]) == 0
     scored = [name, *argv, "--split", "test_large", "--split", "test_replica", "--jobs", "1"]
     assert replica.main(scored) == 0
@@ -92,6 +92,11 @@ def test_a_finished_smoke_study_is_scored_again_on_two_splits(tmp_path: Path,
     again = json.loads((tmp_path / f"held_out_{name}.json").read_text())["details"]
     assert again["splits"] == ["test_large"] and again["replayed_equal_logged"]
     assert again["outcomes"] == {k: v for k, v in details["outcomes"].items() if k.endswith("/test_large")}
+    with pytest.raises(SystemExit):  # what it would score is not what those flags describe
+        study_run.parse_args([name, "--held-out-again", "--steps", "2"])
+    assert "drop --steps" in capfd.readouterr().err
+    assert replica.main([*scored, "--learning-rate", "0.5"]) == 2  # no runs were trained at that rate
+    assert "--learning-rate 0.5" in capfd.readouterr().err
 
 
 def test_the_further_held_out_splits_are_as_large_as_the_first_and_share_no_seed_with_it() -> None:
@@ -120,14 +125,18 @@ def test_the_goal_table_reads_the_pooled_verdict_where_the_models_were_held_out_
 
     def row(split: str, met: bool, is_goal: bool = True) -> dict[str, object]:
         return {"a": "grpo_seq_mean_mb4", "b": "start", "bar": 0.10, "is_goal": is_goal, "split": split, "tasks": 800,
-                "difference": 0.089, "se": 0.020, "a_per_seed": [0.3], "met": met}
+                "difference": 0.089, "se": 0.020, "se_seeds": 0.003, "se_tasks": 0.019, "a_mean": 0.336,
+                "b_mean": 0.247, "a_per_seed": [0.3], "met": met}
 
-    again = {"scale": "goal", "splits": ["test_large", "test_replica"],
+    again = {"scale": "goal", "splits": ["test_large", "test_replica"], "tasks": 400, "replayed_equal_logged": True,
              "comparisons": [row("test_large", True), row("pooled", False), row("pooled", True, is_goal=False)]}
     (tmp_path / f"held_out_{name}.json").write_text(json.dumps({"details": again}))
     text = research_pages._study_row(name, tmp_path)
     assert "held out again on 800 rooms (test_large, test_replica), paired: grpo_seq_mean_mb4 - start +0.089" in text
     assert text.endswith("| no on the 800 rooms pooled (0 of 1 goals); yes on `test_large` alone |")
+    page, _ = research_pages.study_section(cat.STUDIES[name], research_pages.load(name, tmp_path), tmp_path)
+    assert "**Status: not met on the 800 held-out rooms it was scored on again (below); met on `test_large` alone.**" \
+        in page
     again["comparisons"][1]["met"] = True
     (tmp_path / f"held_out_{name}.json").write_text(json.dumps({"details": again}))
     assert research_pages._study_row(name, tmp_path).endswith("| yes |")
