@@ -47,8 +47,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="tune the rate on the suite's tune split (never the held-out one) instead of running the study")
     p.add_argument("--tune-steps", type=int, default=None, help="steps of each --tune-learning-rate run (default 5)")
     p.add_argument("--held-out-again", action="store_true",
-                   help="score the finished study's models again task by task, on its held-out split and a second "
-                        "one, with errors over seeds and tasks (held_out_NAME.json)")
+                   help="score the finished study's models again task by task, on its held-out split and further "
+                        "ones, with errors over seeds and tasks (held_out_NAME.json)")
     p.set_defaults(func=run)
 
 

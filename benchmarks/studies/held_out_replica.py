@@ -23,7 +23,7 @@ success its run logged (the same greedy episodes).
 Writes ``benchmarks/results/held_out_NAME.json`` (a goal-scale study; ``--out`` chooses another folder). Each
 model's outcomes on each split are cached in ``WORKDIR/held_out_cache``, keyed by the weights' hash and the
 evaluation's settings, so a second call, one after an interruption, or another study holding the same runs plays
-only what is missing.
+only what is missing (after changing an env's code, delete that folder: the key does not hold the code).
 """
 
 from __future__ import annotations
@@ -129,12 +129,16 @@ above temperature 0): two runs that agree on them and hold the same weights scor
 
 
 def cache_key(model: Model, split: str, tasks: int) -> str:
-    """The weights' hash and the evaluation's settings: the same model copied into another study's folder (a
-    shared or extended run) is scored once."""
+    """The weights' hash, the evaluation's settings and the suite files that define the tasks: the same model
+    copied into another study's folder (a shared or extended run) is scored once. The env's code is not in the key:
+    after changing an env, delete ``WORKDIR/held_out_cache``."""
     weights = hashlib.sha256()
     for path in sorted(model.directory.glob("*.safetensors")):
         weights.update(path.read_bytes())
-    settings = json.dumps([{k: model.config.get(k) for k in EVALUATION_FIELDS}, split, tasks], sort_keys=True)
+    suites = [cat.BENCHMARKS.parent / "tasks" / "suites" / f"{model.config.get(k)}.yaml" for k in ("suite", "eval_suite")]
+    tasks_defined = [hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None for p in suites]
+    settings = json.dumps([{k: model.config.get(k) for k in EVALUATION_FIELDS}, tasks_defined, split, tasks],
+                          sort_keys=True)
     return f"{weights.hexdigest()[:16]}-{hashlib.sha256(settings.encode()).hexdigest()[:16]}"
 
 

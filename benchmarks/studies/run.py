@@ -632,7 +632,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tune-steps", type=int, default=5, help="steps of each --tune-learning-rate run (default 5)")
     p.add_argument("--held-out-again", action="store_true",
                    help="instead of training: score the finished study's models again task by task on its held-out "
-                        "split and its task's second one (benchmarks/studies/held_out_replica.py), writing "
+                        "split and its task's further ones (benchmarks/studies/held_out_replica.py), writing "
                         "held_out_NAME.json")
     args = p.parse_args(argv)
     if args.list:
