@@ -283,6 +283,11 @@ HELD_OUT_SPLITS = {"sokoban": "validation", "babyai": "test_large", "textworld":
 seeds, the training room size; its ``test`` holds 100 bigger rooms), 400-task splits beside the 100-200-task ones
 earlier results used (those stay as they were), and for guess-the-number every one of its 100 secrets."""
 
+FURTHER_HELD_OUT_SPLITS = {"babyai": ("test_replica", "test_fresh")}
+"""Each task's further held-out splits, each as large as :data:`HELD_OUT_SPLITS`' and sharing no task with it,
+with each other or with training: ``agentgym study NAME --held-out-again`` scores a finished study's models on them,
+rooms none of the study's choices saw."""
+
 TASK_SPACE = {"credit-guess": 100}
 """Suites whose whole task space is this many tasks: a split that holds all of them measures a greedy policy's
 success exactly (the finite-population correction of the standard error is 0)."""

@@ -46,11 +46,6 @@ from studies import catalogue as cat  # noqa: E402
 from studies import lr_tuning  # noqa: E402
 from studies.catalogue import Study, credit  # noqa: E402
 
-REPLICA_SPLITS = {"babyai": ("test_replica", "test_fresh")}
-"""Each task's further held-out splits, each as large as the study's own and sharing no task with it, with each
-other or with training."""
-
-
 @dataclass(frozen=True)
 class Model:
     """One model a study holds: the warm start (``method`` ``start``) or a run's final weights."""
@@ -253,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     study = cat.STUDIES[args.name]
     own = cat.eval_split_of(study, args.scale)
-    splits = args.split or [own, *(REPLICA_SPLITS.get(study.task, ()) if args.scale == "goal" else ())]
+    splits = args.split or [own, *(cat.FURTHER_HELD_OUT_SPLITS.get(study.task, ()) if args.scale == "goal" else ())]
     suite = cat.suite_of(study, args.scale)
     for split in splits:
         if cat.split_size(suite, split) is None:
@@ -295,8 +290,11 @@ def main(argv: list[str] | None = None) -> int:
     if mismatches:
         print(f"{len(mismatches)} model(s) replayed the study's split differently from their runs: "
               + "; ".join(mismatches), file=sys.stderr)
-    out = Path(args.out) if args.out else (cat.BENCHMARKS / "results" if args.scale == "goal"
-                                           else Path(args.workdir) / "results")
+    from studies.run import results_folder
+
+    forced = args.learning_rate is not None and args.learning_rate != (
+        lr_tuning.learning_rate_of(study)[0] if args.scale == "goal" else lr_tuning.DEFAULT_LEARNING_RATE)
+    out = results_folder(args.out, args.scale, Path(args.workdir), forced_rate=forced)
     out.mkdir(parents=True, exist_ok=True)
     from studies.run import _results_into
 

@@ -547,14 +547,14 @@ RESULTS = cat.BENCHMARKS / "results"
 """Where the committed result files live (benchmarks/results), which the research pages are built from."""
 
 
-def results_folder(out: str | None, scale_name: str, workdir: Path) -> Path:
+def results_folder(out: str | None, scale_name: str, workdir: Path, *, forced_rate: bool = False) -> Path:
     """Where a run writes its result files: ``--out`` when given; else :data:`RESULTS` for a run at the full goal
-    scale, and ``WORKDIR/results`` for any other. Why: a smoke run measures nothing and a shortened one less than
-    the goal, and either written to benchmarks/results would replace the committed measurement its page shows (the
-    pages then say "not yet run")."""
+    scale and the study's own learning rate, and ``WORKDIR/results`` for any other. Why: a smoke run measures
+    nothing, a shortened one less than the goal, and one at a forced rate (``--learning-rate``) answers another
+    question; any of them written to benchmarks/results would replace the committed measurement its page shows."""
     if out is not None:
         return Path(out)
-    return RESULTS if scale_name == "goal" else workdir / "results"
+    return RESULTS if scale_name == "goal" and not forced_rate else workdir / "results"
 
 
 # ---- command line ------------------------------------------------------------------------------------------
@@ -823,6 +823,7 @@ def run_study(args: argparse.Namespace) -> int:
     study = cat.STUDIES[args.name]
     scale, sizing = cat.scale_of(study, args.scale)
     scale, scale_name = override(scale, args.scale, args.steps, args.max_bc_steps)
+    own_rate = lr_tuning.learning_rate_of(study)[0] if args.scale == "goal" else lr_tuning.DEFAULT_LEARNING_RATE
     if args.learning_rate is not None:
         rate, rate_source = args.learning_rate, "--learning-rate"
     elif args.scale == "goal":
@@ -831,11 +832,14 @@ def run_study(args: argparse.Namespace) -> int:
         rate, rate_source = lr_tuning.DEFAULT_LEARNING_RATE, "the benchmark's default: the smoke scale is never tuned"
     workdir = Path(args.workdir) / lr_tuning.workdir_name(study, args.scale, rate)
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
-    out = results_folder(args.out, scale_name, Path(args.workdir)).resolve()  # printed whole: `agentgym study` runs
-    # this script in the checkout's root, which need not be the caller's directory
+    forced = rate != own_rate
+    out = results_folder(args.out, scale_name, Path(args.workdir), forced_rate=forced).resolve()  # printed whole:
+    # `agentgym study` runs this script in the checkout's root, which need not be the caller's directory
     out.mkdir(parents=True, exist_ok=True)
     if args.out is None and out != RESULTS:
-        print(f"{study.name}: {scale_name} scale: results go to {out} (only a full goal-scale run writes "
+        why = (f"learning rate {rate:g} forced, not the study's {own_rate:g}" if forced and scale_name == "goal"
+               else f"{scale_name} scale")
+        print(f"{study.name}: {why}: results go to {out} (only a full goal-scale run at the study's own rate writes "
               "benchmarks/results; --out chooses another folder)", flush=True)
     t0 = time.perf_counter()
     model, warm = start_model(study, scale, args.scale, Path(args.workdir), args.device)
@@ -877,6 +881,11 @@ def run_study(args: argparse.Namespace) -> int:
     for g in goals(study, summarize(runs, scale.eval_tasks)) if runs and not failed else []:
         print(f"goal: {g['goal']}: {'MET' if g['met'] else 'NOT met'} ({g['note']})")
     print(f"result: {path}; plot: {path.with_suffix('.png')}")
+    further = cat.FURTHER_HELD_OUT_SPLITS.get(study.task, ())
+    if further and scale_name == "goal" and not failed:
+        again = f" --learning-rate {rate:g}" if forced else ""
+        print(f"next: agentgym study {study.name} --held-out-again{again} scores these models on {', '.join(further)} too, "
+              "rooms none of the study's choices saw, with errors over seeds and tasks")
     return 1 if failed else 0
 
 

@@ -104,7 +104,7 @@ def test_the_further_held_out_splits_are_as_large_as_the_first_and_share_no_seed
     from agentgym.registration.suites import load_suite
 
     suite = load_suite("babyai-goto")
-    splits = ["test_large", *replica.REPLICA_SPLITS["babyai"]]
+    splits = ["test_large", *cat.FURTHER_HELD_OUT_SPLITS["babyai"]]
     seeds = [{t.metadata["seed"] for t in suite.split(name)} for name in splits]
     assert [len(s) for s in seeds] == [400] * len(splits)
     assert sum(len(s) for s in seeds) == len(set().union(*seeds))

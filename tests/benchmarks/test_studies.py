@@ -473,6 +473,7 @@ def test_only_a_full_goal_scale_run_writes_the_committed_results_by_default(work
     monkeypatch.setattr(study_run, "RESULTS", committed)
     assert study_run.results_folder(None, "goal", workdir) == committed
     assert study_run.results_folder(None, "goal, 2 steps", workdir) == workdir / "results"
+    assert study_run.results_folder(None, "goal", workdir, forced_rate=True) == workdir / "results"
     assert study_run.results_folder(str(tmp_path / "mine"), "smoke", workdir) == tmp_path / "mine"
     assert study_run.main(["gigpo_vs_grpo_babyai", "--scale", "smoke", "--seeds", "1", "--workdir", str(workdir)]) == 0
     assert not committed.exists()
