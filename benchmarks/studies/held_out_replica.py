@@ -130,7 +130,8 @@ def cache_key(model: Model, split: str, tasks: int) -> str:
     weights = hashlib.sha256()
     for path in sorted(model.directory.glob("*.safetensors")):
         weights.update(path.read_bytes())
-    suites = [cat.BENCHMARKS.parent / "tasks" / "suites" / f"{model.config.get(k)}.yaml" for k in ("suite", "eval_suite")]
+    suites = [cat.BENCHMARKS.parent / "tasks" / "suites" / f"{model.config.get(k)}.yaml"
+              for k in ("suite", "eval_suite")]
     tasks_defined = [hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None for p in suites]
     settings = json.dumps([{k: model.config.get(k) for k in EVALUATION_FIELDS}, tasks_defined, split, tasks],
                           sort_keys=True)

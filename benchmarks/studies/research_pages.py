@@ -369,8 +369,9 @@ def _study_row(name: str, results: Path) -> str:
     again = _held_out_again(name, results)
     rows = _pooled_goal_rows(again)
     if again is not None and rows:  # more held-out rooms than the study's own split: their verdict is the firmer one
-        cells.append(f"held out again on {rows[0]['tasks']} rooms ({', '.join(again['splits'])}), paired: " + ", ".join(
-            f"{r['a']} - {r['b']} {r['difference']:+.3f} ± {_num(r['se'])} (bar {r['bar']:.2f})" for r in rows))
+        compared = ", ".join(f"{r['a']} - {r['b']} {r['difference']:+.3f} ± {_num(r['se'])} (bar {r['bar']:.2f})"
+                             for r in rows)
+        cells.append(f"held out again on {rows[0]['tasks']} rooms ({', '.join(again['splits'])}), paired: {compared}")
         if not all(r["met"] for r in rows):
             verdict = (f"no on the {rows[0]['tasks']} rooms pooled ({sum(r['met'] for r in rows)} of {len(rows)} "
                        "goals)" + (f"; yes on `{details.get('eval_split')}` alone" if verdict == "yes" else ""))

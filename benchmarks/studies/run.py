@@ -884,8 +884,8 @@ def run_study(args: argparse.Namespace) -> int:
     further = cat.FURTHER_HELD_OUT_SPLITS.get(study.task, ())
     if further and scale_name == "goal" and not failed:
         again = f" --learning-rate {rate:g}" if forced else ""
-        print(f"next: agentgym study {study.name} --held-out-again{again} scores these models on {', '.join(further)} too, "
-              "rooms none of the study's choices saw, with errors over seeds and tasks")
+        print(f"next: agentgym study {study.name} --held-out-again{again} scores these models on "
+              f"{', '.join(further)} too, rooms none of the study's choices saw, with errors over seeds and tasks")
     return 1 if failed else 0
 
 
