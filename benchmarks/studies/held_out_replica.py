@@ -1,4 +1,4 @@
-"""Score a finished study's models again, task by task, on its held-out split and on a second held-out split.
+"""Score a finished study's models again, task by task, on its held-out split and on further held-out splits.
 
 A study's goal reads one number per seed, the final model's success on the task's held-out split, with the
 standard error between seeds. That error holds the seeds' spread on one fixed set of tasks, not the draw of the
@@ -46,6 +46,7 @@ from studies import catalogue as cat  # noqa: E402
 from studies import lr_tuning  # noqa: E402
 from studies.catalogue import Study, credit  # noqa: E402
 
+
 @dataclass(frozen=True)
 class Model:
     """One model a study holds: the warm start (``method`` ``start``) or a run's final weights."""
@@ -54,8 +55,9 @@ class Model:
     seed: int
     directory: Path
     config: dict[str, Any]
-    logged: tuple[float, ...]
-    """Held-out success its run logged on the study's split: ``(final,)``, or ``(start,)`` for the warm start."""
+    logged: float
+    """Held-out success its run logged on the study's split: the final evaluation's, or the first for the warm
+    start."""
 
 
 @dataclass(frozen=True)
@@ -95,8 +97,8 @@ def study_models(study: Study, scale_name: str, workdir: Path, seeds: int,
             if not models:
                 start = Path(config["model"])
                 start = start if start.is_absolute() else cat.BENCHMARKS.parent / start
-                models.append(Model("start", 0, start, config, (curve[0][1],)))
-            models.append(Model(method, seed, run / "model", config, (curve[-1][1],)))
+                models.append(Model("start", 0, start, config, curve[0][1]))
+            models.append(Model(method, seed, run / "model", config, curve[-1][1]))
     return models
 
 
@@ -222,7 +224,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", help="a study of benchmarks/studies/catalogue.py whose runs have finished")
-    p.add_argument("--scale", default="goal", help="the scale the study ran at (default goal)")
+    p.add_argument("--scale", default="goal", choices=["smoke", "goal"], help="the scale the study ran at (default goal)")
     p.add_argument("--seeds", type=int, default=3, help="seeds the study ran (default 3)")
     p.add_argument("--split", action="append", default=None,
                    help="held-out split to score (repeatable; default: the study's own, then its task's further "
@@ -279,11 +281,11 @@ def main(argv: list[str] | None = None) -> int:
             rate = statistics.mean(success)
             check = ""
             if split == own and tasks == int(model.config["eval_tasks"]):
-                same = abs(rate - model.logged[0]) < 1e-9
-                check = f" (its run logged {model.logged[0]:.4f}{'' if same else ': DIFFERENT'})"
+                same = abs(rate - model.logged) < 1e-9
+                check = f" (its run logged {model.logged:.4f}{'' if same else ': DIFFERENT'})"
                 if not same:
                     mismatches.append(f"{model.method} seed {model.seed}: {rate:.4f} replayed, "
-                                      f"{model.logged[0]:.4f} logged")
+                                      f"{model.logged:.4f} logged")
             print(f"  {model.method} seed {model.seed} on {split}: {rate:.4f}{check}", flush=True)
     rows = table(study, splits, played, args.seeds)
     for row in rows:
@@ -291,14 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     if mismatches:
         print(f"{len(mismatches)} model(s) replayed the study's split differently from their runs: "
               + "; ".join(mismatches), file=sys.stderr)
-    from studies.run import results_folder
+    from studies.run import _results_into, results_folder
 
     forced = args.learning_rate is not None and args.learning_rate != (
         lr_tuning.learning_rate_of(study)[0] if args.scale == "goal" else lr_tuning.DEFAULT_LEARNING_RATE)
     out = results_folder(args.out, args.scale, Path(args.workdir), forced_rate=forced)
     out.mkdir(parents=True, exist_ok=True)
-    from studies.run import _results_into
-
     with _results_into(out) as results:
         figures = [results.figure(f"{study.name}: {r['comparison']}, {r['split']} ({r['tasks']} tasks, "
                                   f"{args.seeds} seeds, paired)", r["difference"], None, unit="difference",
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                    "seeds": args.seeds, "own_split": own, "replayed_equal_logged": not mismatches,
                    "mismatches": mismatches, "comparisons": rows,
                    "models": [{"method": m.method, "seed": m.seed, "directory": str(m.directory),
-                               "logged": m.logged[0],
+                               "logged": m.logged,
                                "success": {s: statistics.mean(played[(m.method, m.seed, s)]) for s in splits}}
                               for m in models],
                    "outcomes": {f"{m}/seed{seed}/{split}": "".join(map(str, o))
