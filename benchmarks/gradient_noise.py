@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import re
 import statistics
 import sys
 import time
@@ -130,7 +131,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         cosines = [float(torch.nn.functional.cosine_similarity(a, b, dim=0)) for a, b in itertools.combinations(grads, 2)]
         mean = statistics.mean(cosines)
         se = statistics.stdev(cosines) / len(cosines) ** 0.5 if len(cosines) > 1 else float("nan")
-        results[name] = {"cosines": cosines, "mean_cos": mean, "se_cos": se, "rollouts_per_batch": size,
+        # each batch's gradient norm beside the cosines: one batch far larger than the rest (a heavy-tailed
+        # gradient) shows as its row of cosines against all the others, and the mean cosine then misleads
+        results[name] = {"cosines": cosines, "grad_norms": [float(g.norm()) for g in grads],
+                         "mean_cos": mean, "se_cos": se, "rollouts_per_batch": size,
                          "noise_scale": size * (1 - mean) / mean if mean > 0 else None,
                          "noise_scale_2se": noise_range(mean, se, size), "empty_batches": empty,
                          "seconds": time.perf_counter() - t0}
@@ -194,10 +198,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--load", default=None, help="measure on batches saved by --save instead of sampling")
     p.add_argument("--workdir", default="runs/gradient_noise", help="where the variants' (unused) run dirs go")
     p.add_argument("--out", default="runs/gradient_noise.json", help="the report (JSON)")
+    p.add_argument("--label", default=None,
+                   help="record under benchmarks/results/gradient_noise_TASK_LABEL.json instead of the task's own file "
+                        "(a measurement at a trained model, or of more variants at the warm start); the studies "
+                        "size themselves only from figures at the model of the task's own file")
     p.add_argument("--replace", action="store_true",
                    help="record this run's figures in benchmarks/results even over a measurement on more rollouts")
     args = p.parse_args(argv)
     args.variants = credit._names(args.variants, tuple(VARIANTS), "--variants", p)
+    if args.label is not None and not re.fullmatch(r"[a-z0-9_]+", args.label):
+        p.error(f"--label {args.label!r}: use lower-case letters, digits and _ (it names a results file)")
     if args.batches < 2:
         p.error("--batches must be >= 2: the noise is measured between independent batches")
     if args.group_size < 2:
@@ -235,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(json.dumps(report, indent=2))
     print("\n" + table(report) + f"\n\nraw: {args.out}")
     if argv is None:  # a run from the command line records its figures; a test calling main() does not
-        record(report, replace=args.replace)
+        record(report, replace=args.replace, label=args.label)
     return 0
 
 
@@ -243,18 +253,22 @@ def _rollouts(report: dict[str, Any]) -> int:
     return int(report.get("batches") or 0) * int(report.get("rollouts_per_batch") or 0)
 
 
-def record(report: dict[str, Any], *, replace: bool = False) -> Path | None:
+def record(report: dict[str, Any], *, replace: bool = False, label: str | None = None) -> Path | None:
     """The table's noise scales to ``benchmarks/results/gradient_noise.json`` (Sokoban, the default task) or
     ``gradient_noise_TASK.json``, GRPO as the baseline (the same ``vs GRPO`` ratio the table prints: GRPO's noise
     scale over the variant's, higher is better).
 
     The studies size their rollouts a step from that file, so a smaller try (fewer batches or rollouts) does not
     replace a measurement on more rollouts unless ``replace``; it says so. Returns the path written, or ``None``
-    when the earlier measurement was kept."""
+    when the earlier measurement was kept. With ``label`` the figures go to ``gradient_noise_TASK_LABEL.json``: the
+    noise at a trained model (does a plateau come from a step too small for its noise?) must not resize the studies,
+    which read a labelled file only for a variant measured at the model of the task's own file."""
     from _results import RESULTS_DIR, figure, write_results
 
     # one file a task, so a second task's run keeps the first's (the studies size each task from its own file)
     result = "gradient_noise" if report["task"] == "sokoban" else f"gradient_noise_{report['task']}"
+    if label:
+        result = f"gradient_noise_{report['task']}_{label}"
     existing = RESULTS_DIR / f"{result}.json"
     if existing.is_file() and not replace:
         earlier = json.loads(existing.read_text(encoding="utf-8")).get("details") or {}

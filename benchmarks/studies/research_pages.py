@@ -31,7 +31,7 @@ GOALS_END = "<!-- goals:end -->"
 PAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "grpo": ("GRPO against its shuffled control", ("grpo_sokoban", "grpo_babyai", "grpo_babyai_seq_mean",
                                                      "grpo_babyai_mini_batches", "grpo_babyai_mini_batches_30_steps",
-                                                     "grpo_babyai_mini_batches_40_steps",
+                                                     "grpo_babyai_mini_batches_40_steps", "grpo_babyai_noise_sized",
                                                      "grpo_textworld")),
     "gigpo": ("GiGPO against GRPO at equal scale", ("gigpo_vs_grpo", "gigpo_vs_grpo_babyai",
                                                       "gigpo_vs_grpo_babyai_mini_batches",

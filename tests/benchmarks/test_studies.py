@@ -123,6 +123,31 @@ def test_a_tasks_own_noise_file_sizes_its_studies(tmp_path: Path) -> None:
     assert cat.noise_scale("maze", "grpo", tmp_path)[0] is None  # another task's file sizes nothing here
 
 
+def test_a_labelled_noise_file_sizes_a_study_only_at_the_warm_start_of_the_tasks_own(tmp_path: Path) -> None:
+    """``gradient_noise.py --label``: more variants at the warm start size studies; figures at a trained model never
+    do (a study is sized before it trains)."""
+    def write(name: str, model: str, variants: dict[str, float]) -> None:
+        details = {"task": "babyai", "model": model, "batches": 6, "rollouts_per_batch": 256,
+                   "variants": {k: {"noise_scale": v} for k, v in variants.items()}}
+        (tmp_path / name).write_text(json.dumps({"details": details}))
+
+    write("gradient_noise_babyai.json", "runs/studies/warm-babyai", {"grpo": 131.0})
+    write("gradient_noise_babyai_step40.json", "runs/trained/model", {"grpo_seq_mean": 389.0})
+    assert cat.noise_scale("babyai", "grpo_seq_mean", tmp_path)[0] is None  # only a trained model's figure
+    write("gradient_noise_babyai_seq_mean.json", "runs/studies/warm-babyai", {"grpo_seq_mean": 300.0})
+    value, source = cat.noise_scale("babyai", "grpo_seq_mean", tmp_path)
+    assert value == 300.0 and "gradient_noise_babyai_seq_mean.json" in source and "warm-babyai" in source
+    assert cat.noise_scale("babyai", "grpo", tmp_path)[0] == 131.0  # the task's own file first
+
+
+def test_studies_sized_by_other_noise_share_and_extend_no_runs() -> None:
+    sized = cat.STUDIES["grpo_babyai_noise_sized"]
+    assert sized.noise_variant == "grpo_seq_mean" and cat.rate_source(sized) == "grpo_babyai_mini_batches"
+    assert cat.shared_runs(sized) == () and cat.extended_study(sized) is None
+    assert cat.extended_study(cat.STUDIES["grpo_babyai_mini_batches_40_steps"]).name \
+        == "grpo_babyai_mini_batches_30_steps"
+
+
 def test_fewer_steps_make_a_labelled_scale_never_the_goal(capfd: pytest.CaptureFixture[str]) -> None:
     """The device script's run: the goal's rollouts a step and held-out size, fewer steps, named so."""
     goal, _ = cat.goal_scale(cat.STUDIES["gigpo_vs_grpo"])

@@ -33,6 +33,7 @@ def test_noise_scale_per_variant_on_saved_rollouts(maze_model: Path, tmp_path: P
         r = first["variants"][name]
         assert len(r["cosines"]) == 3 and all(-1.0 <= c <= 1.0 for c in r["cosines"])
         assert (r["noise_scale"] is None) == (r["mean_cos"] <= 0)
+        assert len(r["grad_norms"]) == 3 and all(n >= 0.0 for n in r["grad_norms"])
     # GiGPO's step penalty on void turns gives an untrained policy a gradient even where no rollout succeeds
     assert first["variants"]["gigpo"]["empty_batches"] < 3
     # measured again on the saved rollouts: the same gradients, so the same cosines
@@ -94,6 +95,26 @@ def test_a_smaller_run_keeps_the_recorded_measurement_unless_told(tmp_path: Path
     assert recorded() == 90.0
     bench.record(report(8, 256, 500.0))
     assert recorded() == 500.0
+
+
+def test_a_labelled_measurement_goes_to_its_own_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A measurement at a trained model (``--label step40``) must not become the figure the studies size from."""
+    bench = load_script("benchmarks/gradient_noise.py")
+    import _results
+
+    monkeypatch.setattr(_results, "RESULTS_DIR", tmp_path)
+    variant = {"noise_scale": 389.0, "mean_cos": 0.4, "se_cos": 0.07}
+    report = {"task": "babyai", "model": "runs/m", "batches": 6, "rollouts_per_batch": 256, "success": 0.3,
+              "variants": {"grpo": dict(variant, noise_scale=149.0), "grpo_seq_mean": variant}}
+    assert bench.record(report, label="step40") == tmp_path / "gradient_noise_babyai_step40.json"
+    assert not (tmp_path / "gradient_noise_babyai.json").exists()
+
+
+def test_a_label_that_cannot_name_a_file_is_refused(maze_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bench = load_script("benchmarks/gradient_noise.py")
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--task", "maze", "--model", str(maze_model), "--label", "../step 40"])
+    assert "use lower-case letters, digits and _" in capsys.readouterr().err
 
 
 def test_the_noise_range_says_when_a_cosine_is_too_close_to_zero_to_bound_the_scale() -> None:
