@@ -107,6 +107,10 @@ class Study:
     """Why this study, in one sentence."""
     noise_variant: str = "grpo"
     """Which measured noise scale sizes the goal scale (the noisier method of the comparison)."""
+    sized_by: tuple[float, str] | None = None
+    """``(noise scale, where it came from)`` a study that has run was sized by, when a later measurement says
+    otherwise: its goal scale stays the one its runs were trained at (so they are found and resumed, not trained
+    again at another size), and its page says both figures. ``None``: today's measurement."""
     margin: float = 0.0
     """How far the lead method must beat the baseline (on top of the difference exceeding 2 se)."""
     learning_rate_from: str | None = None
@@ -176,31 +180,41 @@ SOKOBAN_BC_TARGET = 0.5
 signal on 8 batches of 128 (noise scales above 1,319 and 2,003 rollouts within 2 se). At the stronger start the
 gradients are measurable (benchmarks/results/gradient_noise.json), which sizes the Sokoban studies."""
 
+BABYAI_SIZED_BY = (131.0, "GRPO token-mean's noise scale on 6 batches of 256 rollouts at the warm start "
+                          "(benchmarks/results/gradient_noise_babyai.json), the figure of record when the study ran")
+"""What the BabyAI studies up to ``grpo_babyai_mini_batches_40_steps`` were sized by. Twelve fresh batches at the same
+warm start put GRPO's noise scale near ten times higher (one of the six batches' gradients had pointed against
+the others' and the mean cosine of six was far off), so those studies ran well below their noise."""
+
 STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("grpo_sokoban", "sokoban", ("grpo",), baseline="grpo_start", control="grpo_shuffled",
           goal="GRPO beats its shuffled control and improves held-out success by >= 10 points",
           question="Does GRPO learn on Sokoban at the rollouts a step its gradient noise asks for?",
           bc_target=SOKOBAN_BC_TARGET),
-    Study("grpo_babyai", "babyai", ("grpo",), baseline="grpo_start", control="grpo_shuffled",
+    Study("grpo_babyai", "babyai", ("grpo",), sized_by=BABYAI_SIZED_BY,
+          baseline="grpo_start", control="grpo_shuffled",
           goal="GRPO beats its shuffled control and improves held-out success by >= 10 points",
           question="Does GRPO learn BabyAI GoToLocal (held-out rooms) from a BC warm start?"),
     # BabyAI's failed rollouts hold about twice the sampled tokens of its solved ones: under token-mean GRPO's
     # net advantage on a batch's tokens is negative, and held-out success fell at every learning rate tried
-    Study("grpo_babyai_seq_mean", "babyai", ("grpo_seq_mean",), baseline="grpo_start",
+    Study("grpo_babyai_seq_mean", "babyai", ("grpo_seq_mean",), sized_by=BABYAI_SIZED_BY,
+          baseline="grpo_start",
           control="grpo_shuffled_seq_mean",
           goal="GRPO beats its shuffled control and improves held-out success by >= 10 points",
           question="With each trajectory weighed once in the loss (seq-mean-token-mean), so that failed episodes' "
                    "extra turns no longer push down every sampled token, does GRPO learn BabyAI GoToLocal?"),
     # at one optimizer update a step (grpo_babyai_seq_mean), held-out success rose in every seed (+0.060 on
     # average) and two seeds were still rising after 20 steps: the rollouts carried more signal than 20 updates took
-    Study("grpo_babyai_mini_batches", "babyai", ("grpo_seq_mean_mb4",), baseline="grpo_start",
+    Study("grpo_babyai_mini_batches", "babyai", ("grpo_seq_mean_mb4",), sized_by=BABYAI_SIZED_BY,
+          baseline="grpo_start",
           control="grpo_shuffled_seq_mean_mb4",
           goal="GRPO beats its shuffled control and improves held-out success by >= 10 points",
           question="With four optimizer updates a step from the same rollouts (four mini-batches, PPO's clip bounding "
                    "the later ones), does GRPO improve held-out BabyAI success by 10 points in 20 steps?"),
     # grpo_babyai_mini_batches ended at +8.8 points with two of its seeds still rising (0.295 -> 0.325 and 0.21 ->
     # 0.315 over their last five steps): ten steps more, each of its runs and controls extended from step 20
-    Study("grpo_babyai_mini_batches_30_steps", "babyai", ("grpo_seq_mean_mb4",), baseline="grpo_start",
+    Study("grpo_babyai_mini_batches_30_steps", "babyai", ("grpo_seq_mean_mb4",), sized_by=BABYAI_SIZED_BY,
+          baseline="grpo_start",
           control="grpo_shuffled_seq_mean_mb4",
           goal="GRPO beats its shuffled control and improves held-out success by >= 10 points",
           question="Does GRPO with four updates a step reach +10 points on held-out BabyAI in 30 steps?",
@@ -208,16 +222,17 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
     # grpo_babyai_mini_batches_30_steps met +10 points on test_large (+0.101) but read +0.077 on test_replica, 400
     # rooms none of its choices saw (+0.089 +- 0.020 over both, paired): ten steps more, chosen after that reading, so
     # its verdict is read on test_large, test_replica and test_fresh (400 rooms no result had been read on) pooled
-    Study("grpo_babyai_mini_batches_40_steps", "babyai", ("grpo_seq_mean_mb4",), baseline="grpo_start",
+    Study("grpo_babyai_mini_batches_40_steps", "babyai", ("grpo_seq_mean_mb4",), sized_by=BABYAI_SIZED_BY,
+          baseline="grpo_start",
           control="grpo_shuffled_seq_mean_mb4",
           goal="GRPO beats its shuffled control and improves held-out success by >= 10 points",
           question="Ten steps past 30, does the BabyAI gain reach 10 points on rooms no choice of the study saw?",
           learning_rate_from="grpo_babyai_mini_batches", steps=40),
-    # Every BabyAI study above was sized by GRPO token-mean's noise scale at the warm start (131 rollouts) while it
-    # ran seq-mean-token-mean, whose own noise scale is larger (benchmarks/results/gradient_noise_babyai_seq_mean.json
-    # at the warm start; gradient_noise_babyai_step40.json at a 40-step model): four updates a step then each took
-    # about a quarter of a half-signal batch. The same recipe at the rollouts a step seq-mean's noise asks for; its
-    # verdict is read on test_large, test_replica and test_fresh pooled (--held-out-again), fixed before it ran.
+    # The BabyAI studies above ran 136 rollouts a step (BABYAI_SIZED_BY) with seq-mean-token-mean and four updates a
+    # step. At the warm start, 12 batches of 256 put seq-mean's noise scale at 573 rollouts
+    # (gradient_noise_babyai_seq_mean.json), so each update took 34 rollouts, a seventeenth of a half-signal batch.
+    # The same recipe at seq-mean's own noise scale; its verdict is read on test_large, test_replica and test_fresh
+    # pooled (--held-out-again), as fixed before it ran.
     Study("grpo_babyai_noise_sized", "babyai", ("grpo_seq_mean_mb4",), baseline="grpo_start",
           control="grpo_shuffled_seq_mean_mb4",
           goal="GRPO beats its shuffled control and improves held-out success by >= 10 points",
@@ -234,20 +249,23 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
     # BabyAI is where the two methods' credit differs most before training (10.8% of tokens get credit from one of
     # them only, against 0.0% on the maze; step-vs-episode correlation 0.71 against 0.93), and GiGPO's gradient is
     # half signal at 59 rollouts a step against GRPO's 131 (benchmarks/results/gradient_noise_babyai.json)
-    Study("gigpo_vs_grpo_babyai", "babyai", ("gigpo_equal_scale", "grpo"), baseline="grpo", control="grpo_shuffled",
+    Study("gigpo_vs_grpo_babyai", "babyai", ("gigpo_equal_scale", "grpo"), sized_by=BABYAI_SIZED_BY,
+          baseline="grpo", control="grpo_shuffled",
           goal="GiGPO beats GRPO by >= 10 points (difference > 2 se) at equal rollouts and equal advantage scale",
           question="Does step credit beat episode credit on BabyAI, where a tenth of the tokens get credit from only "
                    "one of the two?", margin=0.10, learning_rate_from="grpo_babyai"),
     # GRPO's setting in which BabyAI held-out success rose in every seed (grpo_babyai_mini_batches): there GRPO
     # learns, so a lead of step credit over episode credit can show; its GRPO and control runs are that study's
     Study("gigpo_vs_grpo_babyai_mini_batches", "babyai", ("gigpo_equal_scale_seq_mean_mb4", "grpo_seq_mean_mb4"),
+          sized_by=BABYAI_SIZED_BY,
           baseline="grpo_seq_mean_mb4", control="grpo_shuffled_seq_mean_mb4",
           goal="GiGPO beats GRPO by >= 10 points (difference > 2 se) at equal rollouts and equal advantage scale",
           question="In the setting where GRPO learns BabyAI (each trajectory weighed once, four updates a step), does "
                    "step credit from recurring states add to it?", margin=0.10,
           learning_rate_from="grpo_babyai_mini_batches"),
     Study("gigpo_vs_grpo_babyai_mini_batches_30_steps", "babyai",
-          ("gigpo_equal_scale_seq_mean_mb4", "grpo_seq_mean_mb4"), baseline="grpo_seq_mean_mb4",
+          ("gigpo_equal_scale_seq_mean_mb4", "grpo_seq_mean_mb4"), sized_by=BABYAI_SIZED_BY,
+          baseline="grpo_seq_mean_mb4",
           control="grpo_shuffled_seq_mean_mb4",
           goal="GiGPO beats GRPO by >= 10 points (difference > 2 se) at equal rollouts and equal advantage scale",
           question="Ten steps on, with GiGPO's low seed still rising at step 20, does step credit pull ahead?",
@@ -346,32 +364,36 @@ def binomial_se(p: float, n: int, population: int | None = None) -> float:
 
 
 def noise_scale(task: str, variant: str, results_dir: Path | None = None) -> tuple[float | None, str]:
-    """``(rollouts a step for half signal, where the number comes from)`` for a task and gradient_noise variant:
-    the task's committed ``gradient_noise`` file first, then a labelled one (``gradient_noise.py --label``)
-    measured at the same model (the warm start the studies train from; a figure at a trained model never sizes a
-    study), then :data:`MEASURED_NOISE`; ``(None, why)`` if none has it."""
+    """``(rollouts a step for half signal, where the number comes from)`` for a task and gradient_noise variant,
+    from the committed measurements at the model the studies train from: the task's own ``gradient_noise`` file
+    and any labelled one (``gradient_noise.py --label``) measured at the same model (a figure at a trained model
+    never sizes a study). Of those holding the variant, the one on the most rollouts wins (the own file on a tie):
+    a mean cosine over few batches can be far off (BabyAI's GRPO read 131 on 6 batches, 1,307 on 12). Then
+    :data:`MEASURED_NOISE`; ``(None, why)`` if none has it."""
     folder = results_dir or BENCHMARKS / "results"
-    own: Path | None = None
+    candidates: list[tuple[Path, dict[str, Any]]] = []
     for name in (f"gradient_noise_{task}.json", "gradient_noise.json"):  # the task's own file, then the shared one
         path = folder / name
-        if not path.is_file():
-            continue
-        details = json.loads(path.read_text()).get("details") or {}
-        if details.get("task") != task:
-            continue
-        own = own or path
-        value = ((details.get("variants") or {}).get(variant) or {}).get("noise_scale")
-        if value:
-            return float(value), (f"benchmarks/results/{name} ({details.get('batches')} batches of "
-                                  f"{details.get('rollouts_per_batch')} rollouts)")
-    if own is not None:
-        model = (json.loads(own.read_text()).get("details") or {}).get("model")
+        details = (json.loads(path.read_text()).get("details") or {}) if path.is_file() else {}
+        if details.get("task") == task:
+            candidates.append((path, details))
+            break
+    if candidates:
+        model = candidates[0][1].get("model")
         for path in sorted(folder.glob(f"gradient_noise_{task}_*.json")):
             details = json.loads(path.read_text()).get("details") or {}
-            value = ((details.get("variants") or {}).get(variant) or {}).get("noise_scale")
-            if details.get("task") == task and details.get("model") == model and value:
-                return float(value), (f"benchmarks/results/{path.name} ({details.get('batches')} batches of "
-                                      f"{details.get('rollouts_per_batch')} rollouts at {model})")
+            if details.get("task") == task and details.get("model") == model:
+                candidates.append((path, details))
+    best: tuple[int, float, str] | None = None
+    for i, (path, details) in enumerate(candidates):
+        value = ((details.get("variants") or {}).get(variant) or {}).get("noise_scale")
+        rollouts = int(details.get("batches") or 0) * int(details.get("rollouts_per_batch") or 0)
+        if value and (best is None or rollouts > best[0]):
+            where = f" at {details.get('model')}" if i else ""
+            best = (rollouts, float(value), f"benchmarks/results/{path.name} ({details.get('batches')} batches of "
+                                            f"{details.get('rollouts_per_batch')} rollouts{where})")
+    if best is not None:
+        return best[1], best[2]
     if (task, variant) in MEASURED_NOISE:
         return MEASURED_NOISE[(task, variant)], "benchmarks/gradient_noise.py at the Sokoban BC warm start"
     return None, (f"not measured: run python benchmarks/gradient_noise.py --task {task} --model <its warm start> "
@@ -385,6 +407,10 @@ def goal_scale(study: Study) -> tuple[Scale, dict[str, Any]]:
     measured borrows the largest measured figure (Sokoban's GRPO), and says so."""
     task = task_of(study.task)
     noise, source = noise_scale(study.task, study.noise_variant)
+    if study.sized_by is not None:  # the figure it ran at, kept so that its runs stay the very runs it trained
+        pinned, why = study.sized_by
+        source = f"{why}; measured today: {noise:.0f}, {source}" if noise is not None else why
+        noise = pinned
     measured = noise is not None
     if noise is None:
         noise = max(MEASURED_NOISE.values())

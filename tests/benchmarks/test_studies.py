@@ -138,6 +138,22 @@ def test_a_labelled_noise_file_sizes_a_study_only_at_the_warm_start_of_the_tasks
     value, source = cat.noise_scale("babyai", "grpo_seq_mean", tmp_path)
     assert value == 300.0 and "gradient_noise_babyai_seq_mean.json" in source and "warm-babyai" in source
     assert cat.noise_scale("babyai", "grpo", tmp_path)[0] == 131.0  # the task's own file first
+    write("gradient_noise_babyai_twelve.json", "runs/studies/warm-babyai", {"grpo": 1307.0})
+    (tmp_path / "gradient_noise_babyai_twelve.json").write_text(json.dumps({"details": {
+        **json.loads((tmp_path / "gradient_noise_babyai_twelve.json").read_text())["details"], "batches": 12}}))
+    value, source = cat.noise_scale("babyai", "grpo", tmp_path)  # the measurement on more rollouts wins
+    assert value == 1307.0 and "gradient_noise_babyai_twelve.json (12 batches of 256" in source
+
+
+def test_a_study_that_ran_keeps_the_noise_figure_it_was_sized_by() -> None:
+    """A later, better measurement must not resize a study whose runs exist (they would be trained again at
+    another size); its design line says both figures."""
+    for name in ("grpo_babyai_mini_batches", "gigpo_vs_grpo_babyai_mini_batches_30_steps"):
+        scale, sizing = cat.goal_scale(cat.STUDIES[name])
+        assert scale.rollouts_per_step == 136 and sizing["noise_scale"] == 131.0
+        assert "figure of record when the study ran; measured today:" in sizing["noise_source"]
+    scale, sizing = cat.goal_scale(cat.STUDIES["grpo_babyai_noise_sized"])
+    assert scale.rollouts_per_step > 136 and "measured today" not in sizing["noise_source"]
 
 
 def test_studies_sized_by_other_noise_share_and_extend_no_runs() -> None:
