@@ -14,6 +14,7 @@ says so (``--list``) instead of pretending.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -191,30 +192,29 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           goal="GRPO beats its shuffled control and improves held-out success by >= 10 points",
           question="Does GRPO learn on Sokoban at the rollouts a step its gradient noise asks for?",
           bc_target=SOKOBAN_BC_TARGET),
-    Study("grpo_babyai", "babyai", ("grpo",), sized_by=BABYAI_SIZED_BY,
-          baseline="grpo_start", control="grpo_shuffled",
+    Study("grpo_babyai", "babyai", ("grpo",), sized_by=BABYAI_SIZED_BY, baseline="grpo_start", control="grpo_shuffled",
           goal="GRPO beats its shuffled control and improves held-out success by >= 10 points",
           question="Does GRPO learn BabyAI GoToLocal (held-out rooms) from a BC warm start?"),
     # BabyAI's failed rollouts hold about twice the sampled tokens of its solved ones: under token-mean GRPO's
     # net advantage on a batch's tokens is negative, and held-out success fell at every learning rate tried
-    Study("grpo_babyai_seq_mean", "babyai", ("grpo_seq_mean",), sized_by=BABYAI_SIZED_BY,
-          baseline="grpo_start",
+    Study("grpo_babyai_seq_mean", "babyai", ("grpo_seq_mean",), noise_variant="grpo_seq_mean",
+          sized_by=BABYAI_SIZED_BY, baseline="grpo_start",
           control="grpo_shuffled_seq_mean",
           goal="GRPO beats its shuffled control and improves held-out success by >= 10 points",
           question="With each trajectory weighed once in the loss (seq-mean-token-mean), so that failed episodes' "
                    "extra turns no longer push down every sampled token, does GRPO learn BabyAI GoToLocal?"),
     # at one optimizer update a step (grpo_babyai_seq_mean), held-out success rose in every seed (+0.060 on
     # average) and two seeds were still rising after 20 steps: the rollouts carried more signal than 20 updates took
-    Study("grpo_babyai_mini_batches", "babyai", ("grpo_seq_mean_mb4",), sized_by=BABYAI_SIZED_BY,
-          baseline="grpo_start",
+    Study("grpo_babyai_mini_batches", "babyai", ("grpo_seq_mean_mb4",), noise_variant="grpo_seq_mean",
+          sized_by=BABYAI_SIZED_BY, baseline="grpo_start",
           control="grpo_shuffled_seq_mean_mb4",
           goal="GRPO beats its shuffled control and improves held-out success by >= 10 points",
           question="With four optimizer updates a step from the same rollouts (four mini-batches, PPO's clip bounding "
                    "the later ones), does GRPO improve held-out BabyAI success by 10 points in 20 steps?"),
     # grpo_babyai_mini_batches ended at +8.8 points with two of its seeds still rising (0.295 -> 0.325 and 0.21 ->
     # 0.315 over their last five steps): ten steps more, each of its runs and controls extended from step 20
-    Study("grpo_babyai_mini_batches_30_steps", "babyai", ("grpo_seq_mean_mb4",), sized_by=BABYAI_SIZED_BY,
-          baseline="grpo_start",
+    Study("grpo_babyai_mini_batches_30_steps", "babyai", ("grpo_seq_mean_mb4",), noise_variant="grpo_seq_mean",
+          sized_by=BABYAI_SIZED_BY, baseline="grpo_start",
           control="grpo_shuffled_seq_mean_mb4",
           goal="GRPO beats its shuffled control and improves held-out success by >= 10 points",
           question="Does GRPO with four updates a step reach +10 points on held-out BabyAI in 30 steps?",
@@ -222,8 +222,8 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
     # grpo_babyai_mini_batches_30_steps met +10 points on test_large (+0.101) but read +0.077 on test_replica, 400
     # rooms none of its choices saw (+0.089 +- 0.020 over both, paired): ten steps more, chosen after that reading, so
     # its verdict is read on test_large, test_replica and test_fresh (400 rooms no result had been read on) pooled
-    Study("grpo_babyai_mini_batches_40_steps", "babyai", ("grpo_seq_mean_mb4",), sized_by=BABYAI_SIZED_BY,
-          baseline="grpo_start",
+    Study("grpo_babyai_mini_batches_40_steps", "babyai", ("grpo_seq_mean_mb4",), noise_variant="grpo_seq_mean",
+          sized_by=BABYAI_SIZED_BY, baseline="grpo_start",
           control="grpo_shuffled_seq_mean_mb4",
           goal="GRPO beats its shuffled control and improves held-out success by >= 10 points",
           question="Ten steps past 30, does the BabyAI gain reach 10 points on rooms no choice of the study saw?",
@@ -249,23 +249,23 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
     # BabyAI is where the two methods' credit differs most before training (10.8% of tokens get credit from one of
     # them only, against 0.0% on the maze; step-vs-episode correlation 0.71 against 0.93), and GiGPO's gradient is
     # half signal at 59 rollouts a step against GRPO's 131 (benchmarks/results/gradient_noise_babyai.json)
-    Study("gigpo_vs_grpo_babyai", "babyai", ("gigpo_equal_scale", "grpo"), sized_by=BABYAI_SIZED_BY,
-          baseline="grpo", control="grpo_shuffled",
+    Study("gigpo_vs_grpo_babyai", "babyai", ("gigpo_equal_scale", "grpo"), sized_by=BABYAI_SIZED_BY, baseline="grpo",
+          control="grpo_shuffled",
           goal="GiGPO beats GRPO by >= 10 points (difference > 2 se) at equal rollouts and equal advantage scale",
           question="Does step credit beat episode credit on BabyAI, where a tenth of the tokens get credit from only "
                    "one of the two?", margin=0.10, learning_rate_from="grpo_babyai"),
     # GRPO's setting in which BabyAI held-out success rose in every seed (grpo_babyai_mini_batches): there GRPO
     # learns, so a lead of step credit over episode credit can show; its GRPO and control runs are that study's
     Study("gigpo_vs_grpo_babyai_mini_batches", "babyai", ("gigpo_equal_scale_seq_mean_mb4", "grpo_seq_mean_mb4"),
-          sized_by=BABYAI_SIZED_BY,
-          baseline="grpo_seq_mean_mb4", control="grpo_shuffled_seq_mean_mb4",
+          noise_variant="grpo_seq_mean",
+          sized_by=BABYAI_SIZED_BY, baseline="grpo_seq_mean_mb4", control="grpo_shuffled_seq_mean_mb4",
           goal="GiGPO beats GRPO by >= 10 points (difference > 2 se) at equal rollouts and equal advantage scale",
           question="In the setting where GRPO learns BabyAI (each trajectory weighed once, four updates a step), does "
                    "step credit from recurring states add to it?", margin=0.10,
           learning_rate_from="grpo_babyai_mini_batches"),
     Study("gigpo_vs_grpo_babyai_mini_batches_30_steps", "babyai",
-          ("gigpo_equal_scale_seq_mean_mb4", "grpo_seq_mean_mb4"), sized_by=BABYAI_SIZED_BY,
-          baseline="grpo_seq_mean_mb4",
+          ("gigpo_equal_scale_seq_mean_mb4", "grpo_seq_mean_mb4"), noise_variant="grpo_seq_mean",
+          sized_by=BABYAI_SIZED_BY, baseline="grpo_seq_mean_mb4",
           control="grpo_shuffled_seq_mean_mb4",
           goal="GiGPO beats GRPO by >= 10 points (difference > 2 se) at equal rollouts and equal advantage scale",
           question="Ten steps on, with GiGPO's low seed still rising at step 20, does step credit pull ahead?",
@@ -409,7 +409,7 @@ def goal_scale(study: Study) -> tuple[Scale, dict[str, Any]]:
     noise, source = noise_scale(study.task, study.noise_variant)
     if study.sized_by is not None:  # the figure it ran at, kept so that its runs stay the very runs it trained
         pinned, why = study.sized_by
-        source = f"{why}; measured today: {noise:.0f}, {source}" if noise is not None else why
+        source = f"{why}; measured since: {noise:.0f}, {source}" if noise is not None else why
         noise = pinned
     measured = noise is not None
     if noise is None:
@@ -467,11 +467,17 @@ def rate_source(study: Study) -> str:
     return study.name
 
 
+def same_size(one: Study, other: Study) -> bool:
+    """Whether two studies' goal scales agree in everything but the number of steps (rollouts a step, held-out
+    size, warm start): only then can one's runs be the other's, or extend them."""
+    return dataclasses.replace(goal_scale(one)[0], steps=0) == dataclasses.replace(goal_scale(other)[0], steps=0)
+
+
 def shared_runs(study: Study) -> tuple[str, ...]:
     """The methods whose runs this study shares with the one it takes its learning rate from (same task, scale
     and rate: the same runs, copied from whichever study trained them first)."""
     source_study = STUDIES.get(study.learning_rate_from or "")
-    if source_study is None or source_study.steps != study.steps or source_study.noise_variant != study.noise_variant:
+    if source_study is None or source_study.steps != study.steps or not same_size(source_study, study):
         return ()  # at another number of steps (the longer one extends the shorter) or rollouts a step: other runs
     source = runs_of(STUDIES[study.learning_rate_from])
     return tuple(m for m in runs_of(study) if m in source)
@@ -481,8 +487,8 @@ def extended_study(study: Study) -> Study | None:
     """The longest study with fewer steps whose runs this one's extend where that study ran them (the same task,
     rate source and every one of its methods and control), or ``None``."""
     shorter = [s for s in STUDIES.values() if s.task == study.task and s.steps < study.steps
-               and s.noise_variant == study.noise_variant and rate_source(s) == rate_source(study)
-               and set(runs_of(study)) <= set(runs_of(s))]
+               and rate_source(s) == rate_source(study) and set(runs_of(study)) <= set(runs_of(s))
+               and same_size(s, study)]
     return max(shorter, key=lambda s: s.steps, default=None)
 
 

@@ -151,7 +151,7 @@ def test_a_study_that_ran_keeps_the_noise_figure_it_was_sized_by() -> None:
     for name in ("grpo_babyai_mini_batches", "gigpo_vs_grpo_babyai_mini_batches_30_steps"):
         scale, sizing = cat.goal_scale(cat.STUDIES[name])
         assert scale.rollouts_per_step == 136 and sizing["noise_scale"] == 131.0
-        assert "figure of record when the study ran; measured today:" in sizing["noise_source"]
+        assert "figure of record when the study ran; measured since:" in sizing["noise_source"]
     scale, sizing = cat.goal_scale(cat.STUDIES["grpo_babyai_noise_sized"])
     assert scale.rollouts_per_step > 136 and "measured today" not in sizing["noise_source"]
 
