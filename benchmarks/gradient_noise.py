@@ -284,12 +284,15 @@ def record(report: dict[str, Any], *, replace: bool = False, label: str | None =
             continue
         figures.append(figure(
             f"{report['task']}: {name}, gradient noise scale (rollouts a step for half signal), {report['batches']} "
-            f"batches of {report['rollouts_per_batch']} rollouts; baseline: GRPO", r["noise_scale"], base,
+            f"batches of {report['rollouts_per_batch']} rollouts" + ("; baseline: GRPO" if base else
+                                                                     " (GRPO not measured in this run)"),
+            r["noise_scale"], base,
             unit="rollouts", ratio=base / r["noise_scale"] if base and r["noise_scale"] else None,
             note=f"mean pairwise cos {r['mean_cos']:+.3f} ± {r['se_cos']:.3f}; within 2 se: "
-                 f"{_range(r.get('noise_scale_2se'))} rollouts for this variant, "
-                 f"{_range(report['variants'].get('grpo', {}).get('noise_scale_2se'))} for GRPO; ratio is GRPO's / "
-                 "the variant's (higher is better); none: not measurable at this batch count"))
+                 f"{_range(r.get('noise_scale_2se'))} rollouts for this variant"
+                 + (f", {_range(report['variants']['grpo'].get('noise_scale_2se'))} for GRPO; ratio is GRPO's / "
+                    "the variant's (higher is better)" if base else "")
+                 + "; none: not measurable at this batch count"))
     return write_results(result, figures, details=report)
 
 
