@@ -184,8 +184,8 @@ gradients are measurable (benchmarks/results/gradient_noise.json), which sizes t
 BABYAI_SIZED_BY = (131.0, "GRPO token-mean's noise scale on 6 batches of 256 rollouts at the warm start "
                           "(benchmarks/results/gradient_noise_babyai.json), the figure of record when the study ran")
 """What the BabyAI studies up to ``grpo_babyai_mini_batches_40_steps`` were sized by. Twelve fresh batches at the same
-warm start put GRPO's noise scale near ten times higher (one of the six batches' gradients had pointed against
-the others' and the mean cosine of six was far off), so those studies ran well below their noise."""
+warm start put GRPO's noise scale near ten times higher (four of the twelve batches' gradients point away from the
+other eight's, so a mean cosine over six batches can be far off), so those studies ran well below their noise."""
 
 STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("grpo_sokoban", "sokoban", ("grpo",), baseline="grpo_start", control="grpo_shuffled",
