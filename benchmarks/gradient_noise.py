@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import credit_assignment as credit  # noqa: E402 - the tasks and the run config the learning smoke uses
-from studies.catalogue import EXTRA_TASKS, task_of  # noqa: E402 - the studies' tasks beyond the benchmark's own
+from studies.catalogue import EXTRA_TASKS, STUDIES, task_of  # noqa: E402 - the studies' tasks and names
 
 #: name -> (trainer, config overrides): learner-side settings only, so every variant scores the same rollouts
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -213,8 +213,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.group_size < 2:
         p.error("--group-size must be >= 2: GRPO and GiGPO compare rollouts of one task")
     if not Path(args.model, "config.json").is_file():
-        build = (f"python benchmarks/credit_assignment.py --tasks {args.task} --build-only" if args.task in credit.TASKS
-                 else f"agentgym study grpo_{args.task} builds runs/studies/warm-{args.task} before it trains")
+        study_start = Path(args.model).name == f"warm-{args.task}" and Path(args.model).parent.name == "studies" \
+            and f"grpo_{args.task}" in STUDIES
+        build = (f"python benchmarks/credit_assignment.py --tasks {args.task} --build-only writes it under "
+                 "runs/credit_assignment/" if args.task in credit.TASKS and not study_start
+                 else f"agentgym study grpo_{args.task} --agreement builds runs/studies/warm-{args.task}, then measures "
+                      "no more than the two methods' agreement")
         p.error(f"--model {args.model}: no config.json there; build the warm start first ({build})")
     if args.load and not Path(args.load).is_file():
         p.error(f"--load {args.load}: no such file (write one with --save)")

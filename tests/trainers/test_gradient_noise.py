@@ -62,6 +62,14 @@ def test_bad_flags_say_the_fix(maze_model: Path, flags: list[str], message: str,
     assert "build the warm start first" in capsys.readouterr().err
 
 
+def test_a_missing_study_warm_start_names_the_command_that_builds_it_there(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    bench = load_script("benchmarks/gradient_noise.py")
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--task", "babyai", "--model", str(tmp_path / "studies" / "warm-babyai")])
+    assert "agentgym study grpo_babyai --agreement builds runs/studies/warm-babyai" in capsys.readouterr().err
+
+
 def test_a_study_task_outside_the_benchmark_is_measured_with_its_own_settings(maze_model: Path) -> None:
     bench = load_script("benchmarks/gradient_noise.py")
     args = bench.parse_args(["--task", "textworld", "--model", str(maze_model)])
