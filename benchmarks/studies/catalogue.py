@@ -270,6 +270,17 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           goal="GiGPO beats GRPO by >= 10 points (difference > 2 se) at equal rollouts and equal advantage scale",
           question="Ten steps on, with GiGPO's low seed still rising at step 20, does step credit pull ahead?",
           margin=0.10, learning_rate_from="grpo_babyai_mini_batches_30_steps", steps=30),
+    # grpo_babyai_noise_sized with step credit beside it: at 576 rollouts a step both methods' gradients are at
+    # least half signal at the warm start (GRPO seq-mean's noise scale 573, GiGPO seq-mean's 393 on the same 12
+    # batches, gradient_noise_babyai_gigpo_seq_mean.json), where the earlier comparisons ran at 136. Its GRPO and
+    # control runs are that study's; the verdict is read on test_large, test_replica and test_fresh pooled
+    # (--held-out-again), as fixed before it ran.
+    Study("gigpo_vs_grpo_babyai_noise_sized", "babyai", ("gigpo_equal_scale_seq_mean_mb4", "grpo_seq_mean_mb4"),
+          noise_variant="grpo_seq_mean", baseline="grpo_seq_mean_mb4", control="grpo_shuffled_seq_mean_mb4",
+          goal="GiGPO beats GRPO by >= 10 points (difference > 2 se) at equal rollouts and equal advantage scale",
+          question="At the rollouts a step both methods' gradient noise asks for, does step credit from recurring "
+                   "states beat episode credit on held-out BabyAI rooms?", margin=0.10,
+          learning_rate_from="grpo_babyai_noise_sized"),
     Study("archer_vs_filtered_bc", "maze", ("archer_observation", "archer", "filtered_bc"), baseline="filtered_bc",
           control="grpo_shuffled",
           goal="ArCHer's critic explains >= 50% of the return variance and ArCHer beats filtered BC at equal episodes",

@@ -160,6 +160,9 @@ def test_studies_sized_by_other_noise_share_and_extend_no_runs() -> None:
     sized = cat.STUDIES["grpo_babyai_noise_sized"]
     assert sized.noise_variant == "grpo_seq_mean" and cat.rate_source(sized) == "grpo_babyai_mini_batches"
     assert cat.shared_runs(sized) == () and cat.extended_study(sized) is None
+    gigpo = cat.STUDIES["gigpo_vs_grpo_babyai_noise_sized"]  # sized alike: GRPO's and the control's runs are its own
+    assert cat.same_size(gigpo, sized) and cat.rate_source(gigpo) == cat.rate_source(sized)
+    assert cat.shared_runs(gigpo) == ("grpo_seq_mean_mb4", "grpo_shuffled_seq_mean_mb4")
     assert cat.extended_study(cat.STUDIES["grpo_babyai_mini_batches_40_steps"]).name \
         == "grpo_babyai_mini_batches_30_steps"
 

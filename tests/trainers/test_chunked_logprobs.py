@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from agentgym.errors import ConfigError
-from agentgym.trainers.batch import TrainingBatch, sequence_logprobs
+from agentgym.trainers.batch import TrainingBatch, right_padded, sequence_logprobs
 from agentgym.trainers.logprobs import DEFAULT_CHUNK_SIZE
 from agentgym.trainers.packing import pack_sequences, packed_inputs, packed_sequence_logprobs
 
@@ -210,3 +210,43 @@ def test_bad_chunk_size_is_a_config_error(bad, llama):
     inputs = packed_inputs(batch, [[0]])
     with pytest.raises(ConfigError, match="or None for the unchunked"):
         packed_sequence_logprobs(model, inputs, chunk_size=bad)
+
+
+def test_right_padding_is_detected_and_nothing_else_is():
+    rows = torch.tensor
+    assert right_padded(rows([[1, 1, 0], [1, 1, 1], [0, 0, 0]]))
+    assert not right_padded(rows([[0, 1, 1]]))  # left padding: positions and attention need the mask
+    assert not right_padded(rows([[1, 0, 1]]))  # a token after a pad
+    assert right_padded(rows([[True, False]])) and right_padded(rows([[1]]))
+    assert not right_padded(torch.ones(1, 1, 3, 3))  # a packed 4-D mask is never dropped
+
+
+@pytest.mark.parametrize("padding", ["right", "left"])
+def test_padded_rows_score_as_each_row_alone(model, padding):
+    """Right-padded rows go through attention without their mask (causal attention hides the later padding);
+    left-padded ones keep it. Either way each real token's log-prob and gradient are the unpadded row's, and a
+    padded position scores 0."""
+    lengths = [23, 15, 6]
+    ids, attention = padded_batch(lengths, seed=7)
+    if padding == "left":
+        ids, attention = torch.stack([r.roll(int(w - n)) for r, n, w in zip(ids, lengths, [23] * 3)]), \
+            torch.stack([a.roll(int(23 - n)) for a, n in zip(attention, lengths)])
+    weights = torch.randn(ids.shape, generator=torch.Generator().manual_seed(8)) * attention
+    masks = []
+    hook = model.get_decoder().register_forward_pre_hook(lambda m, a, kw: masks.append(kw.get("attention_mask")),
+                                                         with_kwargs=True)
+    try:
+        batched = logprobs_and_grads(model, lambda: sequence_logprobs(model, ids, attention, 0.9), weights)
+    finally:
+        hook.remove()
+    assert (masks[-1] is None) == (padding == "right")  # the mask is dropped exactly where causal attention suffices
+    assert torch.equal(batched[0][attention == 0], torch.zeros(int((attention == 0).sum())))
+    alone_logp = torch.zeros(ids.shape)
+    model.zero_grad(set_to_none=True)
+    for i, n in enumerate(lengths):
+        cols = attention[i].nonzero().squeeze(1)
+        row = sequence_logprobs(model, ids[i:i + 1, cols], torch.ones(1, n, dtype=torch.long), 0.9)
+        (row * weights[i:i + 1, cols]).sum().backward()
+        alone_logp[i, cols] = row.detach()[0]
+    alone = (alone_logp, [p.grad.clone() for p in model.parameters() if p.requires_grad])
+    assert_same(alone, batched)

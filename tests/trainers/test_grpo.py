@@ -93,6 +93,34 @@ def test_micro_batch_size_does_not_change_the_update(model_dir: Path, tmp_path: 
     assert torch.allclose(digests[0], digests[1], atol=1e-6) and torch.allclose(digests[0], digests[2], atol=1e-6)
 
 
+@pytest.mark.parametrize("lengths", [[20, 18, 15], [20, 7, 5]])
+def test_packing_runs_only_where_two_sequences_share_a_row(model_dir: Path, tmp_path: Path, lengths: list[int]) -> None:
+    """With packing on, a micro-batch in which no two sequences fit one row is scored padded with no attention mask
+    at all (the causal kernel); one where two do is packed, under its block-diagonal mask. Same log-probs either
+    way."""
+    from agentgym.trainers.batch import TrainingBatch, sequence_logprobs
+
+    trainer = GrpoTrainer(small_config(model_dir, tmp_path, packing=True))
+    trainer.model, trainer.tokenizer = trainer._load(model_dir)
+    width = max(lengths)
+    mask = (torch.arange(width)[None] < torch.tensor(lengths)[:, None]).long()
+    ids = torch.randint(3, 200, mask.shape, generator=torch.Generator().manual_seed(0)) * mask
+    mb = TrainingBatch(ids, mask, mask.float(), torch.zeros(len(lengths)), torch.zeros(mask.shape))
+    masks = []
+    hook = trainer.model.get_decoder().register_forward_pre_hook(
+        lambda module, args, kwargs: masks.append(kwargs.get("attention_mask")), with_kwargs=True)
+    try:
+        with torch.no_grad():
+            scored = trainer._forward_logprobs(trainer.model, mb)
+    finally:
+        hook.remove()
+    shares = any(a + b <= width for i, a in enumerate(lengths) for b in lengths[i + 1:])
+    assert (masks[-1] is not None and masks[-1].dim() == 4) if shares else masks[-1] is None
+    with torch.no_grad():
+        padded = sequence_logprobs(trainer.model, ids, mask)
+    assert scored.shape == padded.shape and float((scored - padded).abs().max()) < 1e-5
+
+
 @pytest.mark.parametrize("packing", [False, True])
 def test_one_step_update_reads_pi_old_off_its_own_forward(model_dir: Path, tmp_path: Path, packing: bool,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
