@@ -9,6 +9,8 @@ backward per micro-batch, gradient clipping, one AdamW step) on CPU, for two mod
   512-token local tokenizer);
 * ``tiny-games``: the tiny model on long rows (640-1024 tokens, most near 900), the shape of multi-turn game
   episodes such as Sokoban's 15 turns of board and move, where attention is a larger share of the work;
+* ``tiny-long``: the tiny model on rows of 1,000-1,536 tokens, most near 1,300: BabyAI's episodes at the studies'
+  1,536-token context, where attention costs more than the linear layers;
 * ``100M``: a from-config Llama (hidden 768, 12 layers, 12 heads, intermediate 2048, vocab 32000, tied
   embeddings), the smallest size people fine-tune agents with.
 
@@ -38,7 +40,7 @@ warm-up update of each, and report the fastest update: other processes on a shar
 add time, and interleaving spreads their load over both methods. Peak memory comes from a fresh
 subprocess per (model, method) running two updates, so each ``ru_maxrss`` is its own.
 
-Run: python benchmarks/train_step.py [--quick] [--only tiny|tiny-games|100M]
+Run: python benchmarks/train_step.py [--quick] [--only tiny|tiny-games|tiny-long|100M]
 """
 
 from __future__ import annotations
@@ -99,9 +101,11 @@ def setups(quick: bool) -> dict[str, Setup]:
     if quick:
         return {"tiny": Setup("tiny", 24, 64, 1024, 200, 0.9, 8, 2),
                 "tiny-games": Setup("tiny-games", 16, 640, 1024, 900, 0.15, 8, 2),
+                "tiny-long": Setup("tiny-long", 16, 1000, 1536, 1300, 0.12, 8, 2),
                 "100M": Setup("100M", 6, 32, 256, 80, 0.8, 4, 1)}
     return {"tiny": Setup("tiny", 64, 64, 1024, 200, 0.9, 8, 4),
             "tiny-games": Setup("tiny-games", 32, 640, 1024, 900, 0.15, 8, 2),
+            "tiny-long": Setup("tiny-long", 32, 1000, 1536, 1300, 0.12, 8, 2),
             "100M": Setup("100M", 12, 32, 512, 110, 0.8, 4, 2)}
 
 
@@ -319,7 +323,7 @@ def run_worker(*args: str, quick: bool) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller batches (a smoke test, about two minutes)")
-    parser.add_argument("--only", choices=("tiny", "tiny-games", "100M"), help="run one setup only")
+    parser.add_argument("--only", choices=("tiny", "tiny-games", "tiny-long", "100M"), help="run one setup only")
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -335,7 +339,7 @@ def main() -> None:
     errors = check_packing()
     print(f"Correctness (tiny model, 16 sequences): packed vs padded max |dlogp| {errors['logp']:.2e}, "
           f"|dloss| {errors['loss']:.2e}, max relative |dgrad| {errors['grad']:.2e}: OK")
-    names = [args.only] if args.only else ["tiny", "tiny-games", "100M"]
+    names = [args.only] if args.only else ["tiny", "tiny-games", "tiny-long", "100M"]
     results = {}
     for name in names:
         timing = run_worker(name, "time", quick=args.quick)

@@ -272,9 +272,10 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           margin=0.10, learning_rate_from="grpo_babyai_mini_batches_30_steps", steps=30),
     # grpo_babyai_noise_sized with step credit beside it: at 576 rollouts a step both methods' gradients are at
     # least half signal at the warm start (GRPO seq-mean's noise scale 573, GiGPO seq-mean's 393 on the same 12
-    # batches, gradient_noise_babyai_gigpo_seq_mean.json), where the earlier comparisons ran at 136. Its GRPO and
-    # control runs are that study's; the verdict is read on test_large, test_replica and test_fresh pooled
-    # (--held-out-again), as fixed before it ran.
+    # batches, gradient_noise_babyai_gigpo_seq_mean.json; GRPO's scale multiplies a batch's GiGPO advantages by one
+    # number, which leaves the gradient's direction and so the noise scale as they are), where the earlier
+    # comparisons ran at 136. Its GRPO and control runs are that study's; the verdict is read on test_large,
+    # test_replica and test_fresh pooled (--held-out-again), as fixed before it ran.
     Study("gigpo_vs_grpo_babyai_noise_sized", "babyai", ("gigpo_equal_scale_seq_mean_mb4", "grpo_seq_mean_mb4"),
           noise_variant="grpo_seq_mean", baseline="grpo_seq_mean_mb4", control="grpo_shuffled_seq_mean_mb4",
           goal="GiGPO beats GRPO by >= 10 points (difference > 2 se) at equal rollouts and equal advantage scale",

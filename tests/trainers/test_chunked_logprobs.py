@@ -222,24 +222,30 @@ def test_right_padding_is_detected_and_nothing_else_is():
 
 
 @pytest.mark.parametrize("padding", ["right", "left"])
-def test_padded_rows_score_as_each_row_alone(model, padding):
-    """Right-padded rows go through attention without their mask (causal attention hides the later padding);
-    left-padded ones keep it. Either way each real token's log-prob and gradient are the unpadded row's, and a
-    padded position scores 0."""
+def test_padded_rows_score_as_each_row_alone(model, padding, monkeypatch):
+    """Right-padded rows reach attention with no mask at all, so SDPA runs its causal kernel (causal attention
+    hides the later padding); left-padded ones keep their mask. Either way each real token's log-prob and gradient
+    are the unpadded row's, and a padded position scores 0."""
+    import transformers.integrations.sdpa_attention as sdpa
+
     lengths = [23, 15, 6]
     ids, attention = padded_batch(lengths, seed=7)
     if padding == "left":
         ids, attention = torch.stack([r.roll(int(w - n)) for r, n, w in zip(ids, lengths, [23] * 3)]), \
             torch.stack([a.roll(int(23 - n)) for a, n in zip(attention, lengths)])
     weights = torch.randn(ids.shape, generator=torch.Generator().manual_seed(8)) * attention
-    masks = []
-    hook = model.get_decoder().register_forward_pre_hook(lambda m, a, kw: masks.append(kw.get("attention_mask")),
-                                                         with_kwargs=True)
-    try:
-        batched = logprobs_and_grads(model, lambda: sequence_logprobs(model, ids, attention, 0.9), weights)
-    finally:
-        hook.remove()
-    assert (masks[-1] is None) == (padding == "right")  # the mask is dropped exactly where causal attention suffices
+    kernel, calls = sdpa.torch.nn.functional.scaled_dot_product_attention, []
+
+    def spy(query, key, value, attn_mask=None, **kwargs):
+        calls.append((query.shape[0], attn_mask is None and bool(kwargs.get("is_causal"))))
+        return kernel(query, key, value, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(sdpa.torch.nn.functional, "scaled_dot_product_attention", spy)
+    batched = logprobs_and_grads(model, lambda: sequence_logprobs(model, ids, attention, 0.9), weights)
+    monkeypatch.undo()
+    causal = [plain for rows, plain in calls if rows == len(lengths)]  # the batch's calls, not a probe's
+    if model.config._attn_implementation == "sdpa":
+        assert causal and all(causal) == (padding == "right"), calls
     assert torch.equal(batched[0][attention == 0], torch.zeros(int((attention == 0).sum())))
     alone_logp = torch.zeros(ids.shape)
     model.zero_grad(set_to_none=True)
