@@ -28,8 +28,9 @@ class GrpoConfig(TrainerConfig):
     """Sequences per forward/backward pass; gradients accumulate, so this changes memory, never the loss."""
     packing: bool = False
     """Pack the sequences of each micro-batch into rows (block-diagonal attention) instead of padding them:
-    the same log-probs and loss, about 2x faster on CPU (benchmarks/train_step.py); the [B,1,T,T] mask costs
-    memory on long sequences."""
+    the same log-probs and loss, about 2x faster on CPU where lengths vary widely (benchmarks/train_step.py); the
+    [B,1,T,T] mask costs memory on long sequences. A micro-batch in which no two sequences fit one row is scored
+    padded, under the causal kernel, whatever this says."""
     ppo_epochs: int = 1
     """Passes over each rollout batch; old log-probs are computed once before the first."""
     mini_batches: int = 1
