@@ -536,13 +536,13 @@ def measured_hours(study: Study, results_dir: Path | None = None) -> dict[str, A
             "date": str(record.get("date", ""))[:10]}
 
 
-def progress_on_disk(study: Study, scale: Scale, seeds: int, workdir: Path) -> dict[str, Any] | None:
-    """How far an unfinished goal-scale run of the study in ``workdir`` has got, from its runs' ``metrics.jsonl``:
-    ``{"steps_done", "steps", "step_s"}`` (``step_s``: the median training step, sampling and update, as the runs
-    measured it with the cores they shared), or ``None`` when nothing is on disk."""
+def progress_on_disk(study: Study, scale: Scale, seeds: int, root: Path) -> dict[str, Any] | None:
+    """How far an unfinished goal-scale run of the study in its run folder ``root`` (``lr_tuning.workdir_name``)
+    has got, from its runs' ``metrics.jsonl``: ``{"steps_done", "steps", "step_s"}`` (``step_s``: the median
+    training step, sampling and update, as the runs measured it with the cores they shared), or ``None`` when
+    nothing is on disk."""
     import statistics
 
-    root = workdir / f"{study.name}-goal"
     done: dict[Path, dict[int, float]] = {}
     for metrics in sorted(root.glob("*/seed*/metrics.jsonl")) if root.is_dir() else []:
         for line in metrics.read_text(encoding="utf-8").splitlines():

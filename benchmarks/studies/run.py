@@ -572,7 +572,8 @@ def list_text(workdir: str = "runs/studies") -> str:
         last = cat.measured_hours(study)
         took = (f"last run took {last['hours']:.1f} h ({last['date']}, --jobs {last['jobs']})" if last
                 else "never run to the end")
-        now = cat.progress_on_disk(study, scale, 3, Path(workdir))
+        folder = lr_tuning.workdir_name(study, "goal", lr_tuning.learning_rate_of(study)[0])
+        now = cat.progress_on_disk(study, scale, 3, Path(workdir) / folder)
         if now and now["steps_done"] < now["steps"]:  # the hours a run under way still needs, at its own pace
             left = (now["steps"] - now["steps_done"]) * now["step_s"] / 2 / 3600
             took += (f"; under way in {workdir}: {now['steps_done']}/{now['steps']} training steps, "

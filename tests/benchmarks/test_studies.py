@@ -586,17 +586,24 @@ def test_sokoban_studies_clone_their_warm_start_further_than_the_others() -> Non
 def test_a_run_under_way_shows_its_steps_and_the_hours_it_still_needs(tmp_path: Path) -> None:
     study = cat.STUDIES["grpo_sokoban"]
     scale, _ = cat.goal_scale(study)
-    assert cat.progress_on_disk(study, scale, 3, tmp_path) is None
+    assert cat.progress_on_disk(study, scale, 3, tmp_path / "grpo_sokoban-goal") is None
     run = tmp_path / "grpo_sokoban-goal" / "grpo" / "seed0"
     run.mkdir(parents=True)
     rows = [{"step": 0, "eval/success_rate": 0.1}, {"step": 1, "time/step_s": 500.0},
             {"step": 2, "time/step_s": 300.0}, {"step": 2, "time/step_s": 400.0}]  # step 2 again after a resume
     (run / "metrics.jsonl").write_text("\n".join(map(json.dumps, rows)) + "\n{\"step\": 3, \"ti")  # cut short
-    now = cat.progress_on_disk(study, scale, 3, tmp_path)
+    now = cat.progress_on_disk(study, scale, 3, tmp_path / "grpo_sokoban-goal")
     assert now == {"steps_done": 2, "steps": 2 * 3 * scale.steps, "step_s": 450.0}
     line = next(x for x in study_run.list_text(str(tmp_path)).splitlines() if x.startswith("grpo_sokoban "))
     left = (2 * 3 * scale.steps - 2) * 450 / 2 / 3600
     assert f"2/{2 * 3 * scale.steps} training steps, 450 s a step (2 at once) -> ~{left:.1f} h more" in line
+    tuned = cat.STUDIES["grpo_babyai_noise_sized"]  # at a tuned rate: its folder names the rate
+    folder = study_run.lr_tuning.workdir_name(tuned, "goal", study_run.lr_tuning.learning_rate_of(tuned)[0])
+    assert folder.endswith("-lr0.0003")
+    (tmp_path / folder / "grpo_seq_mean_mb4" / "seed0").mkdir(parents=True)
+    (tmp_path / folder / "grpo_seq_mean_mb4" / "seed0" / "metrics.jsonl").write_text(json.dumps(rows[1]) + "\n")
+    line = next(x for x in study_run.list_text(str(tmp_path)).splitlines() if x.startswith("grpo_babyai_noise_sized "))
+    assert "1/120 training steps, 500 s a step" in line
 
 
 def test_the_textworld_study_keeps_one_context_strategy_in_every_rollout(tmp_path: Path) -> None:
