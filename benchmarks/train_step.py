@@ -3,7 +3,7 @@ the trainer does), with and without the padding mask in attention, and sequence 
 
 One GRPO-style update as ``GrpoTrainer._update`` does it (forward in float32, per-token log-probs,
 clipped policy loss with clip-higher, token-mean aggregation with the exact global token count,
-backward per micro-batch, gradient clipping, one AdamW step) on CPU, for two models in three setups:
+backward per micro-batch, gradient clipping, one AdamW step) on CPU, for two models in four setups:
 
 * ``tiny``: the built-in tiny model (``TinyModelConfig()`` defaults: Llama, hidden 128, 4 layers, the
   512-token local tokenizer);
