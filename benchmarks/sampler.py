@@ -19,6 +19,11 @@ Samplers, same model, same episodes, interleaved (reference, continuous, commit,
   has since stopped re-encoding the whole conversation after every observation).
 * ``continuous``: ``HFPolicy()``'s default: continuous batching over a slot KV cache
   (:mod:`agentgym.policies.continuous`).
+* ``continuous-bf16``: the same sampler on a bfloat16 copy of the model, as a ``mixed_precision: bf16`` run samples
+  (:mod:`agentgym.trainers.precision`; the CPU needs fast bfloat16 products, AVX512-BF16 or AMX, for it to pay).
+  Its episodes are other draws (bfloat16 logits), so its token count is printed beside the others; its log-probs
+  are checked against a full forward of the same bfloat16 model, within :data:`BF16_GAP`. The 10x goal is counted
+  on the float32 sampler, whose numbers equal the training forward's.
 
 Checks (the run exits with an error when one fails): the share of episodes whose sampled ids are identical in both
 samplers (seeded, so they should all be, up to float rounding at a CDF boundary) is printed; for a sample of
@@ -70,8 +75,12 @@ from agentgym.policies.base import SamplingParams
 from agentgym.policies.hf import HFPolicy
 from agentgym.registration.suites import load_suite
 from agentgym.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
+from agentgym.trainers.precision import sampling_copy
 
-SAMPLERS = ("reference", "continuous")
+SAMPLERS = ("reference", "continuous", "continuous-bf16")
+BF16_GAP = 0.02
+"""Most |log-prob - full forward| for the bfloat16 sampler, whose full forward is the same bfloat16 model: the batch
+shapes differ, so the products round differently (measured: a few thousandths on the tiny model)."""
 GOAL = 10.0
 BEFORE_CONTINUOUS = "3279914"
 """The last commit before continuous batching landed: its default sampler is "today's" in the goal of >= 10x
@@ -313,13 +322,14 @@ def measure(args: argparse.Namespace, tmp: Path) -> int:
             tree = tmp / "commit"
     specs = episodes(args.tasks, args.group)
     kv_tokens = args.in_flight * 1024  # the trainer sizes the cache for every episode at its full context
-    policies = {name: HFPolicy(model, tokenizer, device=args.device, max_batch_size=args.in_flight,
-                               kv_cache_tokens=kv_tokens,
-                               sampler=name) for name in SAMPLERS}
+    models = {"reference": model, "continuous": model, "continuous-bf16": sampling_copy(model, "bf16")}
+    policies = {name: HFPolicy(models[name], tokenizer, device=args.device, max_batch_size=args.in_flight,
+                               kv_cache_tokens=kv_tokens, sampler=name.split("-")[0]) for name in SAMPLERS}
     print(f"{len(specs)} Sokoban rollouts, {args.in_flight} in flight, {args.threads} torch threads, "
           f"load average {os.getloadavg()[0]:.2f}")
     run(policies["continuous"], specs[: min(len(specs), 16)], args.in_flight)  # warm-up: first-call costs
     run(policies["reference"], specs[: min(len(specs), 16)], args.in_flight)
+    run(policies["continuous-bf16"], specs[: min(len(specs), 16)], args.in_flight)
     best: dict[str, tuple[float, list[Any], dict[str, int]]] = {}
     at_commit: dict[str, tuple[float, list[Any]]] = {}
     for round_ in range(args.rounds):
@@ -344,7 +354,8 @@ def measure(args: argparse.Namespace, tmp: Path) -> int:
     tokens = {name: sum(len(t.action_token_ids) for tr in traj for t in tr.turns) for name, (_, traj, _) in best.items()}
     same = sum(tuple(tuple(t.action_token_ids) for t in a.turns) == tuple(tuple(t.action_token_ids) for t in b.turns)
                for a, b in zip(ref_traj, new_traj))
-    gaps = {name: full_forward_gap(model, traj, 64) for name, (_, traj, _) in best.items()}
+    gaps = {name: full_forward_gap(models[name], traj, 64) for name, (_, traj, _) in best.items()}
+    bf_s, bf_traj, _ = best["continuous-bf16"]
     ratio = ref_s / new_s
     work = {name: flops(model, traj) for name, (_, traj, _) in best.items()}
     rate = {name: sum(work[name]) / s / 1e9 for name, (s, _, _) in best.items()}
@@ -360,6 +371,9 @@ def measure(args: argparse.Namespace, tmp: Path) -> int:
           f"rollout tokens/s  {rate['reference']:.2f} GFLOP/s")
     print(f"continuous: {new_s:7.2f} s  {len(new_traj) / new_s:7.2f} rollouts/s  {tokens['continuous'] / new_s:8.0f} "
           f"rollout tokens/s  {rate['continuous']:.2f} GFLOP/s")
+    print(f"continuous on a bfloat16 copy: {bf_s:7.2f} s  {len(bf_traj) / bf_s:7.2f} rollouts/s  "
+          f"{tokens['continuous-bf16'] / bf_s:8.0f} rollout tokens/s ({tokens['continuous-bf16']:,} sampled tokens); "
+          f"{new_s / bf_s:.2f}x the float32 sampler")
     commit_s = at_commit["commit"][0] if at_commit else None
     commit_same = None
     if at_commit:
@@ -377,7 +391,8 @@ def measure(args: argparse.Namespace, tmp: Path) -> int:
     else:
         print(f"ratio (rollouts/s) over today's reference loop: {ratio:.2f}x (goal >= {GOAL:.0f}x)")
     print(f"identical sampled ids: {same}/{len(ref_traj)} episodes; max |log-prob - full forward|: "
-          f"reference {gaps['reference']:.2e}, continuous {gaps['continuous']:.2e}")
+          f"reference {gaps['reference']:.2e}, continuous {gaps['continuous']:.2e}, continuous-bf16 (against the "
+          f"bfloat16 model) {gaps['continuous-bf16']:.2e}")
     print(f"machine matmul: {model_mm:.1f} GFLOP/s at the model's shapes, {big_mm:.1f} GFLOP/s at 1024^3; "
           f"continuous sampler reaches {100 * rate['continuous'] / model_mm:.0f}% of the former")
     print(f"floor: {floor_s:.2f} s ({linear_flops / 1e12:.2f} TFLOP of products at {model_mm:.0f} GFLOP/s, "
@@ -387,8 +402,9 @@ def measure(args: argparse.Namespace, tmp: Path) -> int:
     print(f"prompt tokens computed: reference {ref_stats['prompt_tokens'] - ref_stats['reused_tokens']:,}, "
           f"continuous {new_stats['prompt_tokens'] - new_stats['reused_tokens']:,}")
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
-    if max(gaps.values()) > 1e-4:
-        print("log-probs differ from a full forward by more than 1e-4", file=sys.stderr)
+    if max(gaps["reference"], gaps["continuous"]) > 1e-4 or gaps["continuous-bf16"] > BF16_GAP:
+        print(f"log-probs differ from a full forward by more than 1e-4 (float32) or {BF16_GAP} (bfloat16)",
+              file=sys.stderr)
         return 1
     where = (f"{args.threads} torch threads" if args.device == "cpu"
              else f"{torch.cuda.get_device_name(args.device)} ({args.device})")
@@ -413,6 +429,12 @@ def measure(args: argparse.Namespace, tmp: Path) -> int:
                met=None if commit_s or not goal else ratio >= GOAL,
                note=f"{same}/{len(ref_traj)} episodes sampled identical ids" +
                     ("" if commit_s else "; the commit baseline was not run")),
+        figure(f"{workload}: continuous batching on a bfloat16 copy of the model (mixed_precision: bf16); "
+               f"baseline: {base_name}, float32", len(bf_traj) / bf_s, len(bf_traj) / base_s, unit="rollouts/s",
+               ratio=base_s / bf_s, note=f"{new_s / bf_s:.2f}x the float32 continuous sampler; other draws: "
+                                          f"{tokens['continuous-bf16']:,} sampled tokens against "
+                                          f"{tokens['continuous']:,}; log-probs within "
+                                          f"{gaps['continuous-bf16']:.1e} of the bfloat16 model's full forward"),
         figure(f"{workload}: rollout tokens/s", tokens["continuous"] / new_s, tokens["reference"] / ref_s,
                unit="tokens/s"),
         figure("model FLOP rate (estimate) against measured matmul at the model's shapes", rate["continuous"],
@@ -429,7 +451,7 @@ def measure(args: argparse.Namespace, tmp: Path) -> int:
                                               else "")),
     ]
     write_results(result_name(args), figures, details={
-        "seconds": {"reference": ref_s, "continuous": new_s, "floor": floor_s,
+        "seconds": {"reference": ref_s, "continuous": new_s, "continuous-bf16": bf_s, "floor": floor_s,
                     **({"commit": commit_s} if commit_s else {})},
         "commit": {"sha": args.commit, "identical_episodes": commit_same} if commit_s else None, "tokens": tokens,
         "flops": {name: {"products": w[0], "attention": w[1]} for name, w in work.items()},

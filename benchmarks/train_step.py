@@ -29,6 +29,9 @@ Methods, same batch, same micro-batch token budget ``B x max_len``:
   (causal attention already hides the padding after each real token), so SDPA runs its causal kernel.
 * ``sorted-masked``: the same rows with their padding mask passed to attention (the baseline of the line above):
   the kernel then computes every block of each ``L x L`` score matrix, the ones above the diagonal included.
+* ``sorted-bf16``: ``sorted`` under ``mixed_precision: bf16`` (:mod:`agentgym.trainers.precision`): the forward
+  under ``torch.autocast`` in bfloat16, weights, gradients and AdamW in float32. Its loss differs from ``sorted``'s
+  by bfloat16 rounding (printed); the learning studies run float32.
 * ``packed``: first-fit-decreasing packing into rows of ``max_len`` tokens
   (:func:`agentgym.trainers.packing.pack_sequences`), ``B`` rows per micro-batch, positions restarting at
   0 per sequence and a block-diagonal causal 4-D float mask. Packing time is inside the timed update.
@@ -67,11 +70,12 @@ from agentgym.models.geometry import rope_position_ids
 from agentgym.trainers import algorithms as alg
 from agentgym.trainers.batch import TrainingBatch, build_batch, sequence_logprobs
 from agentgym.trainers.grpo import longest_first
+from agentgym.trainers.precision import forward_precision
 from agentgym.trainers.logprobs import token_logprobs
 from agentgym.trainers.packing import pack_sequences, packed_inputs, packed_sequence_logprobs, unpack_logprobs
 from agentgym.trajectory import TokenView
 
-METHODS = ("padded", "sorted", "sorted-masked", "packed")
+METHODS = ("padded", "sorted", "sorted-masked", "sorted-bf16", "packed")
 
 
 @dataclass(frozen=True)
@@ -213,11 +217,12 @@ def update(model: Any, optimizer: torch.optim.Optimizer, batch: TrainingBatch, s
     tokens, _ = alg.loss_denominators(batch.loss_mask)
     optimizer.zero_grad(set_to_none=True)
     total, positions = 0.0, 0
-    if method in ("padded", "sorted", "sorted-masked"):
+    if method in ("padded", "sorted", "sorted-masked", "sorted-bf16"):
         ordered = batch.select(longest_first(batch, torch.arange(len(batch)))) if method != "padded" else batch
         for mb in padded_micro_batches(ordered, setup):
-            logp = (masked_logprobs(model, mb) if method == "sorted-masked"
-                    else sequence_logprobs(model, mb.input_ids, mb.attention_mask))
+            with forward_precision("cpu", "bf16" if method == "sorted-bf16" else "no"):
+                logp = (masked_logprobs(model, mb) if method == "sorted-masked"
+                        else sequence_logprobs(model, mb.input_ids, mb.attention_mask))
             loss = _loss(logp, mb.old_logprobs, mb.advantages, mb.loss_mask, tokens)
             loss.backward()
             total += float(loss.detach())
@@ -269,7 +274,8 @@ def timing_worker(name: str, quick: bool) -> dict[str, Any]:
         "tokens": int(batch.attention_mask.sum()), "trained_tokens": int(batch.loss_mask.sum()),
         "threads": torch.get_num_threads(),
         "methods": {m: {"seconds": min(r["seconds"] for r in rs), "cpu_seconds": min(r["cpu_seconds"] for r in rs),
-                        "all_seconds": [r["seconds"] for r in rs], "positions": rs[0]["positions"]}
+                        "all_seconds": [r["seconds"] for r in rs], "positions": rs[0]["positions"],
+                        "loss": rs[0]["loss"]}
                     for m, rs in runs.items()},
     }
 
@@ -387,6 +393,11 @@ def main() -> None:
               f"{pad['seconds'] / ordered['seconds']:.2f}x (wall), {pad['cpu_seconds'] / ordered['cpu_seconds']:.2f}x "
               f"(CPU time); positions computed {ordered['positions'] / pad['positions']:.2f}x")
         masked = results[(name, "sorted-masked")]
+        mixed = results[(name, "sorted-bf16")]
+        print(f"    sorted in float32 / under bf16 autocast (mixed_precision: bf16): throughput "
+              f"{ordered['seconds'] / mixed['seconds']:.2f}x (wall), "
+              f"{ordered['cpu_seconds'] / mixed['cpu_seconds']:.2f}x (CPU time); loss {mixed['loss']:+.5f} vs "
+              f"{ordered['loss']:+.5f}")
         print(f"    sorted without/with the padding mask in attention: throughput "
               f"{masked['seconds'] / ordered['seconds']:.2f}x (wall), "
               f"{masked['cpu_seconds'] / ordered['cpu_seconds']:.2f}x (CPU time)")
@@ -402,13 +413,18 @@ def main() -> None:
                    "baseline: the same rows with their padding mask in attention",
                    ordered["trained_tokens"] / ordered["seconds"], masked["trained_tokens"] / masked["seconds"],
                    unit="trained tokens/s", ratio=masked["seconds"] / ordered["seconds"]),
+            figure(f"{workload}: mixed precision (forward under bfloat16 autocast, float32 weights and AdamW); "
+                   "baseline: the same sorted rows in float32", mixed["trained_tokens"] / mixed["seconds"],
+                   ordered["trained_tokens"] / ordered["seconds"], unit="trained tokens/s",
+                   ratio=ordered["seconds"] / mixed["seconds"],
+                   note=f"loss of the first timed update {mixed['loss']:+.5f} vs {ordered['loss']:+.5f} in float32"),
             figure(f"{workload}: sequence packing; baseline: right padding in trajectory order",
                    pack["trained_tokens"] / pack["seconds"], pad["trained_tokens"] / pad["seconds"],
                    unit="trained tokens/s", ratio=speed,
                    note=f"padding share {1 - pack['tokens'] / pack['positions']:.0%}; peak RSS {memory:.2f}x"),
         ]
         print(f"    every timed update: padded {_fmt(pad['all_seconds'])}, sorted {_fmt(ordered['all_seconds'])}, "
-              f"sorted-masked {_fmt(masked['all_seconds'])}, packed {_fmt(pack['all_seconds'])}")
+              f"sorted-masked {_fmt(masked['all_seconds'])}, sorted-bf16 {_fmt(mixed['all_seconds'])}, packed {_fmt(pack['all_seconds'])}")
         if speed < 1.0:
             print(f"    NOTE: packing is SLOWER here ({speed:.2f}x wall). Rows are always {s.max_len} wide and the "
                   "CPU attention kernels compute every block of the dense 4-D mask, so its saving on padding "

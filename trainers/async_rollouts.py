@@ -37,7 +37,6 @@ episode sampled by the same weights gives the same tokens in a thread, a process
 
 from __future__ import annotations
 
-import copy
 import logging
 import queue
 import threading
@@ -49,6 +48,7 @@ from agentgym.errors import AgentGymError, ConfigError
 from agentgym.trajectory import Trajectory
 
 from agentgym.trainers.policy_versions import WeightMailbox, lag_metrics, versioned_policy_class
+from agentgym.trainers.precision import sampling_copy
 from agentgym.trainers.rollout_worker import (
     RolloutJob,
     custom_env_specs,
@@ -128,9 +128,7 @@ class AsyncRollouts:
         else:
             from agentgym.policies.hf import HFPolicy
 
-            model = copy.deepcopy(self.trainer.model).eval()
-            for p in model.parameters():
-                p.requires_grad_(False)
+            model = sampling_copy(self.trainer.model, cfg.mixed_precision)
             self.policy = versioned_policy_class(HFPolicy)(model, self.trainer.tokenizer, device=cfg.device,
                                                            max_batch_size=cfg.max_in_flight, name=cfg.trainer_name,
                                                            kv_cache_tokens=self.trainer._kv_cache_tokens())
@@ -154,9 +152,7 @@ class AsyncRollouts:
         self._jobs = ctx.Queue()
         receive, send = ctx.Pipe(duplex=False)
         self.mailbox = WeightMailbox(self.trainer.model.state_dict(), version, shared=True, context=ctx)
-        model = copy.deepcopy(self.trainer.model).cpu().eval()
-        for p in model.parameters():
-            p.requires_grad_(False)
+        model = sampling_copy(self.trainer.model, cfg.mixed_precision).cpu()
         options = {"device": cfg.device, "max_batch_size": cfg.max_in_flight, "name": cfg.trainer_name,
                    "kv_cache_tokens": self.trainer._kv_cache_tokens()}
         self._process = ctx.Process(

@@ -166,6 +166,13 @@ class TrainerConfig:
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
     """Precision the model is loaded and trained in (auto: the dtype its config.json names). bfloat16 halves the
     memory of weights and activations (CPU and GPU); log-probs are still computed in float32 from the logits."""
+    mixed_precision: Literal["no", "bf16"] = "no"
+    """``bf16``: the weights and the optimizer stay float32 (``dtype: float32``), the policy's training forwards run
+    under ``torch.autocast`` in bfloat16, and HF sampling runs on a bfloat16 copy of the weights refreshed after every
+    update (see :mod:`agentgym.trainers.precision`). On hardware with fast bfloat16 products (AVX512-BF16 or AMX CPUs,
+    recent GPUs) an update and sampling take less time; sampled log-probs then differ a little from the update's
+    float32-weight forward (``train/logprob_mismatch``). Unlike ``dtype: bfloat16``, small updates are not lost to the
+    weights' rounding. ``no``: float32 throughout."""
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = None
     """Attention kernel (None: transformers' default, sdpa where the model supports it); flash_attention_2 needs
     a CUDA GPU and the flash_attn package."""
@@ -228,6 +235,14 @@ class TrainerConfig:
             raise self._fail("weight_decay", f"must be >= 0, got {self.weight_decay}.")
         if self.generation_backend == "vllm" and not self.device.startswith("cuda"):
             raise self._fail("generation_backend", "'vllm' needs a CUDA GPU: set device: cuda, or use generation_backend: hf.")
+        if self.mixed_precision != "no" and self.dtype != "float32":
+            raise self._fail("mixed_precision", f"keeps float32 master weights, but dtype is {self.dtype!r}: set dtype: "
+                                                "float32 (mixed_precision: bf16 still computes in bfloat16), or "
+                                                "mixed_precision: no to train in that dtype throughout.")
+        if self.mixed_precision != "no" and self.parallelism == "fsdp":
+            raise self._fail("mixed_precision", "is not supported with parallelism: fsdp yet (its sampling copy "
+                                                "would need the gathered weights on every rank): use parallelism: ddp, "
+                                                "or mixed_precision: no.")
         if self.parallelism == "fsdp" and self.generation_backend != "hf":
             raise self._fail("parallelism", "'fsdp' samples with the trained model gathered on each rank (HF); "
                                             "syncing sharded weights into vLLM is not supported yet: use "

@@ -84,7 +84,8 @@ def behaviour_clone(model: Any, tokenizer: Any, demonstrations: Sequence[Traject
                     log: Callable[[int, dict[str, float]], None] | None = None,
                     progress: bool | str = "auto", processor: Any = None, start: int = 0,
                     critical: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
-                    threads: int | None = None) -> dict[str, float]:
+                    threads: int | None = None,
+                    forward_context: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext) -> dict[str, float]:
     """Train ``model`` in place with token-mean cross-entropy on the demonstrations' action tokens.
 
     Demonstrations with images (collected with a VLM's ``processor``) are scored with their pixel values,
@@ -98,6 +99,7 @@ def behaviour_clone(model: Any, tokenizer: Any, demonstrations: Sequence[Traject
     :class:`~agentgym.trainers.interrupt.BCInterrupted` with the steps completed, so the caller can save them and a
     later call continue from ``start`` (with a fresh optimizer state and its own sampling seed). ``threads``: the
     torch CPU threads in use, for the slow-step hint (:class:`agentgym.utils.cpu_threads.SlowStepWatch`).
+    ``forward_context``: what the forward runs in (the trainer's mixed precision, :mod:`agentgym.trainers.precision`).
     """
     if not demonstrations:
         raise ValueError("behaviour_clone got no demonstrations; check the suite's reference solver.")
@@ -118,8 +120,9 @@ def behaviour_clone(model: Any, tokenizer: Any, demonstrations: Sequence[Traject
             if watch is not None:
                 watch.start()
             with critical():
-                logp = sequence_logprobs(model, ids, attn, vision=vision_inputs(mb, processor, device))
-                loss = -(logp * mask).sum() / mask.sum().clamp(min=1.0)
+                with forward_context():
+                    logp = sequence_logprobs(model, ids, attn, vision=vision_inputs(mb, processor, device))
+                    loss = -(logp * mask).sum() / mask.sum().clamp(min=1.0)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -206,7 +206,12 @@ class GrpoTrainer(OnlineTrainer):
         return {}
 
     def _forward_logprobs(self, model: Any, mb: TrainingBatch) -> torch.Tensor:
-        """``[n, L]`` per-token log-probs of a micro-batch, padded or packed (identical values)."""
+        """``[n, L]`` per-token log-probs of a micro-batch, padded or packed (identical values), in the run's
+        precision (:meth:`_forward_precision`)."""
+        with self._forward_precision():
+            return self._forward_logprobs_as_is(model, mb)
+
+    def _forward_logprobs_as_is(self, model: Any, mb: TrainingBatch) -> torch.Tensor:
         cfg = self.config
         if mb.images is not None:  # a VLM's images, merged row by row: scored padded (packing would reorder them)
             vision = vision_inputs(mb, self._processor(), cfg.device, next(model.parameters()).dtype)

@@ -41,6 +41,7 @@ from agentgym.suite import Task
 from agentgym.trainers.rollout_worker import RolloutJob
 from agentgym.trainers.rollout_saver import save_step_rollouts
 from agentgym.trainers.bc import behaviour_clone, collect_demonstrations
+from agentgym.trainers.precision import forward_precision, refresh_sampling_copy, sampling_copy
 from agentgym.trainers.interrupt import BCInterrupted, InterruptGuard, TrainingInterrupted
 from agentgym.utils.cpu_threads import SlowStepWatch
 from agentgym.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -125,6 +126,7 @@ class OnlineTrainer:
         self.eval_tasks = self.eval_suite.split(config.eval_split)[: config.eval_tasks]
         self.episodes = 0
         self._async: Any = None  # the background rollout worker when max_staleness > 0
+        self._sampling_model: Any = None  # mixed precision: the bfloat16 copy HF sampling runs on
         self._rubric: Any = None  # reward: rubric: scores each step's episodes before the update
         if config.reward == "rubric":
             from agentgym.trainers.rubric_reward import RubricReward
@@ -189,7 +191,8 @@ class OnlineTrainer:
                 self.model, self.tokenizer, demos, steps=cfg.bc_steps, learning_rate=cfg.bc_learning_rate,
                 batch_size=cfg.bc_batch_size, seed=cfg.seed, device=cfg.device,
                 log=lambda s, m: self.world.is_main and self.metrics.log(0, {**m, "bc/step": s}),
-                processor=self._processor(), start=start, critical=self._critical, threads=self._threads)
+                processor=self._processor(), start=start, critical=self._critical, threads=self._threads,
+                forward_context=self._forward_precision)
         except BCInterrupted as exc:
             self._bc_done = exc.completed if exc.completed > 0 else None  # None: the model has not changed
             raise KeyboardInterrupt from None
@@ -197,7 +200,8 @@ class OnlineTrainer:
         self.world.broadcast_parameters(self.model)
 
     def _generation_policy(self, model_dir: Path) -> Any:
-        """HF: sample from the training model itself (always current). vLLM: a separate engine, synced now."""
+        """HF: sample from the training model itself (always current), or with ``mixed_precision`` from a bfloat16
+        copy of it. vLLM: a separate engine, synced now."""
         cfg = self.config
         if cfg.generation_backend == "vllm":
             from agentgym.policies.vllm import VLLMPolicy
@@ -212,7 +216,9 @@ class OnlineTrainer:
             return policy
         from agentgym.policies.hf import HFPolicy
 
-        return HFPolicy(self.model, self.tokenizer, device=cfg.device, max_batch_size=cfg.max_in_flight,
+        # mixed precision samples from a bfloat16 copy, refreshed after every update (_step)
+        self._sampling_model = None if cfg.mixed_precision == "no" else sampling_copy(self.model, cfg.mixed_precision)
+        return HFPolicy(self._sampling_model or self.model, self.tokenizer, device=cfg.device, max_batch_size=cfg.max_in_flight,
                         name=cfg.trainer_name, processor=self._processor(), kv_cache_tokens=self._kv_cache_tokens())
 
     def _kv_cache_tokens(self) -> int:
@@ -242,6 +248,10 @@ class OnlineTrainer:
 
             self._loaded_processor = load_processor(self.model_dir)
         return self._loaded_processor
+
+    def _forward_precision(self) -> contextlib.AbstractContextManager[Any]:
+        """The context every training forward of the policy runs in (autocast under ``mixed_precision``)."""
+        return forward_precision(self.config.device, self.config.mixed_precision)
 
     def _sync_weights(self) -> Any:
         """What vLLM loads after an update: the model itself, or with LoRA the base with the adapters merged in."""
@@ -530,6 +540,8 @@ class OnlineTrainer:
                 self._async.publish(self.model)
             elif cfg.generation_backend == "vllm":
                 self.policy.load_weights(self._sync_weights())
+            elif self._sampling_model is not None:  # mixed precision's bfloat16 copy
+                refresh_sampling_copy(self._sampling_model, self.model)
             self._log(step + 1, {
                 **stats, **self._episode_metrics(trajectories), "train/episodes_seen": float(self.episodes),
                 **lag, **judged, "time/rollout_s": t_rollout, "time/step_s": time.perf_counter() - t0,

@@ -82,7 +82,8 @@ class ReplayActorTrainer(OnlineTrainer):
         return [tuple(g.token_ids or ()) for g in generations]
 
     def _forward_logprobs(self, model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
-        return sequence_logprobs(model, ids, attention, self.config.temperature)
+        with self._forward_precision():
+            return sequence_logprobs(model, ids, attention, self.config.temperature)
 
     def _actor_module(self) -> Any:
         """What the actor's trained passes go through: :meth:`_forward_logprobs` on the model, in
