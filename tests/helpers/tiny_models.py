@@ -17,11 +17,16 @@ from agentgym.models.tiny import TinyModelConfig, build_tiny_model, load_tiny_mo
 SMALL = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128)
 
 
-def build_maze_tiny_model(path: Path) -> Path:
-    """An untrained :data:`SMALL` tiny model whose tokenizer was trained on ``games-maze`` demonstrations."""
+def build_small_tiny_model(path: Path, suite: str = "games-calc", demonstrations: int = 100) -> Path:
+    """An untrained :data:`SMALL` tiny model whose tokenizer was trained on ``demonstrations`` of ``suite``."""
     from agentgym.cli.quickstart import demonstration_texts
 
-    return build_tiny_model(path, texts=demonstration_texts("games-maze", 40), config=SMALL)
+    return build_tiny_model(path, texts=demonstration_texts(suite, demonstrations), config=SMALL)
+
+
+def build_maze_tiny_model(path: Path) -> Path:
+    """An untrained :data:`SMALL` tiny model whose tokenizer was trained on ``games-maze`` demonstrations."""
+    return build_small_tiny_model(path, "games-maze", 40)
 
 
 def build_context_sensitive_tiny_model(path: Path, config: TinyModelConfig, *, std: float = 0.2) -> Path:

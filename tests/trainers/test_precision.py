@@ -11,20 +11,16 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from agentgym.cli.quickstart import demonstration_texts  # noqa: E402
 from agentgym.errors import ConfigError  # noqa: E402
-from agentgym.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
 from agentgym.trainers.config import GrpoConfig  # noqa: E402
 from agentgym.trainers.grpo import GrpoTrainer  # noqa: E402
 from agentgym.trainers.precision import forward_precision, refresh_sampling_copy, sampling_copy  # noqa: E402
-
-SMALL = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128)
+from tests.helpers.tiny_models import build_small_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", texts=demonstration_texts("games-calc", 100),
-                            config=SMALL)
+    return build_small_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
 def config(model_dir: Path, out: Path, **overrides: object) -> GrpoConfig:
