@@ -41,7 +41,7 @@ from agentgym.suite import Task
 from agentgym.trainers.rollout_worker import RolloutJob
 from agentgym.trainers.rollout_saver import save_step_rollouts
 from agentgym.trainers.bc import behaviour_clone, collect_demonstrations
-from agentgym.trainers.precision import forward_precision, refresh_sampling_copy, sampling_copy
+from agentgym.trainers.precision import forward_precision, refresh_sampling_copy, sampling_copy, slow_bfloat16
 from agentgym.trainers.interrupt import BCInterrupted, InterruptGuard, TrainingInterrupted
 from agentgym.utils.cpu_threads import SlowStepWatch
 from agentgym.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -217,6 +217,9 @@ class OnlineTrainer:
         from agentgym.policies.hf import HFPolicy
 
         # mixed precision samples from a bfloat16 copy, refreshed after every update (_step)
+        slow = slow_bfloat16(cfg.device) if cfg.mixed_precision != "no" else None
+        if slow and self.world.is_main:
+            logger.warning("mixed_precision: %s: %s", cfg.mixed_precision, slow)
         self._sampling_model = None if cfg.mixed_precision == "no" else sampling_copy(self.model, cfg.mixed_precision)
         return HFPolicy(self._sampling_model or self.model, self.tokenizer, device=cfg.device, max_batch_size=cfg.max_in_flight,
                         name=cfg.trainer_name, processor=self._processor(), kv_cache_tokens=self._kv_cache_tokens())

@@ -19,7 +19,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["MIXED_PRECISION", "forward_precision", "refresh_sampling_copy", "sampling_copy"]
+from agentgym.utils.procfs import cpu_flags
+
+__all__ = ["MIXED_PRECISION", "forward_precision", "refresh_sampling_copy", "sampling_copy", "slow_bfloat16"]
 
 MIXED_PRECISION = ("no", "bf16")
 """The values of ``mixed_precision``: ``no`` (float32 throughout) and ``bf16``."""
@@ -52,3 +54,16 @@ def refresh_sampling_copy(shadow: Any, model: Any) -> None:
     old weights are never reused."""
     with torch.no_grad():
         shadow.load_state_dict(model.state_dict())
+
+
+def slow_bfloat16(device: str | torch.device) -> str | None:
+    """Why bfloat16 products would be slow on ``device`` (a CPU without AVX512-BF16 or AMX: PyTorch then converts
+    each product to float32 and back, slower than float32 alone), else ``None``. Unknown CPUs (no
+    ``/proc/cpuinfo``) are not judged."""
+    if torch.device(device).type != "cpu":
+        return None
+    flags = cpu_flags()
+    if not flags or flags & {"avx512_bf16", "amx_bf16"}:
+        return None
+    return ("this CPU has no bfloat16 products (neither avx512_bf16 nor amx_bf16 in /proc/cpuinfo), so bfloat16 runs "
+            "slower than float32 here: set mixed_precision: no")

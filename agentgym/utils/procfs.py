@@ -15,8 +15,8 @@ from __future__ import annotations
 import contextlib
 import os
 
-__all__ = ["all_pids", "children", "cmdline", "descendants", "parent_pid", "start_ticks", "stat_fields", "state",
-           "status"]
+__all__ = ["all_pids", "children", "cmdline", "cpu_flags", "descendants", "parent_pid", "start_ticks", "stat_fields",
+           "state", "status"]
 
 
 def all_pids() -> list[int]:
@@ -125,3 +125,17 @@ def descendants(root_pid: int) -> set[int]:
             found.add(pid)
             todo.extend(below.get(pid, ()))
     return found
+
+
+def cpu_flags() -> frozenset[str]:
+    """The instruction-set flags of the first CPU in ``/proc/cpuinfo`` (``avx512_bf16``, ``amx_bf16`` ...); empty
+    where there is no such file (not Linux)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() == "flags":
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()

@@ -110,3 +110,15 @@ def test_an_asynchronous_worker_samples_in_bfloat16_too(model_dir: Path, tmp_pat
     assert len(steps) == 3
     # every update's pi_old is the float32-weight forward; the worker's samples came from the bfloat16 copy
     assert all(0 < m["train/logprob_mismatch"] < 0.1 for m in steps), [m["train/logprob_mismatch"] for m in steps]
+
+
+def test_a_cpu_without_bfloat16_products_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    import agentgym.trainers.precision as precision
+
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    assert "set mixed_precision: no" in precision.slow_bfloat16("cpu")
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    assert precision.slow_bfloat16("cpu") is None
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset())  # no /proc/cpuinfo: not judged
+    assert precision.slow_bfloat16("cpu") is None
+    assert precision.slow_bfloat16("cuda") is None
