@@ -221,7 +221,8 @@ class OnlineTrainer:
         if slow and self.world.is_main:
             logger.warning("mixed_precision: %s: %s", cfg.mixed_precision, slow)
         self._sampling_model = None if cfg.mixed_precision == "no" else sampling_copy(self.model, cfg.mixed_precision)
-        return HFPolicy(self._sampling_model or self.model, self.tokenizer, device=cfg.device, max_batch_size=cfg.max_in_flight,
+        sampled = self.model if self._sampling_model is None else self._sampling_model
+        return HFPolicy(sampled, self.tokenizer, device=cfg.device, max_batch_size=cfg.max_in_flight,
                         name=cfg.trainer_name, processor=self._processor(), kv_cache_tokens=self._kv_cache_tokens())
 
     def _kv_cache_tokens(self) -> int:
