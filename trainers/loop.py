@@ -90,6 +90,22 @@ def _is_evaluation_at(metrics: Path, index: int, step: int) -> bool:
         and all(key == "step" or key.startswith("eval/") for key in record)
 
 
+def _has_evaluation_at(metrics: Path, step: int) -> bool:
+    """Whether ``metrics.jsonl`` holds an evaluation record (``eval/`` keys) at ``step``."""
+    try:
+        lines = metrics.read_bytes().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("step") == step and any(k.startswith("eval/") for k in record):
+            return True
+    return False
+
+
 class OnlineTrainer:
     """``Trainer(config).train()``; see the module docstring for the order of work.
 
@@ -431,6 +447,10 @@ class OnlineTrainer:
 
         if start == 0:
             summary["eval_before"] = self._evaluate(0)
+        elif self.world.sum(float(self.world.is_main and self._evaluation_owed(start))) > 0:
+            # stopped between an evaluation step's update (checkpointed) and its evaluation: the curve gets it now,
+            # with the same weights the uninterrupted run evaluated
+            self._evaluate(start)
         self._async = None
         if cfg.max_staleness:  # the next steps' rollouts are generated while this one trains
             from agentgym.trainers.async_rollouts import AsyncRollouts
@@ -461,6 +481,13 @@ class OnlineTrainer:
             self._finish(summary)
         self.metrics.close()
         return summary
+
+    def _evaluation_owed(self, step: int) -> bool:
+        """Whether ``step`` is a mid-run evaluation step with no evaluation in ``metrics.jsonl`` (main rank)."""
+        cfg = self.config
+        if not cfg.eval_every or step % cfg.eval_every or not 0 < step < cfg.steps:
+            return False
+        return not _has_evaluation_at(self.metrics.path, step)
 
     def _rewind_metrics(self, resume_from: Path | None) -> None:
         """Cut metrics.jsonl back to the checkpoint this run resumes from (to nothing without one): everything

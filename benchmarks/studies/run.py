@@ -471,8 +471,9 @@ def plot(study: Study, runs: list[dict[str, Any]], path: Path, title: str) -> No
         for r in own:
             xs, ys = zip(*r["curve"])
             ax.plot(xs, ys, color=color, alpha=0.25, linewidth=1)
-        xs = [x for x, _ in own[0]["curve"]]
-        mean = [statistics.mean(dict(r["curve"]).get(x, float("nan")) for r in own) for x in xs]
+        # the mean only where every seed was evaluated: a point averaged over fewer seeds would bend the line
+        xs = sorted(set.intersection(*({x for x, _ in r["curve"]} for r in own)))
+        mean = [statistics.mean(dict(r["curve"])[x] for r in own) for x in xs]
         ax.plot(xs, mean, color=color, marker="o", linewidth=2, label=f"{method} ({len(own)} seeds)")
     ax.set_xlabel("training episodes")
     ax.set_ylabel("held-out success (greedy)")

@@ -71,3 +71,31 @@ def test_a_failed_metrics_append_is_cut_back_and_a_torn_line_is_skipped(tmp_path
         fh.write(b'{"step": 3, "lo')  # a crash mid-line in an older release
     assert [r["step"] for r in read_metrics(logger.path)] == [1, 2]
     assert json.loads(logger.path.read_bytes().splitlines()[0])["step"] == 1
+
+
+def test_a_run_stopped_before_an_evaluation_step_evaluates_it_on_resume(model_dir: Path, tmp_path: Path,  # noqa: F811
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C after step 2's update (checkpointed) but during its evaluation: the resumed run starts at step 2 and
+    must still evaluate there, or the learning curve silently misses a point."""
+    from agentgym.trainers.interrupt import TrainingInterrupted
+
+    out = tmp_path / "run"
+    config = small_config(model_dir, out, steps=4, checkpoint_every=0, eval_every=2, keep_checkpoints=3)
+    evaluate = GrpoTrainer._evaluate
+
+    def stop_at_step_2(self: GrpoTrainer, step: int) -> dict:
+        if step == 2:
+            raise KeyboardInterrupt
+        return evaluate(self, step)
+
+    monkeypatch.setattr(GrpoTrainer, "_evaluate", stop_at_step_2)
+    with pytest.raises(TrainingInterrupted) as stopped:
+        GrpoTrainer(config).train()
+    assert stopped.value.step == 2
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl") if "eval/success_rate" in r] == [0]
+    monkeypatch.setattr(GrpoTrainer, "_evaluate", evaluate)
+
+    GrpoTrainer(config).train()
+    _check_once_each(out / "metrics.jsonl", 4)
+    GrpoTrainer(config).train()  # the finished run again: nothing owed at step 2, logged once
+    _check_once_each(out / "metrics.jsonl", 4)
