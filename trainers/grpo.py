@@ -242,12 +242,18 @@ class GrpoTrainer(OnlineTrainer):
         # from, so pi_old is that forward's own detached output and a separate no-grad pass over the whole batch
         # (a third of the update's compute) would only recompute it. Off-policy correction needs pi_old before
         # the update; dropout would make the training forward differ from pi_old.
-        old_from_forward = (cfg.ppo_epochs == 1 and cfg.mini_batches == 1 and not cfg.corrects_off_policy
-                            and same_in_train_and_eval(model))
+        exact_forward = not cfg.corrects_off_policy and same_in_train_and_eval(model)
+        old_from_forward = exact_forward and cfg.ppo_epochs == 1 and cfg.mini_batches == 1
+        # Several optimizer steps: pi_old of the later mini-batches is the sampler's log-probs when those are this
+        # model's own (HF sampling from these float32 weights, not a bfloat16 copy, vLLM or stale samples). The first
+        # mini-batch's forward runs on unchanged weights and so checks that on a quarter of the batch (or whatever
+        # share it holds) before the first optimizer step; see _settle_pi_old.
+        check_sampler = exact_forward and not old_from_forward and cfg.parallelism != "fsdp" \
+            and cfg.generation_backend == "hf" and getattr(self, "_sampling_model", None) is None
         batch.old_logprobs = None
         with torch.no_grad():  # the unwrapped model: no collectives, so ranks may differ in how many passes run
             model.eval()
-            if not old_from_forward:
+            if not old_from_forward and not check_sampler:
                 with self.sharding.full_weights(model):  # FSDP: gathered by every rank together first
                     batch.old_logprobs = _no_grad_logprobs(self._forward_logprobs, model, batch,
                                                            cfg.micro_batch_size, width)
@@ -266,10 +272,9 @@ class GrpoTrainer(OnlineTrainer):
         else:
             off_policy = {}
         mask = batch.loss_mask
-        mismatch_sums = torch.zeros(2, dtype=torch.float64)  # |pi_old - pi_sampler| summed over trained tokens, tokens
-        if batch.old_logprobs is not None:
-            mismatch_sums += torch.tensor([float(((batch.old_logprobs - batch.sampler_logprobs).abs() * mask).sum()),
-                                           float(mask.sum())], dtype=torch.float64)
+        mismatch_sums = torch.zeros(3, dtype=torch.float64)  # |pi_old - pi_sampler| summed and max over trained tokens,
+        if batch.old_logprobs is not None:                    # and the tokens
+            _add_mismatch(mismatch_sums, _mismatch(batch.old_logprobs, batch.sampler_logprobs, mask))
         plan = []  # per epoch, exactly mini_batches row sets (tensor_split: 5 rows into 4 gives 4, one may be empty)
         local = torch.zeros(cfg.ppo_epochs, cfg.mini_batches, 3, dtype=torch.float64)
         for epoch in range(cfg.ppo_epochs):
@@ -312,6 +317,8 @@ class GrpoTrainer(OnlineTrainer):
                         else:  # this rank ran out of rows: a zero-weight pass so it joins the gradient all-reduce
                             loss = trained(_placeholder(int(self.tokenizer.pad_token_id or 0))).sum() * 0.0
                         loss.backward()
+                if check_sampler and epoch == 0 and k == 0:  # still the weights the samples came from
+                    stats["train/pi_old_from_sampler"] = float(self._settle_pi_old(batch, mismatch_sums, width))
                 norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
                 norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))  # FSDP: a DTensor
                 optimizer.step()
@@ -339,8 +346,8 @@ class GrpoTrainer(OnlineTrainer):
         if mb.old_logprobs is None:
             old = logp.detach()
             if mismatch_sums is not None:
-                gap = (old.cpu() - mb.sampler_logprobs[:, :old.shape[1]]).abs() * mb.loss_mask[:, :old.shape[1]]
-                mismatch_sums += torch.tensor([float(gap.sum()), float(mb.loss_mask.sum())], dtype=torch.float64)
+                _add_mismatch(mismatch_sums, _mismatch(old.cpu(), mb.sampler_logprobs[:, :old.shape[1]],
+                                                       mb.loss_mask[:, :old.shape[1]]))
         else:
             old = mb.old_logprobs.to(logp.device)
         per_token, metrics = alg.clipped_policy_loss(
@@ -356,6 +363,27 @@ class GrpoTrainer(OnlineTrainer):
         sums[2] += float(metrics["clip_frac"])
         sums[3] += 1.0
         return loss
+
+    def _settle_pi_old(self, batch: TrainingBatch, mismatch_sums: torch.Tensor, width: int) -> bool:
+        """After the first mini-batch's backward passes, before its optimizer step: set ``batch.old_logprobs`` for
+        the rest of the update. Where the sampler's log-probs matched that mini-batch's own forward (mean gap at most
+        :data:`SAMPLER_MEAN_GAP`, largest at most :data:`SAMPLER_MAX_GAP`, on every rank's rows together) they are
+        pi_old, saving a no-grad pass over the whole batch (a quarter of an update's compute); else that pass runs
+        now, on the weights the samples came from, and ``mismatch_sums`` becomes the whole batch's. Returns whether
+        the sampler's were taken. Every rank calls it and all decide alike."""
+        seen = self.world.gather(mismatch_sums.clone())
+        gap, tokens, largest = float(seen[:, 0].sum()), float(seen[:, 1].sum()), float(seen[:, 2].max())
+        if tokens > 0 and gap / tokens <= SAMPLER_MEAN_GAP and largest <= SAMPLER_MAX_GAP:
+            batch.old_logprobs = batch.sampler_logprobs
+            return True
+        model = self.model
+        with torch.no_grad():
+            model.eval()
+            batch.old_logprobs = _no_grad_logprobs(self._forward_logprobs, model, batch, self.config.micro_batch_size,
+                                                   width)
+            model.train()
+        mismatch_sums.copy_(_mismatch(batch.old_logprobs, batch.sampler_logprobs, batch.loss_mask))
+        return False
 
     def _trained_module(self) -> Any:
         """The module the update's forward and backward go through: :meth:`_forward_logprobs` on the model, in
@@ -467,6 +495,27 @@ def same_in_train_and_eval(model: Any) -> bool:
         if isinstance(value, (int, float)) and value > 0:
             return False
     return not any(isinstance(module, torch.nn.Dropout) and module.p > 0 for module in model.modules())
+
+
+SAMPLER_MEAN_GAP = 1e-4
+"""Largest mean |log pi_sampler - log pi_train| per trained token for the sampler's log-probs to serve as pi_old:
+float32 HF sampling with a KV cache differs from the training forward by about 1e-7; a bfloat16 sampler, another
+engine or a context the sampler saw differently by 1e-3 and more."""
+SAMPLER_MAX_GAP = 1e-2
+"""Largest gap on any one trained token for the same (one turn scored on another context would show here)."""
+
+
+def _mismatch(old: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[sum, tokens, max]`` of |old - sampler| over the trained tokens (``mask`` > 0), float64."""
+    gap = (old - sampler).abs() * mask
+    return torch.tensor([float(gap.sum()), float(mask.sum()), float(gap.max()) if gap.numel() else 0.0],
+                        dtype=torch.float64)
+
+
+def _add_mismatch(sums: torch.Tensor, part: torch.Tensor) -> None:
+    """Fold one :func:`_mismatch` into running ``sums`` in place (sums add, the maximum is a maximum)."""
+    sums[:2] += part[:2]
+    sums[2] = max(float(sums[2]), float(part[2]))
 
 
 def _no_grad_logprobs(forward: Any, model: Any, batch: TrainingBatch, micro_batch_size: int, width: int) -> torch.Tensor:

@@ -152,6 +152,63 @@ def test_one_step_update_reads_pi_old_off_its_own_forward(model_dir: Path, tmp_p
     assert fused_stats["train/logprob_mismatch"] < 1e-4
 
 
+@pytest.mark.parametrize("shape", [dict(mini_batches=2), dict(mini_batches=1, ppo_epochs=2)])
+def test_several_optimizer_steps_take_pi_old_from_a_sampler_that_matches(model_dir: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        shape: dict) -> None:
+    """With several optimizer steps, the sampler's float32 log-probs are pi_old once the first mini-batch's own
+    forward confirms them: no no-grad pass over the batch, and the same update as with that pass (forced here by a
+    tolerance nothing meets)."""
+    import agentgym.trainers.grpo as grpo_module
+    from agentgym.policies.hf import HFPolicy
+
+    results = []
+    for forced in (False, True):
+        if forced:
+            monkeypatch.setattr(grpo_module, "SAMPLER_MEAN_GAP", -1.0)
+        trainer = GrpoTrainer(small_config(model_dir, tmp_path / str(forced), micro_batch_size=2, **shape))
+        trainer.model, trainer.tokenizer = trainer._load(model_dir)
+        trainer.reference = None
+        trainer.policy = HFPolicy(trainer.model, trainer.tokenizer)
+        batch = build_batch(trainer._sample(0), torch.tensor([1.0, -0.5, 0.25, -1.0] * 2), [True] * 8, pad_id=0)
+        calls = []
+        forward = trainer._forward_logprobs
+        trainer._forward_logprobs = lambda model, mb: calls.append(torch.is_grad_enabled()) or forward(model, mb)
+        optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=1e-3)
+        stats = trainer._update(batch, optimizer, trainer._schedule(optimizer), 0)
+        results.append((torch.cat([p.detach().flatten() for p in trainer.model.parameters()]), stats, calls))
+    (taken, taken_stats, taken_calls), (recomputed, recomputed_stats, recomputed_calls) = results
+    assert taken_stats["train/pi_old_from_sampler"] == 1.0 and all(taken_calls), "no no-grad pass"
+    assert recomputed_stats["train/pi_old_from_sampler"] == 0.0
+    assert sum(not grad for grad in recomputed_calls) == 4, "one no-grad pass over the 8 rows, 2 a micro-batch"
+    assert torch.allclose(taken, recomputed, atol=1e-6)
+    assert taken_stats["train/loss"] == pytest.approx(recomputed_stats["train/loss"], abs=1e-6)
+    assert taken_stats["train/logprob_mismatch"] < 1e-4 and recomputed_stats["train/logprob_mismatch"] < 1e-4
+
+
+def test_a_sampler_that_differs_from_the_model_gets_the_no_grad_pass(model_dir: Path, tmp_path: Path) -> None:
+    """Sampler log-probs off by 0.05 on every token (as another engine's or precision's would be): the first
+    mini-batch detects it, the batch is scored again before any optimizer step, and the update equals one whose
+    sampler log-probs were exact (the ratio's pi_old is the model's, not the sampler's)."""
+    from agentgym.policies.hf import HFPolicy
+
+    results = []
+    for offset in (0.0, 0.05):
+        trainer = GrpoTrainer(small_config(model_dir, tmp_path / str(offset), micro_batch_size=2, mini_batches=2))
+        trainer.model, trainer.tokenizer = trainer._load(model_dir)
+        trainer.reference = None
+        trainer.policy = HFPolicy(trainer.model, trainer.tokenizer)
+        batch = build_batch(trainer._sample(0), torch.tensor([1.0, -0.5, 0.25, -1.0] * 2), [True] * 8, pad_id=0)
+        batch.sampler_logprobs = batch.sampler_logprobs - offset * batch.loss_mask
+        optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=1e-3)
+        stats = trainer._update(batch, optimizer, trainer._schedule(optimizer), 0)
+        results.append((torch.cat([p.detach().flatten() for p in trainer.model.parameters()]), stats))
+    (exact, exact_stats), (off, off_stats) = results
+    assert exact_stats["train/pi_old_from_sampler"] == 1.0 and off_stats["train/pi_old_from_sampler"] == 0.0
+    assert off_stats["train/logprob_mismatch"] == pytest.approx(0.05, abs=1e-3), "measured on the whole batch"
+    assert torch.allclose(exact, off, atol=1e-6)
+
+
 def test_dropout_keeps_the_separate_pass() -> None:
     from agentgym.trainers.grpo import same_in_train_and_eval
 
