@@ -32,7 +32,8 @@ class GrpoConfig(TrainerConfig):
     [B,1,T,T] mask costs memory on long sequences. A micro-batch in which no two sequences fit one row is scored
     padded, under the causal kernel, whatever this says."""
     ppo_epochs: int = 1
-    """Passes over each rollout batch; old log-probs are computed once before the first."""
+    """Passes over each rollout batch. With more than one optimizer step a batch, pi_old is the sampler's
+    log-probs where the first mini-batch's forward matches them, else a no-grad pass before the first step."""
     mini_batches: int = 1
     """Optimizer updates per epoch (the rollout batch is split into this many mini-batches)."""
     advantage: Literal["grpo", "mean_norm", "rloo"] = "grpo"
