@@ -245,10 +245,11 @@ class GrpoTrainer(OnlineTrainer):
         exact_forward = not cfg.corrects_off_policy and same_in_train_and_eval(model)
         old_from_forward = exact_forward and cfg.ppo_epochs == 1 and cfg.mini_batches == 1
         # Several optimizer steps: pi_old of the later mini-batches is the sampler's log-probs when those are this
-        # model's own (HF sampling from these float32 weights, not a bfloat16 copy, vLLM or stale samples). The first
+        # model's own (HF sampling from these float32 weights: not a bfloat16 copy, vLLM or samples drawn while an
+        # earlier update trained, whose pi_old is the current weights' by design). The first
         # mini-batch's forward runs on unchanged weights and so checks that on a quarter of the batch (or whatever
         # share it holds) before the first optimizer step; see _settle_pi_old.
-        check_sampler = exact_forward and not old_from_forward and cfg.parallelism != "fsdp" \
+        check_sampler = exact_forward and not old_from_forward and cfg.parallelism != "fsdp" and not cfg.max_staleness \
             and cfg.generation_backend == "hf" and getattr(self, "_sampling_model", None) is None
         batch.old_logprobs = None
         with torch.no_grad():  # the unwrapped model: no collectives, so ranks may differ in how many passes run
