@@ -191,6 +191,29 @@ def shorter_twin(root: Path, method: str, seed: int, config: dict[str, Any], out
     return found[1] if found else None
 
 
+def logged_seconds(out: Path, after_step: int = 0) -> float:
+    """Seconds a run's steps and evaluations took after ``after_step`` up to its latest checkpoint, summed from its
+    ``metrics.jsonl`` (``time/step_s``, ``eval/wall_s``; the step-0 evaluation counts from 0). What a run resumed
+    across processes already spent: its own clock only sees the last process. Steps after the checkpoint are
+    trained again on resume, so they do not count twice."""
+    from agentgym.trainers.checkpoint import latest_checkpoint
+
+    checkpoint = latest_checkpoint(out / "checkpoints")
+    if checkpoint is None or not (out / "metrics.jsonl").is_file():
+        return 0.0
+    up_to = int(json.loads((checkpoint / "state.json").read_text(encoding="utf-8"))["step"])
+    total = 0.0
+    for line in (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        step = record.get("step") if isinstance(record, dict) else None
+        if isinstance(step, int) and step <= up_to and (step > after_step or step == after_step == 0):
+            total += float(record.get("time/step_s") or 0.0) + float(record.get("eval/wall_s") or 0.0)
+    return total
+
+
 def train_one(study_name: str, scale_name: str, method: str, seed: int, model: str, args: argparse.Namespace,
               workdir: str) -> dict[str, Any]:
     """Train one (method, seed) with the trainer's own loop, or reuse its finished directory."""
@@ -235,20 +258,22 @@ def train_one(study_name: str, scale_name: str, method: str, seed: int, model: s
             shutil.copytree(shorter, out)
         previous = {"fingerprint": fingerprint, "config": config, "warm_start_bc_steps": start_steps,
                     "extended_from": f"{shorter} ({stored['config']['steps']} steps)",
-                    "seconds_before": float(stored["seconds"])}
+                    "extended_steps": int(stored["config"]["steps"]), "seconds_before": float(stored["seconds"])}
         marker.write_text(json.dumps(previous))
-    extension = {k: previous[k] for k in ("extended_from", "seconds_before") if k in previous}
+    extension = {k: previous[k] for k in ("extended_from", "extended_steps", "seconds_before") if k in previous}
     if finished:
         seconds, reused = float(previous["seconds"]), True
     else:
         if previous.get("fingerprint") != fingerprint:
             shutil.rmtree(out, ignore_errors=True)  # other settings: start over (same settings resume)
+        # a resumed run: the time its earlier processes spent up to the checkpoint it resumes from
+        spent = logged_seconds(out, after_step=extension.get("extended_steps", 0)) if out.is_dir() else 0.0
         out.mkdir(parents=True, exist_ok=True)
         marker.write_text(json.dumps({"fingerprint": fingerprint, "config": config,
                                       "warm_start_bc_steps": start_steps, **extension}))
         started = time.perf_counter()
         make_trainer(config_from_dict(config)).train()
-        seconds, reused = time.perf_counter() - started + extension.get("seconds_before", 0.0), False
+        seconds, reused = time.perf_counter() - started + extension.get("seconds_before", 0.0) + spent, False
         previous = {"fingerprint": fingerprint, "config": config, "seconds": seconds,
                     "warm_start_bc_steps": start_steps, **extension}
         marker.write_text(json.dumps(previous))

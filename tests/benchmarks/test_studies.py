@@ -639,3 +639,19 @@ def test_the_textworld_study_keeps_one_context_strategy_in_every_rollout(tmp_pat
     with pytest.raises(Rebuilt):
         credit.warm_start(task, tmp_path, target=0.25, max_bc_steps=400, log=log)
     assert "cloned with another context strategy" in said[0]
+
+
+def test_a_resumed_run_counts_the_time_its_earlier_processes_spent(tmp_path: Path) -> None:
+    """A run stopped and resumed across sessions records its whole time, not the last process's: the logged step
+    and evaluation times up to the checkpoint it resumed from (steps after it are trained again), and for a run
+    extended from a shorter one only the steps after that run's end."""
+    out = tmp_path / "run"
+    (out / "checkpoints" / "step-000003").mkdir(parents=True)
+    (out / "checkpoints" / "step-000003" / "state.json").write_text(json.dumps({"step": 3}))
+    (out / "checkpoints" / "latest").write_text("step-000003")
+    records = [{"step": 0, "eval/wall_s": 5.0}, {"step": 1, "time/step_s": 10.0}, {"step": 2, "time/step_s": 20.0},
+               {"step": 2, "eval/wall_s": 4.0}, {"step": 3, "time/step_s": 30.0}, {"step": 4, "time/step_s": 99.0}]
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"step": 5, "ti')
+    assert study_run.logged_seconds(out) == 69.0
+    assert study_run.logged_seconds(out, after_step=2) == 30.0
+    assert study_run.logged_seconds(tmp_path / "never-ran") == 0.0
