@@ -30,6 +30,7 @@ import shutil
 import signal
 import statistics
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -505,7 +506,7 @@ def plot(study: Study, runs: list[dict[str, Any]], path: Path, title: str) -> No
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title(title, fontsize=9)
+    ax.set_title("\n".join(textwrap.wrap(title, 100)), fontsize=9)  # one line would run off the figure
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
