@@ -540,11 +540,15 @@ def progress_on_disk(study: Study, scale: Scale, seeds: int, root: Path) -> dict
     """How far an unfinished goal-scale run of the study in its run folder ``root`` (``lr_tuning.workdir_name``)
     has got, from its runs' ``metrics.jsonl``: ``{"steps_done", "steps", "step_s"}`` (``step_s``: the median
     training step, sampling and update, as the runs measured it with the cores they shared), or ``None`` when
-    nothing is on disk."""
+    nothing is on disk. Runs it copies from another study (:func:`shared_runs`) count in neither figure: it does
+    not train them."""
     import statistics
 
+    shared = set(shared_runs(study))
     done: dict[Path, dict[int, float]] = {}
     for metrics in sorted(root.glob("*/seed*/metrics.jsonl")) if root.is_dir() else []:
+        if metrics.parent.parent.name in shared:
+            continue
         for line in metrics.read_text(encoding="utf-8").splitlines():
             try:
                 row = json.loads(line)
@@ -555,7 +559,7 @@ def progress_on_disk(study: Study, scale: Scale, seeds: int, root: Path) -> dict
     times = [t for steps in done.values() for t in steps.values()]
     if not times:
         return None
-    return {"steps_done": len(times), "steps": (len(study.methods) + 1) * seeds * scale.steps,
+    return {"steps_done": len(times), "steps": (len(runs_of(study)) - len(shared)) * seeds * scale.steps,
             "step_s": statistics.median(times)}
 
 

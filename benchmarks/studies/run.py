@@ -891,9 +891,14 @@ def run_study(args: argparse.Namespace) -> int:
     if args.agreement:
         return 0
     seeds = list(range(args.seeds))
-    jobs = [(m, s) for s in seeds for m in cat.runs_of(study)]
+    jobs = [(m, s) for s in seeds for m in cat.runs_of(study)]  # the order the result records them in
+    # started with the runs copied from another study: they take a moment, where queued behind a training run they
+    # would wait hours for a free worker
+    shared = set(cat.shared_runs(study))
+    started = sorted(range(len(jobs)), key=lambda i: jobs[i][0] not in shared)
     try:
-        results = run_jobs([(m, s, settings, str(workdir)) for m, s in jobs], call, str(model), args.jobs, failed)
+        done = run_jobs([(*jobs[i], settings, str(workdir)) for i in started], call, str(model), args.jobs, failed)
+        results = [done[started.index(i)] for i in range(len(jobs))]
     except KeyboardInterrupt as stopped:
         print(f"{study.name}: interrupted{f' ({stopped})' if str(stopped) else ''}; run the same command again to "
               f"resume each run from its last checkpoint in {workdir}", file=sys.stderr, flush=True)

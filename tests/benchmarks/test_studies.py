@@ -604,6 +604,14 @@ def test_a_run_under_way_shows_its_steps_and_the_hours_it_still_needs(tmp_path: 
     (tmp_path / folder / "grpo_seq_mean_mb4" / "seed0" / "metrics.jsonl").write_text(json.dumps(rows[1]) + "\n")
     line = next(x for x in study_run.list_text(str(tmp_path)).splitlines() if x.startswith("grpo_babyai_noise_sized "))
     assert "1/120 training steps, 500 s a step" in line
+    # a study that copies its GRPO and control runs counts only the runs it trains itself
+    both = cat.STUDIES["gigpo_vs_grpo_babyai_noise_sized"]
+    assert set(cat.shared_runs(both)) == {"grpo_seq_mean_mb4", "grpo_shuffled_seq_mean_mb4"}
+    root = tmp_path / study_run.lr_tuning.workdir_name(both, "goal", study_run.lr_tuning.learning_rate_of(both)[0])
+    for method in ("grpo_seq_mean_mb4", "gigpo_equal_scale_seq_mean_mb4"):
+        (root / method / "seed0").mkdir(parents=True)
+        (root / method / "seed0" / "metrics.jsonl").write_text(json.dumps(rows[1]) + "\n")
+    assert cat.progress_on_disk(both, scale, 3, root) == {"steps_done": 1, "steps": 3 * scale.steps, "step_s": 500.0}
 
 
 def test_the_textworld_study_keeps_one_context_strategy_in_every_rollout(tmp_path: Path) -> None:
