@@ -21,7 +21,7 @@ pytest.importorskip("transformers")
 
 from agentgym.models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
 from agentgym.cli.quickstart import demonstration_texts  # noqa: E402
-from agentgym.trainers.batch import build_batch  # noqa: E402
+from agentgym.trainers.batch import TrainingBatch, build_batch  # noqa: E402
 from agentgym.trainers.config import GrpoConfig  # noqa: E402
 from agentgym.trainers.grpo import GrpoTrainer  # noqa: E402
 from agentgym.trajectory import Trajectory, Turn  # noqa: E402
@@ -121,23 +121,30 @@ def test_packing_runs_only_where_two_sequences_share_a_row(model_dir: Path, tmp_
     assert scored.shape == padded.shape and float((scored - padded).abs().max()) < 1e-5
 
 
+def _trainer_and_batch(model_dir: Path, out: Path, **overrides: object) -> tuple[GrpoTrainer, TrainingBatch]:
+    """A GRPO trainer on the tiny model (no reference) and one batch of its own rollouts with fixed advantages."""
+    from agentgym.policies.hf import HFPolicy
+
+    trainer = GrpoTrainer(small_config(model_dir, out, **overrides))
+    trainer.model, trainer.tokenizer = trainer._load(model_dir)
+    trainer.reference = None
+    trainer.policy = HFPolicy(trainer.model, trainer.tokenizer)
+    batch = build_batch(trainer._sample(0), torch.tensor([1.0, -0.5, 0.25, -1.0] * 2), [True] * 8, pad_id=0)
+    return trainer, batch
+
+
 @pytest.mark.parametrize("packing", [False, True])
 def test_one_step_update_reads_pi_old_off_its_own_forward(model_dir: Path, tmp_path: Path, packing: bool,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """One optimizer step on fresh samples skips the no-grad pass over the batch: the update, the loss and the
     log-prob mismatch are those of the separate pass (forced here by pretending the model has dropout)."""
     import agentgym.trainers.grpo as grpo_module
-    from agentgym.policies.hf import HFPolicy
 
     results = []
     for separate in (False, True):
         if separate:
             monkeypatch.setattr(grpo_module, "same_in_train_and_eval", lambda model: False)
-        trainer = GrpoTrainer(small_config(model_dir, tmp_path / str(separate), packing=packing))
-        trainer.model, trainer.tokenizer = trainer._load(model_dir)
-        trainer.reference = None
-        trainer.policy = HFPolicy(trainer.model, trainer.tokenizer)
-        batch = build_batch(trainer._sample(0), torch.tensor([1.0, -0.5, 0.25, -1.0] * 2), [True] * 8, pad_id=0)
+        trainer, batch = _trainer_and_batch(model_dir, tmp_path / str(separate), packing=packing)
         calls = []
         forward = trainer._forward_logprobs
         trainer._forward_logprobs = lambda model, mb: calls.append(torch.is_grad_enabled()) or forward(model, mb)
@@ -160,17 +167,12 @@ def test_several_optimizer_steps_take_pi_old_from_a_sampler_that_matches(model_d
     forward confirms them: no no-grad pass over the batch, and the same update as with that pass (forced here by a
     tolerance nothing meets)."""
     import agentgym.trainers.grpo as grpo_module
-    from agentgym.policies.hf import HFPolicy
 
     results = []
     for forced in (False, True):
         if forced:
             monkeypatch.setattr(grpo_module, "SAMPLER_MEAN_GAP", -1.0)
-        trainer = GrpoTrainer(small_config(model_dir, tmp_path / str(forced), micro_batch_size=2, **shape))
-        trainer.model, trainer.tokenizer = trainer._load(model_dir)
-        trainer.reference = None
-        trainer.policy = HFPolicy(trainer.model, trainer.tokenizer)
-        batch = build_batch(trainer._sample(0), torch.tensor([1.0, -0.5, 0.25, -1.0] * 2), [True] * 8, pad_id=0)
+        trainer, batch = _trainer_and_batch(model_dir, tmp_path / str(forced), micro_batch_size=2, **shape)
         calls = []
         forward = trainer._forward_logprobs
         trainer._forward_logprobs = lambda model, mb: calls.append(torch.is_grad_enabled()) or forward(model, mb)
@@ -190,15 +192,10 @@ def test_a_sampler_that_differs_from_the_model_gets_the_no_grad_pass(model_dir: 
     """Sampler log-probs off by 0.05 on every token (as another engine's or precision's would be): the first
     mini-batch detects it, the batch is scored again before any optimizer step, and the update equals one whose
     sampler log-probs were exact (the ratio's pi_old is the model's, not the sampler's)."""
-    from agentgym.policies.hf import HFPolicy
 
     results = []
     for offset in (0.0, 0.05):
-        trainer = GrpoTrainer(small_config(model_dir, tmp_path / str(offset), micro_batch_size=2, mini_batches=2))
-        trainer.model, trainer.tokenizer = trainer._load(model_dir)
-        trainer.reference = None
-        trainer.policy = HFPolicy(trainer.model, trainer.tokenizer)
-        batch = build_batch(trainer._sample(0), torch.tensor([1.0, -0.5, 0.25, -1.0] * 2), [True] * 8, pad_id=0)
+        trainer, batch = _trainer_and_batch(model_dir, tmp_path / str(offset), micro_batch_size=2, mini_batches=2)
         batch.sampler_logprobs = batch.sampler_logprobs - offset * batch.loss_mask
         optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=1e-3)
         stats = trainer._update(batch, optimizer, trainer._schedule(optimizer), 0)
