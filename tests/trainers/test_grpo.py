@@ -133,6 +133,16 @@ def _trainer_and_batch(model_dir: Path, out: Path, **overrides: object) -> tuple
     return trainer, batch
 
 
+def _update_watching_forwards(trainer: GrpoTrainer, batch: TrainingBatch) -> tuple[torch.Tensor, dict, list[bool]]:
+    """One AdamW update: (the parameters after, its stats, whether grad was on in each log-prob forward)."""
+    calls: list[bool] = []
+    forward = trainer._forward_logprobs
+    trainer._forward_logprobs = lambda model, mb: calls.append(torch.is_grad_enabled()) or forward(model, mb)
+    optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=1e-3)
+    stats = trainer._update(batch, optimizer, trainer._schedule(optimizer), 0)
+    return torch.cat([p.detach().flatten() for p in trainer.model.parameters()]), stats, calls
+
+
 @pytest.mark.parametrize("packing", [False, True])
 def test_one_step_update_reads_pi_old_off_its_own_forward(model_dir: Path, tmp_path: Path, packing: bool,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
@@ -145,12 +155,7 @@ def test_one_step_update_reads_pi_old_off_its_own_forward(model_dir: Path, tmp_p
         if separate:
             monkeypatch.setattr(grpo_module, "same_in_train_and_eval", lambda model: False)
         trainer, batch = _trainer_and_batch(model_dir, tmp_path / str(separate), packing=packing)
-        calls = []
-        forward = trainer._forward_logprobs
-        trainer._forward_logprobs = lambda model, mb: calls.append(torch.is_grad_enabled()) or forward(model, mb)
-        optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=1e-3)
-        stats = trainer._update(batch, optimizer, trainer._schedule(optimizer), 0)
-        results.append((torch.cat([p.detach().flatten() for p in trainer.model.parameters()]), stats, calls))
+        results.append(_update_watching_forwards(trainer, batch))
     (fused, fused_stats, fused_calls), (separate, separate_stats, separate_calls) = results
     assert not any(not grad for grad in fused_calls) and any(not grad for grad in separate_calls)  # no no-grad pass
     assert torch.allclose(fused, separate, atol=1e-6)
@@ -173,12 +178,7 @@ def test_several_optimizer_steps_take_pi_old_from_a_sampler_that_matches(model_d
         if forced:
             monkeypatch.setattr(grpo_module, "SAMPLER_MEAN_GAP", -1.0)
         trainer, batch = _trainer_and_batch(model_dir, tmp_path / str(forced), micro_batch_size=2, **shape)
-        calls = []
-        forward = trainer._forward_logprobs
-        trainer._forward_logprobs = lambda model, mb: calls.append(torch.is_grad_enabled()) or forward(model, mb)
-        optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=1e-3)
-        stats = trainer._update(batch, optimizer, trainer._schedule(optimizer), 0)
-        results.append((torch.cat([p.detach().flatten() for p in trainer.model.parameters()]), stats, calls))
+        results.append(_update_watching_forwards(trainer, batch))
     (taken, taken_stats, taken_calls), (recomputed, recomputed_stats, recomputed_calls) = results
     assert taken_stats["train/pi_old_from_sampler"] == 1.0 and all(taken_calls), "no no-grad pass"
     assert recomputed_stats["train/pi_old_from_sampler"] == 0.0
@@ -192,15 +192,12 @@ def test_a_sampler_that_differs_from_the_model_gets_the_no_grad_pass(model_dir: 
     """Sampler log-probs off by 0.05 on every token (as another engine's or precision's would be): the first
     mini-batch detects it, the batch is scored again before any optimizer step, and the update equals one whose
     sampler log-probs were exact (the ratio's pi_old is the model's, not the sampler's)."""
-
     results = []
     for offset in (0.0, 0.05):
         trainer, batch = _trainer_and_batch(model_dir, tmp_path / str(offset), micro_batch_size=2, mini_batches=2)
         batch.sampler_logprobs = batch.sampler_logprobs - offset * batch.loss_mask
-        optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=1e-3)
-        stats = trainer._update(batch, optimizer, trainer._schedule(optimizer), 0)
-        results.append((torch.cat([p.detach().flatten() for p in trainer.model.parameters()]), stats))
-    (exact, exact_stats), (off, off_stats) = results
+        results.append(_update_watching_forwards(trainer, batch))
+    (exact, exact_stats, _), (off, off_stats, _) = results
     assert exact_stats["train/pi_old_from_sampler"] == 1.0 and off_stats["train/pi_old_from_sampler"] == 0.0
     assert off_stats["train/logprob_mismatch"] == pytest.approx(0.05, abs=1e-3), "measured on the whole batch"
     assert torch.allclose(exact, off, atol=1e-6)
