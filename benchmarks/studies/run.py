@@ -121,6 +121,28 @@ def agreement(study: Study, scale: Scale, scale_name: str, model: Path, args: ar
     return report
 
 
+def cached_agreement(study: Study, scale: Scale, scale_name: str, model: Path, args: argparse.Namespace,
+                     workdir: Path) -> dict[str, Any]:
+    """:func:`agreement`, measured once per warm start and settings and kept in ``workdir/agreement.json``: a study
+    resumed across sessions would otherwise sample its batch again at every start (minutes on a CPU) to print the
+    same figures."""
+    record = model / "warm_start.json"
+    key = hashlib.sha256(json.dumps(
+        [study.task, scale_name, dataclasses.asdict(scale), str(model.resolve()),
+         record.read_text(encoding="utf-8") if record.is_file() else None,
+         {k: v for k, v in vars(args).items() if k != "jobs"}], sort_keys=True, default=str).encode()).hexdigest()
+    path = workdir / "agreement.json"
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        if stored.get("key") == key and isinstance(stored.get("report"), dict):
+            print(f"{study.name}: advantage agreement as measured before at this warm start and settings ({path})",
+                  flush=True)
+            return stored["report"]
+    report = agreement(study, scale, scale_name, model, args, workdir)
+    path.write_text(json.dumps({"key": key, "report": report}, default=str), encoding="utf-8")
+    return report
+
+
 def format_agreement(report: dict[str, Any]) -> str:
     """One line of :func:`agreement`'s numbers, as the study prints it before training."""
     def f(key: str, spec: str = ".3f") -> str:
@@ -886,7 +908,7 @@ def run_study(args: argparse.Namespace) -> int:
         return 1 if failed else 0
     print(f"{study.name}: learning rate {rate:g} ({rate_source})", flush=True)
     workdir.mkdir(parents=True, exist_ok=True)
-    agreed = agreement(study, scale, args.scale, model, settings, workdir)
+    agreed = cached_agreement(study, scale, args.scale, Path(model), settings, workdir)
     print(f"{study.name}: {format_agreement(agreed)}", flush=True)
     if args.agreement:
         return 0

@@ -663,3 +663,29 @@ def test_a_resumed_run_counts_the_time_its_earlier_processes_spent(tmp_path: Pat
     assert study_run.logged_seconds(out) == 69.0
     assert study_run.logged_seconds(out, after_step=2) == 30.0
     assert study_run.logged_seconds(tmp_path / "never-ran") == 0.0
+
+
+def test_the_advantage_agreement_is_measured_once_per_warm_start_and_settings(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A study resumed across sessions reads its agreement back instead of sampling the batch again; another warm
+    start or other settings measure again."""
+    import argparse
+
+    calls = []
+    monkeypatch.setattr(study_run, "agreement", lambda *args: calls.append(args) or {"rollouts": len(calls)})
+    study = cat.STUDIES["grpo_babyai"]
+    scale, _ = cat.goal_scale(study)
+    model = tmp_path / "warm"
+    model.mkdir()
+    (model / "warm_start.json").write_text(json.dumps({"bc_steps": 50}))
+    settings = argparse.Namespace(tasks_per_step=16, group_size=8, jobs=1)
+
+    def measure(**changes: object) -> dict:
+        return study_run.cached_agreement(study, scale, "goal", model, argparse.Namespace(**{**vars(settings), **changes}),
+                                          tmp_path)
+
+    assert measure() == {"rollouts": 1}
+    assert measure(jobs=3) == {"rollouts": 1} and len(calls) == 1  # how many run at once changes nothing measured
+    assert measure(group_size=4) == {"rollouts": 2}
+    (model / "warm_start.json").write_text(json.dumps({"bc_steps": 75}))  # cloned further in place
+    assert measure(group_size=4) == {"rollouts": 3}
