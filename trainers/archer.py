@@ -1,7 +1,8 @@
 """ArCHer: an utterance-level off-policy critic and a token-level actor (Zhou et al., 2024, arXiv 2402.19446).
 
-``ArcherTrainer(config).train()`` is the one online loop (:class:`~agentgym.trainers.loop.OnlineTrainer`) whose
-learning step, in execution order, is:
+``ArcherTrainer(config).train()`` is the one online loop (:class:`~agentgym.trainers.loop.OnlineTrainer`). A fresh
+run may start from ``prior_episodes`` of the starting policy in its buffer and a critic regressed onto their
+Monte-Carlo returns for ``critic_prior_steps`` (its target a copy). Its learning step, in execution order, is:
 
 1. append the step's turns to the replay buffer (``(s, a, r, s', terminated, truncated)``, persisted to
    ``replay.jsonl``; ``r`` is each turn's share of the episode's return, :mod:`agentgym.trainers.returns`);
@@ -80,7 +81,7 @@ class ArcherTrainer(ReplayActorTrainer):
 
     config: ArcherConfig
 
-    def _transitions(self, step: int, trajectories: list[Trajectory], gamma: float) -> list[Transition]:
+    def _transitions(self, step: int | str, trajectories: list[Trajectory], gamma: float) -> list[Transition]:
         """The buffer's turns with the critic's view of each state (``critic_input``); the actor keeps reading
         ``state_ids``, the full prompt. Views are gathered in the same rank order as the turns, whose episode
         name ``step:k`` gives each turn's episode ``k``."""
@@ -127,8 +128,12 @@ class ArcherTrainer(ReplayActorTrainer):
             self.critic_optimizer.load_state_dict(blob["critic_optimizer"])
             for group in self.critic_optimizer.param_groups:  # this config's rate, not the stored run's (--force)
                 group["lr"] = cfg.critic_learning_rate
-        elif self.replay.total:
-            self.replay.truncate(0)  # a fresh run must not inherit a stale buffer from a run that never checkpointed
+        else:
+            if self.replay.total:  # a fresh run must not inherit a stale buffer from a run that never checkpointed
+                self.replay.truncate(0)
+            self.replay.extend(self._prior_transitions(cfg.gamma))
+            if cfg.critic_prior_steps:
+                self._critic_prior_fit()
 
     def _restore_state(self, state: dict[str, Any], directory: Path) -> None:
         self.replay.truncate(int(state["replay_total"]))
@@ -165,6 +170,62 @@ class ArcherTrainer(ReplayActorTrainer):
             self._trained_critic = cached
         return cached[1]
 
+    @staticmethod
+    def _zero_weight_critic_pass(critic: Any, turn: Transition) -> None:
+        """A pass with no weight through the critic, for a rank with no rows in a micro-batch (fewer rows than
+        ranks): it joins the gradient all-reduce and adds nothing."""
+        q, v = critic([turn.state], [turn.action])
+        (q.sum() + v.sum()).mul(0.0).backward()
+
+    def _buffer_actions(self, turns: Sequence[Transition]) -> list[str]:
+        """The buffer actions as the critic reads them: decoded from their ids (special tokens kept), as the states
+        and fresh samples are; Q fit on stripped text but read on raw text would judge fresh samples on inputs it
+        never saw."""
+        return [self._decode(t.action_ids) if t.action_ids else t.action for t in turns]
+
+    def _critic_prior_fit(self) -> None:
+        """``critic_prior_steps`` regressions of the Q and V heads onto the Monte-Carlo returns of the buffer's turns
+        (the prior episodes: all it holds now), then the target critic becomes a copy. Logged at step 0: the loss
+        and the explained variance over the last ten steps' turns (a fit on training turns), and the time."""
+        cfg = self.config
+        started = time.perf_counter()
+        generator = torch.Generator().manual_seed(mix_seed(cfg.seed, 29))
+        critic = self._critic_module()
+        params = [p for p in self.critic.parameters() if p.requires_grad]
+        rows: dict[str, list[torch.Tensor]] = {"fitted": [], "returns": [], "loss": []}
+        steps = cfg.critic_prior_steps if len(self.replay) else 0
+        self.critic.train()
+        for step in range(steps):
+            self.critic_optimizer.zero_grad(set_to_none=True)
+            total = 0.0
+            for micro in range(cfg.grad_accum_steps):
+                b = self.replay.sample(cfg.batch_size, generator)  # the whole micro-batch, the same on every rank
+                mine = self.world.shard(range(len(b)))
+                with sync_on_last(critic, micro, cfg.grad_accum_steps):
+                    if not mine:
+                        self._zero_weight_critic_pass(critic, b[0])
+                        continue
+                    own = [b[i] for i in mine]
+                    q, v = critic([t.state for t in own], self._buffer_actions(own))
+                    target = torch.tensor([t.mc_return for t in own], dtype=q.dtype, device=q.device).expand_as(q)
+                    loss = alg.archer_critic_loss(q, v, target, target) * (len(own) / (len(b) * cfg.grad_accum_steps))
+                    loss.backward()
+                total += float(loss.detach())
+                if step >= steps - 10:
+                    rows["fitted"].append(q.detach().min(dim=0).values.cpu())
+                    rows["returns"].append(target[0].detach().cpu())
+            self._clip_and_step(params, self.critic_optimizer)
+            if step >= steps - 10:
+                rows["loss"].append(torch.tensor([total], dtype=torch.float64))
+        self.critic.eval()
+        self.target_critic.load_state_dict(self.critic.state_dict())
+        every = gather_rows(self.world, rows)
+        self._log(0, {"critic/prior_steps": float(steps),
+                      "critic/prior_loss": float(every["loss"].sum()) / max(min(steps, 10), 1),
+                      "critic/prior_explained_variance": alg.explained_variance(every["fitted"], every["returns"])
+                      if every["returns"].numel() else float("nan"),
+                      "time/critic_prior_s": time.perf_counter() - started})
+
     def _critic_phase(self, iteration: int, generator: torch.Generator) -> dict[str, float]:
         cfg = self.config
         norms, losses = [], []
@@ -179,9 +240,8 @@ class ArcherTrainer(ReplayActorTrainer):
                 b = self.replay.sample(cfg.batch_size, generator)  # the whole micro-batch, the same on every rank
                 mine = self.world.shard(range(len(b)))
                 with sync_on_last(critic, micro, cfg.grad_accum_steps):
-                    if not mine:  # fewer rows than ranks: a zero-weight pass joins the gradient all-reduce
-                        q, v = critic([b[0].state], [b[0].action])
-                        (q.sum() + v.sum()).mul(0.0).backward()
+                    if not mine:
+                        self._zero_weight_critic_pass(critic, b[0])
                         continue
                     own = [b[i] for i in mine]
                     seeds = [mix_seed(cfg.seed, iteration, 3, step, micro, i) for i in mine]
@@ -195,11 +255,7 @@ class ArcherTrainer(ReplayActorTrainer):
                                              gamma=cfg.gamma, bootstrap_truncated=cfg.bootstrap_truncated)
                         y_v = self.target_critic.q_values(
                             h_s_bar, self.target_critic.encode_actions([t.state for t in own], fresh_text))
-                    # Buffer and fresh actions reach the critic as the same kind of text: decoded from their ids
-                    # (special tokens kept), as the states are; Q fit on stripped text but read on raw text
-                    # would judge fresh samples on inputs it never saw.
-                    actions = [self._decode(t.action_ids) if t.action_ids else t.action for t in own]
-                    q, v = critic([t.state for t in own], actions)
+                    q, v = critic([t.state for t in own], self._buffer_actions(own))
                     # these rows' share of the micro-batch mean: the shares of all ranks sum to it
                     share = len(own) / (len(b) * cfg.grad_accum_steps)
                     loss = alg.archer_critic_loss(q, v, y_q.to(q.device), y_v.to(q.device)) * share

@@ -27,6 +27,12 @@ class ArcherConfig(ReplayActorConfig):
     """Adam learning rate of the critic (encoder and heads)."""
     critic_steps: int = 10
     """Critic optimizer steps per training step (``epochs``; 50 in the reference configs)."""
+    critic_prior_steps: int = 0
+    """Critic optimizer steps before the first training step, each a regression of the Q and V heads onto the
+    Monte-Carlo returns of ``batch_size x grad_accum_steps`` turns of the ``prior_episodes``. Those episodes are the
+    starting policy's own, so their returns are unbiased samples of its Q and V: the critic starts from the values
+    TD learning would converge to for that policy, reached without bootstrapping from an untrained critic, and the
+    actor's first advantages rank utterances by what they earned. The target critic is then a copy."""
     replay_capacity: int = 100_000
     """Transitions kept for sampling (FIFO); the JSONL file keeps them all."""
     bootstrap_truncated: bool = True
@@ -82,6 +88,12 @@ class ArcherConfig(ReplayActorConfig):
         for name in ("critic_steps", "replay_capacity"):
             if getattr(self, name) < 1:
                 raise self._fail(name, f"must be >= 1, got {getattr(self, name)}.")
+        if self.critic_prior_steps < 0:
+            raise self._fail("critic_prior_steps", f"must be >= 0, got {self.critic_prior_steps}.")
+        if self.critic_prior_steps and not self.prior_episodes:
+            raise self._fail("critic_prior_steps", f"is {self.critic_prior_steps} but prior_episodes is 0, so there "
+                                                   "are no returns to regress onto; set prior_episodes (e.g. 1024) "
+                                                   "or critic_prior_steps: 0.")
         if self.critic_hidden_size is not None and self.critic_hidden_size < 1:
             raise self._fail("critic_hidden_size", "must be >= 1 or null.")
         if self.critic_max_tokens < 8:

@@ -2,8 +2,8 @@
 
 The one online loop (:class:`~agentgym.trainers.loop.OnlineTrainer`): every step collects episodes with the current
 policy and adds them to a cumulative pool (persisted as turns in ``pool.jsonl``, so a resumed run has the same
-pool). After ``actor_warmup_steps``, it keeps the
-episodes whose return reaches the pool's ``quantile`` (0.9, numpy's linear interpolation), and runs
+pool; ``prior_episodes`` of the starting policy join it before the first step). After ``actor_warmup_steps``, it
+keeps the episodes whose return reaches the pool's ``quantile`` (0.9, numpy's linear interpolation), and runs
 ``actor_steps`` steps of behaviour cloning on their turns: ``L = -mean_b sum_tokens log pi(a | s)``, each
 step averaging ``grad_accum_steps`` micro-batches of ``batch_size`` turns drawn with replacement. When every
 return in the pool is equal (no success yet) the update is skipped instead of cloning the policy's own
@@ -38,8 +38,10 @@ class FilteredBCTrainer(ReplayActorTrainer):
 
     def _setup(self, resume_from: Path | None) -> None:
         self.pool = self._store("pool.jsonl", 10**9)
-        if resume_from is None and self.pool.total:
-            self.pool.truncate(0)
+        if resume_from is None:
+            if self.pool.total:
+                self.pool.truncate(0)
+            self.pool.extend(self._prior_transitions(1.0))
 
     def _restore_state(self, state: dict[str, Any], directory: Path) -> None:
         self.pool.truncate(int(state["pool_total"]))

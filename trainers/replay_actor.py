@@ -33,17 +33,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from agentgym.policies import SamplingParams
+from agentgym.rollout import EpisodeSpec, RolloutEngine
 from agentgym.trainers.batch import sequence_logprobs
 from agentgym.trainers.distributed import ForwardWith, data_parallel
 from agentgym.trainers.loop import OnlineTrainer
 from agentgym.trainers.replay import ReplayBuffer, Transition, transitions_from_trajectory
 from agentgym.trainers.replay_actor_config import ReplayActorConfig
+from agentgym.trainers.seeding import mix_seed
 from agentgym.trajectory import Trajectory
 
 __all__ = ["ReplayActorConfig", "ReplayActorTrainer"]
@@ -62,7 +65,7 @@ class ReplayActorTrainer(OnlineTrainer):
         """The turn store ``output_dir/name``; only the first rank writes its file (the module docstring)."""
         return ReplayBuffer(Path(self.output_dir) / name, capacity=capacity, persist=self.world.is_main)
 
-    def _transitions(self, step: int, trajectories: list[Trajectory], gamma: float) -> list[Transition]:
+    def _transitions(self, step: int | str, trajectories: list[Trajectory], gamma: float) -> list[Transition]:
         """The turns of this step's episodes on every rank, in rank order, each episode named ``step:index`` by
         its index among the whole step's episodes (not its random ``traj_id``), so a resumed run and a
         data-parallel run store exactly the buffer of an uninterrupted single-process one. Every rank calls this
@@ -70,6 +73,34 @@ class ReplayActorTrainer(OnlineTrainer):
         local = [transitions_from_trajectory(t, self._decode, gamma=gamma, episode="") for t in trajectories]
         episodes = [turns for part in self.world.gather_objects(local) for turns in part]
         return [dataclasses.replace(turn, episode=f"{step}:{k}") for k, turns in enumerate(episodes) for turn in turns]
+
+    def _prior_transitions(self, gamma: float) -> list[Transition]:
+        """The turns of the ``prior_episodes`` the starting policy plays before the first step, named ``prior:k``
+        (``[]`` without them). Episode ``k`` plays the ``k``-th task of a seeded permutation of the training split
+        (cycled) from its own seeds, so the episodes depend on the seed alone, not on the method or the number of
+        ranks; each rank plays a contiguous share and the turns are gathered in rank order, as a step's are. Every
+        rank calls this. The episodes count among the run's, and their success and time go to the metrics at
+        step 0 (``prior/*``, ``time/prior_s``)."""
+        cfg = self.config
+        if not cfg.prior_episodes:
+            return []
+        started = time.perf_counter()
+        n = len(self.train_tasks)
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(mix_seed(cfg.seed, 23))).tolist()
+        specs = [EpisodeSpec(self.suite.env_id, task=self.train_tasks[order[k % n]],
+                             seed=mix_seed(cfg.seed, 23, k) % (2**31), group_id=f"prior/{k}",
+                             env_kwargs=dict(self.suite.env_kwargs), sampling_seed=mix_seed(cfg.seed, 23, k, 1))
+                 for k in self.world.shard(list(range(cfg.prior_episodes)))]
+        sampling = SamplingParams(max_tokens=cfg.max_tokens_per_turn, temperature=cfg.temperature, top_p=cfg.top_p,
+                                  seed=mix_seed(cfg.seed, 23, self.world.rank))
+        self.model.eval()
+        trajectories = RolloutEngine(self.policy, self._rollout_config(sampling)).run(specs)
+        transitions = self._transitions("prior", trajectories, gamma)
+        self.episodes += int(self.world.sum(float(len(trajectories))))
+        played = self._episode_metrics(trajectories)
+        self._log(0, {**{key.replace("train/", "prior/"): value for key, value in played.items()},
+                      "prior/turns": float(len(transitions)), "time/prior_s": time.perf_counter() - started})
+        return transitions
 
     def _sample_utterances(self, states: list[tuple[int, ...]], seeds: list[int]) -> list[tuple[int, ...]]:
         """Fresh utterances ``a_pi ~ pi(. | s)`` at buffer states (no gradient), row ``i`` from ``seeds[i]`` alone,

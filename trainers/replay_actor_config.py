@@ -43,6 +43,12 @@ class ReplayActorConfig(TrainerConfig):
     """Actor optimizer steps per training step (``actor_epochs``)."""
     actor_warmup_steps: int = 2
     """Training steps before the first actor update (ArCHer's critic trains from the start)."""
+    prior_episodes: int = 0
+    """Episodes the starting policy plays on training tasks before the first step (one each of a seeded draw of the
+    training split, at the training temperature), stored as a step's turns are: ArCHer's replay buffer, filtered
+    BC's pool. Off-policy data the run starts from; a run of either method at the same seed gets the same
+    episodes, and they count among the run's episodes (``train/episodes_seen``), so two methods compared at equal
+    episodes stay equal."""
     batch_size: int = 16
     """Transitions per micro-batch."""
     grad_accum_steps: int = 1
@@ -57,6 +63,9 @@ class ReplayActorConfig(TrainerConfig):
         for name in ("actor_steps", "batch_size", "grad_accum_steps"):
             if getattr(self, name) < 1:
                 raise self._fail(name, f"must be >= 1, got {getattr(self, name)}.")
+        if self.prior_episodes < 0:
+            raise self._fail("prior_episodes", f"must be >= 0 (0: no episodes before the first step), got "
+                                               f"{self.prior_episodes}.")
         if self.actor_warmup_steps < 0:
             raise self._fail("actor_warmup_steps", f"must be >= 0, got {self.actor_warmup_steps}.")
         if self.actor_warmup_steps >= self.steps:

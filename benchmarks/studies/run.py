@@ -214,9 +214,14 @@ def shorter_twin(root: Path, method: str, seed: int, config: dict[str, Any], out
     return found[1] if found else None
 
 
+TIMED = ("time/step_s", "eval/wall_s", "time/prior_s", "time/critic_prior_s")
+"""The metrics that time a run's parts: its steps, its evaluations, and the episodes and critic fit before its first
+step (ArCHer and filtered BC's ``prior_episodes``)."""
+
+
 def logged_seconds(out: Path, after_step: int = 0) -> float:
     """Seconds a run's steps and evaluations took after ``after_step`` up to its latest checkpoint, summed from its
-    ``metrics.jsonl`` (``time/step_s``, ``eval/wall_s``; the step-0 evaluation counts from 0). What a run resumed
+    ``metrics.jsonl`` (:data:`TIMED`; the records at step 0 count from 0). What a run resumed
     across processes already spent: its own clock only sees the last process. Steps after the checkpoint are
     trained again on resume, so they do not count twice."""
     from agentgym.trainers.checkpoint import latest_checkpoint
@@ -233,7 +238,7 @@ def logged_seconds(out: Path, after_step: int = 0) -> float:
             continue
         step = record.get("step") if isinstance(record, dict) else None
         if isinstance(step, int) and step <= up_to and (step > after_step or step == after_step == 0):
-            total += float(record.get("time/step_s") or 0.0) + float(record.get("eval/wall_s") or 0.0)
+            total += sum(float(record.get(key) or 0.0) for key in TIMED)
     return total
 
 
@@ -253,6 +258,8 @@ def train_one(study_name: str, scale_name: str, method: str, seed: int, model: s
     config = {**credit.run_config(task_for(study, scale_name), base, seed, Path(model), out, args), **overrides}
     if base == "arpo":  # ARPO's own ratio (8 fresh rollouts of 16): half the group fresh, the rest branched
         config.setdefault("initial_rollouts", max(1, config["group_size"] // 2))
+    if scale_name == "smoke":
+        config.update({key: min(config[key], cap) for key, cap in cat.SMOKE_CAPS.items() if key in config})
     if config.get("actor_warmup_steps", 0) >= config["steps"]:  # a run shorter than the actor's warm-up (smoke)
         config["actor_warmup_steps"] = config["steps"] - 1  # still updates its actor once
     fingerprint = hashlib.sha256(json.dumps([config, method], sort_keys=True).encode()).hexdigest()[:16]

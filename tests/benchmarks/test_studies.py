@@ -69,7 +69,10 @@ def test_every_study_runs_its_whole_code_path_at_the_smoke_scale(name: str, work
             "grpo_drift_seq_mean_token_mean"} <= set(details["agreement"])
     for method in cat.runs_of(study):  # a method's trainer overrides reach the run it trains (the loss weighting)
         trained = json.loads((workdir / f"{name}-smoke" / method / "seed0" / "study.json").read_text())["config"]
-        assert cat.METHODS[method][1].items() <= trained.items(), method
+        overrides = cat.METHODS[method][1]
+        assert {k: v for k, v in overrides.items() if k not in cat.SMOKE_CAPS}.items() <= trained.items(), method
+        for key, cap in cat.SMOKE_CAPS.items():  # the prior episodes and critic fit, shrunk to the smoke scale
+            assert key not in overrides or trained[key] == min(overrides[key], cap), (method, key)
     assert details["goals"] and all(isinstance(g["met"], bool) for g in details["goals"])
     assert record["note"].startswith("smoke scale")
     assert "GRPO vs GiGPO on" in capfd.readouterr().out
@@ -650,17 +653,18 @@ def test_the_textworld_study_keeps_one_context_strategy_in_every_rollout(tmp_pat
 
 
 def test_a_resumed_run_counts_the_time_its_earlier_processes_spent(tmp_path: Path) -> None:
-    """A run stopped and resumed across sessions records its whole time, not the last process's: the logged step
-    and evaluation times up to the checkpoint it resumed from (steps after it are trained again), and for a run
+    """A run stopped and resumed across sessions records its whole time, not the last process's: the logged step,
+    evaluation and prior-episode times up to the checkpoint it resumed from (steps after it are trained again), and for a run
     extended from a shorter one only the steps after that run's end."""
     out = tmp_path / "run"
     (out / "checkpoints" / "step-000003").mkdir(parents=True)
     (out / "checkpoints" / "step-000003" / "state.json").write_text(json.dumps({"step": 3}))
     (out / "checkpoints" / "latest").write_text("step-000003")
-    records = [{"step": 0, "eval/wall_s": 5.0}, {"step": 1, "time/step_s": 10.0}, {"step": 2, "time/step_s": 20.0},
+    records = [{"step": 0, "time/prior_s": 6.0, "time/critic_prior_s": 2.0}, {"step": 0, "eval/wall_s": 5.0},
+               {"step": 1, "time/step_s": 10.0}, {"step": 2, "time/step_s": 20.0},
                {"step": 2, "eval/wall_s": 4.0}, {"step": 3, "time/step_s": 30.0}, {"step": 4, "time/step_s": 99.0}]
     (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"step": 5, "ti')
-    assert study_run.logged_seconds(out) == 69.0
+    assert study_run.logged_seconds(out) == 77.0  # the episodes and critic fit before step 1 included
     assert study_run.logged_seconds(out, after_step=2) == 30.0
     assert study_run.logged_seconds(tmp_path / "never-ran") == 0.0
 

@@ -286,13 +286,17 @@ def test_sampled_baseline_updates_the_actor_with_advantages_centred_at_each_stat
     assert any(not torch.equal(v, actor0[k]) for k, v in trainer.model.state_dict().items())
 
 
-def _bare_trainer(model_dir: Path, cfg: ArcherConfig) -> ArcherTrainer:
-    """An ArcherTrainer with its actor, policy, critic and buffer built, without running ``train()``."""
+def _bare_trainer(model_dir: Path, cfg: ArcherConfig, *, metrics: bool = False) -> ArcherTrainer:
+    """An ArcherTrainer with its actor, policy, critic and buffer built, without running ``train()`` (with
+    ``metrics``, its metrics log too, which a config with ``prior_episodes`` writes to while it is built)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agentgym.policies.hf import HFPolicy
+    from agentgym.trainers.metrics import MetricsLogger
 
     trainer = ArcherTrainer(cfg)
+    if metrics:
+        trainer.metrics = MetricsLogger.from_config(trainer.output_dir, cfg)
     trainer.model = AutoModelForCausalLM.from_pretrained(model_dir)
     trainer.tokenizer = AutoTokenizer.from_pretrained(model_dir)
     trainer.optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=1e-3)
@@ -354,6 +358,57 @@ def test_filtered_bc_clones_only_top_episodes_and_skips_a_uniform_pool(model_dir
     assert any(not torch.equal(v, before[k]) for k, v in trainer.model.state_dict().items())
 
 
+# ---- episodes before the first step -------------------------------------------------------------------------
+def _turns_of(path: Path) -> list[Transition]:
+    return list(ReplayBuffer(path, capacity=10**9, persist=False).items())
+
+
+def test_prior_episodes_start_both_methods_from_the_same_turns_and_count_as_episodes(model_dir: Path,
+                                                                                     tmp_path: Path) -> None:
+    shared = dict(steps=1, prior_episodes=6, checkpoint_every=0, eval_tasks=2)
+    ArcherTrainer(ArcherConfig(**common(model_dir, tmp_path / "archer", critic_steps=1, critic_prior_steps=4,
+                                        **shared))).train()
+    FilteredBCTrainer(FilteredBCConfig(**common(model_dir, tmp_path / "fbc", **shared))).train()
+    replay, pool = _turns_of(tmp_path / "archer" / "replay.jsonl"), _turns_of(tmp_path / "fbc" / "pool.jsonl")
+    for turns in (replay, pool):
+        prior = [t for t in turns if t.episode.startswith("prior:")]
+        assert {t.episode for t in prior} == {f"prior:{k}" for k in range(6)}
+        assert turns[: len(prior)] == prior, "the prior turns come before the first step's"
+        assert {t.episode.split(":")[0] for t in turns[len(prior):]} == {"0"}
+    # the same episodes for both methods: same tasks, same sampled tokens
+    assert [t.action_ids for t in replay if t.episode.startswith("prior:")] == \
+        [t.action_ids for t in pool if t.episode.startswith("prior:")]
+    for run in ("archer", "fbc"):
+        assert json.loads((tmp_path / run / "summary.json").read_text())["episodes"] == 6 + 4
+    records = [json.loads(line) for line in (tmp_path / "archer" / "metrics.jsonl").read_text().splitlines()]
+    at_start = {k: v for r in records if r["step"] == 0 for k, v in r.items()}
+    assert at_start["prior/episodes"] == 6 and at_start["prior/turns"] == sum(
+        t.episode.startswith("prior:") for t in replay)
+    assert at_start["critic/prior_steps"] == 4 and at_start["time/critic_prior_s"] > 0
+    for key in ("prior/success_rate", "critic/prior_loss", "time/prior_s"):
+        assert key in at_start
+
+
+def test_critic_prior_fit_regresses_q_and_v_onto_the_returns_and_copies_the_target(model_dir: Path,
+                                                                                   tmp_path: Path) -> None:
+    cfg = ArcherConfig(**common(model_dir, tmp_path / "run", prior_episodes=8, critic_learning_rate=3e-3))
+    trainer = _bare_trainer(model_dir, cfg, metrics=True)
+    turns = list(trainer.replay)
+    assert turns and all(t.episode.startswith("prior:") for t in turns)
+    returns = torch.tensor([t.mc_return for t in turns])
+
+    def error() -> float:
+        with torch.no_grad():
+            q, v = trainer.critic([t.state for t in turns], trainer._buffer_actions(turns))
+        return float(((q - returns) ** 2).mean() + ((v - returns) ** 2).mean())
+
+    before = error()
+    trainer.config = dataclasses.replace(cfg, critic_prior_steps=30)
+    trainer._critic_prior_fit()
+    assert error() < 0.5 * before
+    assert _digest(trainer.critic.state_dict()) == _digest(trainer.target_critic.state_dict())
+
+
 # ---- configs -----------------------------------------------------------------------------------------
 def test_config_checks_explain_the_fix(model_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="Did you mean 'critic_steps'"):
@@ -372,6 +427,10 @@ def test_config_checks_explain_the_fix(model_dir: Path, tmp_path: Path) -> None:
         ArcherConfig(model="m", suite="games-maze", actor_baseline="sampled", actor_samples_per_state=1)
     with pytest.raises(ConfigError, match="expected one of 'value', 'sampled'"):
         ArcherConfig(model="m", suite="games-maze", actor_baseline="mean")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="no returns to regress onto; set prior_episodes"):
+        ArcherConfig(model="m", suite="games-maze", critic_prior_steps=100)
+    with pytest.raises(ConfigError, match="prior_episodes"):
+        FilteredBCConfig(model="m", suite="games-maze", prior_episodes=-1)
 
 
 # ---- resume after SIGKILL ----------------------------------------------------------------------------

@@ -258,7 +258,7 @@ def _replay_worker(cases: list[str], model_dir: str, out: str) -> None:
         torch.save(result, os.path.join(out, f"{case}-rank{rank}.pt"))
     run = Path(out) / "archer-loop"
     config = _replay_config("archer", model_dir, str(run), checkpoint_every=1, batch_size=3, critic_steps=1,
-                            actor_steps=1)
+                            actor_steps=1, prior_episodes=3, critic_prior_steps=2)
     trainer = ArcherTrainer(config)
     trainer.train()
     trainer.world.barrier()  # rank 0 has written the final checkpoint
@@ -355,9 +355,10 @@ def test_the_critic_loss_reaches_every_trainable_critic_parameter(model_dir: Pat
 
 
 def test_archer_loop_writes_its_buffer_once_and_resumes_under_torchrun(two_ranks_replay: Path) -> None:
-    """The whole ArCHer loop on 2 ranks: identical weights, every turn of every rank in the buffer once (only rank 0
-    writes replay.jsonl), and resumed from its step-1 checkpoint (rank 0 rolls the file back, rank 1 reads it)
-    it ends with the buffer and the weights of the uninterrupted run."""
+    """The whole ArCHer loop on 2 ranks, starting from 3 prior episodes (2 played on rank 0, 1 on rank 1) and a critic
+    fit to them: identical weights, every turn of every rank in the buffer once (only rank 0 writes replay.jsonl),
+    and resumed from its step-1 checkpoint (rank 0 rolls the file back, rank 1 reads it) it ends with the buffer
+    and the weights of the uninterrupted run."""
     run = two_ranks_replay / "archer-loop"
     straight = [torch.load(two_ranks_replay / f"archer-loop-rank{r}.pt") for r in (0, 1)]
     resumed = [torch.load(two_ranks_replay / f"archer-resumed-rank{r}.pt") for r in (0, 1)]
@@ -367,12 +368,13 @@ def test_archer_loop_writes_its_buffer_once_and_resumes_under_torchrun(two_ranks
     first = [json.loads(line) for line in (two_ranks_replay / "replay-uninterrupted.jsonl").read_text().splitlines()]
     assert len(first) == straight[0]["replay"] == straight[1]["replay"] > 0
     assert len({(r["episode"], r["turn"]) for r in first}) == len(first), "each turn is written once"
-    assert {r["episode"].split(":")[0] for r in first} == {"0", "1"}
+    assert {r["episode"].split(":")[0] for r in first} == {"prior", "0", "1"}
+    assert {r["episode"] for r in first if r["episode"].startswith("prior:")} == {"prior:0", "prior:1", "prior:2"}
     assert {int(r["episode"].split(":")[1]) for r in first if r["episode"].startswith("0:")} == {0, 1}, \
         "both ranks' episodes are stored"
     assert [json.loads(line) for line in (run / "replay.jsonl").read_text().splitlines()] == first
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["resumed_from"].endswith("step-000001") and summary["episodes"] == 2 * 2
+    assert summary["resumed_from"].endswith("step-000001") and summary["episodes"] == 3 + 2 * 2
 
 
 if __name__ == "__main__":  # a rank under torchrun: [replay] CASES MODEL_DIR OUT
