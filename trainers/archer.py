@@ -30,7 +30,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +183,28 @@ class ArcherTrainer(ReplayActorTrainer):
         never saw."""
         return [self._decode(t.action_ids) if t.action_ids else t.action for t in turns]
 
+    def _critic_update(self, critic: Any, generator: torch.Generator, params: list[torch.nn.Parameter],
+                       rows_loss: Callable[[int, list[int], list[Transition]], torch.Tensor]) -> tuple[float, float]:
+        """One critic optimizer step: ``grad_accum_steps`` micro-batches of ``batch_size`` buffer turns (the whole
+        micro-batch drawn on every rank, each rank training on its share of the rows), ``rows_loss(micro, mine,
+        own)`` the mean loss of this rank's rows ``own`` (indices ``mine`` in the micro-batch), weighted here by
+        their share of the micro-batch mean so that the shares of all ranks sum to it. Returns ``(this rank's
+        summed weighted loss, the gradient norm before clipping)``."""
+        cfg = self.config
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for micro in range(cfg.grad_accum_steps):
+            b = self.replay.sample(cfg.batch_size, generator)
+            mine = self.world.shard(range(len(b)))
+            with sync_on_last(critic, micro, cfg.grad_accum_steps):
+                if not mine:
+                    self._zero_weight_critic_pass(critic, b[0])
+                    continue
+                loss = rows_loss(micro, list(mine), [b[i] for i in mine]) * (len(mine) / (len(b) * cfg.grad_accum_steps))
+                loss.backward()
+            total += float(loss.detach())
+        return total, self._clip_and_step(params, self.critic_optimizer)
+
     def _critic_prior_fit(self) -> None:
         """``critic_prior_steps`` regressions of the Q and V heads onto the Monte-Carlo returns of the buffer's turns
         (the prior episodes: all it holds now), then the target critic becomes a copy. Logged at step 0: the loss
@@ -192,30 +214,23 @@ class ArcherTrainer(ReplayActorTrainer):
         generator = torch.Generator().manual_seed(mix_seed(cfg.seed, 29))
         critic = self._critic_module()
         params = [p for p in self.critic.parameters() if p.requires_grad]
-        rows: dict[str, list[torch.Tensor]] = {"fitted": [], "returns": [], "loss": []}
         steps = cfg.critic_prior_steps if len(self.replay) else 0
+        rows: dict[str, list[torch.Tensor]] = {"fitted": [], "returns": [], "loss": []}
+        recording = False
+
+        def regression(micro: int, mine: list[int], own: list[Transition]) -> torch.Tensor:
+            q, v = critic([t.state for t in own], self._buffer_actions(own))
+            target = torch.tensor([t.mc_return for t in own], dtype=q.dtype, device=q.device).expand_as(q)
+            if recording:
+                rows["fitted"].append(q.detach().min(dim=0).values.cpu())
+                rows["returns"].append(target[0].detach().cpu())
+            return alg.archer_critic_loss(q, v, target, target)
+
         self.critic.train()
         for step in range(steps):
-            self.critic_optimizer.zero_grad(set_to_none=True)
-            total = 0.0
-            for micro in range(cfg.grad_accum_steps):
-                b = self.replay.sample(cfg.batch_size, generator)  # the whole micro-batch, the same on every rank
-                mine = self.world.shard(range(len(b)))
-                with sync_on_last(critic, micro, cfg.grad_accum_steps):
-                    if not mine:
-                        self._zero_weight_critic_pass(critic, b[0])
-                        continue
-                    own = [b[i] for i in mine]
-                    q, v = critic([t.state for t in own], self._buffer_actions(own))
-                    target = torch.tensor([t.mc_return for t in own], dtype=q.dtype, device=q.device).expand_as(q)
-                    loss = alg.archer_critic_loss(q, v, target, target) * (len(own) / (len(b) * cfg.grad_accum_steps))
-                    loss.backward()
-                total += float(loss.detach())
-                if step >= steps - 10:
-                    rows["fitted"].append(q.detach().min(dim=0).values.cpu())
-                    rows["returns"].append(target[0].detach().cpu())
-            self._clip_and_step(params, self.critic_optimizer)
-            if step >= steps - 10:
+            recording = step >= steps - 10
+            total, _ = self._critic_update(critic, generator, params, regression)
+            if recording:
                 rows["loss"].append(torch.tensor([total], dtype=torch.float64))
         self.critic.eval()
         self.target_critic.load_state_dict(self.critic.state_dict())
@@ -231,41 +246,31 @@ class ArcherTrainer(ReplayActorTrainer):
         norms, losses = [], []
         rows: dict[str, list[torch.Tensor]] = {"q": [], "v": [], "fitted": [], "returns": []}
         critic = self._critic_module()
-        self.critic.train()
         params = [p for p in self.critic.parameters() if p.requires_grad]
+        step = 0
+
+        def td(micro: int, mine: list[int], own: list[Transition]) -> torch.Tensor:
+            seeds = [mix_seed(cfg.seed, iteration, 3, step, micro, i) for i in mine]
+            fresh_text = [self._decode(a) for a in self._sample_utterances([t.state_ids for t in own], seeds)]
+            with torch.no_grad():
+                h_next = self.target_critic.encode([t.next_state for t in own])
+                h_s_bar = self.target_critic.encode([t.state for t in own])
+                y_q = alg.td_targets(torch.tensor([t.reward for t in own]), self.target_critic.v_values(h_next),
+                                     torch.tensor([t.terminated for t in own]), torch.tensor([t.truncated for t in own]),
+                                     gamma=cfg.gamma, bootstrap_truncated=cfg.bootstrap_truncated)
+                y_v = self.target_critic.q_values(h_s_bar,
+                                                  self.target_critic.encode_actions([t.state for t in own], fresh_text))
+            q, v = critic([t.state for t in own], self._buffer_actions(own))
+            rows["q"].append(q.detach().mean(dim=0).cpu())
+            rows["v"].append(v.detach().mean(dim=0).cpu())
+            rows["fitted"].append(q.detach().min(dim=0).values.cpu())
+            rows["returns"].append(torch.tensor([t.mc_return for t in own], dtype=torch.float32))
+            return alg.archer_critic_loss(q, v, y_q.to(q.device), y_v.to(q.device))
+
+        self.critic.train()
         for step in range(cfg.critic_steps):
-            self.critic_optimizer.zero_grad(set_to_none=True)
-            total = 0.0
-            for micro in range(cfg.grad_accum_steps):
-                b = self.replay.sample(cfg.batch_size, generator)  # the whole micro-batch, the same on every rank
-                mine = self.world.shard(range(len(b)))
-                with sync_on_last(critic, micro, cfg.grad_accum_steps):
-                    if not mine:
-                        self._zero_weight_critic_pass(critic, b[0])
-                        continue
-                    own = [b[i] for i in mine]
-                    seeds = [mix_seed(cfg.seed, iteration, 3, step, micro, i) for i in mine]
-                    fresh_text = [self._decode(a) for a in self._sample_utterances([t.state_ids for t in own], seeds)]
-                    with torch.no_grad():
-                        h_next = self.target_critic.encode([t.next_state for t in own])
-                        h_s_bar = self.target_critic.encode([t.state for t in own])
-                        y_q = alg.td_targets(torch.tensor([t.reward for t in own]), self.target_critic.v_values(h_next),
-                                             torch.tensor([t.terminated for t in own]),
-                                             torch.tensor([t.truncated for t in own]),
-                                             gamma=cfg.gamma, bootstrap_truncated=cfg.bootstrap_truncated)
-                        y_v = self.target_critic.q_values(
-                            h_s_bar, self.target_critic.encode_actions([t.state for t in own], fresh_text))
-                    q, v = critic([t.state for t in own], self._buffer_actions(own))
-                    # these rows' share of the micro-batch mean: the shares of all ranks sum to it
-                    share = len(own) / (len(b) * cfg.grad_accum_steps)
-                    loss = alg.archer_critic_loss(q, v, y_q.to(q.device), y_v.to(q.device)) * share
-                    loss.backward()
-                total += float(loss.detach())
-                rows["q"].append(q.detach().mean(dim=0).cpu())
-                rows["v"].append(v.detach().mean(dim=0).cpu())
-                rows["fitted"].append(q.detach().min(dim=0).values.cpu())
-                rows["returns"].append(torch.tensor([t.mc_return for t in own], dtype=torch.float32))
-            norms.append(self._clip_and_step(params, self.critic_optimizer))
+            total, norm = self._critic_update(critic, generator, params, td)
+            norms.append(norm)
             alg.polyak_update(self.target_critic, self.critic, cfg.tau)
             losses.append(torch.tensor([total], dtype=torch.float64))
         self.critic.eval()
