@@ -200,7 +200,8 @@ class ArcherTrainer(ReplayActorTrainer):
                 if not mine:
                     self._zero_weight_critic_pass(critic, b[0])
                     continue
-                loss = rows_loss(micro, list(mine), [b[i] for i in mine]) * (len(mine) / (len(b) * cfg.grad_accum_steps))
+                share = len(mine) / (len(b) * cfg.grad_accum_steps)
+                loss = rows_loss(micro, list(mine), [b[i] for i in mine]) * share
                 loss.backward()
             total += float(loss.detach())
         return total, self._clip_and_step(params, self.critic_optimizer)
@@ -256,7 +257,8 @@ class ArcherTrainer(ReplayActorTrainer):
                 h_next = self.target_critic.encode([t.next_state for t in own])
                 h_s_bar = self.target_critic.encode([t.state for t in own])
                 y_q = alg.td_targets(torch.tensor([t.reward for t in own]), self.target_critic.v_values(h_next),
-                                     torch.tensor([t.terminated for t in own]), torch.tensor([t.truncated for t in own]),
+                                     torch.tensor([t.terminated for t in own]),
+                                     torch.tensor([t.truncated for t in own]),
                                      gamma=cfg.gamma, bootstrap_truncated=cfg.bootstrap_truncated)
                 y_v = self.target_critic.q_values(h_s_bar,
                                                   self.target_critic.encode_actions([t.state for t in own], fresh_text))

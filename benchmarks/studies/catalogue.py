@@ -590,8 +590,8 @@ def progress_on_disk(study: Study, scale: Scale, seeds: int, root: Path) -> dict
 
 def expected_hours(study: Study, scale: Scale, seeds: int, cores: int = 2) -> float:
     """Hours on ``cores`` idle cores at today's sampler rate: rollouts sampled (training, episodes before the first
-    step, and greedy held-out evaluations, which dominate nothing at the goal scale but are counted) over the measured rollouts a second,
-    for the runs this study trains itself (not those it shares, :func:`shared_runs`). The rate is Sokoban's, so a
+    step, and greedy held-out evaluations, which dominate nothing at the goal scale but are counted) over the
+    measured rollouts a second, for the runs this study trains itself (not those it shares, :func:`shared_runs`). The rate is Sokoban's, so a
     task whose episodes run shorter samples faster; training the model comes on top. What a finished run really
     took is :func:`measured_hours`."""
     trained = [m for m in runs_of(study) if m not in shared_runs(study)]
