@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -46,6 +47,8 @@ from agentgym.trainers.seeding import mix_seed
 from agentgym.trajectory import Trajectory
 
 __all__ = ["ArcherConfig", "ArcherTrainer", "critic_views"]
+
+logger = logging.getLogger(__name__)
 
 
 def critic_views(trajectory: Trajectory, critic_input: str) -> list[tuple[str, str]]:
@@ -218,6 +221,9 @@ class ArcherTrainer(ReplayActorTrainer):
         steps = cfg.critic_prior_steps if len(self.replay) else 0
         rows: dict[str, list[torch.Tensor]] = {"fitted": [], "returns": [], "loss": []}
         recording = False
+        if self.world.is_main:
+            logger.info("fitting the critic to the prior episodes' returns: %d steps of %d turns (critic_prior_steps)",
+                        steps, cfg.batch_size * cfg.grad_accum_steps)
 
         def regression(micro: int, mine: list[int], own: list[Transition]) -> torch.Tensor:
             q, v = critic([t.state for t in own], self._buffer_actions(own))
@@ -236,11 +242,14 @@ class ArcherTrainer(ReplayActorTrainer):
         self.critic.eval()
         self.target_critic.load_state_dict(self.critic.state_dict())
         every = gather_rows(self.world, rows)
+        fit = alg.explained_variance(every["fitted"], every["returns"]) if every["returns"].numel() else float("nan")
         self._log(0, {"critic/prior_steps": float(steps),
                       "critic/prior_loss": float(every["loss"].sum()) / max(min(steps, 10), 1),
-                      "critic/prior_explained_variance": alg.explained_variance(every["fitted"], every["returns"])
-                      if every["returns"].numel() else float("nan"),
-                      "time/critic_prior_s": time.perf_counter() - started})
+                      "critic/prior_explained_variance": fit, "time/critic_prior_s": time.perf_counter() - started})
+        if self.world.is_main:
+            logger.info("critic fit in %.0f s: %s", time.perf_counter() - started,
+                        f"it explains {fit:.3f} of its last ten batches' returns" if fit == fit
+                        else "its last ten batches' returns were all equal, nothing to explain")
 
     def _critic_phase(self, iteration: int, generator: torch.Generator) -> dict[str, float]:
         cfg = self.config

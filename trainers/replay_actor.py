@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,8 @@ from agentgym.trainers.seeding import mix_seed
 from agentgym.trajectory import Trajectory
 
 __all__ = ["ReplayActorConfig", "ReplayActorTrainer"]
+
+logger = logging.getLogger(__name__)
 
 
 class ReplayActorTrainer(OnlineTrainer):
@@ -85,6 +88,9 @@ class ReplayActorTrainer(OnlineTrainer):
         if not cfg.prior_episodes:
             return []
         started = time.perf_counter()
+        if self.world.is_main:
+            logger.info("playing %d episodes of the starting policy before the first step (prior_episodes)",
+                        cfg.prior_episodes)
         n = len(self.train_tasks)
         order = torch.randperm(n, generator=torch.Generator().manual_seed(mix_seed(cfg.seed, 23))).tolist()
         specs = [EpisodeSpec(self.suite.env_id, task=self.train_tasks[order[k % n]],
@@ -100,6 +106,10 @@ class ReplayActorTrainer(OnlineTrainer):
         played = self._episode_metrics(trajectories)
         self._log(0, {**{key.replace("train/", "prior/"): value for key, value in played.items()},
                       "prior/turns": float(len(transitions)), "time/prior_s": time.perf_counter() - started})
+        if self.world.is_main:
+            logger.info("prior episodes: %d played in %.0f s, success %.3f, %d turns stored",
+                        int(played["train/episodes"]), time.perf_counter() - started, played["train/success_rate"],
+                        len(transitions))
         return transitions
 
     def _sample_utterances(self, states: list[tuple[int, ...]], seeds: list[int]) -> list[tuple[int, ...]]:
