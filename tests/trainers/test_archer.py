@@ -286,17 +286,16 @@ def test_sampled_baseline_updates_the_actor_with_advantages_centred_at_each_stat
     assert any(not torch.equal(v, actor0[k]) for k, v in trainer.model.state_dict().items())
 
 
-def _bare_trainer(model_dir: Path, cfg: ArcherConfig, *, metrics: bool = False) -> ArcherTrainer:
-    """An ArcherTrainer with its actor, policy, critic and buffer built, without running ``train()`` (with
-    ``metrics``, its metrics log too, which a config with ``prior_episodes`` writes to while it is built)."""
+def _bare_trainer(model_dir: Path, cfg: ArcherConfig) -> ArcherTrainer:
+    """An ArcherTrainer with its actor, policy, critic, buffer and metrics log built (a config with
+    ``prior_episodes`` logs while it is built), without running ``train()``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agentgym.policies.hf import HFPolicy
     from agentgym.trainers.metrics import MetricsLogger
 
     trainer = ArcherTrainer(cfg)
-    if metrics:
-        trainer.metrics = MetricsLogger.from_config(trainer.output_dir, cfg)
+    trainer.metrics = MetricsLogger.from_config(trainer.output_dir, cfg)
     trainer.model = AutoModelForCausalLM.from_pretrained(model_dir)
     trainer.tokenizer = AutoTokenizer.from_pretrained(model_dir)
     trainer.optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=1e-3)
@@ -392,7 +391,7 @@ def test_prior_episodes_start_both_methods_from_the_same_turns_and_count_as_epis
 def test_critic_prior_fit_regresses_q_and_v_onto_the_returns_and_copies_the_target(model_dir: Path,
                                                                                    tmp_path: Path) -> None:
     cfg = ArcherConfig(**common(model_dir, tmp_path / "run", prior_episodes=8, critic_learning_rate=3e-3))
-    trainer = _bare_trainer(model_dir, cfg, metrics=True)
+    trainer = _bare_trainer(model_dir, cfg)
     turns = list(trainer.replay)
     assert turns and all(t.episode.startswith("prior:") for t in turns)
     returns = torch.tensor([t.mc_return for t in turns])
