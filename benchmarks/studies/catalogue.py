@@ -131,9 +131,10 @@ PRIOR_EPISODES = 4096
 the 55,273 on which the grid critic's offline fit explained 0.467 of held-out returns, and 3.2 times a 20-step
 run's own 1,280 episodes."""
 
-SMOKE_CAPS = {"prior_episodes": 4, "critic_prior_steps": 2}
-"""Method settings the smoke scale caps: at their study values, a run's episodes and critic fit before its first step
-would take minutes of the seconds the smoke scale has."""
+SMOKE_CAPS = {"prior_episodes": 4, "critic_prior_steps": 2, "critic_steps": 2}
+"""Method settings the smoke scale caps: at their study values, a run's episodes and critic fit before its first step,
+and its critic updates a step, would take minutes of the seconds the smoke scale has (two updates run the same code
+as fifty)."""
 
 # Methods a study can run: name -> (credit_assignment method, trainer config overrides).
 METHODS: dict[str, tuple[str, dict[str, Any]]] = {
