@@ -116,6 +116,16 @@ class ArcherTrainer(ReplayActorTrainer):
             return UtteranceCritic.from_grid(seed=cfg.seed, **kwargs)
         return UtteranceCritic.from_policy(self.model, self.tokenizer, **kwargs)
 
+    def _make_optimizer(self) -> None:
+        """The actor's optimizer: the loop's AdamW, or plain SGD (``actor_optimizer: sgd``), whose step scales with
+        the advantages the critic gives."""
+        if self.config.actor_optimizer == "adamw":
+            super()._make_optimizer()
+            return
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.SGD(trainable, lr=self.config.learning_rate, weight_decay=self.config.weight_decay)
+        self.scheduler = self._schedule(self.optimizer)
+
     def _setup(self, resume_from: Path | None) -> None:
         cfg = self.config
         self.critic = self._build_critic()

@@ -72,6 +72,14 @@ class ArcherConfig(ReplayActorConfig):
     micro-batch then holds ``batch_size`` utterances at ``batch_size / actor_samples_per_state`` states."""
     actor_samples_per_state: int = 4
     """Utterances drawn at each buffer state when ``actor_baseline: sampled`` (>= 2, dividing ``batch_size``)."""
+    actor_optimizer: Literal["adamw", "sgd"] = "adamw"
+    """The actor's optimizer, at ``learning_rate``. AdamW divides each gradient by its running magnitude, so its
+    step has one size whatever the advantages' scale: advantages of 1e-4 from a critic that barely separates the
+    utterances move the policy as far as advantages of 1e-1, in the directions of their noise. With ``sgd`` (no
+    momentum) the step is ``learning_rate`` times the gradient, which is the advantages times the log-prob
+    gradients: the actor moves as far as the critic separates the utterances it sampled. Its rate is on another
+    scale than AdamW's: at 1.0, a gradient of norm 0.1 (typical of a critic that ranks maze moves) takes a step of
+    norm 0.1, what AdamW takes at 1e-4 on a model of about a million weights (about 1e-4 each)."""
 
     trainer_name: ClassVar[str] = "archer"
     display_name: ClassVar[str] = "ArCHer"

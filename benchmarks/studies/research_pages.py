@@ -39,7 +39,7 @@ PAGES: dict[str, tuple[str, tuple[str, ...]]] = {
                                                       "gigpo_vs_grpo_babyai_noise_sized")),
     "archer": ("ArCHer against filtered BC", ("archer_vs_filtered_bc", "archer_sampled_vs_filtered_bc",
                                                     "archer_joint_vs_filtered_bc", "archer_grid_vs_filtered_bc",
-                                                    "archer_prior_vs_filtered_bc")),
+                                                    "archer_prior_vs_filtered_bc", "archer_sgd_vs_filtered_bc")),
     "arpo": ("ARPO's tool calls against GRPO's", ("arpo_vs_grpo", "arpo_one_fresh_vs_grpo")),
 }
 """Method -> (page title, its studies)."""

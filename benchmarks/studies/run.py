@@ -901,6 +901,7 @@ def run_study(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     model, warm = start_model(study, scale, args.scale, Path(args.workdir), args.device)
     settings = run_args(study, scale, args.scale, args.device, args.jobs, learning_rate=rate)
+    others = run_args(study, scale, args.scale, args.device, args.jobs) if study.lead_rate_only else settings
     call = (study.name, args.scale)
     failed: list[str] = []
     if args.tune_learning_rate:
@@ -913,6 +914,9 @@ def run_study(args: argparse.Namespace) -> int:
         print(lr_tuning.format_report(report))
         print(f"result: {path}" + (f"; {len(failed)} run(s) failed: {'; '.join(failed)}" if failed else ""))
         return 1 if failed else 0
+    if study.lead_rate_only:
+        rate_source += (f"; {study.methods[0]}'s alone: every other run trains at the benchmark's default, "
+                        f"{others.learning_rate:g}")
     print(f"{study.name}: learning rate {rate:g} ({rate_source})", flush=True)
     workdir.mkdir(parents=True, exist_ok=True)
     agreed = cached_agreement(study, scale, args.scale, Path(model), settings, workdir)
@@ -926,7 +930,8 @@ def run_study(args: argparse.Namespace) -> int:
     shared = set(cat.shared_runs(study))
     started = sorted(range(len(jobs)), key=lambda i: jobs[i][0] not in shared)
     try:
-        done = run_jobs([(*jobs[i], settings, str(workdir)) for i in started], call, str(model), args.jobs, failed)
+        done = run_jobs([(*jobs[i], settings if jobs[i][0] == study.methods[0] else others, str(workdir))
+                         for i in started], call, str(model), args.jobs, failed)
         results = [done[started.index(i)] for i in range(len(jobs))]
     except KeyboardInterrupt as stopped:
         print(f"{study.name}: interrupted{f' ({stopped})' if str(stopped) else ''}; run the same command again to "

@@ -475,6 +475,22 @@ def test_a_study_borrowing_a_borrowed_rate_trains_at_the_tuned_one() -> None:
     assert lr_tuning.learning_rate_of(longer)[0] == 3e-4
 
 
+def test_a_lead_rate_only_study_trains_its_baseline_and_control_at_the_default_rate(
+        workdir: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """An SGD actor's rate (about 1) would wreck an AdamW run: the study's rate reaches its lead method alone."""
+    study = cat.STUDIES["archer_sgd_vs_filtered_bc"]
+    assert study.lead_rate_only and cat.METHODS[study.methods[0]][1]["actor_optimizer"] == "sgd"
+    argv = [study.name, "--scale", "smoke", "--seeds", "1", "--workdir", str(workdir), "--out", str(tmp_path),
+            "--learning-rate", "0.5"]
+    assert study_run.main(argv) == 0
+    assert "every other run trains at the benchmark's default, 0.0001" in capfd.readouterr().out
+    folder = workdir / lr_tuning.workdir_name(study, "smoke", 0.5)
+    rates = {m: json.loads((folder / m / "seed0" / "study.json").read_text())["config"]["learning_rate"]
+             for m in cat.runs_of(study)}
+    assert rates == {study.methods[0]: 0.5, study.baseline: lr_tuning.DEFAULT_LEARNING_RATE,
+                     study.control: lr_tuning.DEFAULT_LEARNING_RATE}
+
+
 def test_a_longer_study_extends_the_finished_shorter_run_of_the_same_settings(tmp_path: Path) -> None:
     config = {"trainer": "grpo", "learning_rate": 1e-5, "seed": 0, "steps": 20, "output_dir": "a"}
     for steps in (10, 20):

@@ -286,6 +286,32 @@ def test_sampled_baseline_updates_the_actor_with_advantages_centred_at_each_stat
     assert any(not torch.equal(v, actor0[k]) for k, v in trainer.model.state_dict().items())
 
 
+@pytest.mark.parametrize(("optimizer", "expected_ratio"), [("sgd", 0.01), ("adamw", 1.0)])
+def test_an_sgd_actor_steps_as_far_as_the_advantages_say_and_adamw_does_not(model_dir: Path, tmp_path: Path,
+                                                                            optimizer: str,
+                                                                            expected_ratio: float) -> None:
+    """The same actor step (same buffer, same sampled utterances) with the critic's Q scaled by 1 and by 0.01: under
+    SGD the weights move a hundredth as far, under AdamW (which divides by the gradient's own magnitude) as far."""
+    def step(scale: float) -> float:
+        torch.manual_seed(0)  # the same critic heads and episodes for both scales
+        cfg = ArcherConfig(**common(model_dir, tmp_path / f"run{scale}", steps=1, critic_steps=1, checkpoint_every=0,
+                                    actor_baseline="sampled", actor_samples_per_state=2, actor_optimizer=optimizer,
+                                    learning_rate=1e-2 if optimizer == "sgd" else 1e-4, max_grad_norm=1e9))
+        trainer = _bare_trainer(model_dir, cfg)
+        trainer._make_optimizer()
+        assert isinstance(trainer.optimizer, torch.optim.SGD if optimizer == "sgd" else torch.optim.AdamW)
+        trainer.replay.extend(trainer._transitions(0, trainer._sample(0), cfg.gamma))
+        critic = trainer.critic
+        trainer.critic = lambda states, actions: tuple(x * scale for x in critic(states, actions))  # type: ignore
+        before = [p.detach().clone() for p in trainer.model.parameters()]
+        stats = trainer._actor_phase(0, torch.Generator().manual_seed(0))
+        assert stats["actor/advantage_abs"] > 0
+        return float(sum(((p.detach() - b) ** 2).sum() for p, b in zip(trainer.model.parameters(), before)) ** 0.5)
+
+    full, hundredth = step(1.0), step(0.01)
+    assert full > 0 and hundredth / full == pytest.approx(expected_ratio, rel=0.05)
+
+
 def _bare_trainer(model_dir: Path, cfg: ArcherConfig) -> ArcherTrainer:
     """An ArcherTrainer with its actor, policy, critic, buffer and metrics log built (a config with
     ``prior_episodes`` logs while it is built), without running ``train()``."""
@@ -426,6 +452,8 @@ def test_config_checks_explain_the_fix(model_dir: Path, tmp_path: Path) -> None:
         ArcherConfig(model="m", suite="games-maze", actor_baseline="sampled", actor_samples_per_state=1)
     with pytest.raises(ConfigError, match="expected one of 'value', 'sampled'"):
         ArcherConfig(model="m", suite="games-maze", actor_baseline="mean")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="expected one of 'adamw', 'sgd'"):
+        ArcherConfig(model="m", suite="games-maze", actor_optimizer="adam")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="no returns to regress onto; set prior_episodes"):
         ArcherConfig(model="m", suite="games-maze", critic_prior_steps=100)
     with pytest.raises(ConfigError, match="prior_episodes"):
