@@ -77,7 +77,10 @@ def tuning_lines(study: cat.Study, results: Path, record: dict[str, Any] | None)
     rate, source = lr_tuning.learning_rate_of(study, results)
     if "learning_rate" in sizing and sizing["learning_rate"] != rate:  # run at another rate than today's choice
         rate, source = sizing["learning_rate"], sizing["learning_rate_source"]
-    lines = [f"**Learning rate.** {rate:g}, every method and the control ({source}).", ""]
+    who = (f"{study.methods[0]} alone (its optimizer's rate is on another scale); every other method and the "
+           f"control train at the benchmark's default, {lr_tuning.DEFAULT_LEARNING_RATE:g}" if study.lead_rate_only
+           else "every method and the control")
+    lines = [f"**Learning rate.** {rate:g}, {who} ({source}).", ""]
     tuned = cat.rate_source(study)
     path = results / f"lr_tuning_{tuned}.json"
     if path.is_file():

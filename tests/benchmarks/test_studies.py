@@ -489,6 +489,8 @@ def test_a_lead_rate_only_study_trains_its_baseline_and_control_at_the_default_r
              for m in cat.runs_of(study)}
     assert rates == {study.methods[0]: 0.5, study.baseline: lr_tuning.DEFAULT_LEARNING_RATE,
                      study.control: lr_tuning.DEFAULT_LEARNING_RATE}
+    said = research_pages.tuning_lines(study, tmp_path, None)[0]  # and its page says whose rate it is
+    assert f"{study.methods[0]} alone" in said and "default, 0.0001" in said
 
 
 def test_a_longer_study_extends_the_finished_shorter_run_of_the_same_settings(tmp_path: Path) -> None:
