@@ -79,7 +79,9 @@ class ArcherConfig(ReplayActorConfig):
     momentum) the step is ``learning_rate`` times the gradient, which is the advantages times the log-prob
     gradients: the actor moves as far as the critic separates the utterances it sampled. Its rate is on another
     scale than AdamW's: at 1.0, a gradient of norm 0.1 (typical of a critic that ranks maze moves) takes a step of
-    norm 0.1, what AdamW takes at 1e-4 on a model of about a million weights (about 1e-4 each)."""
+    norm 0.1, what AdamW takes at 1e-4 on a model of about a million weights (about 1e-4 each). SGD's step
+    concentrates on the weights with the largest gradients, so it is far less forgiving: on the maze with the tiny
+    model, 1 and 3 collapsed the policy within four steps and 0.3 still followed the critic's wrong rankings."""
 
     trainer_name: ClassVar[str] = "archer"
     display_name: ClassVar[str] = "ArCHer"

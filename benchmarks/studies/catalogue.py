@@ -194,7 +194,7 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
                                      "critic_prior_steps": 3000}),
     # archer_grid_prior with an SGD actor: its step is the learning rate times the advantage-weighted gradient, so it
     # moves as far as the critic separates the utterances it samples (AdamW's step has one size whatever the
-    # advantages' scale: in archer_prior_vs_filtered_bc's seed 1 advantages of 1e-4 took the policy from 0.41 to 0.08)
+    # advantages' scale: in archer_prior_vs_filtered_bc's seed 1 advantages of 1e-4 to 1e-3 took the policy from 0.41 to 0.08)
     "archer_grid_prior_sgd": ("archer", {"critic_input": "observation", "actor_baseline": "sampled",
                                          "actor_samples_per_state": 4, "critic_action_view": "joint",
                                          "critic_encoder": "grid", "critic_max_tokens": 128,
