@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -40,7 +41,9 @@ import torch
 from agentgym.trainers.algorithms import archer as alg
 from agentgym.errors import ConfigError
 from agentgym.trainers.archer_config import ArcherConfig
+from agentgym.trainers.checkpoint import latest_checkpoint
 from agentgym.trainers.distributed import data_parallel
+from agentgym.trainers.loop import CONFIG_FILE
 from agentgym.trainers.replay_actor import ReplayActorTrainer, gather_rows, sync_on_last
 from agentgym.trainers.replay import Transition
 from agentgym.trainers.seeding import mix_seed
@@ -115,6 +118,24 @@ class ArcherTrainer(ReplayActorTrainer):
             del kwargs["pooling"]
             return UtteranceCritic.from_grid(seed=cfg.seed, **kwargs)
         return UtteranceCritic.from_policy(self.model, self.tokenizer, **kwargs)
+
+    def _check_resume(self, force: bool) -> None:
+        """Refuse, even with ``--force``, to resume a checkpoint under another ``actor_optimizer``: the checkpoint
+        holds the other optimizer's state (AdamW's moments, or SGD's nothing), which this one cannot take up."""
+        stored_path = self.output_dir / CONFIG_FILE
+        if self.world.is_main and latest_checkpoint(self.checkpoint_dir) is not None and stored_path.is_file():
+            try:
+                stored = json.loads(stored_path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                stored = None  # the loop's own check reports an unreadable file
+            before = stored.get("actor_optimizer", "adamw") if isinstance(stored, dict) else None
+            if before is not None and before != self.config.actor_optimizer:
+                raise ConfigError(
+                    f"{self.output_dir} was trained with actor_optimizer: {before}, and its checkpoint holds that "
+                    f"optimizer's state, which {self.config.actor_optimizer} cannot resume (not even with --force). "
+                    f"Set actor_optimizer: {before} to resume it, or train into a new output directory "
+                    "(--output-dir DIR) from its model (model: <its checkpoint's model/ folder>).")
+        super()._check_resume(force)
 
     def _make_optimizer(self) -> None:
         """The actor's optimizer: the loop's AdamW, or plain SGD (``actor_optimizer: sgd``), whose step scales with

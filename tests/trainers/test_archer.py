@@ -312,6 +312,17 @@ def test_an_sgd_actor_steps_as_far_as_the_advantages_say_and_adamw_does_not(mode
     assert full > 0 and hundredth / full == pytest.approx(expected_ratio, rel=0.05)
 
 
+def test_a_run_resumes_only_under_the_actor_optimizer_it_was_trained_with(model_dir: Path, tmp_path: Path) -> None:
+    """The checkpoint holds AdamW's state, which SGD cannot take up: refused with the fix, even when forced."""
+    settings = common(model_dir, tmp_path / "run", steps=1, critic_steps=1, checkpoint_every=1)
+    ArcherTrainer(ArcherConfig(**settings)).train()
+    switched = ArcherConfig(**{**settings, "steps": 2, "actor_optimizer": "sgd", "learning_rate": 0.3})
+    with pytest.raises(ConfigError, match="trained with actor_optimizer: adamw.*Set actor_optimizer: adamw"):
+        ArcherTrainer(switched).train(force_resume=True)
+    summary = ArcherTrainer(ArcherConfig(**{**settings, "steps": 2})).train()  # as trained: resumes
+    assert summary["config"]["steps"] == 2
+
+
 def _bare_trainer(model_dir: Path, cfg: ArcherConfig) -> ArcherTrainer:
     """An ArcherTrainer with its actor, policy, critic, buffer and metrics log built (a config with
     ``prior_episodes`` logs while it is built), without running ``train()``."""
